@@ -1,0 +1,29 @@
+# attnbench: two commands on a fresh machine.
+#   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
+#   make test     set up, run the tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The exact torch a fresh environment gets; pip's CUDA build on a GPU machine, CPU-only where that is what is there.
+TORCH ?= torch==2.13.0
+# e.g. VENV_FLAGS=--system-site-packages to reuse a torch already installed on a GPU machine
+VENV_FLAGS ?=
+
+.PHONY: setup report test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+report: setup
+	$(BIN)/attnbench run --profile auto $(if $(OUT),--out $(OUT))
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+from attnbench.cli import main
+
+main()

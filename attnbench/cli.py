@@ -1,0 +1,327 @@
+"""The attnbench command line: each command is a thin call into the library."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from attnbench import impls
+from attnbench.errors import AttnbenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.")
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------
+# list / verify
+# ---------------------------------------------------------------------------------------
+
+@app.command("list")
+def list_impls() -> None:
+    """Every registered implementation, its parameters with defaults, devices and dtypes."""
+    for name in impls.names():
+        s = impls.spec(name)
+        console.print(f"[bold]{name}[/]  {s.summary}")
+        console.print(f"    devices: {', '.join(s.devices)}   dtypes: {', '.join(s.dtypes)}"
+                      + ("   (multi-GPU, launched by torchrun)" if s.distributed else ""))
+        if not s.params:
+            console.print("    parameters: none")
+        for p in s.params:
+            choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
+            console.print(f"    --param {p.name}={_show(p.default)}  {p.help}{choices}")
+
+
+def _show(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+@app.command()
+def verify(
+    impl: Annotated[Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); default: all")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda | auto")] = "auto",
+    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="dtype (repeatable); default fp32 and bf16")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
+) -> None:
+    """Check implementations against the float64 dense masked reference on fresh random inputs."""
+    from attnbench.reference import TOLERANCE, default_cases
+    from attnbench.results import ResultsWriter, capture_env, clean_floats
+    from attnbench.sweeps.runner import cuda_available
+    from attnbench.trial import run_verify_isolated
+    from attnbench.workload import check_workload_fields
+
+    names = impl or impls.names()
+    for n in names:
+        impls.spec(n)
+    device = _resolve_device(device)
+    dtypes = dtype or ["fp32", "bf16"]
+    for d in dtypes:
+        check_workload_fields(d, "fwd", device)
+    cases = [c for n in names if device in impls.spec(n).devices
+             for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
+    with console.status(f"running {len(cases)} reference checks on {device}"):
+        rows = run_verify_isolated(cases) if device == "cuda" else [_run(c) for c in cases]
+    t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
+    for col in ("impl", "config", "B", "N", "H", "D", "causal", "dtype", "rel. error", "tolerance", "result"):
+        t.add_column(col)
+    for r in rows:
+        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
+        mark = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], f"[red]{r['status']}[/] {escape(r['message'])}")
+        t.add_row(r["impl"], _config_short(r["config"]), str(r["batch"]), str(r["seq_len"]), str(r["heads"]),
+                  str(r["head_dim"]), "yes" if r["causal"] else "no", r["dtype"], err, f"{TOLERANCE[r['dtype']]:.0e}", mark)
+    console.print(t)
+    if out:
+        env = capture_env()
+        writer = ResultsWriter(out)
+        for r in rows:
+            writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
+    failed = [r for r in rows if r["status"] != "pass"]
+    console.print(f"{len(rows) - len(failed)} of {len(rows)} cases pass")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _run(case):
+    from attnbench.reference import run_case
+
+    return run_case(case)
+
+
+def _config_short(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_show(v)}" for k, v in config.items() if k != "max_chunk_tokens") or "-"
+
+
+def _resolve_device(device: str) -> str:
+    from attnbench.sweeps.runner import cuda_available
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise AttnbenchError(f"unknown device {device!r}: choose cpu, cuda or auto")
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
+        raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
+    return device
+
+
+# ---------------------------------------------------------------------------------------
+# max-seq / bench / run
+# ---------------------------------------------------------------------------------------
+
+ImplOpt = Annotated[Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H [8]")]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D [64]")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B [1]")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="fp32 | fp16 | bf16 [bf16]")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto [auto]")]
+ModeOpt = Annotated[Optional[str], typer.Option("--mode", help="fwd | fwd_bwd [fwd]")]
+CausalOpt = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="causal masking [no]")]
+SegOpt = Annotated[Optional[str], typer.Option("--segment-lengths", help="dilated: e.g. 2048,4096")]
+DilOpt = Annotated[Optional[str], typer.Option("--dilation-rates", help="dilated: e.g. 1,2")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="sdpa: auto|flash|cudnn|efficient|math")]
+ParamOpt = Annotated[Optional[list[str]], typer.Option("--param", help="any implementation parameter, KEY=VALUE (repeatable)")]
+TrialSecOpt = Annotated[Optional[float], typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit [60]")]
+MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]
+ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="results directory [results/<date>-<machine>-<name>]")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
+InProcOpt = Annotated[Optional[bool], typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each")]
+
+
+def _params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:
+    params = {"segment_lengths": segment_lengths, "dilation_rates": dilation_rates, "backend": backend}
+    for item in param or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise AttnbenchError(f"--param {item!r}: write KEY=VALUE, e.g. --param max_chunk_tokens=65536")
+        params[key.strip().replace("-", "_")] = value.strip()
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _flags(**kw) -> dict[str, Any]:
+    if kw.get("isolate") is not None:
+        kw["isolate"] = not kw["isolate"]  # the option is --in-process
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+@app.command("max-seq")
+def max_seq(
+    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
+    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
+    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
+    max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
+    resolution: Annotated[Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")] = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None,
+    profile: ProfileOpt = None, out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+) -> None:
+    """Largest sequence length each implementation runs: double until the first failure, then bisect."""
+    flags = _flags(kind="max-seq", heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, device=device, mode=mode,
+                   causal=causal, start=start, max_seq_len=max_seq_len, resolution=resolution,
+                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process)
+    if profile:
+        flags.pop("kind")
+    _run_plan("max-seq", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), profile, out, resume)
+
+
+@app.command()
+def bench(
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
+    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
+    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
+    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None,
+    out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+) -> None:
+    """Time and measure each implementation at the given sequence lengths."""
+    flags = _flags(kind="points", seq_lens=seq_lens, heads=heads, head_dim=head_dim, batch=batch, dtype=dtype,
+                   device=device, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
+                   memory_limit=memory_limit, isolate=in_process)
+    _run_plan("bench", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), None, out, resume)
+
+
+@app.command()
+def run(
+    profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default-gpu with a GPU, else default-cpu")] = "auto",
+    out: OutOpt = None, resume: ResumeOpt = False,
+) -> None:
+    """Run a profile's sweeps (the reference check first), then write its tables."""
+    if profile == "auto":
+        from attnbench.sweeps.runner import cuda_available
+
+        profile = "default-gpu" if cuda_available() else "default-cpu"
+    _run_plan(profile, [], {}, {}, profile, out, resume)
+
+
+def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
+    from attnbench.plan import build_plan
+    from attnbench.report.sweep_tables import write_sweep_tables
+    from attnbench.results import capture_env
+    from attnbench.sweeps.runner import SweepRunner, resolve
+
+    plan = resolve(build_plan(name, impl_names, flags, params, profile))
+    env = capture_env()
+    out_dir = Path(out) if out else _default_out(plan, env)
+    runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter())
+    console.print(f"attnbench {plan.name}: {len(plan.series)} series on {env['machine']} -> {out_dir}")
+    interrupted = False
+    try:
+        outcomes = runner.run()
+    except KeyboardInterrupt:
+        interrupted, outcomes = True, []
+    if (out_dir / "trials.jsonl").exists():
+        for path in write_sweep_tables(out_dir):
+            console.print(f"wrote {path}")
+    if interrupted:
+        err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
+        raise typer.Exit(130)
+    console.print(f"results in {out_dir}")
+    if any(not o.verified for o in outcomes):
+        err_console.print("some configurations failed the reference check; their sweeps did not run")
+        raise typer.Exit(1)
+
+
+def _default_out(plan, env) -> Path:
+    from attnbench.results import now_utc
+
+    on_gpu = any(s.settings.device == "cuda" for s in plan.series) and env.get("gpus")
+    machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-{plan.name}".lower()).strip("-")
+    base = Path("results") / f"{now_utc()[:10]}-{slug}"
+    path, i = base, 2
+    while (path / "trials.jsonl").exists():
+        path, i = base.with_name(f"{base.name}-{i}"), i + 1
+    return path
+
+
+class RichReporter:
+    """Live progress: a line per finished trial, a spinner while one runs."""
+
+    def __init__(self) -> None:
+        self._status = None
+
+    def verify_done(self, rows) -> None:
+        for r in rows:
+            mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
+            console.print(f"  reference check {r['impl']} {_config_short(r['config'])} {r['dtype']} "
+                          f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}")
+
+    def series_started(self, series, index, total) -> None:
+        st = series.settings
+        console.rule(f"[{index + 1}/{total}] {series.name}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
+                     f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}")
+
+    def trial_started(self, series, seq_len, phase) -> None:
+        from attnbench.units import format_tokens
+
+        self._status = console.status(f"{phase} N={format_tokens(seq_len)} ...")
+        self._status.start()
+
+    def trial_done(self, series, row, replayed) -> None:
+        from attnbench.report.markdown import result_text
+        from attnbench.units import format_bytes, format_tokens
+
+        if self._status:
+            self._status.stop()
+            self._status = None
+        bits = [f"  {row.get('phase', ''):6} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
+        if row.get("time_ms"):
+            bits.append(f"{row['time_ms']:,.2f} ms")
+        if row.get("peak_bytes"):
+            bits.append(f"peak {format_bytes(row['peak_bytes'])}" +
+                        (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else ""))
+        if row.get("tflops_executed"):
+            bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(escape(row["message"][:160]))
+        if replayed:
+            bits.append("(from earlier run)")
+        console.print("  ".join(bits))
+
+    def series_done(self, series, result) -> None:
+        from attnbench.units import format_tokens
+
+        if result is None:
+            return
+        best = format_tokens(result.best) if result.best else "none"
+        fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
+        console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
+
+
+# ---------------------------------------------------------------------------------------
+
+def main() -> None:
+    """Console entry: one-line errors with exit 2, never a traceback for bad input."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        code = app(standalone_mode=False)  # click returns a typer.Exit's code here
+        sys.exit(code if isinstance(code, int) else 0)
+    except AttnbenchError as exc:
+        err_console.print(f"error: {escape(str(exc))}", soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,121 @@
+"""The contract every attention implementation follows.
+
+An implementation is a ``torch.nn.Module`` whose ``forward(q, k, v, is_causal=False)`` takes
+and returns ``(B, N, H, D)`` tensors, and which declares its key sets (semantics.md): for each
+head ``h`` and query ``t`` the keys ``M_h(t)`` that one softmax runs over. The declaration is
+what the float64 reference checks against and what FLOPs and sparsity are counted from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from attnbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter, as ``attnbench list`` and the CLI see it."""
+
+    name: str
+    default: Any
+    help: str
+    kind: str = "int"  # int | float | str | ints (comma-separated list of ints) | bool
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    """A registry entry: how to build an implementation and what it supports."""
+
+    name: str
+    factory: Callable[..., "AttentionImpl"]
+    summary: str
+    params: tuple[Param, ...] = ()
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    # Configurations `attnbench verify` checks, each with the shapes it runs at.
+    verify_configs: tuple[dict[str, Any], ...] = ({},)
+    distributed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class AttentionImpl(nn.Module):
+    """Base class: subclasses implement ``forward`` and ``_key_sets``."""
+
+    #: registry name, set by the registry when built
+    name: str = ""
+    #: True when the first call compiles kernels (its time is recorded apart, untimed)
+    compiles: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: what the last forward really ran (e.g. the SDPA backend), for the result row
+        self.last_backend: str | None = None
+
+    # --- shape rules -------------------------------------------------------------------
+    @property
+    def granularity(self) -> int:
+        """Sequence lengths this implementation runs at are multiples of this."""
+        return 1
+
+    def check_shape(self, seq_len: int, num_heads: int) -> None:
+        """Raise ConfigError (naming the fix) if this configuration cannot run the shape."""
+        if seq_len <= 0 or seq_len % self.granularity:
+            raise ConfigError(
+                f"{self.name}: sequence length {seq_len} is not a multiple of {self.granularity}; "
+                f"choose a multiple of {self.granularity}"
+            )
+        if num_heads <= 0:
+            raise ConfigError(f"{self.name}: need at least one head")
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, as recorded in result rows."""
+        return {}
+
+    # --- key sets ----------------------------------------------------------------------
+    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+        """Boolean ``(H, N, N)``: entry ``[h, t, u]`` is True when ``u`` is in ``M_h(t)``."""
+        raise NotImplementedError
+
+    def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
+        """The declared key sets at small N, intersected with ``u <= t`` when causal."""
+        self.check_shape(seq_len, num_heads)
+        mask = self._key_sets(seq_len, num_heads)
+        if causal:
+            mask = mask & torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        return mask
+
+    def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        """Number of (query, key) pairs in the key sets, summed over heads, in closed form.
+
+        Must equal ``key_mask(...).sum()``; the tests hold it to that. Used at large N
+        where the mask cannot be built.
+        """
+        raise NotImplementedError
+
+    def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        """(query, key) pairs the kernels really multiply; defaults to the useful ones."""
+        return self.useful_pairs(seq_len, num_heads, causal)
+
+    def verify_seq_len(self) -> int:
+        """A small sequence length at which this configuration can be checked."""
+        return max(self.granularity, 128)
+
+
+def dense_pairs(seq_len: int, num_heads: int, causal: bool) -> int:
+    """Pairs of full attention: N^2 per head, N(N+1)/2 when causal."""
+    per_head = seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
+    return num_heads * per_head
+
+
+def lcm(values: list[int] | tuple[int, ...]) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out

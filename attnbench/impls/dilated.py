@@ -1,0 +1,161 @@
+"""LongNet dilated attention (arXiv 2307.02486), head-group layout, as semantics.md defines it.
+
+Heads are split into G contiguous groups; group i uses segment length w_i and dilation r_i
+with offset o_i = i mod r_i. A query at position p of its segment attends only if
+p mod r_i == o_i, and then to the keys of its segment with the same residue. Each
+(segment, group) is therefore a dense attention over w_i / r_i tokens: the implementation
+takes strided views of those tokens (no copy), folds segments into the batch and lets the
+fused SDPA kernel do the work, a chunk of segments at a time so temporaries stay small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.errors import ConfigError
+from attnbench.impls import register
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    heads: slice
+    segment_length: int
+    dilation_rate: int
+    offset: int
+
+    @property
+    def kept_per_segment(self) -> int:
+        return self.segment_length // self.dilation_rate
+
+
+def head_groups(num_heads: int, segment_lengths, dilation_rates) -> list[HeadGroup]:
+    """Group i has floor(H/G) + (1 if i < H mod G) heads, contiguous, in order."""
+    g = len(segment_lengths)
+    groups, start = [], 0
+    for i, (w, r) in enumerate(zip(segment_lengths, dilation_rates)):
+        size = num_heads // g + (1 if i < num_heads % g else 0)
+        groups.append(HeadGroup(slice(start, start + size), w, r, i % r))
+        start += size
+    return groups
+
+
+def validate_pattern(segment_lengths, dilation_rates) -> None:
+    if not segment_lengths:
+        raise ConfigError("dilated: give at least one segment length, e.g. --segment-lengths 2048,4096")
+    if len(segment_lengths) != len(dilation_rates):
+        raise ConfigError(
+            f"dilated: {len(segment_lengths)} segment lengths but {len(dilation_rates)} dilation rates; "
+            "give one dilation rate per segment length"
+        )
+    for w, r in zip(segment_lengths, dilation_rates):
+        if w <= 0 or r <= 0:
+            raise ConfigError("dilated: segment lengths and dilation rates must be positive")
+        if w % r:
+            raise ConfigError(f"dilated: dilation rate {r} does not divide segment length {w}; choose a divisor of {w}")
+
+
+class DilatedAttention(AttentionImpl):
+    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19):
+        super().__init__()
+        validate_pattern(segment_lengths, dilation_rates)
+        if max_chunk_tokens <= 0:
+            raise ConfigError("dilated: max_chunk_tokens must be positive")
+        self.segment_lengths = list(segment_lengths)
+        self.dilation_rates = list(dilation_rates)
+        self.max_chunk_tokens = max_chunk_tokens
+
+    def config(self):
+        return {
+            "segment_lengths": self.segment_lengths,
+            "dilation_rates": self.dilation_rates,
+            "max_chunk_tokens": self.max_chunk_tokens,
+        }
+
+    @property
+    def granularity(self) -> int:
+        return lcm(self.segment_lengths)
+
+    def verify_seq_len(self) -> int:
+        return self.granularity
+
+    def check_shape(self, seq_len: int, num_heads: int) -> None:
+        for w in self.segment_lengths:
+            if seq_len % w:
+                raise ConfigError(
+                    f"dilated: sequence length {seq_len} is not divisible by segment length {w}; "
+                    f"choose a multiple of {self.granularity}"
+                )
+        if num_heads < len(self.segment_lengths):
+            raise ConfigError(
+                f"dilated: {num_heads} heads cannot form {len(self.segment_lengths)} head groups; "
+                f"use at least {len(self.segment_lengths)} heads or fewer segment lengths"
+            )
+        super().check_shape(seq_len, num_heads)
+
+    def groups(self, num_heads: int) -> list[HeadGroup]:
+        return head_groups(num_heads, self.segment_lengths, self.dilation_rates)
+
+    def forward(self, q, k, v, is_causal: bool = False):
+        batch, seq_len, num_heads, _ = q.shape
+        self.check_shape(seq_len, num_heads)
+        out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
+        for g in self.groups(num_heads):
+            w, r, o = g.segment_length, g.dilation_rate, g.offset
+            segments_per_chunk = max(1, self.max_chunk_tokens // w)
+            for b in range(batch):
+                for s0 in range(0, seq_len // w, segments_per_chunk):
+                    tokens = slice(s0 * w, min(seq_len, (s0 + segments_per_chunk) * w))
+
+                    def fold(x):
+                        # (N_chunk, Hg, D) -> (segments, Hg, w/r, D): a strided view, no copy
+                        x = x[b, tokens, g.heads].unflatten(0, (-1, w))[:, o::r]
+                        return x.transpose(1, 2)
+
+                    fold(out).copy_(F.scaled_dot_product_attention(fold(q), fold(k), fold(v), is_causal=is_causal))
+        self.last_backend = "sdpa"
+        return out
+
+    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+        pos = torch.arange(seq_len)
+        mask = torch.zeros(num_heads, seq_len, seq_len, dtype=torch.bool)
+        for g in self.groups(num_heads):
+            w, r = g.segment_length, g.dilation_rate
+            same_segment = (pos[:, None] // w) == (pos[None, :] // w)
+            kept = (pos % w) % r == g.offset
+            mask[g.heads] = same_segment & kept[:, None] & kept[None, :]
+        return mask
+
+    def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        total = 0
+        for g in self.groups(num_heads):
+            kept = g.kept_per_segment
+            per_segment = kept * (kept + 1) // 2 if causal else kept * kept
+            heads = g.heads.stop - g.heads.start
+            total += heads * (seq_len // g.segment_length) * per_segment
+        return total
+
+
+def _dilated(segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens=1 << 19):
+    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens)
+
+
+register(ImplSpec(
+    name="dilated",
+    factory=_dilated,
+    summary="LongNet dilated attention: head groups x (segment, dilation), dense SDPA per segment",
+    params=(
+        Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
+        Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
+        Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
+    ),
+    verify_configs=(
+        {"segment_lengths": [16], "dilation_rates": [1]},
+        {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
+        {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
+        {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
+    ),
+))

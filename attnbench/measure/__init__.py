@@ -1,0 +1,1 @@
+"""Measuring one trial: timing, memory (allocator and NVML), OOM classification."""

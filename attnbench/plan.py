@@ -1,0 +1,255 @@
+"""What a sweep will run: settings from built-in defaults, a TOML profile and CLI flags.
+
+Precedence, lowest first: built-in defaults, the profile's top-level settings, the profile
+entry (``[[sweep]]``), flags given on the command line. Every key is checked: an unknown key
+or a wrong type is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from attnbench import impls
+from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.units import parse_bytes, parse_int_list, parse_tokens
+from attnbench.workload import DTYPES, MODES, Workload
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything about a series except the implementation and its parameters."""
+
+    kind: str = "max-seq"          # max-seq: grow then bisect; points: the given seq_lens
+    device: str = "auto"
+    dtype: str = "bf16"
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    mode: str = "fwd"
+    causal: bool = False
+    seq_lens: tuple[int, ...] = ()  # for kind = points
+    start: int = 0                 # first length of the search; 0: the smallest multiple of the granularity >= 1024
+    max_seq_len: int = 1 << 31
+    resolution: int = 0            # stop bisecting at this gap (0: the granularity)
+    max_trial_seconds: float = 60.0
+    memory_limit: int | None = None
+    isolate: bool = True           # one fresh process per trial
+    warmup: int = 1
+    min_samples: int = 5
+    max_samples: int = 50
+    target_ms: float = 1000.0
+    label: str = ""
+
+
+# key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
+def _int(v):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("an integer")
+    return v
+
+
+def _float(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError("a number")
+    return float(v)
+
+
+def _bool(v):
+    if not isinstance(v, bool):
+        raise ValueError("true or false")
+    return v
+
+
+def _choice(*allowed):
+    def parse(v):
+        if v not in allowed:
+            raise ValueError(f"one of {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def _str(v):
+    if not isinstance(v, str):
+        raise ValueError("a string")
+    return v
+
+
+SETTING_PARSERS = {
+    "kind": _choice("max-seq", "points"),
+    "device": _choice("auto", "cpu", "cuda"),
+    "dtype": _choice(*DTYPES),
+    "batch": _int, "heads": _int, "head_dim": _int,
+    "mode": _choice(*MODES),
+    "causal": _bool,
+    "seq_lens": lambda v: tuple(parse_tokens(x) for x in (v if isinstance(v, list) else parse_int_list(v, "seq_lens"))),
+    "start": parse_tokens, "max_seq_len": parse_tokens, "resolution": parse_tokens,
+    "max_trial_seconds": _float,
+    "memory_limit": lambda v: None if v in (None, "", 0, "none") else parse_bytes(v),
+    "isolate": _bool,
+    "warmup": _int, "min_samples": _int, "max_samples": _int,
+    "target_ms": _float,
+    "label": _str,
+}
+assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
+
+
+def parse_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = SETTING_PARSERS[key](value)
+        except (ValueError, TypeError, AttnbenchError) as exc:
+            raise AttnbenchError(f"{where}: {key!r} must be {exc}, got {value!r}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a sweep: an implementation configuration measured over lengths."""
+
+    impl: str
+    config: dict[str, Any]
+    settings: Settings
+
+    def workload(self, seq_len: int) -> Workload:
+        s = self.settings
+        return Workload(impl=self.impl, config=self.config, batch=s.batch, seq_len=seq_len, heads=s.heads,
+                        head_dim=s.head_dim, dtype=s.dtype, device=s.device, mode=s.mode, causal=s.causal)
+
+    @property
+    def name(self) -> str:
+        if self.settings.label:
+            return self.settings.label
+        defaults = {p.name: p.default for p in impls.spec(self.impl).params}
+        shown = {k: v for k, v in self.config.items() if defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend")}
+        args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())
+        return f"{self.impl}({args})" if args else self.impl
+
+    def granularity(self) -> int:
+        return impls.build(self.impl, **self.config).granularity
+
+    def start(self) -> int:
+        g = self.granularity()
+        if self.settings.start:
+            return self.settings.start
+        return max(g, -(-1024 // g) * g)
+
+
+def _short(v):
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    series: tuple[Series, ...]
+    description: str = ""
+    verify: bool = True
+
+
+def split_entry(entry: dict[str, Any], where: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A profile entry's keys are settings or the implementation's parameters."""
+    if "impl" not in entry:
+        raise AttnbenchError(f"{where}: missing key 'impl' (the implementation to run)")
+    name = entry["impl"]
+    spec = impls.spec(name)
+    params = {p.name for p in spec.params}
+    settings, config = {}, {}
+    for key, value in entry.items():
+        if key == "impl":
+            continue
+        if key in SETTING_PARSERS:
+            settings[key] = value
+        elif key in params:
+            config[key] = value
+        else:
+            raise AttnbenchError(
+                f"{where}: unknown key {key!r} (not a setting and not a parameter of {name}; "
+                f"its parameters: {', '.join(sorted(params)) or 'none'})"
+            )
+    return name, parse_settings(settings, where), config
+
+
+def resolve_profile_path(profile: str) -> Path:
+    path = Path(profile)
+    if path.exists():
+        return path
+    candidate = PROFILE_DIR / f"{profile}.toml"
+    if candidate.exists():
+        return candidate
+    known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
+    raise AttnbenchError(f"profile {profile!r} not found: give a TOML file or one of {known}")
+
+
+def load_profile(profile: str) -> tuple[str, str, dict[str, Any], list[dict[str, Any]], bool]:
+    """(name, description, top-level settings, entries, verify) of a profile, all checked."""
+    path = resolve_profile_path(profile)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise AttnbenchError(f"profile {path}: not valid TOML ({exc})") from None
+    description = data.pop("description", "")
+    verify = data.pop("verify", True)
+    if not isinstance(verify, bool):
+        raise AttnbenchError(f"profile {path}: 'verify' must be true or false")
+    entries = data.pop("sweep", [])
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise AttnbenchError(f"profile {path}: needs at least one [[sweep]] table with an 'impl' key")
+    unknown = sorted(set(data) - set(SETTING_PARSERS))
+    if unknown:
+        raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SETTING_PARSERS)})")
+    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify
+
+
+def build_plan(
+    name: str,
+    impl_names: list[str],
+    flags: dict[str, Any],
+    params: dict[str, Any],
+    profile: str | None = None,
+) -> Plan:
+    """Combine a profile (optional) with command-line ``flags`` (settings) and ``params``
+    (implementation parameters, applied to every implementation that has them)."""
+    description, verify = "", True
+    base: dict[str, Any] = {}
+    entries: list[dict[str, Any]] = []
+    if profile:
+        name, description, base, entries, verify = load_profile(profile)
+        path = resolve_profile_path(profile)
+        if impl_names:
+            for n in impl_names:
+                impls.spec(n)
+            entries = [e for e in entries if e.get("impl") in impl_names]
+            if not entries:
+                raise AttnbenchError(f"profile {path} has no sweep for {', '.join(impl_names)}")
+    else:
+        if not impl_names:
+            raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile")
+        entries = [{"impl": n} for n in impl_names]
+    flags = parse_settings({k: v for k, v in flags.items() if v is not None}, "command line")
+    used_params: set[str] = set()
+    series = []
+    for i, entry in enumerate(entries, 1):
+        where = f"profile {name}, sweep {i}" if profile else "command line"
+        impl, entry_settings, config = split_entry(entry, where)
+        own = {p.name for p in impls.spec(impl).params}
+        config.update({k: v for k, v in params.items() if k in own})
+        used_params |= own & set(params)
+        settings = replace(Settings(), **{**base, **entry_settings, **flags})
+        try:
+            config = impls.normalize_config(impl, config)
+        except ConfigError as exc:
+            raise AttnbenchError(f"{where}: {exc}") from None
+        series.append(Series(impl, config, settings))
+    unused = sorted(set(params) - used_params)
+    if unused:
+        raise AttnbenchError(
+            f"parameter {unused[0]!r} belongs to none of {', '.join(sorted({s.impl for s in series}))}; "
+            "see `attnbench list` for each implementation's parameters"
+        )
+    return Plan(name=name, series=tuple(series), description=description, verify=verify)

@@ -1,0 +1,97 @@
+"""The float64 dense masked reference, and verification of any registered implementation.
+
+Every implementation is defined by its declared key sets (semantics.md), so one reference
+checks them all: build the boolean (H, N, N) mask at small N, run masked softmax attention in
+float64 on the CPU, and compare with ||out - ref|| / ||ref||.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnbench import impls
+from attnbench.workload import DTYPES
+
+# Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
+# and outputs with float32 accumulation land at a few times their unit roundoff.
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1e-2}
+
+
+def masked_reference(q, k, v, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """out[b,t,h] = sum_u softmax_u over M_h(t) of q.k * scale, times v; empty sets give 0."""
+    q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.einsum("bthd,buhd->bhtu", q, k) * scale
+    mask = mask.to("cpu")[None]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty key set: zero row
+    return torch.einsum("bhtu,buhd->bthd", probs, v)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.detach().to("cpu", torch.float64)
+    if not torch.isfinite(out).all():
+        return float("nan")
+    denom = torch.linalg.vector_norm(ref)
+    err = torch.linalg.vector_norm(out - ref)
+    return float(err / denom) if denom > 0 else float(err)
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    impl: str
+    config: dict[str, Any]
+    batch: int
+    seq_len: int
+    heads: int
+    head_dim: int
+    causal: bool
+    dtype: str
+    device: str
+
+
+def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]:
+    """Several small shapes per configuration: B > 1, causal and not, head counts that do
+    not divide evenly into groups."""
+    entry = impls.spec(name)
+    configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
+    cases = []
+    for config in configs:
+        impl = impls.build(name, **config)
+        n = impl.verify_seq_len()
+        for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
+            for causal in (False, True):
+                for dtype in dtypes:
+                    cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device))
+    return cases
+
+
+def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
+    """Run one case on fresh random inputs; returns a verify result row (without env)."""
+    seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
+    row: dict[str, Any] = {
+        "kind": "verify", "impl": case.impl, "config": case.config, "batch": case.batch,
+        "seq_len": case.seq_len, "heads": case.heads, "head_dim": case.head_dim,
+        "causal": case.causal, "dtype": case.dtype, "device": case.device, "seed": seed,
+        "tolerance": TOLERANCE[case.dtype],
+    }
+    gen = torch.Generator().manual_seed(seed)
+    shape = (case.batch, case.seq_len, case.heads, case.head_dim)
+    # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
+    q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for _ in range(3))
+    impl = impls.build(case.impl, **case.config)
+    try:
+        with torch.no_grad():
+            out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
+    except Exception as exc:  # a case that cannot run is reported, never raised
+        return {**row, "status": "error", "rel_err": None, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
+    err = relative_error(out, ref)
+    ok = err == err and err <= TOLERANCE[case.dtype]
+    return {**row, "status": "pass" if ok else "fail", "rel_err": err, "backend": impl.last_backend,
+            "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance")}

@@ -1,0 +1,162 @@
+"""The single-GPU maximum tables of the seed reports (report 002's layout), per series:
+
+    Sequence Length | Memory After QKV | Peak Memory | Result | Notes
+    Sequence Length | Time (ms) | Memory (MB) | Result | Sparsity
+
+plus a summary of each series' largest length and what stopped it. Reads rows only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.report.markdown import result_text, table
+from attnbench.results import read_rows, write_text_atomic
+from attnbench.units import format_bytes, format_tokens
+
+TRIAL_KINDS = ("max-seq", "points")
+CSV_COLUMNS = [
+    "run", "label", "impl", "kind", "phase", "seq_len", "status", "message", "batch", "heads", "head_dim",
+    "dtype", "device", "mode", "causal", "time_ms", "time_iqr_ms", "time_min_ms", "time_max_ms", "tokens_per_s",
+    "tflops_executed", "tflops_useful", "kept_fraction", "inputs_bytes", "peak_bytes", "peak_counter",
+    "max_memory_allocated", "max_memory_reserved", "floor_bytes", "peak_over_floor", "backend", "machine",
+]
+
+
+def trial_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("kind") in TRIAL_KINDS]
+
+
+def series_groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Trials by series, in the order the series first appear, each sorted by length."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in trial_rows(rows):
+        groups.setdefault(r["series"], []).append(r)
+    return {k: sorted(v, key=lambda r: r["seq_len"]) for k, v in groups.items()}
+
+
+def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per max-seq series: the largest length that ran and what stopped the next one.
+    Derived from the trials, so an interrupted sweep still has its summary."""
+    results = {r["series"]: r for r in rows if r.get("kind") == "max-seq-result"}
+    out = []
+    for key, trials in series_groups(rows).items():
+        if trials[0]["kind"] != "max-seq":
+            continue
+        ok = [r for r in trials if r["status"] == "ok"]
+        best = max((r["seq_len"] for r in ok), default=0)
+        failures = [r for r in trials if r["status"] != "ok" and r["seq_len"] > best]
+        stop = min(failures, key=lambda r: r["seq_len"]) if failures else None
+        best_row = next((r for r in ok if r["seq_len"] == best), None)
+        done = results.get(key)
+        out.append({
+            "series": key, "label": trials[0]["label"], "impl": trials[0]["impl"], "dtype": trials[0]["dtype"],
+            "device": trials[0]["device"], "machine": (trials[0].get("env") or {}).get("machine"),
+            "max_seq_len": best, "first_failure": stop["seq_len"] if stop else None,
+            "stopped_by": {"oom": "memory", "time-limit": "time"}.get(stop["status"], stop["status"]) if stop else
+            ("max-seq-len cap" if done else "incomplete"),
+            "stop_message": stop.get("message") if stop else "",
+            "complete": done is not None,
+            "peak_bytes": best_row.get("peak_bytes") if best_row else None,
+            "peak_over_floor": best_row.get("peak_over_floor") if best_row else None,
+            "time_ms": best_row.get("time_ms") if best_row else None,
+            "tokens_per_s": best_row.get("tokens_per_s") if best_row else None,
+            "trials": len(trials),
+        })
+    return out
+
+
+def _notes(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return r.get("message") or ""
+    bits = []
+    if r.get("peak_over_floor"):
+        bits.append(f"peak {r['peak_over_floor']:.2f}x floor")
+    if r.get("tflops_executed"):
+        bits.append(f"{r['tflops_executed']:.1f} TFLOP/s")
+    if r.get("backend"):
+        bits.append(f"backend {r['backend']}")
+    return "; ".join(bits)
+
+
+def sparsity_text(kept: float | None, causal: bool = False) -> str:
+    if kept is None:
+        return "-"
+    full = 0.5 if causal else 1.0  # a causal mask keeps about half of all pairs by itself
+    if kept >= full * 0.999:
+        return "Dense"
+    return f"{(1 - kept / full) * 100:.1f}% sparse"
+
+
+def memory_table(trials: list[dict[str, Any]]) -> str:
+    return table(
+        ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
+        [[format_tokens(r["seq_len"]), format_bytes(r.get("inputs_bytes"), "GB"),
+          format_bytes(r.get("peak_bytes"), "GB") if r["status"] == "ok" else format_bytes(r.get("peak_bytes"), "GB") + " at failure" if r.get("peak_bytes") else "-",
+          result_text(r["status"]), _notes(r)] for r in trials],
+    )
+
+
+def time_table(trials: list[dict[str, Any]]) -> str:
+    return table(
+        ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"],
+        [[format_tokens(r["seq_len"]), f"{r['time_ms']:,.2f}" if r.get("time_ms") else "-",
+          f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
+          result_text(r["status"]), sparsity_text(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
+    )
+
+
+def summary_table(summary: list[dict[str, Any]]) -> str:
+    return table(
+        ["Implementation", "Dtype", "Device", "Max Sequence", "Stopped By", "Peak at Max", "Peak / Floor", "Time at Max (ms)"],
+        [[s["label"], s["dtype"], s["machine"] or s["device"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+          s["stopped_by"], format_bytes(s["peak_bytes"], "GB"),
+          f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
+          f"{s['time_ms']:,.1f}" if s["time_ms"] else "-"] for s in summary],
+    )
+
+
+def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    summary = max_seq_summary(rows)
+    if summary:
+        parts += ["## Largest sequence per implementation\n", summary_table(summary)]
+    for trials in series_groups(rows).values():
+        head = trials[0]
+        parts.append(
+            f"\n## {head['label']}: {head['dtype']}, B={head['batch']}, H={head['heads']}, D={head['head_dim']}, "
+            f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
+        )
+        parts += ["\n", memory_table(trials), "\n", time_table(trials)]
+    parts.append(
+        "\nMemory columns: 'Memory After QKV' is what allocating q, k and v took; 'Peak Memory' and 'Memory (MB)' "
+        "are the trial's peak (`torch.cuda.max_memory_allocated` after a reset on GPU, resident-set growth on CPU). "
+        "GB = 10^9 bytes, MB = 10^6 bytes. The floor is q, k, v and the output.\n"
+    )
+    return "".join(parts)
+
+
+def trials_csv(rows: list[dict[str, Any]]) -> str:
+    flat = []
+    for r in trial_rows(rows):
+        flat.append({c: (r.get("env") or {}).get("machine") if c == "machine" else r.get(c) for c in CSV_COLUMNS})
+    return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
+
+
+def write_sweep_tables(out_dir: Path) -> list[Path]:
+    """Regenerate ``sweep.md``, ``trials.csv`` and ``max_seq.csv`` from ``trials.jsonl``."""
+    out_dir = Path(out_dir)
+    rows, _ = read_rows(out_dir)
+    written = []
+    if trial_rows(rows):
+        write_text_atomic(out_dir / "sweep.md", sweep_markdown(rows))
+        write_text_atomic(out_dir / "trials.csv", trials_csv(rows))
+        written += [out_dir / "sweep.md", out_dir / "trials.csv"]
+    summary = max_seq_summary(rows)
+    if summary:
+        write_text_atomic(out_dir / "max_seq.csv", pd.DataFrame(summary).to_csv(index=False))
+        written.append(out_dir / "max_seq.csv")
+    return written

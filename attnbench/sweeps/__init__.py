@@ -1,0 +1,1 @@
+"""Sweeps: sequences of trials (max-seq search, fixed points), never table formatting."""

@@ -1,0 +1,81 @@
+"""Bad input: a one-line error that names the fix, exit code 2, no traceback, and no
+results file created or changed."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+BAD = {
+    "unknown implementation": (["max-seq", "--impl", "flash9000", *CPU], "attnbench list"),
+    "unknown parameter": (["max-seq", "--impl", "naive", "--param", "windw=3", *CPU], "parameter"),
+    "segment not dividing N": (["bench", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "1",
+                                "--seq-lens", "1000", *CPU], "multiple of 256"),
+    "dilation not dividing segment": (["max-seq", "--impl", "dilated", "--segment-lengths", "256,512",
+                                       "--dilation-rates", "3,2", *CPU], "does not divide"),
+    "mismatched lists": (["max-seq", "--impl", "dilated", "--segment-lengths", "256,512", "--dilation-rates", "1", *CPU],
+                         "one dilation rate per segment length"),
+    "fewer heads than groups": (["max-seq", "--impl", "dilated", "--segment-lengths", "64,128,256",
+                                 "--dilation-rates", "1,2,4", "--device", "cpu", "--heads", "2"], "at least 3 heads"),
+    "backend that cannot run here": (["max-seq", "--impl", "sdpa", "--backend", "cudnn", *CPU], "cannot run"),
+    "unknown dtype": (["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp8"], "dtype"),
+    "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
+    "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
+    "unknown profile": (["run", "--profile", "no-such-profile"], "not found"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path):
+    args, hint = BAD[name]
+    out = tmp_path / "out"
+    proc = run_cli(*args, "--out", out) if args[0] != "run" else run_cli(*args, "--out", out)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and hint in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not out.exists()
+
+
+PROFILES = {
+    "unknown top-level key": ('dtyp = "bf16"\n[[sweep]]\nimpl = "naive"\n', "'dtyp'"),
+    "unknown sweep key": ('[[sweep]]\nimpl = "dilated"\nsegment_length = [64]\n', "'segment_length'"),
+    "wrong type": ('heads = "eight"\n[[sweep]]\nimpl = "naive"\n', "'heads'"),
+    "bad parameter type": ('[[sweep]]\nimpl = "dilated"\nsegment_lengths = "many"\n', "segment_lengths"),
+    "not toml": ('[[sweep]\nimpl = naive\n', "not valid TOML"),
+    "no sweeps": ('device = "cpu"\n', "[[sweep]]"),
+    "sweep without impl": ('[[sweep]]\nstart = 1024\n', "'impl'"),
+}
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_malformed_profile_names_the_key(name, tmp_path):
+    text, hint = PROFILES[name]
+    profile = write(tmp_path / "p.toml", text)
+    out = tmp_path / "out"
+    proc = run_cli("max-seq", "--profile", profile, "--device", "cpu", "--out", out)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and hint in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_bad_input_leaves_existing_results_unchanged(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trials.jsonl").write_text('{"schema": 1, "kind": "verify"}\n')
+    before = (out / "trials.jsonl").read_bytes()
+    proc = run_cli("max-seq", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "3", *CPU,
+                   "--out", out, "--resume")
+    assert proc.returncode == 2
+    assert (out / "trials.jsonl").read_bytes() == before

@@ -1,0 +1,119 @@
+"""End to end on the CPU: `attnbench max-seq` under --memory-limit stops on a real OOM,
+an interrupted sweep keeps its trials and --resume finishes it without loss or repeats."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.results import read_rows
+from attnbench.sweeps.search import grow_then_bisect
+
+from conftest import ROOT, run_cli
+
+LIMIT = 256 * 2**20
+HEADS = 2
+
+
+def trials(out: Path, kind="max-seq"):
+    rows, problems = read_rows(out)
+    assert problems == []
+    return [r for r in rows if r.get("kind") == kind]
+
+
+@pytest.fixture(scope="module")
+def naive_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("naive") / "run"
+    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--heads", HEADS,
+                   "--head-dim", 16, "--memory-limit", "256MiB", "--start", "1K", "--resolution", 128,
+                   "--max-trial-seconds", 30, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_naive_stops_on_a_real_oom_where_its_n_squared_memory_says(naive_sweep):
+    out, proc = naive_sweep
+    rows = trials(out)
+    ok = [r for r in rows if r["status"] == "ok"]
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert failed and all(r["status"] == "oom" for r in failed), [r["message"] for r in failed]
+    best = max(r["seq_len"] for r in ok)
+    # the scores and probabilities alone are 2 * H * N^2 float32 values
+    assert 2 * HEADS * 4 * best**2 <= LIMIT
+    first_fail = min(r["seq_len"] for r in failed if r["seq_len"] > best)
+    assert first_fail - best <= 128
+    # and the limit is what stopped it: a failure well below the N^2 bound would be a bug
+    assert 2 * HEADS * 4 * first_fail**2 >= LIMIT / 4
+    result = [r for r in read_rows(out)[0] if r["kind"] == "max-seq-result"]
+    assert result and result[0]["seq_len"] == best and result[0]["stopped_by"] == "memory"
+    assert "stopped by memory" in proc.stdout
+
+
+def test_rows_carry_environment_samples_and_memory(naive_sweep):
+    out, _ = naive_sweep
+    for r in trials(out):
+        env = r["env"]
+        for key in ("torch", "commit", "date", "command", "machine", "python", "cpu"):
+            assert env.get(key), key
+        assert r["floor_bytes"] == 4 * r["seq_len"] * HEADS * 16 * 4
+        if r["status"] == "ok":
+            assert len(r["times_ms"]) >= 1 and r["time_ms"] > 0
+            assert r["peak_bytes"] > r["floor_bytes"]  # naive holds N^2 scores on top
+            assert r["inputs_bytes"] > 0 and r["tokens_per_s"] > 0 and r["tflops_executed"] > 0
+
+
+def test_tables_follow_the_seed_layout(naive_sweep):
+    out, _ = naive_sweep
+    md = (out / "sweep.md").read_text()
+    assert "| Sequence Length | Memory After QKV | Peak Memory | Result | Notes |" in md
+    assert "| Sequence Length | Time (ms) | Memory (MB) | Result | Sparsity |" in md
+    assert "✗ OOM" in md and "✓ Success" in md
+    csv = (out / "trials.csv").read_text().splitlines()
+    assert csv[0].startswith("run,label,impl")
+    assert len(csv) == 1 + len(trials(out))
+
+
+def test_existing_results_are_not_overwritten(naive_sweep):
+    out, _ = naive_sweep
+    before = (out / "trials.jsonl").read_bytes()
+    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--out", out)
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    assert (out / "trials.jsonl").read_bytes() == before
+
+
+def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = ["max-seq", "--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2", "--device", "cpu",
+            "--dtype", "fp32", "--heads", 2, "--head-dim", 16, "--memory-limit", "192MiB", "--start", "1K",
+            "--resolution", 1024, "--out", out]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "attnbench", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and (not (out / "trials.jsonl").exists() or len(trials(out)) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr
+    kept = trials(out)
+    assert len(kept) >= 3
+    assert not any(r["kind"] == "max-seq-result" for r in read_rows(out)[0])
+
+    done = run_cli(*args, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "(from earlier run)" in done.stdout
+    rows = trials(out)
+    lengths = [r["seq_len"] for r in rows]
+    assert len(lengths) == len(set(lengths)), "a trial ran twice"
+    assert {r["trial"] for r in kept} <= {r["trial"] for r in rows}, "a finished trial was lost"
+    # replaying the search over the recorded statuses visits exactly the recorded lengths
+    status = {r["seq_len"]: r["status"] for r in rows}
+    replay = grow_then_bisect(lambda n, phase: status[n], start=1024, granularity=128, max_len=1 << 31, resolution=1024)
+    assert sorted(n for n, _ in replay.tried) == sorted(lengths)
+    assert replay.stop_status == "oom"

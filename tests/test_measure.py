@@ -1,0 +1,99 @@
+"""OOM classification, timing plans, the NVML sampler (fake backend), units."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from attnbench.errors import AttnbenchError
+from attnbench.measure.memory import NvmlSampler
+from attnbench.measure.oom import classify
+from attnbench.measure.timing import TimingPolicy, plan_calls, summarize
+from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens
+
+
+@pytest.mark.parametrize("exc,expected", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (MemoryError(), "oom"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes."), "oom"),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "oom"),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "oom"),
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), "oom"),
+    (RuntimeError("The size of tensor a (4) must match the size of tensor b (5)"), "error"),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), "error"),
+    (ValueError("out of memory"), "error"),  # only allocator errors count
+    (KeyError("x"), "error"),
+])
+def test_oom_classification(exc, expected):
+    assert classify(exc) == expected
+
+
+def test_a_real_cpu_allocation_failure_is_an_oom():
+    with pytest.raises(RuntimeError) as info:
+        torch.empty(1 << 62, dtype=torch.uint8)
+    assert classify(info.value) == "oom"
+
+
+@pytest.mark.parametrize("first_ms,budget_s", [(0.01, 60), (5.0, 60), (400.0, 1.0), (900.0, 1.0), (4900.0, 5.0), (30_000.0, 60.0)])
+def test_timing_plan_stays_within_budget(first_ms, budget_s):
+    policy = TimingPolicy(warmup=1, min_samples=5, max_samples=50, target_ms=1000, budget_s=budget_s)
+    warmup, n = plan_calls(first_ms, policy)
+    assert n >= 1 and n <= 50
+    assert (warmup + n) * first_ms <= max(budget_s * 1e3, first_ms)
+    if first_ms * 6 <= budget_s * 1e3:
+        assert n >= 5
+
+
+def test_summary_statistics():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s["time_ms"] == 3.0 and s["time_min_ms"] == 1.0 and s["time_max_ms"] == 5.0
+    assert s["time_iqr_ms"] > 0
+    assert summarize([])["time_ms"] is None
+
+
+class FakeNvml:
+    """Two GPUs whose used memory follows a script."""
+
+    def __init__(self):
+        self.used = [1000, 500]
+        self.lock = threading.Lock()
+
+    def device_count(self):
+        return 2
+
+    def used_bytes(self, index):
+        with self.lock:
+            return self.used[index]
+
+
+def test_nvml_sampler_tracks_per_gpu_peaks():
+    nvml = FakeNvml()
+    with NvmlSampler(nvml, interval_s=0.001) as sampler:
+        with nvml.lock:
+            nvml.used = [9000, 700]
+        time.sleep(0.05)
+        with nvml.lock:
+            nvml.used = [2000, 600]
+        time.sleep(0.05)
+    rows = sampler.per_gpu()
+    assert rows == [
+        {"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
+        {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
+    ]
+
+
+def test_nvml_sampler_without_nvml_is_empty():
+    with NvmlSampler(None) as sampler:
+        pass
+    assert sampler.per_gpu() == []
+
+
+def test_units():
+    assert parse_bytes("2GiB") == 2 << 30 and parse_bytes("512MB") == 512 * 10**6 and parse_bytes("1.5GiB") == 3 << 29
+    assert parse_tokens("64K") == 65536 and parse_tokens("1M") == 1 << 20 and parse_tokens(4096) == 4096
+    assert parse_int_list("2048,4096", "x") == [2048, 4096]
+    assert format_tokens(65536) == "65,536 (64K)" and format_tokens(100) == "100"
+    for bad in ("2 parsecs", "", "GiB"):
+        with pytest.raises(AttnbenchError):
+            parse_bytes(bad)

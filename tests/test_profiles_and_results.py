@@ -1,0 +1,45 @@
+"""Committed profiles are valid; result files are read robustly."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnbench.plan import PROFILE_DIR, build_plan
+from attnbench.results import read_rows, ResultsWriter
+
+PROFILES = sorted(PROFILE_DIR.glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_every_committed_profile_builds(path):
+    plan = build_plan(path.stem, [], {}, {}, str(path))
+    assert plan.series
+    for s in plan.series:
+        impl_granularity = s.granularity()
+        assert s.start() % impl_granularity == 0
+        for n in s.settings.seq_lens:
+            assert n % impl_granularity == 0
+
+
+def test_cli_flags_override_the_profile():
+    plan = build_plan("x", [], {"dtype": "fp32", "heads": 4}, {}, "default-cpu")
+    assert all(s.settings.dtype == "fp32" and s.settings.heads == 4 for s in plan.series)
+
+
+def test_corrupt_lines_are_reported_with_file_and_line_and_the_rest_used(tmp_path):
+    writer = ResultsWriter(tmp_path)
+    writer.append({"kind": "verify", "n": 1})
+    with open(writer.path, "a") as f:
+        f.write('{"kind": "verify", "n": 2\n')  # truncated by a kill
+        f.write("[1, 2]\n")
+    writer.append({"kind": "verify", "n": 3})
+    rows, problems = read_rows(tmp_path)
+    assert [r["n"] for r in rows] == [1, 3]
+    assert len(problems) == 2 and f"{writer.path}:2:" in problems[0] and f"{writer.path}:3:" in problems[1]
+
+
+def test_rows_never_hold_nan(tmp_path):
+    writer = ResultsWriter(tmp_path)
+    with pytest.raises(ValueError):
+        writer.append({"x": float("nan")})

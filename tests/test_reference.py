@@ -1,0 +1,107 @@
+"""Every implementation against the float64 masked reference, and the reference and the
+declared key sets against independent transcriptions of semantics.md."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbench import impls
+from attnbench.impls.dilated import head_groups
+from attnbench.reference import TOLERANCE, default_cases, masked_reference, relative_error, run_case
+
+CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name, "cpu", ["fp32", "bf16"])]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.impl}-{c.config}-B{c.batch}-N{c.seq_len}-H{c.heads}-"
+                                                    f"{'causal' if c.causal else 'full'}-{c.dtype}")
+def test_impl_matches_reference(case):
+    row = run_case(case)
+    assert row["status"] == "pass", row
+    assert row["rel_err"] <= TOLERANCE[case.dtype]
+
+
+def test_cases_cover_batches_causal_and_uneven_groups():
+    dilated = [c for c in CASES if c.impl == "dilated"]
+    assert any(c.batch > 1 for c in dilated)
+    assert {c.causal for c in dilated} == {True, False}
+    # 5 heads over 2 or 3 groups and 3 heads over 2 groups do not divide evenly
+    assert any(c.heads % len(c.config["segment_lengths"]) for c in dilated)
+
+
+def dilated_mask_by_definition(seq_len, num_heads, ws, rs):
+    """semantics.md, literally: group i has floor(H/G) + (1 if i < H mod G) heads, offset i mod r_i."""
+    G = len(ws)
+    mask = torch.zeros(num_heads, seq_len, seq_len, dtype=torch.bool)
+    h = 0
+    for i in range(G):
+        w, r, o = ws[i], rs[i], i % rs[i]
+        for _ in range(num_heads // G + (1 if i < num_heads % G else 0)):
+            for t in range(seq_len):
+                m, p = divmod(t, w)
+                if p % r != o:
+                    continue
+                for pp in range(w):
+                    if pp % r == o:
+                        mask[h, t, m * w + pp] = True
+            h += 1
+    return mask
+
+
+@pytest.mark.parametrize("ws,rs,heads", [([8], [1], 3), ([8, 16], [1, 2], 5), ([4, 8, 16], [1, 2, 4], 7), ([16, 16], [4, 2], 4)])
+def test_dilated_key_sets_follow_the_definition(ws, rs, heads):
+    impl = impls.build("dilated", segment_lengths=ws, dilation_rates=rs)
+    n = 2 * impl.granularity
+    assert torch.equal(impl.key_mask(n, heads), dilated_mask_by_definition(n, heads, ws, rs))
+
+
+def test_head_group_sizes():
+    assert [g.heads.stop - g.heads.start for g in head_groups(5, [1, 2], [1, 1])] == [3, 2]
+    assert [g.heads.stop - g.heads.start for g in head_groups(5, [1, 2, 4], [1, 1, 1])] == [2, 2, 1]
+    assert [g.offset for g in head_groups(6, [8, 8, 8], [1, 2, 4])] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name,config", [
+    ("naive", {}), ("sdpa", {}),
+    ("dilated", {"segment_lengths": [8, 16], "dilation_rates": [1, 2]}),
+    ("dilated", {"segment_lengths": [4, 8, 16], "dilation_rates": [1, 2, 4]}),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_closed_form_pair_count_equals_the_mask(name, config, causal):
+    impl = impls.build(name, **config)
+    n = max(impl.granularity, 16) * 2 if name == "dilated" else 128
+    for heads in (3, 5):
+        assert impl.useful_pairs(n, heads, causal) == int(impl.key_mask(n, heads, causal=causal).sum())
+
+
+def test_reference_equals_independent_dense_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 33, 3, 8, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        mask = torch.ones(3, 33, 33, dtype=torch.bool)
+        if causal:
+            mask = mask.tril()
+        expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(1, 2)
+        assert relative_error(masked_reference(q, k, v, mask), expected) < 1e-12
+
+
+def test_reference_gives_zero_rows_for_empty_key_sets():
+    q, k, v = (torch.randn(1, 4, 1, 2, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([[[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1]]], dtype=torch.bool)
+    out = masked_reference(q, k, v, mask)
+    assert torch.all(out[0, 1] == 0)
+    scores = (q[0, 0, 0] @ k[0, :2, 0].T) / math.sqrt(2)
+    assert torch.allclose(out[0, 0, 0], torch.softmax(scores, 0) @ v[0, :2, 0])
+
+
+def test_a_wrong_implementation_fails_verification(monkeypatch):
+    """The check can fail: drop the dilation (attend to the whole segment) and it must."""
+    from attnbench.impls.dilated import DilatedAttention
+    from attnbench.reference import VerifyCase
+
+    real = DilatedAttention._key_sets
+    monkeypatch.setattr(DilatedAttention, "_key_sets", lambda self, n, h: real(self, n, h) | torch.eye(n, dtype=torch.bool))
+    case = VerifyCase("dilated", {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "max_chunk_tokens": 1 << 19},
+                      1, 32, 2, 8, False, "fp32", "cpu")
+    assert run_case(case)["status"] == "fail"
