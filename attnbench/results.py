@@ -35,7 +35,7 @@ def now_utc() -> str:
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+            ["git", "-c", "safe.directory=*", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

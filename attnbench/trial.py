@@ -227,8 +227,8 @@ def _per_gpu(sampler, mem: _MemoryProbe) -> list[dict[str, Any]]:
 # Isolated execution: one fresh process per trial
 # ---------------------------------------------------------------------------------------
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     env["PYTHONUNBUFFERED"] = "1"
     # glibc reserves 64 MiB of address space per malloc arena; a few arenas keep the CPU
     # memory limit (an address-space limit) about real allocations.
@@ -262,10 +262,10 @@ def _run_child(job: dict[str, Any], phase_limit_s: float) -> dict[str, Any]:
         return outcome
 
 
-def _supervise(cmd: list[str], phase_limit_s: float) -> dict[str, Any]:
+def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(), start_new_session=True)
+                            env=child_env(extra_env), start_new_session=True)
     state = {"phase": "startup", "since": time.monotonic()}
     stderr_tail: deque[str] = deque(maxlen=40)
 

@@ -1,0 +1,122 @@
+"""Multi-process jobs under ``torchrun``: one process per GPU (NCCL) or per CPU rank (gloo).
+
+``launch`` starts ``torchrun --standalone --nproc-per-node P -m attnbench.distributed JOB``
+and supervises it like a single-process trial. Each rank runs the named job function and
+writes its own result file, success or failure. A rank that fails writes its error and exits
+at once: torchrun then stops every other rank, so no rank waits forever in a collective, and
+the caller reads which rank failed and why. A collective timeout and the parent's phase
+deadline are the last resorts.
+
+Multi-node: run the same module under torchrun with the usual rendezvous flags
+(``--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT``); ``launch`` covers one node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+# name -> fn(payload, rank, world_size, device) -> dict; families register their jobs here
+JOBS: dict[str, Callable[[dict[str, Any], int, int, str], dict[str, Any]]] = {}
+
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def job(name: str):
+    def register(fn):
+        JOBS[name] = fn
+        return fn
+    return register
+
+
+def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_limit_s: float,
+           collective_timeout_s: float = 300.0) -> list[dict[str, Any]]:
+    """Run job ``name`` on ``nprocs`` ranks; one result per rank, in rank order.
+
+    A rank that left no result (killed by torchrun after another rank failed, or by the
+    deadline) gets ``{"status": "killed", ...}``; the failing rank's row says why.
+    """
+    from attnbench.trial import _supervise
+
+    with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(json.dumps({"job": name, "payload": payload, "device": device,
+                                        "collective_timeout_s": collective_timeout_s}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+               "--max-restarts=0", "-m", "attnbench.distributed", str(job_path), tmp]
+        outcome = _supervise(cmd, phase_limit_s, extra_env=MULTICAST_OFF)
+        results = []
+        for rank in range(nprocs):
+            path = Path(tmp) / f"rank{rank}.json"
+            if path.exists():
+                results.append(json.loads(path.read_text()))
+            else:
+                results.append({"status": "killed", "rank": rank,
+                                "message": outcome.get("message") or "stopped before writing a result", "times_ms": []})
+        return results
+
+
+def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
+    """One status for all ranks: any failure fails the trial; an OOM anywhere is an OOM."""
+    failed = [r for r in results if r.get("status") != "ok"]
+    if not failed:
+        return "ok", ""
+    # the root cause is an OOM if any rank ran out, else the rank that failed first (the
+    # others then fail on a broken connection or are stopped by torchrun)
+    ooms = [r for r in failed if r.get("status") == "oom"]
+    first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
+    status = first["status"] if first["status"] != "killed" else "error"
+    return status, f"rank {first.get('rank')}: {first.get('message', '')}"
+
+
+def _main(job_path: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    spec = json.loads(Path(job_path).read_text())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = spec["device"]
+    result_path = Path(out_dir) / f"rank{rank}.json"
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                timeout=dt.timedelta(seconds=spec["collective_timeout_s"]),
+                                **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}))
+        result = _jobs()[spec["job"]](spec["payload"], rank, world, device)
+    except BaseException as exc:  # write why, then leave at once so torchrun stops the others
+        from attnbench.measure import oom
+
+        _write(result_path, {"status": oom.classify(exc) if isinstance(exc, Exception) else "error",
+                             "rank": rank, "message": oom.one_line(exc), "times_ms": [], "failed_at": time.time()})
+        sys.stderr.write(f"attnbench rank {rank} failed: {oom.one_line(exc)}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    _write(result_path, {"status": "ok", "rank": rank, **result})
+    dist.destroy_process_group()
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def _jobs() -> dict[str, Callable]:
+    """The registry as the importable module holds it (this file also runs as __main__)."""
+    import attnbench.distributed_jobs  # noqa: F401  (registers the jobs)
+    from attnbench.distributed import JOBS as registry
+
+    return registry
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,31 @@
+"""The torchrun launcher with gloo on CPU: every rank runs, a failing rank ends the run
+quickly with its own error named."""
+
+import time
+
+import pytest
+
+from attnbench.distributed import agreed_status, launch
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_all_ranks_run_a_collective(ranks):
+    results = launch("selftest", {}, ranks, "cpu", phase_limit_s=60)
+    assert [r["rank"] for r in results] == list(range(ranks))
+    assert all(r["status"] == "ok" and r["sum"] == r["expected"] == ranks * (ranks + 1) / 2 for r in results)
+    assert agreed_status(results) == ("ok", "")
+
+
+def test_a_failing_rank_ends_the_run_with_its_error():
+    t0 = time.monotonic()
+    results = launch("selftest", {"fail_rank": 1}, 2, "cpu", phase_limit_s=60, collective_timeout_s=60)
+    assert time.monotonic() - t0 < 45, "the other rank must not wait for its collective timeout"
+    status, message = agreed_status(results)
+    assert status == "error"
+    assert message.startswith("rank 1:") and "asked to fail" in message
+
+
+def test_an_oom_on_any_rank_is_the_trial_status():
+    results = [{"status": "error", "rank": 0, "message": "connection reset", "failed_at": 1.0},
+               {"status": "oom", "rank": 1, "message": "CUDA out of memory", "failed_at": 2.0}]
+    assert agreed_status(results) == ("oom", "rank 1: CUDA out of memory")
