@@ -18,7 +18,8 @@ from attnbench.errors import AttnbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.")
-console = Console(highlight=False, soft_wrap=True)
+# Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -190,14 +191,14 @@ def bench(
 
 @app.command()
 def run(
-    profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default-gpu with a GPU, else default-cpu")] = "auto",
+    profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")] = "auto",
     out: OutOpt = None, resume: ResumeOpt = False,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
         from attnbench.sweeps.runner import cuda_available
 
-        profile = "default-gpu" if cuda_available() else "default-cpu"
+        profile = "default" if cuda_available() else "default-cpu"
     _run_plan(profile, [], {}, {}, profile, out, resume)
 
 
@@ -220,6 +221,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     if (out_dir / "trials.jsonl").exists():
         for path in write_sweep_tables(out_dir):
             console.print(f"wrote {path}")
+        _print_summary(out_dir)
     if interrupted:
         err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
         raise typer.Exit(130)
@@ -227,6 +229,25 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     if any(not o.verified for o in outcomes):
         err_console.print("some configurations failed the reference check; their sweeps did not run")
         raise typer.Exit(1)
+
+
+def _print_summary(out_dir: Path) -> None:
+    """Each implementation's largest successful length and what stopped it."""
+    from attnbench.report.sweep_tables import max_seq_summary
+    from attnbench.results import read_rows
+    from attnbench.units import format_bytes, format_tokens
+
+    summary = max_seq_summary(read_rows(out_dir)[0])
+    if not summary:
+        return
+    t = Table(title="largest sequence per implementation")
+    for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
+        t.add_column(col)
+    for s in summary:
+        t.add_row(s["label"], s["dtype"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+                  s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
+                  format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
+    console.print(t)
 
 
 def _default_out(plan, env) -> Path:
