@@ -143,10 +143,10 @@ def machine_key(env: dict[str, Any]) -> str:
     return f"cpu: {env.get('cpu', 'unknown')}"
 
 
-def series_key(workload: dict[str, Any], world_size: int = 1, strategy: str = "single") -> str:
+def series_key(workload: dict[str, Any], world_size: int = 1, strategy: str = "single", kind: str = "max-seq") -> str:
     """Identity of a sweep line: everything about a trial except its sequence length."""
     ident = {k: v for k, v in workload.items() if k != "seq_len"}
-    ident.update(world_size=world_size, strategy=strategy)
+    ident.update(world_size=world_size, strategy=strategy, kind=kind)
     blob = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 

@@ -19,3 +19,15 @@ RESULT_TEXT = {"ok": "✓ Success", "oom": "✗ OOM", "time-limit": "✗ Time li
 
 def result_text(status: str) -> str:
     return RESULT_TEXT.get(status, status)
+
+
+def short_message(message: str | None, limit: int = 90) -> str:
+    """A failure in a table cell: the allocation that failed, or the message's start."""
+    import re
+
+    if not message:
+        return ""
+    alloc = re.search(r"[Tt]ried to allocate ([0-9.]+ ?[KMGT]i?B)", message)
+    if alloc:
+        return f"tried to allocate {alloc.group(1)} more"
+    return message if len(message) <= limit else message[: limit - 1] + "…"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.report.markdown import result_text, table
+from attnbench.report.markdown import result_text, short_message, table
 from attnbench.results import read_rows, write_text_atomic
 from attnbench.units import format_bytes, format_tokens
 
@@ -71,7 +71,7 @@ def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _notes(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
-        return r.get("message") or ""
+        return short_message(r.get("message"))
     bits = []
     if r.get("peak_over_floor"):
         bits.append(f"peak {r['peak_over_floor']:.2f}x floor")

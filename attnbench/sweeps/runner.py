@@ -190,7 +190,7 @@ class SweepRunner:
         return result
 
     def _key(self, s: Series) -> str:
-        return series_key(_workload_fields(s.workload(0)))
+        return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind)
 
     def _probe(self, s: Series, seq_len: int, phase: str) -> str:
         key = (self._key(s), seq_len)
