@@ -248,6 +248,17 @@ def test_002_single_gpu_maximum_tables_have_every_trial(report):
             f"{r['peak_bytes'] / 1e9:,.2f} GB" for r in trials if r["status"] == "ok"]
 
 
+def test_002_fixed_length_measurements(report):
+    out, _ = report
+    points = sorted((r for r in fixture_rows() if r.get("kind") == "points"), key=lambda r: r["seq_len"])
+    text = section((out / "report.md").read_text(), "Report 002")
+    part = text[text.index("#### Fixed-length measurements"):]
+    headers, body = md_table(part[part.index(f"##### {points[0]['label']}:"):], "Sequence Length")
+    assert headers == ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"]
+    assert body == [[tokens_text(r["seq_len"]), f"{r['time_ms']:,.2f}", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"]
+                    for r in points]
+
+
 def test_002_memory_efficiency_at_the_largest_sequence(report):
     out, _ = report
     expect = expected_largest(fixture_rows())

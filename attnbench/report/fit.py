@@ -68,8 +68,8 @@ class MemoryFit:
         return self.errors()[max(range(len(self.seq_lens)), key=lambda i: self.seq_lens[i])]
 
     def max_seq(self, budget: float) -> float | None:
-        """The largest N whose fitted peak fits in ``budget`` bytes; None if the fit never
-        grows (no limit follows from it) or not even N = 0 fits."""
+        """The length at which the fitted peak first reaches ``budget`` bytes; None if it never
+        does (no limit follows from the fit) or not even N = 0 fits."""
         if budget <= self.coef[0]:
             return None
         roots = np.polynomial.polynomial.polyroots([self.coef[0] - budget, *self.coef[1:]])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.report.data import (config_id, configs_agree, ok, peak_per_gpu, settings_key, trials,
+from attnbench.report.data import (config_id, config_text, configs_agree, gpu_memory, ok, settings_key, trials,
                                    world_size)
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 
@@ -69,8 +69,6 @@ def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def group_label(r: dict[str, Any]) -> str:
-    from attnbench.report.data import config_text
-
     cfg = config_text(r.get("config"))
     return (f"{r.get('impl')}{f'({cfg})' if cfg else ''}, {r.get('module') or 'attention'}, {r.get('mode')}, "
             f"{r.get('dtype')}, {world_size(r)} GPUs")
@@ -168,8 +166,6 @@ def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def memory_per_gpu_cells(row: dict[str, Any], n_gpus: int) -> dict[str, Any]:
     """GPU i Memory (allocator peak) and NVML GPU i (device memory used at peak), raw bytes."""
-    from attnbench.report.data import gpu_memory
-
     cells: dict[str, Any] = {}
     mem = {g["index"]: g for g in gpu_memory(row)}
     for i in range(n_gpus):

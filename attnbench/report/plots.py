@@ -92,7 +92,7 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
     plt = _pyplot()
     labels = sorted({(c["seq_len"], c["batch"] or 1) for c in cases})
     kinds = sorted({(c["strategy"], c["world_size"], c["impl"]) for c in cases})
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels) * max(1, len(kinds)) / 2), 5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(labels) * len(kinds) + 3), 5), layout="constrained")
     width = 0.8 / len(kinds)
     for j, (strategy, p, impl) in enumerate(kinds):
         xs, ys = [], []
@@ -106,7 +106,7 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], [f"N={n:,}\nB={b}" for n, b in labels])
     ax.set(title=f"Speedup over one GPU — {machine}", ylabel="speedup (single time / multi-GPU time)")
-    ax.legend(fontsize=7)
+    _legend(ax)
     return fig
 
 

@@ -17,7 +17,7 @@ from attnbench.report.fit import (ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIAL
 from attnbench.report.markdown import Table, result_text
 from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
                                        rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
-from attnbench.report.sweep_tables import memory_table, summary_table
+from attnbench.report.sweep_tables import max_seq_summary, memory_table, series_groups, summary_table, time_table
 from attnbench.units import format_bytes, format_tokens
 
 # The command that produces each kind of data, named where the data is missing.
@@ -122,14 +122,18 @@ class Machine:
         self.capacities = capacities(self.trials)
         self.speedups = speedup_cases(rows)
 
+    def at_max(self, summary: dict[str, Any]) -> dict[str, Any] | None:
+        """The successful trial at a max-seq series' largest length."""
+        return next((r for r in d.ok(self.trials)
+                     if r["series"] == summary["series"] and r["seq_len"] == summary["max_seq_len"]), None)
+
 
 # --- executive summary ------------------------------------------------------------------------
 
 def largest_records(m: Machine) -> list[dict[str, Any]]:
     records = []
     for s in sorted(m.summaries, key=lambda s: s["world_size"]):
-        best = next((r for r in d.ok(d.trials([r for r in m.trials if r["series"] == s["series"]]))
-                     if r["seq_len"] == s["max_seq_len"]), None)
+        best = m.at_max(s)
         peak = d.peak_per_gpu(best) if best else None
         held = d.tokens(best) / s["world_size"] if best else None
         records.append({
@@ -263,12 +267,11 @@ def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> Non
     doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: gb for h in headers[3:]}}))
 
 
-def ring_memory_records(m: Machine, impl_filter: Callable[[str], bool]) -> list[dict[str, Any]]:
+def ring_memory_records(m: Machine) -> list[dict[str, Any]]:
+    """Memory per GPU of each ring measurement against the same length on one GPU."""
     records = []
     for p in ring_pairs(m.rows):
         r, s = p["row"], p["single"]
-        if not impl_filter(r.get("impl", "")):
-            continue
         mine, base = d.peak_per_gpu(r), d.peak_per_gpu(s) if s else None
         records.append({"Sequence Length": r["seq_len"], "Implementation": d.describe(r), "GPUs": d.world_size(r),
                         "Tokens per GPU": r["seq_len"] // d.world_size(r), "Memory per GPU": mine,
@@ -282,14 +285,14 @@ def seed_000(doc: Doc, m: Machine) -> None:
     if sparse:
         doc.table(Table("000-speedup", ["Sequence Length", "Batch Size", "Strategy", "GPUs", "Speedup", "Notes"],
                         [{"Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Strategy": c["strategy"],
-                          "GPUs": c["world_size"], "Speedup": c["speedup"], "Notes": c["note"]} for c in sparse],
+                          "GPUs": c["world_size"], "Speedup": c["speedup"], "Notes": speedup_notes(c)} for c in sparse],
                         {"Sequence Length": tokens_cell, "Speedup": times}))
         doc.heading(4, "Memory distribution")
         memory_distribution(doc, sparse, "000-memory-distribution")
     else:
         doc.missing("no block-sparse speedup rows on this machine", "speedup-block-sparse")
     doc.heading(4, "Ring scaling (measured, not theoretical)")
-    records = ring_memory_records(m, lambda impl: True)
+    records = ring_memory_records(m)
     if records:
         doc.table(Table("000-ring-scaling", ["Sequence Length", "Implementation", "GPUs", "Tokens per GPU",
                                              "Memory per GPU", "Single-GPU Memory", "Saved per GPU"], records,
@@ -372,8 +375,6 @@ def seed_002(doc: Doc, m: Machine) -> None:
     doc.heading(4, "1. Single GPU maximum")
     if single:
         single_rows = [r for r in m.trials if d.world_size(r) == 1]
-        from attnbench.report.sweep_tables import max_seq_summary
-
         doc.add(summary_table(max_seq_summary(single_rows)))
         for s in single:
             rows = sorted((r for r in single_rows if r["series"] == s["series"]), key=lambda r: r["seq_len"])
@@ -381,6 +382,13 @@ def seed_002(doc: Doc, m: Machine) -> None:
             doc.add(memory_table(rows))
     else:
         doc.missing("no single-GPU max-seq search on this machine", "single")
+    points = [g for g in series_groups(m.trials).values()
+              if g[0]["kind"] == "points" and d.world_size(g[0]) == 1 and not g[0]["impl"].startswith("block-sparse")]
+    if points:
+        doc.heading(4, "Fixed-length measurements")
+        for rows in points:
+            doc.heading(5, f"{d.describe(rows[0])}: {d.settings_text(rows[0])}")
+            doc.add(time_table(rows))
     doc.heading(4, "Block-sparse base implementation")
     sparse = sparsity_section(m.rows)
     if sparse.strip():
@@ -393,7 +401,7 @@ def seed_002(doc: Doc, m: Machine) -> None:
     doc.heading(4, "Memory efficiency at the largest sequence")
     records = []
     for s in m.summaries:
-        best = next((r for r in d.ok(m.trials) if r["series"] == s["series"] and r["seq_len"] == s["max_seq_len"]), None)
+        best = m.at_max(s)
         if not best:
             continue
         peak = d.peak_per_gpu(best)
