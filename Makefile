@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 # e.g. VENV_FLAGS=--system-site-packages to reuse a torch already installed on a GPU machine
 VENV_FLAGS ?=
+# where `make report` writes its run (trials.jsonl) and the report (RUN/report/report.md); OUT=DIR to choose
+RUN := $(or $(OUT),results/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
 
 .PHONY: setup report test clean
 
@@ -20,7 +22,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 report: setup
-	$(BIN)/attnbench run --profile auto $(if $(OUT),--out $(OUT))
+	$(BIN)/attnbench run --profile auto --out $(RUN)
+	$(BIN)/attnbench report $(RUN)
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -31,3 +31,31 @@ def short_message(message: str | None, limit: int = 90) -> str:
     if alloc:
         return f"tried to allocate {alloc.group(1)} more"
     return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+class Table:
+    """One report table: raw values per column for the CSV, formatted cells for the markdown.
+
+    ``records`` map each header to a raw value (times in ms, memory in bytes, lengths in
+    tokens); ``formats`` turn a raw value into its markdown cell (default: as is, '-' for None).
+    """
+
+    def __init__(self, name: str, headers: Sequence[str], records: Sequence[dict[str, Any]],
+                 formats: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.headers = list(headers)
+        self.records = list(records)
+        self.formats = formats or {}
+
+    def cells(self) -> list[list[Any]]:
+        def fmt(h: str, v: Any) -> Any:
+            return "-" if v is None else self.formats.get(h, lambda x: x)(v)
+        return [[fmt(h, rec.get(h)) for h in self.headers] for rec in self.records]
+
+    def markdown(self) -> str:
+        return table(self.headers, self.cells())
+
+    def csv(self) -> str:
+        import pandas as pd
+
+        return pd.DataFrame(self.records, columns=self.headers).to_csv(index=False)

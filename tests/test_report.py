@@ -1,0 +1,442 @@
+"""`attnbench report` and `attnbench predict` on result files that attnbench itself wrote.
+
+The fixture ``tests/fixtures/results/cpu-tiny/trials.jsonl`` is the output of
+``attnbench run --profile tests/fixtures/report-cpu.toml --out tests/fixtures/results/cpu-tiny``
+on a CPU (see tests/fixtures/README.md). Every expected value below is computed here from the
+fixture's rows with the definitions written out, not by calling the report's own code.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_cli
+
+FIXTURE = ROOT / "tests" / "fixtures" / "results" / "cpu-tiny"
+GIB = 2**30
+# series whose memory holds N x N scores: the naive matmul + softmax, and sdpa's math backend
+QUADRATIC = ("naive", "sdpa(backend=math)")
+SEED_003_LABELS = ["Single segment, no dilation", "Single segment, dilation=2", "Multi-segment [512,1024]",
+                   "Three segments [512,1024,2048]"]
+
+
+# --- the fixture's rows, and what the report should say about them -------------------------------
+
+def fixture_rows(path: Path = FIXTURE) -> list[dict]:
+    return [json.loads(line) for line in (path / "trials.jsonl").read_text().splitlines() if line.strip()]
+
+
+def max_seq_series(rows) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("kind") == "max-seq":
+            out.setdefault(r["series"], []).append(r)
+    return out
+
+
+def expected_largest(rows) -> dict[str, dict]:
+    """Per max-seq series label: the largest successful length, what stopped the next one, peaks there."""
+    out = {}
+    finished = {r["series"] for r in rows if r.get("kind") == "max-seq-result"}
+    for key, trials in max_seq_series(rows).items():
+        ok = {r["seq_len"]: r for r in trials if r["status"] == "ok"}
+        best = max(ok)
+        failed = [r for r in trials if r["status"] != "ok" and r["seq_len"] > best]
+        if failed:
+            stopped_by = {"oom": "memory", "time-limit": "time"}[min(failed, key=lambda r: r["seq_len"])["status"]]
+        else:  # an interrupted search, or one that reached its cap
+            stopped_by = "max-seq-len cap" if key in finished else "incomplete"
+        row = ok[best]
+        out[trials[0]["label"]] = {
+            "max": best, "stopped_by": stopped_by,
+            "peak": row["peak_bytes"], "per_token": row["peak_bytes"] / (row["batch"] * best),
+            "ratio": row["peak_bytes"] / row["floor_bytes"], "inputs": row["inputs_bytes"],
+            "tokens_per_s": row["tokens_per_s"], "ok": ok, "trials": trials,
+        }
+    return out
+
+
+def series_points(rows) -> dict[str, list[tuple[int, int]]]:
+    """(length, peak) of every successful trial, per label (max-seq and points)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for r in rows:
+        if r.get("kind") in ("max-seq", "points") and r["status"] == "ok":
+            out.setdefault(r["label"], []).append((r["seq_len"], r["peak_bytes"]))
+    return out
+
+
+def least_squares(points, degree):
+    """Normal equations, solved directly: coefficients a, b (, c) of a + b N (+ c N^2)."""
+    n = np.array([p[0] for p in points], float)
+    y = np.array([p[1] for p in points], float)
+    X = np.vstack([n**k for k in range(degree + 1)]).T
+    return np.linalg.solve(X.T @ X, X.T @ y)
+
+
+def solve_for(coef, budget):
+    if len(coef) == 2:
+        return (budget - coef[0]) / coef[1]
+    a, b, c = coef
+    return (-b + np.sqrt(b * b - 4 * c * (a - budget))) / (2 * c)
+
+
+# --- running the report ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    proc = run_cli("report", FIXTURE, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def read_csv(out: Path, stem: str) -> list[dict]:
+    matches = sorted((out / "csv").glob(f"{stem}-cpu-*.csv"))
+    assert matches, f"no csv/{stem}-*.csv"
+    with open(matches[0], newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def section(md: str, title: str) -> str:
+    """The text of the level-2 section whose heading starts with ``title``."""
+    start = md.index(f"\n## {title}")
+    end = md.find("\n## ", start + 1)
+    return md[start:end if end > 0 else None]
+
+
+def md_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every markdown table in ``text`` as (headers, rows of cells)."""
+    tables, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            headers = [c.strip() for c in lines[i].strip("|").split(" | ")]
+            body, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("| "):
+                body.append([c.strip() for c in lines[i].strip().strip("|").split(" | ")])
+                i += 1
+            tables.append((headers, body))
+        else:
+            i += 1
+    return tables
+
+
+def md_table(text: str, first_header: str) -> tuple[list[str], list[list[str]]]:
+    found = [t for t in md_tables(text) if t[0][0] == first_header]
+    assert found, f"no table starting with {first_header!r}"
+    return found[0]
+
+
+def tokens_text(n: int) -> str:
+    for suffix, size in (("M", 2**20), ("K", 2**10)):
+        if n >= size:
+            short = n / size
+            return f"{n:,} ({short:.0f}{suffix})" if short == int(short) else f"{n:,} ({short:.1f}{suffix})"
+    return f"{n:,}"
+
+
+# --- the report as a whole -------------------------------------------------------------------------
+
+def test_report_writes_markdown_csv_and_png_plots(report):
+    out, proc = report
+    md_path = out / "report.md"
+    assert f"report: {md_path}" in proc.stdout.replace("\n", "")
+    md = md_path.read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {re.sub(r"-cpu-.*", "", i) for i in images} == {"memory", "time", "tflops"}  # no speedup data: no bars
+    for image in images:
+        data = (out / image).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    for ref in re.findall(r"`csv/([^`]+)`", md):
+        assert (out / "csv" / ref).exists(), ref
+
+
+def test_one_section_per_seed_report_and_the_rest(report):
+    md = (report[0] / "report.md").read_text()
+    for title, seed in [("Report 000", "000_"), ("Report 001", "001_"), ("Report 002", "002_"),
+                        ("Report 003", "003_"), ("Report 004", "004_")]:
+        assert f"`shared/seeds/{seed}" in section(md, title)
+    for title in ("Executive summary", "Environment and commands", "Capacity prediction", "Plots"):
+        assert section(md, title)
+
+
+def test_sections_without_data_name_the_command_that_produces_it(report):
+    md = (report[0] / "report.md").read_text()
+    assert "_No data: no block-sparse speedup rows" in section(md, "Report 000") and "`attnbench speedup --impl block-sparse" in section(md, "Report 000")
+    assert "_No data: no multi-GPU ring rows" in section(md, "Report 000")
+    assert "_No data: no speedup rows on this machine. `attnbench speedup" in section(md, "Report 001")
+    s002 = section(md, "Report 002")
+    assert "_No data: no multi-GPU max-seq search on this machine. `attnbench max-seq --impl ring-dilated --gpus 2" in s002
+    try:
+        import attnbench.report.sparsity  # noqa: F401  (lands with block-sparse)
+    except ImportError:
+        assert "_No data: no block-sparse rows" in s002 and "`attnbench bench --impl block-sparse" in s002
+    s003 = section(md, "Report 003")
+    assert "_No data: no multi-GPU ring trials" in s003 and "_No data: no multi-GPU max-seq search" in s003
+    assert "_No data: no multi-GPU ring rows on this machine. `attnbench speedup --impl ring-dilated --strategy ring" in section(md, "Report 004")
+    assert "Best speedup over one GPU: no speedup rows" in section(md, "Executive summary")
+
+
+# --- executive summary ------------------------------------------------------------------------------
+
+def test_summary_largest_sequence_matches_the_rows(report):
+    out, _ = report
+    expect = expected_largest(fixture_rows())
+    md = (out / "report.md").read_text()
+    headers, body = md_table(section(md, "Executive summary"), "Implementation")
+    assert headers == ["Implementation", "GPUs", "Device", "Dtype", "Max Sequence", "Stopped By", "Peak Memory per GPU",
+                       "Memory per Token", "Peak / Floor"]
+    assert {row[0] for row in body} == set(expect)
+    for row in body:
+        e = expect[row[0]]
+        assert row[4] == tokens_text(e["max"]) and row[5] == e["stopped_by"]
+        assert row[6] == f"{e['peak'] / 1e9:,.2f} GB" and row[8] == f"{e['ratio']:.2f}x"
+    for rec in read_csv(out, "summary-largest"):
+        e = expect[rec["Implementation"]]
+        assert int(rec["Max Sequence"]) == e["max"] and int(rec["GPUs"]) == 1
+        assert float(rec["Peak Memory per GPU"]) == e["peak"]
+        assert float(rec["Memory per Token"]) == pytest.approx(e["per_token"], rel=1e-12)
+        assert float(rec["Peak / Floor"]) == pytest.approx(e["ratio"], rel=1e-12)
+    best = max(expect.items(), key=lambda kv: kv[1]["max"])
+    assert f"Longest sequence on the cpu: **{tokens_text(best[1]['max'])}** tokens with {best[0]}" in md
+    lo = min(expect.items(), key=lambda kv: kv[1]["ratio"])
+    hi = max(expect.items(), key=lambda kv: kv[1]["ratio"])
+    assert f"from {lo[1]['ratio']:.2f}x ({lo[0]}) to {hi[1]['ratio']:.2f}x ({hi[0]})" in md
+
+
+def test_environment_and_the_exact_commands(report):
+    out, _ = report
+    rows = fixture_rows()
+    env = rows[0]["env"]
+    text = section((out / "report.md").read_text(), "Environment and commands")
+    _, body = md_table(text, "Item")
+    items = dict((k, v) for k, v in body)
+    assert items["torch"] == env["torch"] and items["attnbench commit"] == env["commit"]
+    assert items["GPUs"] == "none" and items["Python"] == env["python"]
+    # argv[0] was the module's path; the report shows the command as a user types it
+    command = "attnbench " + env["command"].split(" ", 1)[1]
+    assert command == "attnbench run --profile tests/fixtures/report-cpu.toml --out tests/fixtures/results/cpu-tiny"
+    cmds = read_csv(out, "commands")
+    assert cmds == [{"Run": "cpu-tiny", "Command": command, "Rows": str(len(rows))}]
+    verify = [r for r in rows if r["kind"] == "verify"]
+    _, checks = md_table(text, "Implementation")
+    assert len(checks) == len(verify) and all(c[-1] == "pass" for c in checks)
+
+
+# --- report 002 ----------------------------------------------------------------------------------
+
+def test_002_single_gpu_maximum_tables_have_every_trial(report):
+    out, _ = report
+    expect = expected_largest(fixture_rows())
+    text = section((out / "report.md").read_text(), "Report 002")
+    for label, e in expect.items():
+        part = text[text.index(f"##### {label}:"):]
+        headers, body = md_table(part, "Sequence Length")
+        assert headers == ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"]
+        trials = sorted(e["trials"], key=lambda r: r["seq_len"])
+        assert [row[0] for row in body] == [tokens_text(r["seq_len"]) for r in trials]
+        status = {"ok": "✓ Success", "oom": "✗ OOM", "time-limit": "✗ Time limit"}
+        assert [row[3] for row in body] == [status[r["status"]] for r in trials]
+        assert [row[2] for row in body if row[3] == "✓ Success"] == [
+            f"{r['peak_bytes'] / 1e9:,.2f} GB" for r in trials if r["status"] == "ok"]
+
+
+def test_002_fixed_length_measurements(report):
+    out, _ = report
+    points = sorted((r for r in fixture_rows() if r.get("kind") == "points"), key=lambda r: r["seq_len"])
+    text = section((out / "report.md").read_text(), "Report 002")
+    part = text[text.index("#### Fixed-length measurements"):]
+    headers, body = md_table(part[part.index(f"##### {points[0]['label']}:"):], "Sequence Length")
+    assert headers == ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"]
+    assert body == [[tokens_text(r["seq_len"]), f"{r['time_ms']:,.2f}", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"]
+                    for r in points]
+
+
+def test_002_memory_efficiency_at_the_largest_sequence(report):
+    out, _ = report
+    expect = expected_largest(fixture_rows())
+    recs = read_csv(out, "002-memory-efficiency")
+    assert list(recs[0]) == ["Implementation", "GPUs", "Sequence Length", "Input Tensors (QKV)", "Peak Memory",
+                             "Memory per Token", "Peak / Floor"]
+    assert {r["Implementation"] for r in recs} == set(expect)
+    for r in recs:
+        e = expect[r["Implementation"]]
+        assert int(r["Sequence Length"]) == e["max"] and int(r["Input Tensors (QKV)"]) == e["inputs"]
+        assert int(r["Peak Memory"]) == e["peak"]
+        assert float(r["Memory per Token"]) == pytest.approx(e["per_token"], rel=1e-12)
+
+
+# --- report 003 ----------------------------------------------------------------------------------
+
+def test_003_configuration_table_and_dilation_impact(report):
+    out, _ = report
+    expect = expected_largest(fixture_rows())
+    text = section((out / "report.md").read_text(), "Report 003")
+    tables = [t for t in md_tables(text) if t[0][0] == "Configuration"]
+    assert all(t[0] == ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"]
+               for t in tables)
+    seed_table = next(t for t in tables if t[1][0][0] == SEED_003_LABELS[0])
+    assert [row[0] for row in seed_table[1]] == SEED_003_LABELS
+    # Dilation Impact: tokens/s against the baseline at the longest length all four ran
+    common = max(set.intersection(*(set(expect[label]["ok"]) for label in SEED_003_LABELS)))
+    base = expect[SEED_003_LABELS[0]]["ok"][common]["tokens_per_s"]
+    recs = {}
+    for path in (out / "csv").glob("003-configurations-*.csv"):
+        recs.update({r["Configuration"]: r for r in csv.DictReader(open(path, newline=""))})
+    for label in SEED_003_LABELS:
+        e, r = expect[label], recs[label]
+        assert int(r["Max Tokens"]) == e["max"] and int(r["Memory"]) == e["peak"]
+        assert float(r["Throughput"]) == pytest.approx(e["tokens_per_s"], rel=1e-12)
+        assert float(r["Dilation Impact"]) == pytest.approx(e["ok"][common]["tokens_per_s"] / base, rel=1e-12)
+        assert r["Stopped By"] == e["stopped_by"]
+    assert f"at N={common:,}, the longest length every configuration ran" in text
+
+
+# --- capacity prediction ------------------------------------------------------------------------------
+
+def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
+    out, _ = report
+    rows = fixture_rows()
+    expect = expected_largest(rows)
+    points = series_points(rows)
+    (limit,) = {r["memory_limit"] for r in rows if r.get("kind") in ("max-seq", "points")}
+    fits = {r["Implementation"]: r for r in read_csv(out, "capacity-fit")}
+    here = {r["Implementation"]: r for r in read_csv(out, "capacity-measured")}
+    sizes = {r["Implementation"]: r for r in read_csv(out, "capacity-gpus")}
+    # every series with enough successful lengths for its model (points series included)
+    fitted = {label for label, pts in points.items() if len({n for n, _ in pts}) >= (3 if label in QUADRATIC else 2)}
+    assert set(fits) == fitted and "sdpa(backend=math)" not in fitted
+    assert "Not fitted: sdpa(backend=math) (2 successful lengths; a quadratic model needs 3)" in \
+        section((out / "report.md").read_text(), "Capacity prediction")
+    assert list(next(iter(sizes.values()))) == ["Implementation", "8 GB", "24 GB", "40 GB", "80 GB", "141 GB"]
+    assert list(next(iter(fits.values()))) == ["Implementation", "Dtype", "Model", "Successful Trials", "Max Fit Error",
+                                               "Fit Error at Largest N"]
+    assert list(next(iter(here.values()))) == ["Implementation", "Device Memory", "Set Aside", "Budget", "Predicted Max",
+                                               "Measured Max", "Stopped By", "Prediction Error", "Within 5%"]
+    for label, pts in points.items():
+        if label not in fitted:
+            continue
+        degree = 2 if label in QUADRATIC else 1
+        coef = least_squares(pts, degree)
+        fit = fits[label]
+        assert fit["Model"].startswith("quadratic" if degree == 2 else "linear")
+        assert int(fit["Successful Trials"]) == len(pts)
+        rel = [sum(c * n**k for k, c in enumerate(coef)) / y - 1 for n, y in pts]
+        assert float(fit["Max Fit Error"]) == pytest.approx(max(map(abs, rel)), rel=1e-6, abs=1e-9)
+        # CPU: the budget is the trial's memory limit, nothing set aside
+        on = here[label]
+        assert float(on["Budget"]) == limit and float(on["Set Aside"]) == 0
+        predicted = solve_for(coef, limit)
+        assert float(on["Predicted Max"]) == pytest.approx(predicted, rel=1e-6)
+        assert float(sizes[label]["80 GB"]) == pytest.approx(solve_for(coef, 80 * GIB), rel=1e-6)
+        if label in expect:
+            assert int(on["Measured Max"]) == expect[label]["max"] and on["Stopped By"] == expect[label]["stopped_by"]
+            if expect[label]["stopped_by"] == "memory":
+                assert float(on["Prediction Error"]) == pytest.approx(predicted / expect[label]["max"] - 1, rel=1e-6)
+            else:
+                assert on["Prediction Error"] == ""
+        assert on["Within 5%"] == ""  # the target is for GPU runs; a CPU run does not claim it
+
+
+# --- bad input and mixed machines ---------------------------------------------------------------------
+
+def test_missing_or_empty_results_are_one_line_errors_and_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    missing = run_cli("report", tmp_path / "nope", "--out", out)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    empty = run_cli("report", tmp_path / "empty", "--out", out)
+    assert empty.returncode == 2 and "no trials.jsonl under" in empty.stderr and "attnbench run" in empty.stderr
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "trials.jsonl").write_text("not json\n{\"a\": \n")
+    junk = run_cli("report", tmp_path / "junk", "--out", out)
+    assert junk.returncode == 2 and "no readable result rows" in junk.stderr
+    assert not out.exists()
+
+
+def test_a_corrupt_line_is_reported_with_file_and_line_and_the_rest_used(tmp_path, report):
+    lines = (FIXTURE / "trials.jsonl").read_text().splitlines(keepends=True)
+    bad = tmp_path / "run" / "trials.jsonl"
+    bad.parent.mkdir()
+    bad.write_text("".join(lines[:20]) + '{"kind": "max-seq", "seq_len": 12\n' + "".join(lines[20:]))
+    proc = run_cli("report", bad.parent, "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: {bad}:21: unreadable line skipped" in proc.stderr.replace("\n", "")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "1 unreadable lines were skipped" in md and f"{bad}:21:" in md
+    assert read_csv(tmp_path / "out", "summary-largest") == read_csv(report[0], "summary-largest")
+
+
+def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
+    """A second machine's rows: the fixture's rows relabelled, keeping only trials up to 64K,
+    so that combining the two machines would change every maximum."""
+    rows = fixture_rows()
+    (tmp_path / "a").mkdir()
+    shutil.copy(FIXTURE / "trials.jsonl", tmp_path / "a" / "trials.jsonl")
+    other = []
+    for r in rows:
+        if r.get("kind") in ("max-seq", "points") and r["seq_len"] > 65536 or r.get("kind") == "max-seq-result":
+            continue
+        other.append({**r, "env": {**r["env"], "machine": "cpu: second host", "hostname": "second"}})
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in other))
+    proc = run_cli("report", tmp_path, "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    for title in ("Executive summary", "Report 002", "Capacity prediction"):
+        text = section(md, title)
+        assert "### cpu: AMD EPYC" in text and "### cpu: second host" in text
+    first = {r["Implementation"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-amd-epyc.csv"))}
+    second = {r["Implementation"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-second-host.csv"))}
+    expect_a, expect_b = expected_largest(rows), expected_largest(other)
+    for label in expect_a:
+        assert int(first[label]["Max Sequence"]) == expect_a[label]["max"]
+        assert int(second[label]["Max Sequence"]) == expect_b[label]["max"]
+    assert int(second["Single segment, no dilation"]["Max Sequence"]) == 65536 < int(first["Single segment, no dilation"]["Max Sequence"])
+    assert second["Single segment, no dilation"]["Stopped By"] == "incomplete"
+    env_b = dict(md_table(section(md, "Environment and commands").split("### cpu: second host")[1], "Item")[1])
+    assert env_b["Host"] == "second"
+
+
+# --- attnbench predict ----------------------------------------------------------------------------------
+
+def test_predict_prints_one_prediction_per_series(tmp_path):
+    label = "Multi-segment [512,1024]"
+    proc = run_cli("predict", "--impl", "dilated", "--gpu-memory", "1GiB", "--from", FIXTURE, "--label", label)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(label)
+    coef = least_squares(series_points(fixture_rows())[label], 1)
+    assert f"about {tokens_text(int(solve_for(coef, GIB)))} tokens on 1GiB" in lines[0]
+    every = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    assert every.returncode == 0 and len(every.stdout.strip().splitlines()) == 5  # five dilated series
+
+
+def test_predict_bad_input(tmp_path):
+    unknown = run_cli("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown implementation 'nosuch'")
+    size = run_cli("predict", "--impl", "naive", "--gpu-memory", "lots", "--from", FIXTURE)
+    assert size.returncode == 2 and "cannot read memory size" in size.stderr
+    only_verify = tmp_path / "v" / "trials.jsonl"
+    only_verify.parent.mkdir()
+    only_verify.write_text("".join(json.dumps(r) + "\n" for r in fixture_rows() if r["kind"] == "verify"))
+    nodata = run_cli("predict", "--impl", "naive", "--gpu-memory", "80GiB", "--from", only_verify.parent)
+    assert nodata.returncode == 2 and "no series of naive" in nodata.stderr and "attnbench max-seq --impl naive" in nodata.stderr
+    for proc in (unknown, size, nodata):
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_make_report_runs_the_sweep_then_the_report_on_it():
+    proc = __import__("subprocess").run(["make", "-n", "report", "OUT=results/x"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    run = next(i for i, line in enumerate(lines) if "attnbench run --profile auto --out results/x" in line)
+    assert "attnbench report results/x" in lines[run + 1]

@@ -1,0 +1,99 @@
+"""The capacity fit on synthetic points whose law is known, and the GPU memory budget rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnbench.report.fit import _measured_budget, fit_memory, memory_degree
+
+GIB = 2**30
+
+
+def test_linear_fit_recovers_a_known_slope_and_solves_for_the_budget():
+    # 4 KiB per token on top of 1 MB: the memory of four (B=1, H=8, D=64) bf16 tensors per token
+    lengths = [65536 * 2**k for k in range(6)]
+    fit = fit_memory(lengths, [1e6 + 4096 * n for n in lengths], 1)
+    assert fit.coef[0] == pytest.approx(1e6, rel=1e-6) and fit.coef[1] == pytest.approx(4096, rel=1e-9)
+    assert fit.max_error < 1e-9
+    assert fit.max_seq(80 * GIB) == pytest.approx((80 * GIB - 1e6) / 4096, rel=1e-9)
+
+
+def test_quadratic_fit_recovers_n_squared_memory():
+    # naive attention: scores and probabilities, 2 * H * N^2 bf16 values (H = 8: 32 bytes per pair)
+    lengths = [4096, 8192, 12288, 16384, 24576]
+    fit = fit_memory(lengths, [5e5 + 100 * n + 32 * n * n for n in lengths], 2)
+    assert fit.coef[2] == pytest.approx(32, rel=1e-6)
+    n = fit.max_seq(80 * GIB)
+    assert n == pytest.approx((-100 + math.sqrt(100**2 - 4 * 32 * (5e5 - 80 * GIB))) / 64, rel=1e-9)
+
+
+def test_fit_error_is_reported_on_the_measured_points():
+    lengths = [1000, 2000, 3000, 4000]
+    noise = [0.02, -0.01, 0.0, 0.01]
+    fit = fit_memory(lengths, [(1e5 + 10 * n) * (1 + e) for n, e in zip(lengths, noise)], 1)
+    errors = fit.errors()
+    assert len(errors) == 4 and 0.005 < fit.max_error < 0.03
+    assert fit.error_at_largest == errors[3]
+
+
+def test_no_fit_or_no_limit_where_the_points_cannot_say():
+    assert fit_memory([4096, 4096], [1e6, 1e6], 1) is None  # one length: no slope
+    assert fit_memory([1, 2], [1.0, 4.0], 2) is None          # two lengths: no curvature
+    flat = fit_memory([1, 2, 3], [5.0, 5.0, 5.0], 1)
+    assert flat.max_seq(100.0) is None                      # never grows: no memory limit follows
+    grows = fit_memory([1, 2, 3], [10.0, 20.0, 30.0], 1)
+    assert grows.max_seq(-1.0) is None                      # not even N = 0 fits
+
+
+def test_memory_model_per_implementation():
+    assert memory_degree("naive") == 2 and memory_degree("sdpa", "math") == 2
+    assert memory_degree("sdpa", "flash") == 1 and memory_degree("dilated", "sdpa") == 1
+
+
+def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
+    """The rule for CUDA trials (fields as attnbench.trial writes them): device total minus the
+    median, over the three longest successful trials, of NVML used at peak minus
+    max_memory_reserved on the trial's GPU."""
+    total = 80 * GIB
+    context = [600e6, 610e6, 590e6, 2e9]  # the shortest trial's reading is not among the three longest
+
+    def trial(n, extra):
+        reserved = 1000 * n
+        return {"device": "cuda", "status": "ok", "seq_len": n, "device_total_bytes": total, "memory_limit": None,
+                "peak_bytes": 900 * n, "max_memory_reserved": reserved,
+                "gpus": [{"index": 0, "nvml_used_before": 500e6, "nvml_used_peak": reserved + extra,
+                          "max_memory_allocated": 900 * n, "max_memory_reserved": reserved},
+                         {"index": 1, "nvml_used_before": 4e8, "nvml_used_peak": 4e8}]}
+
+    rows = [trial(n, e) for n, e in zip([2**23, 2**22, 2**21, 2**20], context)]
+    device, overhead, budget, note = _measured_budget(sorted(rows, key=lambda r: r["seq_len"]))
+    assert device == total and overhead == pytest.approx(600e6) and budget == pytest.approx(total - 600e6)
+    assert "NVML" in note
+    limited = [{**r, "memory_limit": 8 * GIB} for r in rows]
+    assert _measured_budget(limited)[2] == 8 * GIB
+    no_nvml = [{**r, "gpus": []} for r in rows]
+    assert _measured_budget(no_nvml)[1:3] == (0.0, total)
+
+
+def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_trials():
+    from attnbench.report.fit import Capacity
+
+    lengths = [2**20, 2**21, 2**22, 2**23]
+    fit = fit_memory(lengths, [1e6 + 5000 * n for n in lengths], 1)
+
+    def cap(**kw):
+        base = dict(series="s", label="dilated", impl="dilated", head={}, world_size=1, fit=fit, degree=1,
+                    successful=4, successful_lengths=4, device="cuda", device_total=80 * GIB, overhead=GIB,
+                    budget=79 * GIB, budget_note="", measured_max=16_000_000, stopped_by="memory")
+        return Capacity(**{**base, **kw})
+
+    c = cap()
+    assert c.predicted == pytest.approx((79 * GIB - 1e6) / 5000)
+    assert c.error == pytest.approx(c.predicted / 16_000_000 - 1) and c.target_applies
+    assert c.predict_for(141 * GIB) == pytest.approx((140 * GIB - 1e6) / 5000)
+    assert not cap(successful=3).target_applies
+    assert not cap(device="cpu").target_applies
+    time_stopped = cap(stopped_by="time")
+    assert time_stopped.error is None and not time_stopped.target_applies
