@@ -33,7 +33,7 @@ from scipy.stats import mannwhitneyu
 from attnbench.errors import AttnbenchError
 from attnbench.report.markdown import table
 from attnbench.report.sweep_tables import TRIAL_KINDS, max_seq_summary
-from attnbench.results import SCHEMA_VERSION, read_rows, result_files
+from attnbench.results import SCHEMA_VERSION, clean_floats, read_rows, result_files
 from attnbench.units import format_bytes
 
 ASPECTS = ("time", "memory", "capacity", "correctness", "bytes")
@@ -217,7 +217,7 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
             raise AttnbenchError(f"{label} {r['_file']}: result schema {r.get('schema')} is not {SCHEMA_VERSION}; "
                                  "compare results written by the same attnbench schema")
         missing = [k for k in ("impl", "config", "seq_len", "dtype", "device") if k not in r]
-        if missing or (r["kind"] in TRIAL_KINDS and "status" not in r):
+        if missing or (r["kind"] != "max-seq-result" and "status" not in r):
             raise AttnbenchError(f"{label} {r['_file']}: a {r['kind']} row lacks {', '.join(missing) or 'status'}; "
                                  "is it an attnbench results file?")
     trials: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -241,7 +241,8 @@ def capacities(rows: list[dict[str, Any]], any_cpu: bool = False) -> dict[tuple[
     for (ident, model), group in groups.items():
         series = {r["series"] for r in group}
         done = [r for r in finished if r.get("series") in series and device_model(r, any_cpu) == model]
-        summary = max_seq_summary(group + done)[0]
+        # one summary per group, whatever series keys its rows were written with
+        summary = max_seq_summary([{**r, "series": ident} for r in group + done])[0]
         out[(ident, model)] = {**summary, "row": group[0]}
     return out
 
@@ -300,7 +301,7 @@ class CheckReport:
         return f"{verdict}: " + ", ".join(bits + rest)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return clean_floats({
             "result": "fail" if self.exit_code else "pass", "exit_code": self.exit_code,
             "baseline": self.baseline, "current": self.current, "thresholds": asdict(self.thresholds),
             "min_samples_per_side": min_samples_per_side(self.thresholds.alpha),
@@ -308,7 +309,7 @@ class CheckReport:
             "findings": [{**asdict(f), "blocking": f.blocking} for f in self.findings],
             "added": self.added, "missing": self.missing, "not_compared": self.not_compared,
             "warnings": self.warnings,
-        }
+        })
 
 
 def run_check(baseline: Path, current: Path, thresholds: Thresholds = Thresholds(),
@@ -352,7 +353,7 @@ class _Comparison:
     def _match(self, base: dict, cur: dict, judge, name) -> None:
         """Judge keys present on both sides; list the rest as added, missing, or measured on
         another device model (never compared)."""
-        for key in base.keys() & cur.keys():
+        for key in sorted(base.keys() & cur.keys(), key=_order):
             self.measured += 1
             judge(base[key], cur[key], key[1])
         base_models, cur_models = defaultdict(set), defaultdict(set)
@@ -360,14 +361,14 @@ class _Comparison:
             base_models[ident].add(model)
         for ident, model in cur:
             cur_models[ident].add(model)
-        for key in sorted(base.keys() - cur.keys()):
+        for key in sorted(base.keys() - cur.keys(), key=_order):
             other = cur_models.get(key[0], set()) - base_models[key[0]]
             if other:
                 self.not_compared.append(f"{name(base[key])}: baseline on {key[1]}, current on "
                                          f"{', '.join(sorted(other))}; different device models are never compared")
             else:
                 self.missing.append(f"{name(base[key])} [{key[1]}]")
-        for key in sorted(cur.keys() - base.keys()):
+        for key in sorted(cur.keys() - base.keys(), key=_order):
             if not base_models.get(key[0]):
                 self.added.append(f"{name(cur[key])} [{key[1]}]")
 
@@ -486,6 +487,13 @@ class _Comparison:
             f"baseline {self.base.path} and current {self.cur.path} have no trial or reference check in common "
             f"(baseline: {_impls(self.base)}; current: {_impls(self.cur)}): compare runs of the same profile"
         )
+
+
+def _order(key: tuple[str, str]) -> tuple:
+    """Series by series, each by length."""
+    ident = json.loads(key[0])
+    n = ident.pop("seq_len", None) or 0
+    return json.dumps(ident, sort_keys=True), key[1], n
 
 
 def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import math
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
