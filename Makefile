@@ -1,6 +1,6 @@
 # attnbench: two commands on a fresh machine.
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
-#   make test     set up, run the tests
+#   make test     set up, run the tests, then the CI gate (make ci-gate)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ VENV_FLAGS ?=
 # where `make report` writes its run (trials.jsonl) and the report (RUN/report/report.md); OUT=DIR to choose
 RUN := $(or $(OUT),results/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
 
-.PHONY: setup report test clean
+.PHONY: setup report test ci-gate clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,18 @@ report: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+	@$(MAKE) --no-print-directory ci-gate
+
+# This project's own regression gate: run the ci profile (CPU, under a minute) and compare
+# what does not depend on the machine (reference checks, max-seq under a memory limit, byte
+# and FLOP counts) with the committed baseline. After an intended change, regenerate it:
+#   rm -rf results/ci-baseline && attnbench run --profile ci --out results/ci-baseline
+CI_BASELINE ?= results/ci-baseline
+ci-gate: setup
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; status=0; \
+	$(BIN)/python -m attnbench run --profile ci --out "$$tmp/ci" || status=$$?; \
+	$(BIN)/python -m attnbench check --baseline $(CI_BASELINE) --current "$$tmp/ci" --deterministic || status=$$?; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache
