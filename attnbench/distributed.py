@@ -113,6 +113,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def _jobs() -> dict[str, Callable]:
     """The registry as the importable module holds it (this file also runs as __main__)."""
     import attnbench.distributed_jobs  # noqa: F401  (registers the jobs)
+    import attnbench.sweeps.speedup_job  # noqa: F401
     from attnbench.distributed import JOBS as registry
 
     return registry
