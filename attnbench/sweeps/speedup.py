@@ -301,7 +301,9 @@ class SpeedupRunner:
                 raise AttnbenchError(f"{self.out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is "
                                      f"{self.env['machine']}: resume on the same machine or choose another --out")
             self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
-            self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" for r in rows)
+            case = asdict(self._verify_case())
+            self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" and
+                                all(r.get(k) == v for k, v in case.items() if k not in ("batch", "seq_len")) for r in rows)
             self.run_id = next((r["run"] for r in rows if r.get("kind") == KIND and r.get("run")), self.run_id)
 
     def verify(self) -> list[dict[str, Any]]:
@@ -311,15 +313,19 @@ class SpeedupRunner:
         from attnbench.trial import run_verify_isolated
 
         s = self.s
-        impl = impls.build(s.impl, **s.config)
-        case = VerifyCase(s.impl, impl.config(), min(s.cases[0].batch, 2), impl.verify_seq_len(), s.heads, s.head_dim,
-                          s.causal, s.dtype, s.device)
+        case = self._verify_case()
         rows = run_verify_isolated([case]) if s.device == "cuda" else [run_case(case)]
         for row in rows:
             if row["status"] == "error":
                 raise AttnbenchError(f"{s.impl} cannot run {s.dtype} on {s.device}: {row['message']}; "
                                      "choose another --dtype, backend or configuration")
         return rows
+
+    def _verify_case(self) -> VerifyCase:
+        s = self.s
+        impl = impls.build(s.impl, **s.config)
+        return VerifyCase(s.impl, impl.config(), min(s.cases[0].batch, 2), impl.verify_seq_len(), s.heads, s.head_dim,
+                          s.causal, s.dtype, s.device)
 
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
