@@ -12,7 +12,6 @@ module; the rank processes import that module by name before they look the strat
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -110,10 +109,10 @@ class MultiheadSelfAttention(nn.Module):
     """q/k/v/out projections around a registered attention implementation: what a training
     step updates, so DistributedDataParallel has gradients to all-reduce."""
 
-    def __init__(self, attention: nn.Module, heads: int, head_dim: int) -> None:
+    def __init__(self, attention: nn.Module, heads: int, head_dim: int, compute_dtype: torch.dtype) -> None:
         super().__init__()
         embed = heads * head_dim
-        self.attention, self.heads, self.head_dim = attention, heads, head_dim
+        self.attention, self.heads, self.head_dim, self.compute_dtype = attention, heads, head_dim, compute_dtype
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(embed, embed) for _ in range(4))
 
     def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
@@ -122,8 +121,11 @@ class MultiheadSelfAttention(nn.Module):
         def heads(t):
             return t.view(b, n, self.heads, self.head_dim)
 
-        out = self.attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)), is_causal=is_causal)
-        return self.out_proj(out.reshape(b, n, e))
+        # float32 parameters, 16-bit compute (mixed precision); entered here rather than by the
+        # caller because DataParallel's replica threads would not inherit the autocast dtype
+        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+            out = self.attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)), is_causal=is_causal)
+            return self.out_proj(out.reshape(b, n, e))
 
 
 def build_model(ctx: RankContext, device: torch.device) -> tuple[nn.Module, Any]:
@@ -134,7 +136,7 @@ def build_model(ctx: RankContext, device: torch.device) -> tuple[nn.Module, Any]
         return impl.to(device), impl
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
-        model = MultiheadSelfAttention(impl, wl.heads, wl.head_dim)
+        model = MultiheadSelfAttention(impl, wl.heads, wl.head_dim, wl.torch_dtype)
     # parameters stay float32 (mixed precision runs under autocast), so gradient compression
     # to bf16 / fp16 really halves what the all-reduce sends
     return model.to(device), impl
@@ -167,15 +169,6 @@ def output_shape(ctx: RankContext) -> tuple[int, ...]:
     return (wl.seq_len, wl.heads, wl.head_dim) if ctx.module == "attention" else (wl.seq_len, wl.heads * wl.head_dim)
 
 
-def autocast(ctx: RankContext):
-    """Mixed precision for the multi-head module's float32 parameters; the bare attention
-    runs in the input dtype as it is."""
-    wl = ctx.workload
-    if ctx.module == "multihead" and wl.dtype != "fp32":
-        return torch.autocast(device_type=wl.device, dtype=wl.torch_dtype)
-    return contextlib.nullcontext()
-
-
 def plan_work(ctx: RankContext, model: nn.Module, plain: nn.Module, impl, inputs, batch: range,
               device: torch.device, tokens: slice = slice(None)) -> Prepared:
     """The step, output and gradient closures of any strategy.
@@ -192,8 +185,7 @@ def plan_work(ctx: RankContext, model: nn.Module, plain: nn.Module, impl, inputs
         grad_out = seeded_normal(output_shape(ctx), batch, ctx.seed, 7, wl.torch_dtype, device) / len(batch)
 
     def forward(m):
-        with autocast(ctx):
-            return m(*inputs, is_causal=causal)
+        return m(*inputs, is_causal=causal)
 
     def step() -> None:
         if grad_out is None:
