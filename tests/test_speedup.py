@@ -182,7 +182,9 @@ def _measure(tmp_path, nvml):
 
 
 def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path):
-    nvml = ScriptedNvml([[1000, 5000, 9000, 2000], [500, 700, 600]])
+    # readings: the baseline when sampling starts, then the peak, then lower again; the
+    # sampler reads at least twice (start and stop), however fast the trial
+    nvml = ScriptedNvml([[1000, 9000, 2000], [500, 700, 600]])
     result = _measure(tmp_path, nvml)
     assert result["status"] == "ok" and result["times_ms"]
     assert result["nvml"] == [{"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},

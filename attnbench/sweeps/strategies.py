@@ -309,7 +309,7 @@ register(Strategy(
 def _check_mp(wl: Workload, gpus: int) -> None:
     if wl.batch % gpus:
         raise AttnbenchError(
-            f"mp splits the batch across {gpus} GPUs: case {wl.seq_len}x{wl.batch} has batch {wl.batch}, not a multiple "
+            f"mp splits the batch across {gpus} ranks (one per GPU): case {wl.seq_len}x{wl.batch} has batch {wl.batch}, not a multiple "
             f"of {gpus}; choose a batch that {gpus} divides (dp runs such a case, with a note)"
         )
 
