@@ -282,3 +282,57 @@ def test_more_gpus_than_exist_is_one_line_exit_2(tmp_path):
     proc = run_cli("speedup", "--impl", "sdpa", "--device", "cuda", "--gpus", 2, "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def _cuda_settings(**kw):
+    return SpeedupSettings(**{"impl": "sdpa", "config": {"backend": "auto"}, "cases": (Case(1024, 2),), "gpus": 2,
+                              "device": "cuda", "dtype": "bf16", **kw})
+
+
+def test_rank_results_from_two_gpus_merge_into_one_row():
+    """What the ranks of an mp trial on two GPUs return (the job's result files), merged:
+    time per iteration is the slowest rank's, each GPU gets its own allocator peak and its
+    NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
+    from attnbench.sweeps.speedup import merge_ranks
+
+    nvml = [{"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
+            {"index": 1, "nvml_used_before": 30, "nvml_used_peak": 90}]
+    width = 8 * 64
+    rank0 = {"status": "ok", "rank": 0, "devices": [0], "times_ms": [2.0, 4.0, 3.0], "first_call_ms": 9.0,
+             "rank_first_call_ms": 9.0, "nvml": nvml, "nvml_index": {"0": 1, "1": 0},
+             "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}}, "backend": "flash",
+             "compare": {"sq_err": 1.0, "sq_ref": 100.0, "elements": 1024 * width, "nonfinite": False}}
+    rank1 = {"status": "ok", "rank": 1, "devices": [1], "times_ms": [3.0, 1.0, 3.5], "first_call_ms": 9.0,
+             "rank_first_call_ms": 7.0, "nvml": None,
+             "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
+             "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False}}
+    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
+    assert row["times_ms"] == [3.0, 4.0, 3.5] and row["time_ms"] == 3.5
+    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"], g["max_memory_allocated"]) for g in row["gpus"]] == \
+        [(0, 1, 90, 100), (1, 0, 20, 101)]
+    assert row["output_rel_err"] == pytest.approx(0.1) and row["output_match"] is False and row["status"] == "error"
+    assert "1.00e-01 > tolerance 1e-02" in row["message"]
+    assert [r["first_call_ms"] for r in row["ranks"]] == [9.0, 7.0]
+    # a share missing from the pooled check is a failure, not a pass
+    rank1["compare"] = {**rank1["compare"], "sq_err": 0.0, "elements": 10}
+    rank0["compare"] = {**rank0["compare"], "sq_err": 0.0}
+    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
+    assert row["output_match"] is False and "output values" in row["message"]
+
+
+def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
+    from attnbench.sweeps.speedup import merge_ranks
+
+    nvml = [{"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
+            {"index": 1, "nvml_used_before": 2**29, "nvml_used_peak": 2**29}]
+    result = {"status": "ok", "rank": 0, "devices": [0, 1], "times_ms": [5.0], "nvml": nvml, "nvml_index": {"0": 0, "1": 1},
+              "allocator": {"0": {"max_memory_allocated": 2**31, "max_memory_reserved": 2**31},
+                            "1": {"max_memory_allocated": 0, "max_memory_reserved": 0}},
+              "replica_batches": [[0, 1]], "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 1024 * 512}}
+    s = _cuda_settings(cases=(Case(1024, 1),))
+    dp = strategies.get("dp")
+    row = {"device": "cuda", "batch": 1, "mode": "fwd", "world_size": 2, **merge_ranks([result], s, Case(1024, 1), dp)}
+    assert row["status"] == "ok" and row["output_match"] is True and row["replica_batches"] == [[0, 1]]
+    note = notes_for(row, dp)
+    assert note.startswith("batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB")
+    assert "+0.00 GiB during the run" in note and "CUDA context" not in note
