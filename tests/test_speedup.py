@@ -336,3 +336,10 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     note = notes_for(row, dp)
     assert note.startswith("batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB")
     assert "+0.00 GiB during the run" in note and "CUDA context" not in note
+    # report 000's memory distribution: one column per GPU, allocator and NVML
+    from attnbench.report.speedup_tables import memory_table
+
+    lines = memory_table([{**row, "seq_len": 1024, "strategy": "dp"}]).splitlines()
+    assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
+    assert lines[2] == ("| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML "
+                        "| 0.00 MB allocated, 536.87 MB NVML |")
