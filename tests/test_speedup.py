@@ -111,6 +111,19 @@ def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu
     assert (out / "trials.jsonl").read_bytes() == before
 
 
+def test_a_resumed_run_recomputes_the_single_output_it_compares_with(tmp_path):
+    """The single output lives in a scratch directory of the run that measured it; a strategy
+    added with --resume still gets its output checked."""
+    common = ["speedup", "--impl", "sdpa", "--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16,
+              "--gpus", 2, "--cases", "256x2", "--out", tmp_path / "run"]
+    assert run_cli(*common, "--strategy", "single").returncode == 0
+    proc = run_cli(*common, "--strategy", "mp", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    rows = speedup_rows(tmp_path / "run")
+    assert set(rows) == {("256x2", "single"), ("256x2", "mp")}
+    assert rows[("256x2", "mp")]["output_match"] is True and rows[("256x2", "mp")]["output_rel_err"] <= TOLERANCE["fp32"]
+
+
 def test_ddp_gradients_of_the_multihead_module_equal_single_and_compression_is_applied(tmp_path):
     """Each rank's loss is the mean over its half of the batch and DDP averages the two: that
     is the single run's mean over the whole batch, so the gradients agree up to the fp16
