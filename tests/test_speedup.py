@@ -356,3 +356,25 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
     assert lines[2] == ("| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML "
                         "| 0.00 MB allocated, 536.87 MB NVML |")
+
+
+def test_environment_names_how_each_gpu_pair_is_connected():
+    """env.gpu_links from NVML's topology and peer-to-peer queries (a fake NVML of three GPUs:
+    0-1 on NVLink, 2 across the NUMA nodes without P2P)."""
+    from types import SimpleNamespace
+
+    from attnbench.results import gpu_links
+
+    nvlinked = {(0, 1)}
+    fake = SimpleNamespace(
+        NVML_TOPOLOGY_INTERNAL=0, NVML_TOPOLOGY_SINGLE=10, NVML_TOPOLOGY_MULTIPLE=20, NVML_TOPOLOGY_HOSTBRIDGE=30,
+        NVML_TOPOLOGY_NODE=40, NVML_TOPOLOGY_SYSTEM=50, NVML_P2P_CAPS_INDEX_NVLINK=3, NVML_P2P_STATUS_OK=0,
+        nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40 if (a, b) in nvlinked else 50,
+        nvmlDeviceGetP2PStatus=lambda a, b, cap: 0 if (a, b) in nvlinked and cap == 3 else 5,
+    )
+    assert gpu_links(fake) == [
+        {"gpus": [0, 1], "topology": "host bridges of one NUMA node", "p2p_nvlink": "ok"},
+        {"gpus": [0, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
+        {"gpus": [1, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
+    ]
