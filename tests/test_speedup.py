@@ -2,7 +2,6 @@
 skipped with its reason, DDP gradients of the multi-head module, a failing rank, a wrong
 output caught, NVML rows from a fake backend, the tables, and bad input."""
 
-import json
 import os
 import statistics
 import threading
