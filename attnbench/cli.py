@@ -384,6 +384,114 @@ def check(
 
 
 # ---------------------------------------------------------------------------------------
+# speedup
+# ---------------------------------------------------------------------------------------
+
+@app.command()
+def speedup(
+    impl: Annotated[str, typer.Option("--impl", help="implementation; see `attnbench list`")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread over (on --device cpu: processes)")] = 2,
+    cases: Annotated[str, typer.Option("--cases", help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2")] = "2048x8,4096x4,8192x2,16384x1",
+    strategy: Annotated[str, typer.Option("--strategy", help="dp, mp (comma-separated; single always runs as the baseline)")] = "dp,mp",
+    module: Annotated[str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")] = "attention",
+    grad_compression: Annotated[Optional[str], typer.Option("--grad-compression", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)")] = None,
+    heads: Annotated[int, typer.Option("--heads", help="attention heads H")] = 8,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="head dimension D")] = 64,
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | fp16 | bf16")] = "bf16",
+    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto")] = "auto",
+    mode: Annotated[str, typer.Option("--mode", help="fwd | fwd_bwd")] = "fwd",
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="causal masking")] = False,
+    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    max_trial_seconds: Annotated[float, typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit")] = 60.0,
+    out: OutOpt = None, resume: ResumeOpt = False,
+) -> None:
+    """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
+    from attnbench.report.speedup_tables import write_speedup_tables
+    from attnbench.results import capture_env
+    from attnbench.sweeps.speedup import SpeedupRunner, SpeedupSettings, check_settings, parse_cases, parse_strategies
+
+    device = _resolve_device(device)
+    settings = check_settings(SpeedupSettings(
+        impl=impl, config=_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(cases), gpus=gpus,
+        strategies=parse_strategies(strategy), module=module, grad_compression=grad_compression, dtype=dtype,
+        device=device, heads=heads, head_dim=head_dim, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
+    ), _cuda_device_count() if device == "cuda" else 0)
+    env = capture_env()
+    out_dir = Path(out) if out else _speedup_out(settings, env)
+    runner = SpeedupRunner(settings, out_dir, env, resume=resume, reporter=SpeedupReporter())
+    console.print(f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
+                  f"({', '.join(settings.order())}), {len(settings.cases)} cases on {env['machine']} -> {out_dir}")
+    interrupted, verified = False, True
+    try:
+        verified = runner.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    if (out_dir / "trials.jsonl").exists():
+        for path in write_speedup_tables(out_dir):
+            console.print(f"wrote {path}")
+    if interrupted:
+        err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
+        raise typer.Exit(130)
+    if not verified:
+        err_console.print("the configuration failed the reference check; no speedup trial ran")
+        raise typer.Exit(1)
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _speedup_out(settings, env) -> Path:
+    from attnbench.results import now_utc
+
+    machine = f"{env['gpus'][0]['name']} x{settings.gpus}" if settings.device == "cuda" and env.get("gpus") else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-speedup-{settings.impl}".lower()).strip("-")
+    base = Path("results") / f"{now_utc()[:10]}-{slug}"
+    path, i = base, 2
+    while (path / "trials.jsonl").exists():
+        path, i = base.with_name(f"{base.name}-{i}"), i + 1
+    return path
+
+
+class SpeedupReporter:
+    """A line per finished trial, a spinner while one runs."""
+
+    def __init__(self) -> None:
+        self._status = None
+        self._single: dict[str, float] = {}
+
+    def verify_done(self, rows) -> None:
+        RichReporter().verify_done(rows)
+
+    def trial_started(self, case, strategy) -> None:
+        self._status = console.status(f"{case.label} {strategy} ...")
+        self._status.start()
+
+    def trial_done(self, row, replayed) -> None:
+        from attnbench.report.markdown import result_text
+
+        if self._status:
+            self._status.stop()
+            self._status = None
+        bits = [f"  {row['case']:>14}  {row['strategy']:6}  {result_text(row['status'])}"]
+        if row.get("time_ms"):
+            bits.append(f"{row['time_ms']:,.3f} ms")
+            if row["strategy"] == "single" and row["status"] == "ok":
+                self._single[row["case"]] = row["time_ms"]
+            elif row["case"] in self._single:
+                bits.append(f"{self._single[row['case']] / row['time_ms']:.2f}x")
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(escape(row["message"][:200]))
+        elif row.get("note"):
+            bits.append(escape(row["note"][:200]))
+        if replayed:
+            bits.append("(from earlier run)")
+        console.print("  ".join(bits))
+
+
+# ---------------------------------------------------------------------------------------
 
 def main() -> None:
     """Console entry: one-line errors with exit 2, never a traceback for bad input."""

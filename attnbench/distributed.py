@@ -1,7 +1,8 @@
 """Multi-process jobs under ``torchrun``: one process per GPU (NCCL) or per CPU rank (gloo).
 
 ``launch`` starts ``torchrun --standalone --nproc-per-node P -m attnbench.distributed JOB``
-and supervises it like a single-process trial. Each rank runs the named job function and
+and supervises it like a single-process trial (a single rank runs directly, with the
+environment torchrun would give it). Each rank runs the named job function and
 writes its own result file, success or failure. A rank that fails writes its error and exits
 at once: torchrun then stops every other rank, so no rank waits forever in a collective, and
 the caller reads which rank failed and why. A collective timeout and the parent's phase
@@ -49,9 +50,15 @@ def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_l
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps({"job": name, "payload": payload, "device": device,
                                         "collective_timeout_s": collective_timeout_s}))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-               "--max-restarts=0", "-m", "attnbench.distributed", str(job_path), tmp]
-        outcome = _supervise(cmd, phase_limit_s, extra_env=MULTICAST_OFF)
+        worker = ["-m", "attnbench.distributed", str(job_path), tmp]
+        if nprocs == 1:
+            # one rank needs no agent: set torchrun's environment ourselves and save its start-up
+            cmd, env = [sys.executable, *worker], {**MULTICAST_OFF, **_single_rank_env()}
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+                   "--max-restarts=0", *worker]
+            env = MULTICAST_OFF
+        outcome = _supervise(cmd, phase_limit_s, extra_env=env)
         results = []
         for rank in range(nprocs):
             path = Path(tmp) / f"rank{rank}.json"
@@ -61,6 +68,16 @@ def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_l
                 results.append({"status": "killed", "rank": rank,
                                 "message": outcome.get("message") or "stopped before writing a result", "times_ms": []})
         return results
+
+
+def _single_rank_env() -> dict[str, str]:
+    import socket
+
+    with socket.socket() as s:  # a free port for the rank's own rendezvous store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
 def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
@@ -113,6 +130,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def _jobs() -> dict[str, Callable]:
     """The registry as the importable module holds it (this file also runs as __main__)."""
     import attnbench.distributed_jobs  # noqa: F401  (registers the jobs)
+    import attnbench.sweeps.speedup_job  # noqa: F401
     from attnbench.distributed import JOBS as registry
 
     return registry

@@ -81,7 +81,8 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
             "nvlinks_active": _active_nvlinks(pynvml, h),
         })
     driver = pynvml.nvmlSystemGetDriverVersion()
-    info = {"nvml": "ok", "driver": driver.decode() if isinstance(driver, bytes) else driver}
+    info = {"nvml": "ok", "driver": driver.decode() if isinstance(driver, bytes) else driver,
+            "gpu_links": gpu_links(pynvml)}
     try:
         info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
     except Exception:
@@ -96,6 +97,33 @@ def _active_nvlinks(pynvml, handle) -> int | None:
             links += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
         except Exception:
             break
+    return links
+
+
+# NVML's name for the closest common ancestor of two GPUs, nearest first
+_TOPOLOGY = {"INTERNAL": "same board", "SINGLE": "one PCIe switch", "MULTIPLE": "several PCIe switches",
+             "HOSTBRIDGE": "one PCIe host bridge", "NODE": "host bridges of one NUMA node", "SYSTEM": "across NUMA nodes"}
+
+
+def gpu_links(pynvml) -> list[dict[str, Any]]:
+    """How each pair of GPUs is connected, as NVML reports it: the PCIe topology level and
+    whether peer-to-peer access over NVLink works."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    levels = {getattr(pynvml, f"NVML_TOPOLOGY_{k}", None): v for k, v in _TOPOLOGY.items()}
+    links = []
+    for i in range(len(handles)):
+        for j in range(i + 1, len(handles)):
+            link: dict[str, Any] = {"gpus": [i, j]}
+            try:
+                link["topology"] = levels.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]), "unknown")
+            except Exception:
+                link["topology"] = "unknown"
+            try:
+                status = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                link["p2p_nvlink"] = "ok" if status == pynvml.NVML_P2P_STATUS_OK else "not supported"
+            except Exception:
+                link["p2p_nvlink"] = "unknown"
+            links.append(link)
     return links
 
 

@@ -1,0 +1,203 @@
+"""Multi-GPU speedup tables from ``kind: speedup`` rows (reads rows only).
+
+Report 001's layout, one table per strategy:
+
+    Sequence Length | Batch Size | Single GPU Time | Multi-GPU Time | Speedup | Notes
+
+and report 000's memory distribution (what each GPU held), per case and strategy. Speedup
+is the single row's median time over the strategy row's, matched within the same run and
+workload; scaling efficiency is speedup / GPUs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.report.markdown import result_text, table
+from attnbench.results import read_rows, write_text_atomic
+from attnbench.units import format_bytes
+
+KIND = "speedup"
+# a single row and a multi-GPU row answer the same question when these agree
+MATCH_FIELDS = ("run", "impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype", "device", "mode", "causal", "module")
+GROUP_FIELDS = ("run", "impl", "config", "heads", "head_dim", "dtype", "device", "mode", "causal", "module")
+CSV_COLUMNS = [
+    "run", "machine", "impl", "config", "module", "grad_compression", "strategy", "world_size", "seq_len", "batch",
+    "heads", "head_dim", "dtype", "device", "mode", "causal", "status", "time_ms", "time_iqr_ms", "time_min_ms",
+    "time_max_ms", "samples", "single_time_ms", "speedup", "efficiency", "output_match", "output_rel_err",
+    "grad_rel_err", "backend", "note", "message",
+]
+MEMORY_COLUMNS = ["run", "machine", "impl", "strategy", "world_size", "seq_len", "batch", "gpu", "nvml_index",
+                  "nvml_used_before", "nvml_used_peak", "max_memory_allocated", "max_memory_reserved"]
+
+
+def _ident(row: dict[str, Any], fields) -> str:
+    import json
+
+    return json.dumps([row.get(f) for f in fields], sort_keys=True, default=str)
+
+
+def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speedup rows, the last of each trial key kept, each with ``single_time_ms``,
+    ``speedup`` and ``efficiency`` (None where either side has no time)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("kind") == KIND:
+            latest[r.get("key") or str(len(latest))] = r
+    found = list(latest.values())
+    single = {_ident(r, MATCH_FIELDS): r for r in found if r["strategy"] == "single"}
+    out = []
+    for r in found:
+        base = single.get(_ident(r, MATCH_FIELDS))
+        t1 = base.get("time_ms") if base and base.get("status") == "ok" else None
+        tp = r.get("time_ms") if r.get("status") == "ok" else None
+        speedup = t1 / tp if t1 and tp else None
+        out.append({**r, "single_time_ms": t1, "speedup": speedup,
+                    "efficiency": speedup / r["world_size"] if speedup else None})
+    return out
+
+
+def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of one run and one workload family (everything but the case), in run order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(_ident(r, GROUP_FIELDS), []).append(r)
+    return out
+
+
+def _ms(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return f"{t:,.1f}ms" if t >= 100 else f"{t:.2f}ms" if t >= 10 else f"{t:.3f}ms"
+
+
+def _speedup_text(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
+    """Report 001's table for one strategy (rows from ``speedup_rows`` of one group)."""
+    body = []
+    for r in rows:
+        if r["strategy"] != strategy:
+            continue
+        notes = []
+        if r["status"] == "ok" and r.get("efficiency"):
+            notes.append(f"efficiency {r['efficiency']:.2f} on {_units(r, r['world_size'])}")
+        elif r["status"] != "ok":
+            notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
+        if r.get("note") and r["status"] != "skipped":
+            notes.append(r["note"])
+        body.append([f"{r['seq_len']:,} tokens", r["batch"], _ms(r.get("single_time_ms")),
+                     _ms(r.get("time_ms")) if r["status"] == "ok" else result_text(r["status"]),
+                     _speedup_text(r.get("speedup")), "; ".join(notes)])
+    return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
+
+
+def _units(row: dict[str, Any], count) -> str:
+    """GPUs, or on the CPU the processes that stand in for them."""
+    plural = "" if str(count) == "1" else ("s" if row.get("device") == "cuda" else "es")
+    return f"{count} GPU{plural}" if row.get("device") == "cuda" else f"{count} CPU process{plural}"
+
+
+def _gpu_cell(g: dict[str, Any]) -> str:
+    alloc, nvml = g.get("max_memory_allocated"), g.get("nvml_used_peak")
+    bits = [f"{format_bytes(alloc)} allocated" if alloc is not None else "not used by this process"]
+    if nvml is not None:
+        bits.append(f"{format_bytes(nvml)} NVML")
+    return ", ".join(bits)
+
+
+def memory_table(rows: list[dict[str, Any]]) -> str:
+    """Report 000's memory distribution: per case and strategy, what each GPU held."""
+    width = max((len(r.get("gpus") or []) for r in rows), default=0)
+    if width == 0:
+        return ""
+    body = []
+    for r in rows:
+        if not r.get("gpus"):
+            continue
+        cells = [_gpu_cell(g) for g in r["gpus"]] + ["-"] * (width - len(r["gpus"]))
+        body.append([f"{r['seq_len']:,} tokens", r["batch"], r["strategy"], result_text(r["status"]), *cells])
+    headers = ["Sequence Length", "Batch Size", "Strategy", "Result", *[f"GPU {i} Memory" for i in range(width)]]
+    return table(headers, body)
+
+
+def _title(r: dict[str, Any]) -> str:
+    config = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in (r.get("config") or {}).items()
+                       if k != "max_chunk_tokens")
+    module = "multi-head module (q/k/v/out projections)" if r.get("module") == "multihead" else "attention"
+    return (f"{r['impl']}{f' ({config})' if config else ''}: {module}, {r['dtype']}, H={r['heads']}, D={r['head_dim']}, "
+            f"{r['mode']}{', causal' if r.get('causal') else ''}, {r['device']}")
+
+
+def _environment(r: dict[str, Any]) -> str:
+    env = r.get("env") or {}
+    gpus = env.get("gpus") or []
+    links = env.get("gpu_links") or []
+    bits = [f"machine {env.get('machine', '?')}"]
+    if gpus:
+        bits.append("NVLinks active per GPU: " + ", ".join(str(g.get("nvlinks_active")) for g in gpus))
+    for link in links:
+        bits.append(f"GPU {link['gpus'][0]}-{link['gpus'][1]}: {link.get('topology')}, P2P over NVLink {link.get('p2p_nvlink')}")
+    for key in ("driver", "cuda", "nccl", "torch"):
+        if env.get(key):
+            bits.append(f"{key} {env[key]}")
+    return "; ".join(bits)
+
+
+def speedup_markdown(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for members in groups(speedup_rows(rows)).values():
+        head = members[0]
+        parts.append(f"\n## {_title(head)}\n\nRun `{head['run']}`: {_environment(head)}\n")
+        for strategy in dict.fromkeys(r["strategy"] for r in members if r["strategy"] != "single"):
+            worlds = sorted({r["world_size"] for r in members if r["strategy"] == strategy})
+            compression = {r.get("grad_compression") for r in members if r["strategy"] == strategy} - {None}
+            extra = f", gradient compression {', '.join(sorted(compression))}" if compression else ""
+            parts += [f"\n### {strategy} on {_units(head, ', '.join(map(str, worlds)))}{extra}\n\n",
+                      strategy_table(members, strategy)]
+        mem = memory_table(members)
+        if mem:
+            parts += ["\n### Memory per GPU\n\n", mem]
+    if parts:
+        parts.append(
+            "\nTimes: median over repeated calls after warm-up (spread in speedup.csv); multi-process (mp) iterations "
+            "start together after a barrier and take the slowest rank's time. Speedup = single-GPU time / multi-GPU "
+            "time; efficiency = speedup / GPUs. Memory: `torch.cuda.max_memory_allocated` of the process that used the "
+            "GPU, and NVML device memory used at peak (which also counts CUDA contexts, NCCL buffers and other "
+            "processes). GB = 10^9 bytes, MB = 10^6 bytes.\n")
+    return "".join(parts)
+
+
+def speedup_csv(rows: list[dict[str, Any]]) -> str:
+    flat = []
+    for r in speedup_rows(rows):
+        flat.append({c: (r.get("env") or {}).get("machine") if c == "machine" else
+                     len(r.get("times_ms") or []) if c == "samples" else r.get(c) for c in CSV_COLUMNS})
+    return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
+
+
+def memory_csv(rows: list[dict[str, Any]]) -> str:
+    flat = []
+    for r in speedup_rows(rows):
+        for g in r.get("gpus") or []:
+            flat.append({"run": r["run"], "machine": (r.get("env") or {}).get("machine"), "impl": r["impl"],
+                         "strategy": r["strategy"], "world_size": r["world_size"], "seq_len": r["seq_len"],
+                         "batch": r["batch"], "gpu": g["index"], **{k: g.get(k) for k in MEMORY_COLUMNS[8:]}})
+    return pd.DataFrame(flat, columns=MEMORY_COLUMNS).to_csv(index=False)
+
+
+def write_speedup_tables(out_dir: Path) -> list[Path]:
+    """``speedup.md``, ``speedup.csv`` and ``speedup_memory.csv`` next to ``trials.jsonl``."""
+    out_dir = Path(out_dir)
+    rows, _ = read_rows(out_dir)
+    if not any(r.get("kind") == KIND for r in rows):
+        return []
+    files = {"speedup.md": speedup_markdown(rows), "speedup.csv": speedup_csv(rows), "speedup_memory.csv": memory_csv(rows)}
+    for name, text in files.items():
+        write_text_atomic(out_dir / name, text)
+    return [out_dir / name for name in files]

@@ -1,0 +1,379 @@
+"""`attnbench speedup` on the CPU: mp with gloo and two processes against single, DataParallel
+skipped with its reason, DDP gradients of the multi-head module, a failing rank, a wrong
+output caught, NVML rows from a fake backend, the tables, and bad input."""
+
+import os
+import statistics
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.reference import TOLERANCE
+from attnbench.results import read_rows
+from attnbench.sweeps import strategies
+from attnbench.sweeps.speedup import (
+    Case, SpeedupRunner, SpeedupSettings, check_settings, gpu_rows, notes_for, parse_cases, slowest_per_iteration,
+)
+from attnbench.sweeps.speedup_job import context, measure
+
+from conftest import ROOT, run_cli
+
+CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
+DILATED = ["--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2"]
+CASES = "256x2,512x4"
+
+
+def speedup_rows(out: Path) -> dict[tuple[str, str], dict]:
+    rows, problems = read_rows(out)
+    assert problems == []
+    return {(r["case"], r["strategy"]): r for r in rows if r.get("kind") == "speedup"}
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("speedup") / "run"
+    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", CASES, "--strategy", "dp,mp", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_mp_with_gloo_on_two_processes_equals_single_and_writes_timing_rows(cpu_run):
+    out, _ = cpu_run
+    rows = speedup_rows(out)
+    verify = [r for r in read_rows(out)[0] if r.get("kind") == "verify"]
+    assert verify and all(r["status"] == "pass" for r in verify)
+    for case in CASES.split(","):
+        single, mp = rows[(case, "single")], rows[(case, "mp")]
+        assert single["status"] == mp["status"] == "ok", (single["message"], mp["message"])
+        assert single["world_size"] == 1 and mp["world_size"] == 2 and mp["processes"] == 2
+        assert [r["rank"] for r in mp["ranks"]] == [0, 1]
+        for r in (single, mp):
+            assert r["times_ms"] and r["time_ms"] == statistics.median(r["times_ms"])
+            assert r["time_min_ms"] <= r["time_ms"] <= r["time_max_ms"]
+            assert r["env"]["command"] and "nccl" in r["env"] and r["started_at"] and r["duration_s"] > 0
+        assert mp["output_match"] is True and mp["output_rel_err"] <= TOLERANCE["fp32"]
+        assert mp["tolerance"] == TOLERANCE["fp32"]
+        assert single["output_match"] is None  # it is the reference
+        assert f"{int(case.split('x')[1]) // 2} per rank" in mp["note"]
+
+
+def test_mp_time_is_the_slowest_rank_per_iteration():
+    assert slowest_per_iteration([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    with pytest.raises(ValueError):
+        slowest_per_iteration([[1.0, 2.0], [1.0]])
+
+
+def test_dataparallel_on_the_cpu_is_skipped_with_its_reason(cpu_run):
+    out, proc = cpu_run
+    for case in CASES.split(","):
+        dp = speedup_rows(out)[(case, "dp")]
+        assert dp["status"] == "skipped" and "DataParallel" in dp["message"] and "CPU" in dp["message"]
+        assert dp["times_ms"] == []
+    assert "skipped" in proc.stdout
+
+
+def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
+    out, _ = cpu_run
+    rows = speedup_rows(out)
+    md = (out / "speedup.md").read_text()
+    header = "| Sequence Length | Batch Size | Single GPU Time | Multi-GPU Time | Speedup | Notes |"
+    mp_section = md.split("### mp on 2 CPU processes")[1]
+    assert mp_section.splitlines()[2] == header
+    dp_section = md.split("### dp on 2 CPU processes")[1].split("###")[0]
+    for case in CASES.split(","):
+        n, b = case.split("x")
+        ratio = rows[(case, "single")]["time_ms"] / rows[(case, "mp")]["time_ms"]
+        line = next(line for line in mp_section.splitlines() if line.startswith(f"| {int(n):,} tokens | {b} |"))
+        assert f"| {ratio:.2f}x |" in line and f"efficiency {ratio / 2:.2f}" in line
+        assert f"| {int(n):,} tokens | {b} |" in dp_section and "skipped" in dp_section
+    csv = pd.read_csv(out / "speedup.csv")
+    mp = csv[csv.strategy == "mp"].set_index("seq_len")
+    for case in CASES.split(","):
+        n = int(case.split("x")[0])
+        ratio = rows[(case, "single")]["time_ms"] / rows[(case, "mp")]["time_ms"]
+        assert mp.loc[n, "speedup"] == pytest.approx(ratio) and mp.loc[n, "efficiency"] == pytest.approx(ratio / 2)
+    assert (out / "speedup_memory.csv").exists()
+
+
+def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu_run):
+    out, _ = cpu_run
+    before = (out / "trials.jsonl").read_bytes()
+    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", CASES, "--out", out, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "from earlier run" in proc.stdout
+    assert (out / "trials.jsonl").read_bytes() == before
+    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", CASES, "--out", out)
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    assert (out / "trials.jsonl").read_bytes() == before
+
+
+def test_a_resumed_run_recomputes_the_single_output_it_compares_with(tmp_path):
+    """The single output lives in a scratch directory of the run that measured it; a strategy
+    added with --resume still gets its output checked."""
+    common = ["speedup", "--impl", "sdpa", "--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16,
+              "--gpus", 2, "--cases", "256x2", "--out", tmp_path / "run"]
+    assert run_cli(*common, "--strategy", "single").returncode == 0
+    proc = run_cli(*common, "--strategy", "mp", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    rows = speedup_rows(tmp_path / "run")
+    assert set(rows) == {("256x2", "single"), ("256x2", "mp")}
+    assert rows[("256x2", "mp")]["output_match"] is True and rows[("256x2", "mp")]["output_rel_err"] <= TOLERANCE["fp32"]
+
+
+def test_ddp_gradients_of_the_multihead_module_equal_single_and_compression_is_applied(tmp_path):
+    """Each rank's loss is the mean over its half of the batch and DDP averages the two: that
+    is the single run's mean over the whole batch, so the gradients agree up to the fp16
+    rounding of the compressed all-reduce (a sum instead of a mean would be off by 100%),
+    and that rounding is really there (float32 alone agrees to ~1e-7)."""
+    out = tmp_path / "run"
+    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", "256x2", "--strategy", "mp",
+                   "--module", "multihead", "--mode", "fwd_bwd", "--grad-compression", "fp16", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = speedup_rows(out)
+    mp = rows[("256x2", "mp")]
+    assert mp["status"] == "ok" and mp["output_match"] is True and mp["output_rel_err"] <= TOLERANCE["fp32"]
+    assert mp["grad_compression"] == "fp16" and "all-reduce fp16" in mp["note"]
+    assert 1e-6 < mp["grad_rel_err"] <= TOLERANCE["fp16"] == mp["grad_tolerance"]
+    assert rows[("256x2", "single")]["grad_compression"] is None and mp["module"] == "multihead"
+
+
+@pytest.fixture
+def fault_strategies(monkeypatch):
+    """Put tests/ on the rank processes' path so they can import the fault strategies."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])))
+    import speedup_faults  # noqa: F401  (registers them here)
+
+    yield
+    for name in ("fail-rank-1", "swapped-shards"):
+        strategies.STRATEGIES.pop(name, None)
+
+
+def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(tmp_path, fault_strategies):
+    from attnbench.results import capture_env
+
+    settings = check_settings(SpeedupSettings(
+        impl="dilated", config={"segment_lengths": [64, 128], "dilation_rates": [1, 2]}, cases=(Case(256, 2),),
+        gpus=2, strategies=("fail-rank-1", "swapped-shards"), dtype="fp32", device="cpu", heads=4, head_dim=16,
+        max_trial_seconds=60), cuda_devices=0)
+    assert SpeedupRunner(settings, tmp_path / "run", capture_env()).run()
+    rows = speedup_rows(tmp_path / "run")
+    failed = rows[("256x2", "fail-rank-1")]
+    assert failed["status"] == "error" and failed["message"].startswith("rank 1:") and "asked to fail" in failed["message"]
+    assert failed["duration_s"] < 45, "rank 0 must not wait for a collective timeout"
+    swapped = rows[("256x2", "swapped-shards")]
+    assert swapped["status"] == "error" and swapped["output_match"] is False
+    assert swapped["output_rel_err"] > 0.1 and "differs from the single-GPU run" in swapped["message"]
+
+
+class ScriptedNvml:
+    """Two GPUs whose used memory follows a script, one reading per call (then the last)."""
+
+    def __init__(self, scripts):
+        self.scripts, self.calls, self.lock = scripts, [0] * len(scripts), threading.Lock()
+
+    def device_count(self):
+        return len(self.scripts)
+
+    def used_bytes(self, index):
+        with self.lock:
+            i = self.calls[index] = self.calls[index] + 1
+        script = self.scripts[index]
+        return script[min(i - 1, len(script) - 1)]
+
+
+def _measure(tmp_path, nvml):
+    payload = {"workload": {"impl": "naive", "config": {}, "batch": 2, "seq_len": 128, "heads": 2, "head_dim": 8,
+                            "dtype": "fp32", "device": "cpu", "mode": "fwd", "causal": False},
+               "module": "attention", "gpus": 2, "seed": 1, "max_trial_seconds": 10,
+               "timing": {"min_samples": 3, "max_samples": 5, "target_ms": 50},
+               "reference_dir": str(tmp_path / "ref"), "role": "reference"}
+    return measure(strategies.get("single"), context(payload), payload, nvml)
+
+
+def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path):
+    # readings: the baseline when sampling starts, then the peak, then lower again; the
+    # sampler reads at least twice (start and stop), however fast the trial
+    nvml = ScriptedNvml([[1000, 9000, 2000], [500, 700, 600]])
+    result = _measure(tmp_path, nvml)
+    assert result["status"] == "ok" and result["times_ms"]
+    assert result["nvml"] == [{"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
+                              {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700}]
+    allocator = {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}}
+    rows = gpu_rows(2, result["nvml"], None, allocator)
+    assert rows[0] == {"index": 0, "nvml_index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000,
+                       "max_memory_allocated": 123, "max_memory_reserved": 456}
+    assert rows[1]["nvml_used_peak"] == 700 and rows[1]["max_memory_allocated"] is None
+    # CUDA may number the GPUs differently from NVML: rows follow the CUDA index
+    swapped = gpu_rows(2, result["nvml"], {"0": 1, "1": 0}, allocator)
+    assert swapped[0]["nvml_used_peak"] == 700 and swapped[0]["max_memory_allocated"] == 123
+    # the reference output was written per batch element
+    assert sorted(p.name for p in (tmp_path / "ref").iterdir()) == ["out0.pt", "out1.pt"]
+
+
+def test_without_nvml_the_run_continues_with_torch_memory_and_a_note(tmp_path):
+    result = _measure(tmp_path, None)
+    assert result["status"] == "ok" and result["nvml"] is None
+    rows = gpu_rows(2, None, None, {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}})
+    assert rows[0]["max_memory_allocated"] == 123 and rows[0]["nvml_used_peak"] is None and rows[1]["nvml_used_peak"] is None
+    row = {"status": "ok", "device": "cuda", "processes": 1, "world_size": 1, "batch": 2, "mode": "fwd",
+           "nvml_note": "NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found)"}
+    assert "NVML unavailable" in notes_for(row, strategies.get("single")) and "memory from torch only" in notes_for(row, strategies.get("single"))
+
+
+def test_dataparallel_notes_say_what_really_ran():
+    dp = strategies.get("dp")
+    gib = 2**30
+    one = {"status": "ok", "device": "cuda", "processes": 1, "world_size": 2, "batch": 1, "mode": "fwd",
+           "replica_batches": [[0, 1]],
+           "gpus": [{"index": 0, "max_memory_allocated": 3 * gib, "nvml_used_before": gib, "nvml_used_peak": 4 * gib},
+                    {"index": 1, "max_memory_allocated": 0, "nvml_used_before": gib // 2, "nvml_used_peak": gib}]}
+    note = notes_for(one, dp)
+    assert "batch 1 < 2 GPUs: DataParallel ran 1 replica" in note and "GPU 1 idle" in note
+    assert "allocator peak 0 B" in note and "NVML 1.00 GiB used at peak" in note and "+0.50 GiB" in note and "CUDA context" in note
+    uneven = {**one, "batch": 3, "replica_batches": [[0, 2], [1, 1]]}
+    assert "uneven split: GPU 0 got 2, GPU 1 got 1" in notes_for(uneven, dp) and "idle" not in notes_for(uneven, dp)
+
+
+def test_cases_parse_and_gpu_count_is_checked():
+    assert parse_cases("2048x8, 64Kx2") == (Case(2048, 8), Case(65536, 2))
+    base = SpeedupSettings(impl="sdpa", config={}, cases=(Case(1024, 1),), gpus=2, strategies=("dp",), device="cuda")
+    with pytest.raises(AttnbenchError, match="at most 1"):
+        check_settings(base, cuda_devices=1)
+    assert check_settings(base, cuda_devices=2).config == {"backend": "auto"}  # dp runs batch 1 on 2 GPUs, with a note
+    with pytest.raises(AttnbenchError, match="not a multiple of 2"):
+        check_settings(SpeedupSettings(**{**base.__dict__, "strategies": ("mp",)}), cuda_devices=2)
+
+
+BAD = {
+    "batch mp cannot split": (["--cases", "256x3", "--strategy", "mp"], "not a multiple of 2"),
+    "malformed case": (["--cases", "256by2"], "SEQLENxBATCH"),
+    "length the configuration cannot split": (["--cases", "200x2"], "divisible by segment length"),
+    "unknown strategy": (["--strategy", "warp"], "unknown strategy"),
+    "compression without DDP": (["--grad-compression", "fp16"], "--module multihead"),
+    "bf16 compression on gloo": (["--grad-compression", "bf16", "--module", "multihead", "--mode", "fwd_bwd",
+                                  "--strategy", "mp"], "fp16"),
+}
+
+
+@pytest.fixture
+def cli_in_process(monkeypatch, capsys):
+    """`attnbench ARGS` through the real entry point, in this process (no torch start-up)."""
+    import signal
+    import sys
+
+    from attnbench.cli import main
+
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def call(*args):
+        monkeypatch.setattr(sys, "argv", ["attnbench", *map(str, args)])
+        with pytest.raises(SystemExit) as info:
+            main()
+        signal.signal(signal.SIGTERM, handler)
+        captured = capsys.readouterr()
+        return info.value.code, captured.out, captured.err
+
+    return call
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, cli_in_process):
+    extra, hint = BAD[name]
+    out = tmp_path / "out"
+    code, stdout, stderr = cli_in_process("speedup", *DILATED, *CPU, "--gpus", 2, *extra, "--out", out)
+    assert code == 2, (stdout, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and hint in lines[0], stderr
+    assert "Traceback" not in stdout + stderr and not out.exists()
+
+
+def test_more_gpus_than_exist_is_one_line_exit_2(tmp_path):
+    proc = run_cli("speedup", "--impl", "sdpa", "--device", "cuda", "--gpus", 2, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def _cuda_settings(**kw):
+    return SpeedupSettings(**{"impl": "sdpa", "config": {"backend": "auto"}, "cases": (Case(1024, 2),), "gpus": 2,
+                              "device": "cuda", "dtype": "bf16", **kw})
+
+
+def test_rank_results_from_two_gpus_merge_into_one_row():
+    """What the ranks of an mp trial on two GPUs return (the job's result files), merged:
+    time per iteration is the slowest rank's, each GPU gets its own allocator peak and its
+    NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
+    from attnbench.sweeps.speedup import merge_ranks
+
+    nvml = [{"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
+            {"index": 1, "nvml_used_before": 30, "nvml_used_peak": 90}]
+    width = 8 * 64
+    rank0 = {"status": "ok", "rank": 0, "devices": [0], "times_ms": [2.0, 4.0, 3.0], "first_call_ms": 9.0,
+             "rank_first_call_ms": 9.0, "nvml": nvml, "nvml_index": {"0": 1, "1": 0},
+             "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}}, "backend": "flash",
+             "compare": {"sq_err": 1.0, "sq_ref": 100.0, "elements": 1024 * width, "nonfinite": False}}
+    rank1 = {"status": "ok", "rank": 1, "devices": [1], "times_ms": [3.0, 1.0, 3.5], "first_call_ms": 9.0,
+             "rank_first_call_ms": 7.0, "nvml": None,
+             "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
+             "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False}}
+    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
+    assert row["times_ms"] == [3.0, 4.0, 3.5] and row["time_ms"] == 3.5
+    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"], g["max_memory_allocated"]) for g in row["gpus"]] == \
+        [(0, 1, 90, 100), (1, 0, 20, 101)]
+    assert row["output_rel_err"] == pytest.approx(0.1) and row["output_match"] is False and row["status"] == "error"
+    assert "1.00e-01 > tolerance 1e-02" in row["message"]
+    assert [r["first_call_ms"] for r in row["ranks"]] == [9.0, 7.0]
+    # a share missing from the pooled check is a failure, not a pass
+    rank1["compare"] = {**rank1["compare"], "sq_err": 0.0, "elements": 10}
+    rank0["compare"] = {**rank0["compare"], "sq_err": 0.0}
+    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
+    assert row["output_match"] is False and "output values" in row["message"]
+
+
+def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
+    from attnbench.sweeps.speedup import merge_ranks
+
+    nvml = [{"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
+            {"index": 1, "nvml_used_before": 2**29, "nvml_used_peak": 2**29}]
+    result = {"status": "ok", "rank": 0, "devices": [0, 1], "times_ms": [5.0], "nvml": nvml, "nvml_index": {"0": 0, "1": 1},
+              "allocator": {"0": {"max_memory_allocated": 2**31, "max_memory_reserved": 2**31},
+                            "1": {"max_memory_allocated": 0, "max_memory_reserved": 0}},
+              "replica_batches": [[0, 1]], "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 1024 * 512}}
+    s = _cuda_settings(cases=(Case(1024, 1),))
+    dp = strategies.get("dp")
+    row = {"device": "cuda", "batch": 1, "mode": "fwd", "world_size": 2, **merge_ranks([result], s, Case(1024, 1), dp)}
+    assert row["status"] == "ok" and row["output_match"] is True and row["replica_batches"] == [[0, 1]]
+    note = notes_for(row, dp)
+    assert note.startswith("batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB")
+    assert "+0.00 GiB during the run" in note and "CUDA context" not in note
+    # report 000's memory distribution: one column per GPU, allocator and NVML
+    from attnbench.report.speedup_tables import memory_table
+
+    lines = memory_table([{**row, "seq_len": 1024, "strategy": "dp"}]).splitlines()
+    assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
+    assert lines[2] == ("| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML "
+                        "| 0.00 MB allocated, 536.87 MB NVML |")
+
+
+def test_environment_names_how_each_gpu_pair_is_connected():
+    """env.gpu_links from NVML's topology and peer-to-peer queries (a fake NVML of three GPUs:
+    0-1 on NVLink, 2 across the NUMA nodes without P2P)."""
+    from types import SimpleNamespace
+
+    from attnbench.results import gpu_links
+
+    nvlinked = {(0, 1)}
+    fake = SimpleNamespace(
+        NVML_TOPOLOGY_INTERNAL=0, NVML_TOPOLOGY_SINGLE=10, NVML_TOPOLOGY_MULTIPLE=20, NVML_TOPOLOGY_HOSTBRIDGE=30,
+        NVML_TOPOLOGY_NODE=40, NVML_TOPOLOGY_SYSTEM=50, NVML_P2P_CAPS_INDEX_NVLINK=3, NVML_P2P_STATUS_OK=0,
+        nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40 if (a, b) in nvlinked else 50,
+        nvmlDeviceGetP2PStatus=lambda a, b, cap: 0 if (a, b) in nvlinked and cap == 3 else 5,
+    )
+    assert gpu_links(fake) == [
+        {"gpus": [0, 1], "topology": "host bridges of one NUMA node", "p2p_nvlink": "ok"},
+        {"gpus": [0, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
+        {"gpus": [1, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
+    ]
