@@ -507,13 +507,13 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+    except Exception as exc:
+        # click's (or typer's vendored click's) usage errors and Abort, whichever is installed
+        if type(exc).__name__ == "Abort":
+            err_console.print("interrupted")
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            err_console.print(f"error: {escape(exc.format_message())} (see --help)")
             sys.exit(2)
         raise
 

@@ -250,6 +250,24 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
     return rows, problems
 
 
+def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, Any]]:
+    """The rows a run may continue from: refuses to overwrite a results directory without
+    ``resume``, and to mix machines in one directory."""
+    trials = Path(out_dir) / TRIALS_FILE
+    if not trials.exists():
+        return []
+    if not resume:
+        raise AttnbenchError(f"{out_dir} already holds results: pass --resume to continue it or choose another --out")
+    rows, _ = read_rows(trials)
+    machines = {r.get("env", {}).get("machine") for r in rows if r.get("env")}
+    if machines and machine not in machines:
+        raise AttnbenchError(
+            f"{out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is {machine}: "
+            "resume on the same machine or choose another --out"
+        )
+    return rows
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a derived file (CSV, markdown) so a reader never sees half of it."""
     path = Path(path)

@@ -31,6 +31,8 @@ BAD = {
     "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
     "unknown profile": (["run", "--profile", "no-such-profile"], "not found"),
+    "unknown option": (["max-seq", "--impl", "naive", "--hedas", "2"], "--hedas"),
+    "option of the wrong type": (["max-seq", "--impl", "naive", "--heads", "eight"], "--heads"),
 }
 
 

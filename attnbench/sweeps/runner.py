@@ -19,7 +19,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
-from attnbench.results import ResultsWriter, clean_floats, now_utc, read_rows, series_key, TRIALS_FILE
+from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
 from attnbench.trial import TrialSpec, execute, run_isolated, run_verify_isolated
 
@@ -117,20 +117,9 @@ class SweepRunner:
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
-        trials = self.out_dir / TRIALS_FILE
-        if trials.exists() and not self.resume:
-            raise AttnbenchError(f"{self.out_dir} already holds results: pass --resume to continue it or choose another --out")
-        if self.resume and trials.exists():
-            rows, _ = read_rows(trials)
-            machines = {r.get("env", {}).get("machine") for r in rows if r.get("env")}
-            if machines and self.env["machine"] not in machines:
-                raise AttnbenchError(
-                    f"{self.out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is {self.env['machine']}: "
-                    "resume on the same machine or choose another --out"
-                )
-            for r in rows:
-                if r.get("kind") in ("max-seq", "points") and "series" in r:
-                    self._done[(r["series"], r["seq_len"])] = r
+        for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"]):
+            if r.get("kind") in ("max-seq", "points") and "series" in r:
+                self._done[(r["series"], r["seq_len"])] = r
 
     def verify(self) -> list[dict[str, Any]]:
         """Check each configuration against the float64 reference; a case that cannot run

@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.reference import TOLERANCE, VerifyCase
-from attnbench.results import TRIALS_FILE, ResultsWriter, clean_floats, now_utc, read_rows
+from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.units import parse_tokens
@@ -291,15 +291,8 @@ class SpeedupRunner:
 
     def prepare(self) -> None:
         """Refuse to mix runs; load what a resumed run already has."""
-        trials = self.out_dir / TRIALS_FILE
-        if trials.exists() and not self.resume:
-            raise AttnbenchError(f"{self.out_dir} already holds results: pass --resume to continue it or choose another --out")
-        if self.resume and trials.exists():
-            rows, _ = read_rows(trials)
-            machines = {r.get("env", {}).get("machine") for r in rows if r.get("env")}
-            if machines and self.env["machine"] not in machines:
-                raise AttnbenchError(f"{self.out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is "
-                                     f"{self.env['machine']}: resume on the same machine or choose another --out")
+        rows = rows_to_resume(self.out_dir, self.resume, self.env["machine"])
+        if rows:
             self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
             case = asdict(self._verify_case())
             self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" and
