@@ -57,6 +57,9 @@ def build(name: str, **config: Any) -> AttentionImpl:
     return impl
 
 
+_BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
 def _coerce(impl: str, p: Param, value: Any) -> Any:
     from attnbench.units import parse_int_list
 
@@ -71,6 +74,8 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
         elif p.kind == "float":
             value = float(value)
         elif p.kind == "bool":
+            if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
+                value = _BOOL_TEXT[value.strip().lower()]  # --param hilbert=true
             if not isinstance(value, bool):
                 raise ValueError
         elif p.kind == "str":
@@ -92,6 +97,7 @@ def _load() -> None:
         return
     _loaded = True
     from attnbench.impls import dense, dilated  # noqa: F401
+    from attnbench.impls import ring  # noqa: F401
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]

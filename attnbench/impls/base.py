@@ -52,6 +52,8 @@ class AttentionImpl(nn.Module):
     name: str = ""
     #: True when the first call compiles kernels (its time is recorded apart, untimed)
     compiles: bool = False
+    #: False where causal masking has no meaning for the configuration (Hilbert order)
+    supports_causal: bool = True
 
     def __init__(self) -> None:
         super().__init__()
