@@ -248,6 +248,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     if (out_dir / "trials.jsonl").exists():
         for path in write_sweep_tables(out_dir):
             console.print(f"wrote {path}")
+        _scaling_readout(out_dir)
     if interrupted:
         err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
         raise typer.Exit(130)
@@ -255,6 +256,21 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     if any(not o.verified for o in outcomes):
         err_console.print("some configurations failed the reference check; their sweeps did not run")
         raise typer.Exit(1)
+
+
+def _scaling_readout(out_dir: Path) -> None:
+    """Sequence-parallel runs: efficiency against one GPU, written to scaling.md and shown."""
+    from rich.markdown import Markdown
+
+    from attnbench.report.scaling import scaling_markdown
+    from attnbench.results import read_rows, write_text_atomic
+
+    rows, _ = read_rows(out_dir)
+    text = scaling_markdown(rows)
+    if text:
+        write_text_atomic(out_dir / "scaling.md", text)
+        console.print(Markdown(text))
+        console.print(f"wrote {out_dir / 'scaling.md'}")
 
 
 def _default_out(plan, env) -> Path:

@@ -81,10 +81,13 @@ def _str(v):
 
 
 def _gpus(v):
+    """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
     from attnbench.sweeps.seqpar import parse_gpus
 
     if isinstance(v, list):
-        v = ",".join(map(str, v))
+        if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+            raise ValueError("a list of positive numbers of GPUs, e.g. [1, 2]")
+        return tuple(sorted(set(v)))
     return parse_gpus(v)
 
 
@@ -145,7 +148,7 @@ class Series:
     @property
     def name(self) -> str:
         if self.settings.label:
-            return self.settings.label
+            return self.settings.label + (f" x{self.world_size}" if self.distributed else "")
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
         shown = {k: v for k, v in self.config.items() if defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend")}
         args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())

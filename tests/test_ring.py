@@ -245,3 +245,23 @@ def test_gpus_setting_reads_one_count_as_baseline_plus_p():
     assert seqpar.parse_gpus("1") == (1,)
     with pytest.raises(ValueError):
         seqpar.parse_gpus("0")
+
+
+def test_scaling_readout_from_rows():
+    base = {"impl": "ring", "config": {"backend": "auto"}, "batch": 1, "heads": 8, "head_dim": 64, "dtype": "bf16",
+            "device": "cuda", "mode": "fwd", "causal": False, "strategy": "ring", "status": "ok", "kind": "points"}
+    rows = [{**base, "label": "ring x1", "world_size": 1, "seq_len": 1 << 20, "time_ms": 800.0},
+            {**base, "label": "ring x2", "world_size": 2, "seq_len": 1 << 20, "time_ms": 500.0,
+             "ranks": [{"rank": 0, "time_ms": 490.0, "compute_ms": 480.0, "comm_wait_ms": 5.0},
+                       {"rank": 1, "time_ms": 500.0, "compute_ms": 470.0, "comm_wait_ms": 25.0}]},
+            {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 1.0},
+            {**base, "kind": "max-seq-result", "label": "ring x1", "world_size": 1, "seq_len": 1000, "stopped_by": "memory"},
+            {**base, "kind": "max-seq-result", "label": "ring x2", "world_size": 2, "seq_len": 1950, "stopped_by": "memory"}]
+    from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
+
+    two = [t for t in time_scaling(rows) if t["world_size"] == 2]
+    assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
+    assert two[0]["speedup"] == pytest.approx(1.6) and two[0]["efficiency"] == pytest.approx(0.8)
+    assert two[0]["overhead"] == pytest.approx(0.25) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
+    assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
+    assert "| ring x2 | 1,048,576 (1M) | 2 | 500.00 |" in scaling_markdown(rows)
