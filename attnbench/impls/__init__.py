@@ -45,7 +45,9 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{name} has no parameter {unknown[0]!r}: its parameters are {allowed}")
     out = {}
     for p in entry.params:
-        out[p.name] = _coerce(name, p, config.get(p.name, p.default))
+        value = _coerce(name, p, config.get(p.name, p.default))
+        if p.recorded_at_default or value != p.default:
+            out[p.name] = value
     return out
 
 

@@ -198,8 +198,9 @@ register(ImplSpec(
         Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
         Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
         Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
-        Param("hilbert", False, "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first", kind="bool"),
-        Param("grid_width", 0, "hilbert: grid width in tokens (0: automatic from the length)"),
+        Param("hilbert", False, "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first", kind="bool",
+              recorded_at_default=False),
+        Param("grid_width", 0, "hilbert: grid width in tokens (0: automatic from the length)", recorded_at_default=False),
     ),
     verify_configs=(
         {"segment_lengths": [16], "dilation_rates": [1]},
