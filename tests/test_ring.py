@@ -5,7 +5,6 @@ OOM on one rank is the trial's status; bad input is one line, exit 2, nothing wr
 
 Launching torchrun costs seconds, so each launch carries many cases."""
 
-import json
 import math
 import time
 
