@@ -35,6 +35,8 @@ def list_impls() -> None:
         console.print(f"[bold]{name}[/]  {s.summary}")
         console.print(f"    devices: {', '.join(s.devices)}   dtypes: {', '.join(s.dtypes)}"
                       + ("   (multi-GPU, launched by torchrun)" if s.distributed else ""))
+        if "availability" in s.extra:
+            console.print(f"    {s.extra['availability']()}")
         if not s.params:
             console.print("    parameters: none")
         for p in s.params:
@@ -51,12 +53,14 @@ def verify(
     impl: Annotated[Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); default: all")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | auto")] = "auto",
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="dtype (repeatable); default fp32 and bf16")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 [2; CUDA: 2 if there are 2 GPUs]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
 ) -> None:
-    """Check implementations against the float64 dense masked reference on fresh random inputs."""
+    """Check implementations against the float64 dense masked reference on fresh random inputs
+    (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench.reference import TOLERANCE, default_cases
     from attnbench.results import ResultsWriter, capture_env, clean_floats
-    from attnbench.sweeps.runner import cuda_available
+    from attnbench.sweeps import seqpar
     from attnbench.trial import run_verify_isolated
     from attnbench.workload import check_workload_fields
 
@@ -67,18 +71,26 @@ def verify(
     dtypes = dtype or ["fp32", "bf16"]
     for d in dtypes:
         check_workload_fields(d, "fwd", device)
-    cases = [c for n in names if device in impls.spec(n).devices
-             for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
-    with console.status(f"running {len(cases)} reference checks on {device}"):
-        rows = run_verify_isolated(cases) if device == "cuda" else [_run(c) for c in cases]
+    runnable = [n for n in names if device in impls.spec(n).devices]
+    single = [n for n in runnable if not impls.spec(n).distributed]
+    distributed = [n for n in runnable if impls.spec(n).distributed]
+    worlds = _verify_worlds(gpus, device) if distributed else []
+    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
+    ranked = [c for n in distributed for w in worlds
+              for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
+    with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
+        rows = run_verify_isolated(cases) if device == "cuda" and cases else [_run(c) for c in cases]
+        rows += seqpar.verify(ranked) if ranked else []
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
-    for col in ("impl", "config", "B", "N", "H", "D", "causal", "dtype", "rel. error", "tolerance", "result"):
+    for col in ("impl", "config", "ranks", "B", "N", "H", "D", "causal", "dtype", "rel. error", "vs single", "tolerance", "result"):
         t.add_column(col)
     for r in rows:
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
+        vs_single = "-" if r.get("rel_err_single") is None else f"{r['rel_err_single']:.2e}"
         mark = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], f"[red]{r['status']}[/] {escape(r['message'])}")
-        t.add_row(r["impl"], _config_short(r["config"]), str(r["batch"]), str(r["seq_len"]), str(r["heads"]),
-                  str(r["head_dim"]), "yes" if r["causal"] else "no", r["dtype"], err, f"{TOLERANCE[r['dtype']]:.0e}", mark)
+        t.add_row(r["impl"], _config_short(r["config"]), str(r.get("world_size", 1)), str(r["batch"]), str(r["seq_len"]),
+                  str(r["heads"]), str(r["head_dim"]), "yes" if r["causal"] else "no", r["dtype"], err, vs_single,
+                  f"{TOLERANCE[r['dtype']]:.0e}", mark)
     console.print(t)
     if out:
         env = capture_env()
@@ -89,6 +101,21 @@ def verify(
     console.print(f"{len(rows) - len(failed)} of {len(rows)} cases pass")
     if failed:
         raise typer.Exit(1)
+
+
+def _verify_worlds(gpus: str | None, device: str) -> list[int]:
+    """Ranks to verify sequence-parallel implementations on: as given, else 2 (1 on a
+    one-GPU machine)."""
+    from attnbench.sweeps import seqpar
+    from attnbench.units import parse_int_list
+
+    if gpus is None:
+        worlds = [min(2, max(1, seqpar.max_ranks(device)))]
+    else:
+        worlds = sorted(set(parse_int_list(gpus, "gpus")))
+    for w in worlds:
+        seqpar.check_world(device, w)
+    return worlds
 
 
 def _run(case):
@@ -134,6 +161,7 @@ MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap 
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="results directory [results/<date>-<machine>-<name>]")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
+GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4")]
 InProcOpt = Annotated[Optional[bool], typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each")]
 
 
@@ -161,13 +189,13 @@ def max_seq(
     start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
     max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
     resolution: Annotated[Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")] = None,
-    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
     profile: ProfileOpt = None, out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
 ) -> None:
     """Largest sequence length each implementation runs: double until the first failure, then bisect."""
     flags = _flags(kind="max-seq", heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, device=device, mode=mode,
                    causal=causal, start=start, max_seq_len=max_seq_len, resolution=resolution,
-                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process)
+                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process, gpus=gpus)
     if profile:
         flags.pop("kind")
     _run_plan("max-seq", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), profile, out, resume)
@@ -179,13 +207,13 @@ def bench(
     impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
     dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
     segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
-    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
     out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     flags = _flags(kind="points", seq_lens=seq_lens, heads=heads, head_dim=head_dim, batch=batch, dtype=dtype,
                    device=device, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
-                   memory_limit=memory_limit, isolate=in_process)
+                   memory_limit=memory_limit, isolate=in_process, gpus=gpus)
     _run_plan("bench", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), None, out, resume)
 
 
@@ -222,6 +250,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
         for path in write_sweep_tables(out_dir):
             console.print(f"wrote {path}")
         _print_summary(out_dir)
+        _scaling_readout(out_dir)
     if interrupted:
         err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
         raise typer.Exit(130)
@@ -248,6 +277,21 @@ def _print_summary(out_dir: Path) -> None:
                   s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
                   format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
     console.print(t)
+
+
+def _scaling_readout(out_dir: Path) -> None:
+    """Sequence-parallel runs: efficiency against one GPU, written to scaling.md and shown."""
+    from rich.markdown import Markdown
+
+    from attnbench.report.scaling import scaling_markdown
+    from attnbench.results import read_rows, write_text_atomic
+
+    rows, _ = read_rows(out_dir)
+    text = scaling_markdown(rows)
+    if text:
+        write_text_atomic(out_dir / "scaling.md", text)
+        console.print(Markdown(text))
+        console.print(f"wrote {out_dir / 'scaling.md'}")
 
 
 def _default_out(plan, env) -> Path:

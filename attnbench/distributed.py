@@ -65,7 +65,7 @@ def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_l
             if path.exists():
                 results.append(json.loads(path.read_text()))
             else:
-                results.append({"status": "killed", "rank": rank,
+                results.append({"status": "killed", "rank": rank, "outcome": outcome.get("status"),
                                 "message": outcome.get("message") or "stopped before writing a result", "times_ms": []})
         return results
 
@@ -89,7 +89,9 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     # others then fail on a broken connection or are stopped by torchrun)
     ooms = [r for r in failed if r.get("status") == "oom"]
     first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
-    status = first["status"] if first["status"] != "killed" else "error"
+    status = first["status"]
+    if status == "killed":  # no rank said why: the supervisor's deadline, or a crash
+        status = "time-limit" if first.get("outcome") == "time-limit" else "error"
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
 

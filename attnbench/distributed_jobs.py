@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.distributed import job
+from attnbench.sweeps import seqpar  # noqa: F401  (registers the sequence-parallel jobs)
 
 
 @job("selftest")

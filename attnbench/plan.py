@@ -44,6 +44,7 @@ class Settings:
     max_samples: int = 50
     target_ms: float = 1000.0
     label: str = ""
+    gpus: tuple[int, ...] = ()     # sequence-parallel implementations: ranks to run on (one series each)
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -79,6 +80,17 @@ def _str(v):
     return v
 
 
+def _gpus(v):
+    """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
+    from attnbench.sweeps.seqpar import parse_gpus
+
+    if isinstance(v, list):
+        if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+            raise ValueError("a list of positive numbers of GPUs, e.g. [1, 2]")
+        return tuple(sorted(set(v)))
+    return parse_gpus(v)
+
+
 SETTING_PARSERS = {
     "kind": _choice("max-seq", "points"),
     "device": _choice("auto", "cpu", "cuda"),
@@ -94,6 +106,7 @@ SETTING_PARSERS = {
     "warmup": _int, "min_samples": _int, "max_samples": _int,
     "target_ms": _float,
     "label": _str,
+    "gpus": _gpus,
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
 
@@ -115,6 +128,17 @@ class Series:
     impl: str
     config: dict[str, Any]
     settings: Settings
+    world_size: int = 1  # ranks the sequence is split over (sequence-parallel implementations)
+
+    @property
+    def distributed(self) -> bool:
+        return impls.spec(self.impl).distributed
+
+    def build(self):
+        """The implementation, bound to this series' ranks."""
+        from attnbench.sweeps.seqpar import build
+
+        return build(self.impl, self.config, self.world_size)
 
     def workload(self, seq_len: int) -> Workload:
         s = self.settings
@@ -124,14 +148,15 @@ class Series:
     @property
     def name(self) -> str:
         if self.settings.label:
-            return self.settings.label
+            return self.settings.label + (f" x{self.world_size}" if self.distributed else "")
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
         shown = {k: v for k, v in self.config.items() if defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend")}
         args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())
-        return f"{self.impl}({args})" if args else self.impl
+        name = f"{self.impl}({args})" if args else self.impl
+        return f"{name} x{self.world_size}" if self.distributed else name
 
     def granularity(self) -> int:
-        return impls.build(self.impl, **self.config).granularity
+        return self.build().granularity
 
     def start(self) -> int:
         g = self.granularity()
@@ -150,6 +175,20 @@ class Plan:
     series: tuple[Series, ...]
     description: str = ""
     verify: bool = True
+
+
+def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
+    """A sequence-parallel implementation runs once per entry of ``gpus`` (default: one
+    rank); the others run on one device and take no ``gpus``."""
+    if impls.spec(impl).distributed:
+        return settings.gpus or (1,)
+    if settings.gpus and settings.gpus != (1,):
+        raise AttnbenchError(
+            f"{where}: {impl} runs on one device; --gpus is for the sequence-parallel implementations "
+            f"({', '.join(n for n in impls.names() if impls.spec(n).distributed)}); "
+            "for data parallelism across GPUs see `attnbench speedup`"
+        )
+    return (1,)
 
 
 def split_entry(entry: dict[str, Any], where: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -245,7 +284,7 @@ def build_plan(
             config = impls.normalize_config(impl, config)
         except ConfigError as exc:
             raise AttnbenchError(f"{where}: {exc}") from None
-        series.append(Series(impl, config, settings))
+        series.extend(Series(impl, config, settings, world) for world in _world_sizes(impl, settings, where))
     unused = sorted(set(params) - used_params)
     if unused:
         raise AttnbenchError(

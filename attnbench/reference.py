@@ -53,6 +53,7 @@ class VerifyCase:
     causal: bool
     dtype: str
     device: str
+    world_size: int = 1  # ranks a sequence-parallel implementation runs on
 
 
 def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]:
@@ -65,7 +66,7 @@ def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]
         impl = impls.build(name, **config)
         n = impl.verify_seq_len()
         for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
-            for causal in (False, True):
+            for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
                     cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device))
     return cases
@@ -77,8 +78,8 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "kind": "verify", "impl": case.impl, "config": case.config, "batch": case.batch,
         "seq_len": case.seq_len, "heads": case.heads, "head_dim": case.head_dim,
-        "causal": case.causal, "dtype": case.dtype, "device": case.device, "seed": seed,
-        "tolerance": TOLERANCE[case.dtype],
+        "causal": case.causal, "dtype": case.dtype, "device": case.device, "world_size": case.world_size,
+        "seed": seed, "tolerance": TOLERANCE[case.dtype],
     }
     gen = torch.Generator().manual_seed(seed)
     shape = (case.batch, case.seq_len, case.heads, case.head_dim)

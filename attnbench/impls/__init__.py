@@ -45,7 +45,9 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{name} has no parameter {unknown[0]!r}: its parameters are {allowed}")
     out = {}
     for p in entry.params:
-        out[p.name] = _coerce(name, p, config.get(p.name, p.default))
+        value = _coerce(name, p, config.get(p.name, p.default))
+        if p.recorded_at_default or value != p.default:
+            out[p.name] = value
     return out
 
 
@@ -55,6 +57,9 @@ def build(name: str, **config: Any) -> AttentionImpl:
     impl = entry.factory(**normalize_config(name, config))
     impl.name = name
     return impl
+
+
+_BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _coerce(impl: str, p: Param, value: Any) -> Any:
@@ -71,6 +76,8 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
         elif p.kind == "float":
             value = float(value)
         elif p.kind == "bool":
+            if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
+                value = _BOOL_TEXT[value.strip().lower()]  # --param hilbert=true
             if not isinstance(value, bool):
                 raise ValueError
         elif p.kind == "str":
@@ -92,6 +99,7 @@ def _load() -> None:
         return
     _loaded = True
     from attnbench.impls import dense, dilated  # noqa: F401
+    from attnbench.impls import ring  # noqa: F401
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]

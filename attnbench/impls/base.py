@@ -27,6 +27,9 @@ class Param:
     help: str
     kind: str = "int"  # int | float | str | ints (comma-separated list of ints) | bool
     choices: tuple[str, ...] | None = None
+    #: False for options added later and off by default: left out of a configuration while at
+    #: their default, so earlier rows and series keys stay the same
+    recorded_at_default: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class AttentionImpl(nn.Module):
     name: str = ""
     #: True when the first call compiles kernels (its time is recorded apart, untimed)
     compiles: bool = False
+    #: False where causal masking has no meaning for the configuration (Hilbert order)
+    supports_causal: bool = True
 
     def __init__(self) -> None:
         super().__init__()

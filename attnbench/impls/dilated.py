@@ -6,6 +6,11 @@ p mod r_i == o_i, and then to the keys of its segment with the same residue. Eac
 (segment, group) is therefore a dense attention over w_i / r_i tokens: the implementation
 takes strided views of those tokens (no copy), folds segments into the batch and lets the
 fused SDPA kernel do the work, a chunk of segments at a time so temporaries stay small.
+
+With ``hilbert=True`` the tokens are a 2-D grid (row-major) reordered along a Hilbert curve
+(attnbench.hilbert) before the pattern, and the output is returned in the original order:
+``M_h(t) = pi^-1(M_pattern(pi(t)))``. Causal masking has no meaning in curve order over a
+grid, so the Hilbert ordering runs non-causal only.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
@@ -59,21 +65,33 @@ def validate_pattern(segment_lengths, dilation_rates) -> None:
 
 
 class DilatedAttention(AttentionImpl):
-    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19):
+    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19,
+                 hilbert: bool = False, grid_width: int = 0):
         super().__init__()
         validate_pattern(segment_lengths, dilation_rates)
         if max_chunk_tokens <= 0:
             raise ConfigError("dilated: max_chunk_tokens must be positive")
+        if grid_width < 0:
+            raise ConfigError(f"dilated: grid_width must be 0 (automatic) or positive, got {grid_width}")
         self.segment_lengths = list(segment_lengths)
         self.dilation_rates = list(dilation_rates)
         self.max_chunk_tokens = max_chunk_tokens
+        self.hilbert = hilbert
+        self.grid_width = grid_width
 
     def config(self):
-        return {
+        config = {
             "segment_lengths": self.segment_lengths,
             "dilation_rates": self.dilation_rates,
             "max_chunk_tokens": self.max_chunk_tokens,
         }
+        if self.hilbert:  # default-off options stay out of rows that do not use them
+            config.update(hilbert=True, grid_width=self.grid_width)
+        return config
+
+    @property
+    def supports_causal(self) -> bool:
+        return not self.hilbert
 
     @property
     def granularity(self) -> int:
@@ -94,7 +112,14 @@ class DilatedAttention(AttentionImpl):
                 f"dilated: {num_heads} heads cannot form {len(self.segment_lengths)} head groups; "
                 f"use at least {len(self.segment_lengths)} heads or fewer segment lengths"
             )
+        if self.hilbert:
+            hilbert_curve.grid_shape(seq_len, self.grid_width)
         super().check_shape(seq_len, num_heads)
+
+    def check_causal(self, causal: bool) -> None:
+        if causal and self.hilbert:
+            raise ConfigError("dilated with hilbert ordering runs non-causal only (a 2-D grid has no causal order); "
+                              "drop --causal or the hilbert option")
 
     def groups(self, num_heads: int) -> list[HeadGroup]:
         return head_groups(num_heads, self.segment_lengths, self.dilation_rates)
@@ -102,21 +127,16 @@ class DilatedAttention(AttentionImpl):
     def forward(self, q, k, v, is_causal: bool = False):
         batch, seq_len, num_heads, _ = q.shape
         self.check_shape(seq_len, num_heads)
+        self.check_causal(is_causal)
+        if self.hilbert:
+            order = hilbert_curve.curve_order(seq_len, self.grid_width, q.device)
+            q, k, v = (x.index_select(1, order) for x in (q, k, v))
         out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
         for g in self.groups(num_heads):
-            w, r, o = g.segment_length, g.dilation_rate, g.offset
-            segments_per_chunk = max(1, self.max_chunk_tokens // w)
-            for b in range(batch):
-                for s0 in range(0, seq_len // w, segments_per_chunk):
-                    tokens = slice(s0 * w, min(seq_len, (s0 + segments_per_chunk) * w))
-
-                    def fold(x):
-                        # (N_chunk, Hg, D) -> (segments, Hg, w/r, D): a strided view, no copy
-                        x = x[b, tokens, g.heads].unflatten(0, (-1, w))[:, o::r]
-                        return x.transpose(1, 2)
-
-                    fold(out).copy_(F.scaled_dot_product_attention(fold(q), fold(k), fold(v), is_causal=is_causal))
+            attend_group(q, k, v, out, g, is_causal, self.max_chunk_tokens)
         self.last_backend = "sdpa"
+        if self.hilbert:
+            out = torch.empty_like(out).index_copy_(1, order, out)  # back to the original order
         return out
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
@@ -127,7 +147,15 @@ class DilatedAttention(AttentionImpl):
             same_segment = (pos[:, None] // w) == (pos[None, :] // w)
             kept = (pos % w) % r == g.offset
             mask[g.heads] = same_segment & kept[:, None] & kept[None, :]
+        if self.hilbert:
+            # the pattern holds between curve positions: [t, u] = pattern[pi(t), pi(u)]
+            pi = hilbert_curve.inverse(hilbert_curve.curve_order(seq_len, self.grid_width))
+            mask = mask[:, pi][:, :, pi]
         return mask
+
+    def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
+        self.check_causal(causal)
+        return super().key_mask(seq_len, num_heads, causal)
 
     def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
         total = 0
@@ -139,8 +167,27 @@ class DilatedAttention(AttentionImpl):
         return total
 
 
-def _dilated(segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens=1 << 19):
-    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens)
+def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> None:
+    """Write group ``g``'s heads of ``out``: each segment is a dense attention over its kept
+    tokens, taken as strided views (no copy) and folded into the batch of one SDPA call per
+    chunk of segments. Needs a length that is a multiple of the segment length."""
+    batch, seq_len = q.shape[:2]
+    w, r, o = g.segment_length, g.dilation_rate, g.offset
+    segments_per_chunk = max(1, max_chunk_tokens // w)
+    for b in range(batch):
+        for s0 in range(0, seq_len // w, segments_per_chunk):
+            tokens = slice(s0 * w, min(seq_len, (s0 + segments_per_chunk) * w))
+
+            def fold(x):
+                # (N_chunk, Hg, D) -> (segments, Hg, w/r, D): a strided view, no copy
+                x = x[b, tokens, g.heads].unflatten(0, (-1, w))[:, o::r]
+                return x.transpose(1, 2)
+
+            fold(out).copy_(F.scaled_dot_product_attention(fold(q), fold(k), fold(v), is_causal=is_causal))
+
+
+def _dilated(segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens=1 << 19, hilbert=False, grid_width=0):
+    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width)
 
 
 register(ImplSpec(
@@ -151,11 +198,16 @@ register(ImplSpec(
         Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
         Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
         Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
+        Param("hilbert", False, "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first", kind="bool",
+              recorded_at_default=False),
+        Param("grid_width", 0, "hilbert: grid width in tokens (0: automatic from the length)", recorded_at_default=False),
     ),
     verify_configs=(
         {"segment_lengths": [16], "dilation_rates": [1]},
         {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
         {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
         {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
+        {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "hilbert": True},
+        {"segment_lengths": [16, 32], "dilation_rates": [2, 4], "hilbert": True, "grid_width": 16},
     ),
 ))

@@ -72,7 +72,15 @@ def check_series(s: Series) -> None:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
     if st.max_trial_seconds <= 0:
         raise AttnbenchError("--max-trial-seconds must be positive")
-    impl = impls.build(s.impl, **s.config)
+    impl = s.build()
+    if s.distributed:
+        from attnbench.sweeps import seqpar
+
+        seqpar.check_world(st.device, s.world_size)
+        seqpar.check_modes(s.impl, st.mode, st.causal, impl)
+    elif st.causal and not impl.supports_causal:
+        raise AttnbenchError(f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); "
+                             "drop --causal")
     lengths = list(st.seq_lens) if st.kind == "points" else [s.start()]
     if st.kind == "points" and not lengths:
         raise AttnbenchError(f"{s.name}: a points sweep needs seq_lens, e.g. --seq-lens 65536,131072")
@@ -88,10 +96,10 @@ def verify_cases(plan: Plan) -> list[VerifyCase]:
     small length where the float64 reference is cheap."""
     cases = []
     for s in plan.series:
-        impl = impls.build(s.impl, **s.config)
+        impl = s.build()
         st = s.settings
         cases.append(VerifyCase(s.impl, impl.config(), min(st.batch, 2), impl.verify_seq_len(), st.heads,
-                                st.head_dim, st.causal, st.dtype, st.device))
+                                st.head_dim, st.causal, st.dtype, st.device, s.world_size))
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
     return list(unique.values())
 
@@ -127,9 +135,15 @@ class SweepRunner:
         if not self.plan.verify:
             return []
         cases = verify_cases(self.plan)
+        distributed = [c for c in cases if impls.spec(c.impl).distributed]
+        cases = [c for c in cases if not impls.spec(c.impl).distributed]
         on_cuda = any(c.device == "cuda" for c in cases)
         # On the GPU in a child, so this process never holds a CUDA context during trials.
         rows = run_verify_isolated(cases) if on_cuda else [_run_case(c) for c in cases]
+        if distributed:  # across ranks under torchrun, against the reference and the single-device output
+            from attnbench.sweeps import seqpar
+
+            rows += seqpar.verify(distributed)
         for row in rows:
             if row["status"] == "error":
                 raise AttnbenchError(
@@ -145,11 +159,11 @@ class SweepRunner:
         for row in verify_rows:
             self._append({**row, "run": self.run_id, "env": self.env})
         self.reporter.verify_done(verify_rows)
-        failed = {(r["impl"], _config_text(r["config"])) for r in verify_rows if r["status"] != "pass"}
+        failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
         outcomes = []
         for i, s in enumerate(self.plan.series):
             self.reporter.series_started(s, i, len(self.plan.series))
-            if (s.impl, _config_text(impls.build(s.impl, **s.config).config())) in failed:
+            if (s.impl, _config_text(s.build().config()), s.world_size) in failed:
                 outcomes.append(SeriesOutcome(s, False, None))
                 self.reporter.series_done(s, None)
                 continue
@@ -172,14 +186,14 @@ class SweepRunner:
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
             "first_failure": result.first_failure, "stop_status": result.stop_status,
-            "stopped_by": result.stopped_by, "granularity": s.granularity(),
+            "stopped_by": result.stopped_by, "granularity": s.granularity(), **_parallelism(s),
             "resolution": s.settings.resolution, "start": s.start(), "max_seq_len": s.settings.max_seq_len,
             "trials": len(result.tried), "env": self.env,
         })
         return result
 
     def _key(self, s: Series) -> str:
-        return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind)
+        return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind, **_parallelism(s))
 
     def _probe(self, s: Series, seq_len: int, phase: str) -> str:
         key = (self._key(s), seq_len)
@@ -197,11 +211,16 @@ class SweepRunner:
             seed=seq_len,
         )
         started, t0 = now_utc(), time.monotonic()
-        measured = run_isolated(spec) if st.isolate else execute(spec)
+        if s.distributed:  # one process per rank under torchrun, whatever --in-process says
+            from attnbench.sweeps import seqpar
+
+            measured = seqpar.run_trial(spec, s.world_size)
+        else:
+            measured = run_isolated(spec) if st.isolate else execute(spec)
         row = {
             "kind": st.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
             "label": s.name, "phase": phase, **_workload_fields(s.workload(seq_len)),
-            "world_size": 1, "strategy": "single", "isolate": st.isolate,
+            **_parallelism(s), "isolate": st.isolate or s.distributed,
             "max_trial_seconds": st.max_trial_seconds, "memory_limit": st.memory_limit,
             **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
         }
@@ -216,6 +235,15 @@ class SweepRunner:
 
 def _workload_fields(wl) -> dict[str, Any]:
     return asdict(wl)
+
+
+def _parallelism(s: Series) -> dict[str, Any]:
+    """How the work is spread: a sequence-parallel implementation's ranks, or one device."""
+    if s.distributed:
+        from attnbench.sweeps.seqpar import STRATEGY
+
+        return {"world_size": s.world_size, "strategy": STRATEGY}
+    return {"world_size": 1, "strategy": "single"}
 
 
 def _config_text(config: dict[str, Any]) -> str:

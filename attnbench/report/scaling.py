@@ -1,0 +1,88 @@
+"""Sequence-parallel scaling from result rows alone: each implementation on P ranks
+against itself on one in the same results.
+
+* ``time_scaling``: per (implementation, configuration, length, P): time, tokens/s, memory
+  per GPU, speedup T1 / TP, scaling efficiency T1 / (P x TP), and where the slowest rank's
+  time went (compute vs waiting on communication);
+* ``max_seq_scaling``: per (implementation, configuration, P): the largest length and its
+  ratio to one GPU's.
+
+Rows are matched on everything but the ranks (``series`` hashes the ranks in too).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from attnbench.report.markdown import table
+from attnbench.units import format_bytes, format_tokens
+
+_SAME = ("impl", "batch", "heads", "head_dim", "dtype", "device", "mode", "causal")
+
+
+def _ident(r: dict[str, Any]) -> str:
+    return json.dumps([r.get(k) for k in _SAME] + [r.get("config")], sort_keys=True, default=str)
+
+
+def _ranked(rows):
+    return [r for r in rows if r.get("strategy") == "ring"]
+
+
+def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    points = [r for r in _ranked(rows) if r.get("kind") in ("points", "max-seq") and r.get("status") == "ok"]
+    single = {(_ident(r), r["seq_len"]): r for r in points if r.get("world_size") == 1}
+    out = []
+    for r in sorted(points, key=lambda r: (r["impl"], _ident(r), r["seq_len"], r["world_size"])):
+        base = single.get((_ident(r), r["seq_len"]))
+        p = r["world_size"]
+        slowest = max(r.get("ranks") or [{}], key=lambda x: x.get("time_ms") or 0)
+        speedup = base["time_ms"] / r["time_ms"] if base else None
+        out.append({
+            "impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "seq_len": r["seq_len"],
+            "world_size": p, "time_ms": r["time_ms"], "tokens_per_s": r.get("tokens_per_s"),
+            "peak_bytes_per_gpu": r.get("peak_bytes"), "peak_counter": r.get("peak_counter"),
+            "speedup": speedup, "efficiency": speedup / p if speedup else None,
+            "overhead": (p * r["time_ms"] / base["time_ms"] - 1) if base else None,
+            "compute_ms": slowest.get("compute_ms"), "comm_wait_ms": slowest.get("comm_wait_ms"),
+            "sent_bytes": slowest.get("sent_bytes"), "backend": r.get("backend"),
+        })
+    return out
+
+
+def max_seq_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    results = [r for r in _ranked(rows) if r.get("kind") == "max-seq-result"]
+    single = {_ident(r): r for r in results if r.get("world_size") == 1}
+    out = []
+    for r in sorted(results, key=lambda r: (r["impl"], _ident(r), r["world_size"])):
+        base = single.get(_ident(r))
+        out.append({"impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "world_size": r["world_size"],
+                    "max_seq_len": r["seq_len"], "stopped_by": r.get("stopped_by"),
+                    "ratio": r["seq_len"] / base["seq_len"] if base and base["seq_len"] else None})
+    return out
+
+
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def scaling_markdown(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    times = time_scaling(rows)
+    if times:
+        parts += ["## Sequence-parallel time against one GPU\n\n", table(
+            ["Implementation", "Sequence", "GPUs", "Time (ms)", "Tokens/s", "Peak Memory/GPU", "Speedup",
+             "Efficiency", "Compute (ms)", "Comm Wait (ms)"],
+            [[t["label"], format_tokens(t["seq_len"]), t["world_size"], _f(t["time_ms"], ",.2f"),
+              _f(t["tokens_per_s"], ",.0f"), format_bytes(t["peak_bytes_per_gpu"], "GB"), _f(t["speedup"], ".2f"),
+              _f(t["efficiency"], ".3f"), _f(t["compute_ms"], ",.2f"), _f(t["comm_wait_ms"], ",.2f")] for t in times])]
+        parts.append("\nEfficiency = T(1 GPU) / (GPUs x T(GPUs)) of the same implementation; compute and "
+                     "communication wait are the slowest rank's medians; memory is the fullest GPU's "
+                     "`max_memory_allocated` (CPU: resident-set growth).\n")
+    sizes = max_seq_scaling(rows)
+    if sizes:
+        parts += ["\n## Sequence-parallel largest sequence against one GPU\n\n", table(
+            ["Implementation", "GPUs", "Max Sequence", "Stopped By", "x One GPU"],
+            [[s["label"], s["world_size"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+              s["stopped_by"], _f(s["ratio"], ".2f")] for s in sizes])]
+    return "".join(parts)

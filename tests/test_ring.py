@@ -1,0 +1,266 @@
+"""Sequence-parallel attention on CPU ranks (gloo under torchrun, 2 and 4 processes): each
+ring implementation gathered across ranks equals the float64 reference and its
+single-device counterpart, causal and not; a failing rank ends the run with its error; an
+OOM on one rank is the trial's status; bad input is one line, exit 2, nothing written.
+
+Launching torchrun costs seconds, so each launch carries many cases."""
+
+import math
+import time
+
+import pytest
+import torch
+
+from attnbench import impls
+from attnbench.errors import ConfigError
+from attnbench.impls.ring import LseAccumulator, attend_with_lse, contiguous_positions, zigzag_positions
+from attnbench.reference import TOLERANCE, masked_reference, relative_error
+from attnbench.results import read_rows
+from attnbench.sweeps import seqpar
+from attnbench.trial import TrialSpec
+
+from conftest import run_cli
+
+RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert"]
+
+# ---------------------------------------------------------------------------------------
+# Pieces, in one process
+# ---------------------------------------------------------------------------------------
+
+
+def test_block_log_sum_exp_is_the_softmax_denominator():
+    q, k, v = (torch.randn(2, 3, 9, 16, dtype=torch.float64) for _ in range(3))
+    out, lse, _ = attend_with_lse(q.float(), k.float(), v.float(), causal=False)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(16)
+    assert torch.allclose(lse.double(), torch.logsumexp(scores, -1), atol=1e-5)
+    assert torch.allclose(out.double(), torch.softmax(scores, -1) @ v, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merging_blocks_equals_one_softmax_over_all_keys(dtype):
+    """Keys split into uneven blocks, some query rows seeing no key of a block (causal
+    block of a later chunk merged only into part of the rows)."""
+    q, k, v = (torch.randn(1, 2, 12, 8, dtype=torch.float64) for _ in range(3))
+    acc = LseAccumulator((1, 2, 12, 8), "cpu", dtype)
+    for part in (slice(0, 5), slice(5, 6), slice(6, 12)):
+        out, lse, _ = attend_with_lse(q.to(dtype), k[:, :, part].to(dtype), v[:, :, part].to(dtype), False)
+        acc.add(out, lse)
+    mask = torch.ones(2, 12, 12, dtype=torch.bool)
+    ref = masked_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+    assert relative_error(acc.result().transpose(1, 2), ref) < TOLERANCE["bf16" if dtype == torch.bfloat16 else "fp32"]
+
+
+def test_rows_no_block_reached_stay_zero():
+    acc = LseAccumulator((1, 1, 4, 2), "cpu", torch.float32)
+    out, lse, _ = attend_with_lse(*(torch.randn(1, 1, 2, 2) for _ in range(3)), causal=False)
+    acc.add(out, lse, rows=slice(2, 4))
+    result = acc.result()
+    assert torch.equal(result[:, :, :2], torch.zeros(1, 1, 2, 2)) and torch.isfinite(result).all()
+    assert torch.allclose(result[:, :, 2:], out)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_layouts_cover_the_sequence_once(world):
+    n = 48 * world
+    for layout in (contiguous_positions, zigzag_positions):
+        held = torch.cat([layout(n, world, r) for r in range(world)])
+        assert torch.equal(torch.sort(held).values, torch.arange(n))
+    # zigzag, literally: 2p chunks, rank r holds chunk r and chunk 2p-1-r
+    c = n // (2 * world)
+    for r in range(world):
+        assert zigzag_positions(n, world, r).tolist() == [*range(r * c, (r + 1) * c),
+                                                           *range((2 * world - 1 - r) * c, (2 * world - r) * c)]
+
+
+@pytest.mark.parametrize("name", RING_IMPLS)
+def test_declared_key_sets_are_the_counterparts(name):
+    config = {"segment_lengths": [8, 16], "dilation_rates": [1, 2]} if name != "ring" else {}
+    impl = impls.build(name, **config)
+    counterpart = {"ring": ("sdpa", {}), "ring-dilated": ("dilated", config),
+                   "ring-dilated-hilbert": ("dilated", {**config, "hilbert": True})}[name]
+    single = impls.build(counterpart[0], **counterpart[1])
+    for causal in (False, True) if impl.supports_causal else (False,):
+        assert torch.equal(impl.key_mask(128, 3, causal), single.key_mask(128, 3, causal))
+        assert impl.useful_pairs(128, 3, causal) == single.useful_pairs(128, 3, causal)
+
+
+def test_shape_rules_depend_on_the_ranks():
+    ring = impls.build("ring")
+    ring.world_size = 4
+    with pytest.raises(ConfigError, match="multiple of 512"):
+        ring.check_shape(768, 4)
+    dil = impls.build("ring-dilated", segment_lengths=[512], dilation_rates=[1])
+    dil.world_size = 2
+    dil.check_shape(1024, 2)   # 512 per rank: whole segments
+    dil.world_size = 4
+    dil.check_shape(1024, 2)   # 256 per rank: two ranks tile a segment
+    dil.world_size = 2
+    with pytest.raises(ConfigError, match="neither hold whole segments"):
+        dil.check_shape(1536, 2)  # 768 per rank: neither
+
+
+# ---------------------------------------------------------------------------------------
+# Across ranks: one torchrun per world size carries every case
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"{w}-ranks")
+def verified(request):
+    world = request.param
+    cases = [c for name in RING_IMPLS for c in seqpar.cases_for(name, "cpu", ["fp32", "bf16"], world)]
+    return world, cases, seqpar.verify(cases)
+
+
+def test_every_case_matches_the_reference_and_the_single_device_output(verified):
+    world, cases, rows = verified
+    assert len(rows) == len(cases)
+    failures = [r for r in rows if r["status"] != "pass"]
+    assert not failures, failures[:3]
+    for r in rows:
+        assert r["world_size"] == world
+        assert r["rel_err"] <= TOLERANCE[r["dtype"]] and r["rel_err_single"] <= TOLERANCE[r["dtype"]]
+
+
+def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
+    world, cases, _ = verified
+    for name in ("ring", "ring-dilated"):
+        assert {c.causal for c in cases if c.impl == name} == {True, False}
+    # segments longer than a shard, so ranks exchange dilated K/V
+    spanning = [c for c in cases if c.impl.startswith("ring-dilated")
+                and max(c.config["segment_lengths"]) > c.seq_len // world]
+    assert spanning and {c.causal for c in spanning if c.impl == "ring-dilated"} == {True, False}
+    assert any(c.batch > 1 for c in cases) and any(c.heads % len(c.config.get("segment_lengths", [1])) for c in cases)
+
+
+def test_a_rank_that_raises_ends_the_run_with_its_error():
+    case = seqpar.cases_for("ring", "cpu", ["fp32"], 2)[0]
+    t0 = time.monotonic()
+    rows = seqpar.verify([case], fail_rank=1)  # rank 0 is already waiting for rank 1's K/V
+    assert time.monotonic() - t0 < 60, "the other rank must not wait for its collective timeout"
+    assert rows[0]["status"] == "error"
+    assert rows[0]["message"].startswith("rank 1:") and "asked to fail" in rows[0]["message"]
+
+
+def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
+    workload = dict(impl="ring", config={"backend": "auto"}, batch=1, seq_len=1 << 18, heads=8, head_dim=64,
+                    dtype="fp32", device="cpu", mode="fwd", causal=False)
+    row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
+    assert row["status"] == "oom", row["message"]
+    assert row["message"].startswith("rank ")
+    assert row["times_ms"] == []
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------
+
+
+def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("bench", "--impl", "ring", "--seq-lens", "1024", "--device", "cpu", "--dtype", "fp32",
+                   "--heads", 2, "--head-dim", 16, "--gpus", 2, "--max-trial-seconds", 30, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    rows, problems = read_rows(out)
+    assert problems == []
+    verify = [r for r in rows if r["kind"] == "verify"]
+    assert sorted(r["world_size"] for r in verify) == [1, 2] and all(r["status"] == "pass" for r in verify)
+    points = sorted((r for r in rows if r["kind"] == "points"), key=lambda r: r["world_size"])
+    assert [(r["world_size"], r["strategy"], r["status"]) for r in points] == [(1, "ring", "ok"), (2, "ring", "ok")]
+    assert points[0]["series"] != points[1]["series"]
+    for r in points:
+        assert len(r["ranks"]) == r["world_size"] and len(r["times_ms"]) >= 1
+        assert r["time_ms"] == sorted(r["times_ms"])[len(r["times_ms"]) // 2] or len(r["times_ms"]) % 2 == 0
+        assert all(x["compute_ms"] > 0 and x["comm_wait_ms"] >= 0 for x in r["ranks"])
+        assert r["floor_bytes"] == 4 * 1024 * 2 * 16 * 4 // r["world_size"]  # q, k, v, out of one shard
+        assert r["tokens_per_s"] == pytest.approx(1024 / (r["time_ms"] / 1e3))
+    # each of the 2 ranks sends its whole K and V shard once: 2 x 512 tokens x 2 heads x 16 x 4 bytes
+    assert [x["sent_bytes"] for x in points[1]["ranks"]] == [2 * 512 * 2 * 16 * 4] * 2
+    # a call's time is the slowest rank's
+    assert points[1]["time_ms"] >= min(x["time_ms"] for x in points[1]["ranks"])
+
+
+CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
+BAD = {
+    "ranks not dividing N": (["bench", "--impl", "ring", "--seq-lens", "1280", "--gpus", 4, *CPU], "multiple of 512"),
+    "shard not fitting the segments": (["bench", "--impl", "ring-dilated", "--segment-lengths", "512",
+                                        "--dilation-rates", "1", "--seq-lens", "1536", "--gpus", 2, *CPU],
+                                       "neither hold whole segments"),
+    "grid the length cannot form": (["bench", "--impl", "ring-dilated-hilbert", "--segment-lengths", "256",
+                                     "--dilation-rates", "1", "--param", "grid_width=100", "--seq-lens", "1024",
+                                     "--gpus", 2, *CPU], "grid of width 100"),
+    "more ranks than allowed": (["max-seq", "--impl", "ring", "--gpus", 999, *CPU], "--gpus 999"),
+    "gpus for a single-device impl": (["max-seq", "--impl", "sdpa", "--gpus", 2, *CPU], "sequence-parallel"),
+    "backward of a ring": (["max-seq", "--impl", "ring", "--mode", "fwd_bwd", "--gpus", 2, *CPU], "--mode fwd"),
+    "causal Hilbert order": (["max-seq", "--impl", "ring-dilated-hilbert", "--causal", "--gpus", 2, *CPU], "non-causal"),
+    "context-parallel on the CPU": (["max-seq", "--impl", "context-parallel", "--gpus", 2, *CPU], "runs on cuda"),
+    "verify on too many ranks": (["verify", "--impl", "ring", "--device", "cpu", "--gpus", "999"], "--gpus 999"),
+}
+
+
+def run_in_process(args, capsys, monkeypatch):
+    """The console entry in this process (no torch import per case): exit code, stdout, stderr."""
+    import signal
+    import sys
+
+    from attnbench import cli
+
+    monkeypatch.setattr(sys, "argv", ["attnbench", *map(str, args)])
+    monkeypatch.setenv("COLUMNS", "200")
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def check_bad(code, stdout, stderr, hint, out):
+    assert code == 2, (stdout, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and hint in lines[0], stderr
+    assert "Traceback" not in stdout + stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys, monkeypatch):
+    args, hint = BAD[name]
+    out = tmp_path / "out"
+    check_bad(*run_in_process([*args, *(["--out", out] if args[0] != "verify" else [])], capsys, monkeypatch), hint, out)
+
+
+def test_bad_input_from_the_real_command(tmp_path):
+    args, hint = BAD["ranks not dividing N"]
+    out = tmp_path / "out"
+    proc = run_cli(*args, "--out", out)
+    check_bad(proc.returncode, proc.stdout, proc.stderr, hint, out)
+
+
+def test_gpus_setting_reads_one_count_as_baseline_plus_p():
+    assert seqpar.parse_gpus(2) == (1, 2)
+    assert seqpar.parse_gpus("1,2,4") == (1, 2, 4)
+    assert seqpar.parse_gpus("1") == (1,)
+    with pytest.raises(ValueError):
+        seqpar.parse_gpus("0")
+
+
+def test_scaling_readout_from_rows():
+    base = {"impl": "ring", "config": {"backend": "auto"}, "batch": 1, "heads": 8, "head_dim": 64, "dtype": "bf16",
+            "device": "cuda", "mode": "fwd", "causal": False, "strategy": "ring", "status": "ok", "kind": "points"}
+    rows = [{**base, "label": "ring x1", "world_size": 1, "seq_len": 1 << 20, "time_ms": 800.0},
+            {**base, "label": "ring x2", "world_size": 2, "seq_len": 1 << 20, "time_ms": 500.0,
+             "ranks": [{"rank": 0, "time_ms": 490.0, "compute_ms": 480.0, "comm_wait_ms": 5.0},
+                       {"rank": 1, "time_ms": 500.0, "compute_ms": 470.0, "comm_wait_ms": 25.0}]},
+            {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 1.0},
+            {**base, "kind": "max-seq-result", "label": "ring x1", "world_size": 1, "seq_len": 1000, "stopped_by": "memory"},
+            {**base, "kind": "max-seq-result", "label": "ring x2", "world_size": 2, "seq_len": 1950, "stopped_by": "memory"}]
+    from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
+
+    two = [t for t in time_scaling(rows) if t["world_size"] == 2]
+    assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
+    assert two[0]["speedup"] == pytest.approx(1.6) and two[0]["efficiency"] == pytest.approx(0.8)
+    assert two[0]["overhead"] == pytest.approx(0.25) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
+    assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
+    assert "| ring x2 | 1,048,576 (1M) | 2 | 500.00 |" in scaling_markdown(rows)
