@@ -126,7 +126,8 @@ class Series:
         if self.settings.label:
             return self.settings.label
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
-        shown = {k: v for k, v in self.config.items() if defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend")}
+        shown = {k: v for k, v in self.config.items() if v is not None
+                 and (defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend"))}
         args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())
         return f"{self.impl}({args})" if args else self.impl
 
