@@ -516,11 +516,11 @@ def pattern(
     config = _params(segment_lengths, dilation_rates, None, None)
     impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio,
                        **config)
+    impl.check_length(n)
     _reset_rss_peak()
     base = current_rss_bytes()
     t0 = time.perf_counter()
-    impl.check_shape(n, 1)  # validates the parameters against this length (and builds the non-causal pattern)
-    p = impl.pattern(n, bool(causal))
+    p = impl.pattern(n, bool(causal))  # refuses a pattern that cannot keep the ratio
     seconds = time.perf_counter() - t0
     grown = max(0, _rss_hwm() - base)
     counts = p.row_counts.float()

@@ -27,7 +27,7 @@ The rules (README, "Block-sparse patterns", has pictures):
   lengths ``W_s`` (blocks, each dividing the next) and dilation rates ``r_s`` (each dividing
   the next): row ``i`` keeps, at each scale, the blocks ``j`` of its own ``W_s``-segment with
   ``j = i (mod r_s)``. Default scales: ``W_s = W_0 * 2^s``, ``r_s = 2^s`` up to the whole
-  sequence.
+  sequence (fewer scales where rows are too short to meet the ratio with all of them).
 - ``hierarchical``: the same scales, but every row of a segment shares one coarse grid
   ``j = 0 (mod r_s)`` with ``r_0 = 1``: the own segment is kept whole, farther keys are
   seen through every ``r_s``-th block. Default ``W_s = W_0 * 4^s``, ``r_s = 4^s``.
@@ -193,9 +193,9 @@ def check_kept_fraction(p: BlockPattern) -> None:
     target = p.sparsity_ratio * p.allowed_blocks
     if not fraction_fits(p.kept_blocks, target, p.num_blocks):
         raise ConfigError(
-            f"{p.pattern_type} ({p.describe()}) keeps {p.kept_fraction:.4f} of the block pairs at {p.num_blocks} blocks, "
+            f"{p.pattern_type} ({p.describe()}) keeps {p.kept_fraction:.3g} of the block pairs at {p.num_blocks} blocks, "
             f"not within {RATIO_TOLERANCE:.0%} of sparsity_ratio {p.sparsity_ratio}: set sparsity_ratio near "
-            f"{p.kept_fraction:.4f}, or change segment_lengths / dilation_rates / block_size"
+            f"{p.kept_fraction:.3g}, or change segment_lengths / dilation_rates / block_size"
         )
 
 
@@ -344,37 +344,42 @@ def _default_scales(kind, nb, ratio, causal, factor, target) -> BlockPattern:
 
 def multiscale_progressions(nb: int, segments: list[int], rates: list[int], query_phase: bool,
                             causal: bool) -> np.ndarray:
-    return np.stack(_multiscale_parts(nb, segments, rates, query_phase, causal), axis=1)
-
-
-def multiscale_count(nb: int, segments: list[int], rates: list[int], query_phase: bool, causal: bool) -> int:
-    """Kept block pairs of multiscale_progressions, without stacking them."""
-    return int(sum(_lengths(part).sum() for part in _multiscale_parts(nb, segments, rates, query_phase, causal)))
-
-
-def _multiscale_parts(nb, segments, rates, query_phase, causal) -> list[np.ndarray]:
     """(nb, 2G-1, 3). Scale s keeps the blocks j of the row's own segment of ``segments[s]``
     blocks with ``j = phase (mod rates[s])``, phase = the row (dilated) or 0 (hierarchical).
     Because segments nest and rates divide each other, scale s adds nothing inside the
     segment of scale s-1; it adds the part to the left and the part to the right of it:
     disjoint progressions, listed left to right."""
-    rows = np.arange(nb)
+    parts = _multiscale_parts(nb, segments, rates, query_phase, causal, np.int64)
+    return np.stack([np.stack([first, stop, np.full_like(first, r)], axis=1) for first, stop, r in parts], axis=1)
+
+
+def multiscale_count(nb: int, segments: list[int], rates: list[int], query_phase: bool, causal: bool) -> int:
+    """Kept block pairs of multiscale_progressions, without building it (int32 where it fits)."""
+    total = 0
+    dtype = np.int32 if max(rates) + 2 * nb < 2**31 else np.int64
+    for first, stop, r in _multiscale_parts(nb, segments, rates, query_phase, causal, dtype):
+        span = stop - first
+        span += r - 1
+        lengths = span >> (r.bit_length() - 1) if r & (r - 1) == 0 else span // r
+        total += int(np.maximum(lengths, 0).sum(dtype=np.int64))
+    return total
+
+
+def _multiscale_parts(nb, segments, rates, query_phase, causal, dtype) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(first, stop, rate) of each progression, left to right, as (nb,) arrays."""
+    rows = np.arange(nb, dtype=dtype)
     phase = rows if query_phase else np.zeros_like(rows)
-    seg_start = [rows // w * w for w in segments]
-    seg_stop = [np.minimum(s + w, nb) for s, w in zip(seg_start, segments)]
+    seg_start = [rows // w * w if w < nb else np.zeros_like(rows) for w in segments]
+    seg_stop = [np.minimum(s + w, nb) if w < nb else np.full_like(rows, nb) for s, w in zip(seg_start, segments)]
 
     def ap(start, stop, r):
         offset = (phase - start) & (r - 1) if r & (r - 1) == 0 else (phase - start) % r
-        first = start + offset                               # first j >= start with j = phase (mod r)
-        return np.stack([first, stop, np.full_like(rows, r)], axis=1)
+        stop = np.minimum(stop, rows + 1) if causal else stop
+        return start + offset, stop, r                     # first j >= start with j = phase (mod r)
 
     left = [ap(seg_start[s], seg_start[s - 1], rates[s]) for s in range(len(segments) - 1, 0, -1)]
     right = [ap(seg_stop[s - 1], seg_stop[s], rates[s]) for s in range(1, len(segments))]
-    parts = left + [ap(seg_start[0], seg_stop[0], rates[0])] + right
-    if causal:
-        for part in parts:
-            np.minimum(part[:, 1], rows + 1, out=part[:, 1])
-    return parts
+    return left + [ap(seg_start[0], seg_stop[0], rates[0])] + right
 
 
 def _lengths(prog: np.ndarray) -> np.ndarray:

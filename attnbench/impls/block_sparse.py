@@ -117,11 +117,18 @@ class BlockSparseAttention(AttentionImpl):
         return max(g, -(-n // g) * g)
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        if seq_len % self.block_size:
+        self.check_length(seq_len)
+        super().check_shape(seq_len, num_heads)
+        self.pattern(seq_len, causal=False)  # a pattern that cannot keep the ratio is refused here
+
+    def check_length(self, seq_len: int) -> None:
+        """The length rules, before any pattern is built."""
+        if seq_len <= 0 or seq_len % self.block_size:
             raise ConfigError(f"block-sparse: block_size {self.block_size} does not divide sequence length {seq_len}; "
                               f"choose a multiple of {self.granularity}")
-        super().check_shape(seq_len, num_heads)
-        self.pattern(seq_len, causal=False)
+        if seq_len % self.granularity:
+            raise ConfigError(f"block-sparse: sequence length {seq_len} is not a multiple of the longest segment "
+                              f"{self.granularity}; choose a multiple of {self.granularity}")
 
     def _segment_blocks(self) -> list[int] | None:
         return [w // self.block_size for w in self.segment_lengths] if self.segment_lengths else None
@@ -221,9 +228,12 @@ class BlockSparseAttention(AttentionImpl):
         rows as narrow as the compiler allows (a power of two, so few shapes), global rows
         going to SDPA. The backward's transposed indices assume full rows in some releases."""
         nb = p.num_blocks
+        narrow_ok = _compact_indices_ok(torch.device(device).type)
+        if self.index_width == "compact" and not narrow_ok:
+            raise ConfigError("block-sparse: index_width=compact needs a GPU whose FlexAttention lowering takes "
+                              "narrow index rows; use index_width=auto")
         compact = self.index_width == "compact" or (
-            self.index_width == "auto" and _compact_indices_ok(torch.device(device).type) and not grad
-            and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
+            self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
         first = p.dense_rows if compact else 0
         most = int(p.row_counts[first:].max())
         width = 1 << (most - 1).bit_length() if compact else nb
