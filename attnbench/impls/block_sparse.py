@@ -91,6 +91,7 @@ class BlockSparseAttention(AttentionImpl):
             check_scales(pattern_type, segments[-1] if segments else 1, segments, self.dilation_rates)
         self._patterns: dict[tuple[int, bool], BlockPattern] = {}
         self._masks: dict[tuple, list] = {}
+        self._layouts: dict[tuple, FlexLayout] = {}
 
     def config(self) -> dict[str, Any]:
         return {
@@ -173,7 +174,10 @@ class BlockSparseAttention(AttentionImpl):
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
         if use_flex:
             grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-            layout = self._flex_layout(p, q.device, grad)
+            key = (seq_len, is_causal, str(q.device), grad)
+            if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
+                self._layouts[key] = self._flex_layout(p, q.device, grad)
+            layout = self._layouts[key]
             chunks = _FlexChunks(self, q, k, v, p, layout, grad)
             dense_rows = layout.first_row
         else:
@@ -280,6 +284,10 @@ class BlockSparseAttention(AttentionImpl):
             # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
             options.setdefault("BLOCK_M", self.block_size)
             options.setdefault("BLOCK_N", self.block_size)
+        if q.is_cuda and self.pattern_type == "local_window":
+            # each row's full blocks (and its partial diagonal) are consecutive: the kernel can
+            # step to the next block without loading its index
+            options.setdefault("BLOCKS_ARE_CONTIGUOUS", True)
         return options or None
 
 

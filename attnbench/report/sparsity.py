@@ -39,8 +39,9 @@ def sparsity_text(ratio: float | None) -> str:
     return "Dense" if ratio is None or ratio >= 1 else f"{(1 - ratio) * 100:g}% Sparse"
 
 
-def sparsity_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: one table per workload that has block-sparse trials ("" when none has)."""
+def sparsity_table(rows: list[dict[str, Any]], level: int = 5) -> str:
+    """Markdown: one table per workload that has block-sparse trials ("" when none has), each
+    under a heading of this level (the report nests them under its level-4 heading)."""
     trials = [r for r in rows if r.get("kind") in ("points", "max-seq") and r.get("impl") in (SPARSE, DENSE)]
     if not any(r["impl"] == SPARSE for r in trials):
         return ""
@@ -55,7 +56,7 @@ def sparsity_table(rows: list[dict[str, Any]]) -> str:
         if not any(r["impl"] == SPARSE for r in group):
             continue
         dtype, batch, heads, head_dim, mode, causal, device, machine = key
-        parts.append(f"\n### {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
+        parts.append(f"\n{'#' * level} {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
                      f"{machine or device}\n\n")
         parts.append(table(HEADERS, [_row(r, _fastest_dense(group, r["seq_len"])) for r in _ordered(group)]))
     if parts:

@@ -132,7 +132,7 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
             f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
         )
         parts += ["\n", memory_table(trials), "\n", time_table(trials)]
-    sparse = sparsity_table(rows)
+    sparse = sparsity_table(rows, level=3)
     if sparse:
         parts += ["\n## Block-sparse vs dense (report 002, Block-Sparse Base Implementation)\n", sparse]
     parts.append(
