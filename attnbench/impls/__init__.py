@@ -99,7 +99,7 @@ def _load() -> None:
         return
     _loaded = True
     from attnbench.impls import dense, dilated  # noqa: F401
-    from attnbench.impls import ring  # noqa: F401
+    from attnbench.impls import block_sparse, ring  # noqa: F401
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.report.markdown import result_text, short_message, table
+from attnbench.report.sparsity import sparsity_table
 from attnbench.results import read_rows, write_text_atomic
 from attnbench.units import format_bytes, format_tokens
 
@@ -131,6 +132,9 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
             f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
         )
         parts += ["\n", memory_table(trials), "\n", time_table(trials)]
+    sparse = sparsity_table(rows, level=3)
+    if sparse:
+        parts += ["\n## Block-sparse vs dense (report 002, Block-Sparse Base Implementation)\n", sparse]
     parts.append(
         "\nMemory columns: 'Memory After QKV' is what allocating q, k and v took; 'Peak Memory' and 'Memory (MB)' "
         "are the trial's peak (`torch.cuda.max_memory_allocated` after a reset on GPU, resident-set growth on CPU). "

@@ -1,0 +1,434 @@
+"""Block-sparse attention: one softmax over the key blocks a pattern keeps (semantics.md).
+
+The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
+progressions. Two kernels run the same math:
+
+- ``flex`` (the GPU path): PyTorch's compiled FlexAttention with a ``BlockMask`` built
+  directly from the block lists (``BlockMask.from_kv_blocks``; nothing is evaluated over
+  N^2 pairs). Kept blocks are "full" blocks, where no mask function runs; only a causal
+  pattern's diagonal blocks are partial, masked by ``q mod b >= k mod b``. Queries run in
+  chunks of equal length against the whole k and v, so one chunk's block mask stays under
+  a fixed budget and one compiled kernel serves every chunk; masks that fit are cached per
+  (N, device). Index rows are full width (one column per key block) at small N and as
+  narrow as the most blocks a row keeps at large N, where the compiler accepts that.
+- ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
+  run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
+  gathered keys stay under a fixed budget.
+
+Query blocks that keep every allowed block (the global rows of ``global_local``) run as
+plain dense attention (SDPA), except in a full-width flex mask, which holds them as well.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.errors import ConfigError
+from attnbench.impls import register
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.patterns import MULTISCALE, PATTERN_TYPES, BlockPattern, build_pattern, check_scales
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+KERNELS = ("auto", "flex", "gather")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+INDEX_WIDTHS = ("auto", "full", "compact")
+# Bytes one chunk's temporaries may take: the flex block-mask indices, the gathered keys.
+INDEX_BUDGET_BYTES = 256 << 20
+GATHER_BUDGET_BYTES = 256 << 20
+# Block masks of all chunks are kept between calls when they fit in this.
+MASK_CACHE_BYTES = 256 << 20
+# Full-width index rows (one column per key block) while a whole mask takes at most this.
+FULL_WIDTH_MASK_BYTES = 64 << 20
+
+
+class BlockSparseAttention(AttentionImpl):
+    def __init__(self, pattern_type: str = "local_window", sparsity_ratio: float = 0.05, block_size: int = 128,
+                 segment_lengths: list[int] | None = None, dilation_rates: list[int] | None = None,
+                 kernel: str = "auto", kernel_options: str = "", compile_mode: str = "default",
+                 max_chunk_tokens: int = 1 << 20, index_width: str = "auto") -> None:
+        super().__init__()
+        if pattern_type not in PATTERN_TYPES:
+            raise ConfigError(f"block-sparse: unknown pattern_type {pattern_type!r}: choose one of {', '.join(PATTERN_TYPES)}")
+        if not 0 < sparsity_ratio <= 1:
+            raise ConfigError(f"block-sparse: sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and "
+                              "must be in (0, 1], e.g. 0.05 keeps 5% (95% sparse)")
+        if block_size not in BLOCK_SIZES:
+            raise ConfigError(f"block-sparse: block_size {block_size} unsupported: choose one of "
+                              f"{', '.join(map(str, BLOCK_SIZES))}")
+        for w in segment_lengths or []:
+            if w <= 0 or w % block_size:
+                raise ConfigError(f"block-sparse: segment length {w} is not a multiple of block_size {block_size}; "
+                                  f"choose multiples of {block_size}")
+        if max_chunk_tokens < block_size:
+            raise ConfigError(f"block-sparse: max_chunk_tokens must be at least block_size ({block_size})")
+        if kernel not in KERNELS or compile_mode not in COMPILE_MODES or index_width not in INDEX_WIDTHS:
+            raise ConfigError(f"block-sparse: kernel is one of {', '.join(KERNELS)}, compile_mode one of "
+                              f"{', '.join(COMPILE_MODES)}, index_width one of {', '.join(INDEX_WIDTHS)}")
+        self.pattern_type = pattern_type
+        self.sparsity_ratio = float(sparsity_ratio)
+        self.block_size = block_size
+        self.segment_lengths = list(segment_lengths) if segment_lengths else None
+        self.dilation_rates = list(dilation_rates) if dilation_rates else None
+        self.kernel = kernel
+        self.kernel_options = kernel_options
+        self.user_kernel_options = parse_kernel_options(kernel_options)
+        self.compile_mode = compile_mode
+        self.max_chunk_tokens = max_chunk_tokens
+        self.index_width = index_width
+        if self.segment_lengths or self.dilation_rates:  # nesting etc., before any length is known
+            if pattern_type not in MULTISCALE:
+                raise ConfigError(f"block-sparse: {pattern_type} takes no segment_lengths or dilation_rates (only "
+                                  f"{' and '.join(MULTISCALE)} do): drop them")
+            segments = self._segment_blocks()
+            check_scales(pattern_type, segments[-1] if segments else 1, segments, self.dilation_rates)
+        self._patterns: dict[tuple[int, bool], BlockPattern] = {}
+        self._masks: dict[tuple, list] = {}
+        self._layouts: dict[tuple, FlexLayout] = {}
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "pattern_type": self.pattern_type, "sparsity_ratio": self.sparsity_ratio, "block_size": self.block_size,
+            "segment_lengths": self.segment_lengths, "dilation_rates": self.dilation_rates, "kernel": self.kernel,
+            "kernel_options": self.kernel_options, "compile_mode": self.compile_mode,
+            "max_chunk_tokens": self.max_chunk_tokens, "index_width": self.index_width,
+        }
+
+    @property
+    def compiles(self) -> bool:  # type: ignore[override]
+        return self.kernel == "flex" or (self.kernel == "auto" and torch.cuda.is_available())
+
+    # --- shape rules -------------------------------------------------------------------
+    @property
+    def granularity(self) -> int:
+        return self.segment_lengths[-1] if self.segment_lengths else self.block_size
+
+    def verify_seq_len(self) -> int:
+        # 32 blocks (16 of 256 tokens): long enough for every pattern to take shape, short
+        # enough for the float64 reference; a given segment length sets its own minimum
+        n = self.block_size * (16 if self.block_size >= 256 else 32)
+        g = self.granularity
+        return max(g, -(-n // g) * g)
+
+    def check_shape(self, seq_len: int, num_heads: int) -> None:
+        self.check_length(seq_len)
+        super().check_shape(seq_len, num_heads)
+        self.pattern(seq_len, causal=False)  # a pattern that cannot keep the ratio is refused here
+
+    def check_length(self, seq_len: int) -> None:
+        """The length rules, before any pattern is built."""
+        if seq_len <= 0 or seq_len % self.block_size:
+            raise ConfigError(f"block-sparse: block_size {self.block_size} does not divide sequence length {seq_len}; "
+                              f"choose a multiple of {self.granularity}")
+        if seq_len % self.granularity:
+            raise ConfigError(f"block-sparse: sequence length {seq_len} is not a multiple of the longest segment "
+                              f"{self.granularity}; choose a multiple of {self.granularity}")
+
+    def _segment_blocks(self) -> list[int] | None:
+        return [w // self.block_size for w in self.segment_lengths] if self.segment_lengths else None
+
+    def pattern(self, seq_len: int, causal: bool) -> BlockPattern:
+        key = (seq_len, causal)
+        if key not in self._patterns:
+            try:
+                self._patterns[key] = build_pattern(self.pattern_type, seq_len // self.block_size, self.sparsity_ratio,
+                                                    causal, self._segment_blocks(), self.dilation_rates)
+            except ConfigError as exc:
+                raise ConfigError(f"block-sparse at N={seq_len}, block {self.block_size}: {exc}") from None
+        return self._patterns[key]
+
+    # --- key sets and counts -------------------------------------------------------------
+    def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
+        self.check_shape(seq_len, num_heads)
+        b = self.block_size
+        mask = self.pattern(seq_len, causal).dense().repeat_interleave(b, 0).repeat_interleave(b, 1)
+        if causal:
+            mask &= torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        return mask.expand(num_heads, seq_len, seq_len)
+
+    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+        return self.key_mask(seq_len, num_heads, causal=False)
+
+    def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        p, b = self.pattern(seq_len, causal), self.block_size
+        if not causal:
+            return num_heads * p.kept_blocks * b * b
+        # every row keeps its diagonal block, of which the causal mask leaves b(b+1)/2 pairs
+        return num_heads * ((p.kept_blocks - p.num_blocks) * b * b + p.num_blocks * b * (b + 1) // 2)
+
+    def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        return num_heads * self.pattern(seq_len, causal).kept_blocks * self.block_size ** 2
+
+    # --- forward -------------------------------------------------------------------------
+    def forward(self, q, k, v, is_causal: bool = False):
+        batch, seq_len, num_heads, _ = q.shape
+        self.check_shape(seq_len, num_heads)
+        p = self.pattern(seq_len, is_causal)
+        use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        if use_flex:
+            grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+            key = (seq_len, is_causal, str(q.device), grad)
+            if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
+                self._layouts[key] = self._flex_layout(p, q.device, grad)
+            layout = self._layouts[key]
+            chunks = _FlexChunks(self, q, k, v, p, layout, grad)
+            dense_rows = layout.first_row
+        else:
+            chunks = self._gather_chunks(q, k, v, p)
+            dense_rows = p.dense_rows
+        self.last_backend = ("flex" if use_flex else "gather") + ("+sdpa" if dense_rows else "")
+        if use_flex and len(layout.starts) == 1 and not dense_rows:
+            return next(chunks)[1]  # one chunk holds every row: its output is the output, no copy
+        out = torch.empty_like(q)
+        if dense_rows:
+            out[:, :dense_rows * self.block_size] = _dense_rows(q, k, v, dense_rows * self.block_size, is_causal)
+        for chunk, chunk_out in chunks:
+            out[:, chunk] = chunk_out
+        return out
+
+    def _gather_chunks(self, q, k, v, p: BlockPattern):
+        """(token slice, output) per chunk of query blocks: gathered keys, one masked softmax."""
+        batch, seq_len, num_heads, head_dim = q.shape
+        b, nb, first = self.block_size, p.num_blocks, p.dense_rows
+        width = int(p.row_counts[first:].max())
+        per_row = batch * width * b * (2 * num_heads * head_dim * q.element_size() + num_heads * b * 4 + b)
+        rows_per_chunk = max(1, min(GATHER_BUDGET_BYTES // per_row, self.max_chunk_tokens // b))
+        key_blocks = k.view(batch, nb, b, num_heads, head_dim)
+        value_blocks = v.view(batch, nb, b, num_heads, head_dim)
+        offsets = torch.arange(b, device=q.device)
+        for r0 in range(first, nb, rows_per_chunk):
+            r1 = min(nb, r0 + rows_per_chunk)
+            rows = r1 - r0
+            idx, counts = p.expand(r0, r1, width, device=q.device)
+            kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]           # (rows, width)
+            allowed = kept[:, None, :, None].expand(rows, b, width, b)                        # (rows, t, block, u)
+            if p.causal:
+                key_pos = idx[:, None, :, None] * b + offsets
+                query_pos = (torch.arange(r0, r1, device=q.device)[:, None] * b + offsets)[:, :, None, None]
+                allowed = allowed & (key_pos <= query_pos)
+            mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
+
+            def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
+                return x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
+
+            qc = heads_first(q[:, r0 * b:r1 * b], b)
+            kc = heads_first(key_blocks[:, idx], width * b)
+            vc = heads_first(value_blocks[:, idx], width * b)
+            oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask)
+            yield slice(r0 * b, r1 * b), oc.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(
+                batch, rows * b, num_heads, head_dim)
+
+    def _flex_layout(self, p: BlockPattern, device, grad: bool) -> "FlexLayout":
+        """How the flex path cuts the pattern. Index rows have one column per key block (the
+        layout create_block_mask makes) while that is small: every pattern and ratio at one
+        length then shares one compiled kernel, global rows included. Longer sequences get
+        rows as narrow as the compiler allows (a power of two, so few shapes), global rows
+        going to SDPA. The backward's transposed indices assume full rows in some releases."""
+        nb = p.num_blocks
+        narrow_ok = _compact_indices_ok(torch.device(device).type)
+        if self.index_width == "compact" and not narrow_ok:
+            raise ConfigError("block-sparse: index_width=compact needs a GPU whose FlexAttention lowering takes "
+                              "narrow index rows; use index_width=auto")
+        compact = self.index_width == "compact" or (
+            self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
+        first = p.dense_rows if compact else 0
+        most = int(p.row_counts[first:].max())
+        width = 1 << (most - 1).bit_length() if compact else nb
+        per_row = 2 * width * 4 + most * 8 * 6  # two int32 index rows + the expansion's temporaries
+        total = nb - first
+        limit = max(1, min(total, self.max_chunk_tokens // self.block_size, INDEX_BUDGET_BYTES // per_row))
+        count = -(-total // limit)
+        rows = -(-total // count)
+        # equal chunks (one compiled shape); the last may overlap its neighbour by fewer rows
+        # than there are chunks, recomputing them identically
+        starts = [first + min(c * rows, total - rows) for c in range(count)]
+        return FlexLayout(first, width, rows, starts)
+
+    def _chunk_masks(self, p: BlockPattern, layout: "FlexLayout", device, grad: bool):
+        key = (p.num_blocks, p.causal, str(device), grad)
+        if key in self._masks:
+            return self._masks[key]
+        masks = (self._block_mask(p, r0, layout.rows, layout.width, device, grad) for r0 in layout.starts)
+        if len(layout.starts) * layout.rows * layout.width * 4 * 2 <= MASK_CACHE_BYTES:
+            masks = self._masks[key] = list(masks)
+        return masks
+
+    def _block_mask(self, p: BlockPattern, r0: int, rows: int, width: int, device, grad: bool):
+        """The BlockMask of query blocks [r0, r0 + rows) against all key blocks, built from
+        the block lists: kept blocks are full; a causal pattern's diagonal is partial."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nb, b = p.num_blocks, self.block_size
+        full_idx, full_count = p.expand(r0, r0 + rows, width=width, device=device, drop_diagonal=p.causal)
+        part_idx = torch.zeros(rows, 1 if width < nb else nb, dtype=torch.int32, device=device)
+        if p.causal:
+            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device)
+        part_count = torch.full((rows,), int(p.causal), dtype=torch.int32, device=device)
+        extra = {"compute_q_blocks": grad} if _has_compute_q_blocks() else {}
+        return BlockMask.from_kv_blocks(
+            part_count[None, None], part_idx[None, None],
+            full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
+            BLOCK_SIZE=b, mask_mod=_diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, nb * b), **extra,
+        )
+
+    def _flex_options(self, q) -> dict[str, Any] | None:
+        options = dict(self.user_kernel_options)
+        if q.is_cuda and self.block_size < 128:
+            # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
+            options.setdefault("BLOCK_M", self.block_size)
+            options.setdefault("BLOCK_N", self.block_size)
+        if q.is_cuda and self.pattern_type == "local_window":
+            # each row's full blocks (and its partial diagonal) are consecutive: the kernel can
+            # step to the next block without loading its index
+            options.setdefault("BLOCKS_ARE_CONTIGUOUS", True)
+        return options or None
+
+
+@dataclass(frozen=True)
+class FlexLayout:
+    first_row: int      # rows before it keep every allowed block and run as dense SDPA
+    width: int          # columns of an index row
+    rows: int           # query blocks per chunk
+    starts: list[int]   # first query block of each chunk
+
+
+class _FlexChunks:
+    """(token slice, output) per chunk of query blocks: compiled FlexAttention."""
+
+    def __init__(self, impl, q, k, v, p, layout, grad: bool) -> None:
+        self.flex = compiled_flex(impl.compile_mode)
+        self.masks = iter(zip(layout.starts, impl._chunk_masks(p, layout, q.device, grad)))
+        self.options = impl._flex_options(q)
+        self.qh, self.kh, self.vh = (x.transpose(1, 2) for x in (q, k, v))
+        self.tokens = layout.rows * impl.block_size
+        self.block_size = impl.block_size
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r0, mask = next(self.masks)
+        chunk = slice(r0 * self.block_size, r0 * self.block_size + self.tokens)
+        out = self.flex(self.qh[:, :, chunk], self.kh, self.vh, block_mask=mask, kernel_options=self.options)
+        return chunk, out.transpose(1, 2)
+
+
+@functools.cache
+def _diagonal_causal(block_size: int):
+    """Causal mask inside a diagonal block. Partial blocks are only diagonal blocks and chunks
+    start on block boundaries, so positions within the block decide."""
+    def diagonal_causal(b, h, q_idx, kv_idx):
+        return (q_idx % block_size) >= (kv_idx % block_size)
+    return diagonal_causal
+
+
+def _dense_rows(q, k, v, tokens: int, causal: bool) -> torch.Tensor:
+    """Queries [0, tokens) that keep every allowed key: dense attention (causal: the prefix)."""
+    keys = slice(0, tokens) if causal else slice(None)
+    qh, kh, vh = q[:, :tokens].transpose(1, 2), k[:, keys].transpose(1, 2), v[:, keys].transpose(1, 2)
+    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
+
+
+def parse_kernel_options(text: str) -> dict[str, Any]:
+    """'BLOCK_M=128,BLOCK_N=64,PRESCALE_QK=true' -> FlexAttention kernel_options."""
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"block-sparse: kernel_options item {item!r}: write KEY=VALUE, e.g. BLOCK_M=128,num_warps=8")
+        value = value.strip()
+        if value.lower() in ("true", "false"):
+            options[key.strip()] = value.lower() == "true"
+        else:
+            try:
+                options[key.strip()] = int(value)
+            except ValueError:
+                options[key.strip()] = value
+    return options
+
+
+@functools.cache
+def _has_compute_q_blocks() -> bool:
+    """Forward-only masks skip the transposed (query-side) indices where torch allows it."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
+
+
+@functools.cache
+def _compact_indices_ok(device_type: str) -> bool:
+    """Whether the compiler takes index rows narrower than the key blocks. Recent GPU
+    lowerings read only the first ``kv_num_blocks`` entries of a row; the CPU lowering and
+    older GPU ones assert a full-width row, with this message."""
+    if device_type != "cuda":
+        return False
+    for module in ("torch._inductor.kernel.flex.flex_attention", "torch._inductor.kernel.flex_attention"):
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            continue
+        if spec and spec.origin:
+            return "KV seqlen must be smaller than the block_mask size" not in Path(spec.origin).read_text()
+    return False
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def compiled_flex(mode: str):
+    """One compiled flex_attention per compile mode, shared by every instance."""
+    if mode not in _COMPILED:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # flex_attention run eagerly ignores the block mask's sparsity: never fall back to it
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+        if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+            torch._dynamo.config.fail_on_recompile_limit_hit = True
+        _COMPILED[mode] = torch.compile(flex_attention, dynamic=False, mode=None if mode == "default" else mode)
+    return _COMPILED[mode]
+
+
+def _block_sparse(pattern_type="local_window", sparsity_ratio=0.05, block_size=128, segment_lengths=None,
+                  dilation_rates=None, kernel="auto", kernel_options="", compile_mode="default",
+                  max_chunk_tokens=1 << 20, index_width="auto") -> BlockSparseAttention:
+    return BlockSparseAttention(pattern_type, sparsity_ratio, block_size, segment_lengths, dilation_rates, kernel,
+                                kernel_options, compile_mode, max_chunk_tokens, index_width)
+
+
+def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
+    """Every pattern x two block sizes x two ratios (causal and not come from the cases).
+    On a GPU each shape compiles a kernel, so there one block size and one ratio."""
+    sizes, ratios = ((16, 32), (0.1, 0.25)) if device == "cpu" else ((32,), (0.1,))
+    return tuple({"pattern_type": t, "block_size": b, "sparsity_ratio": r}
+                 for t in PATTERN_TYPES for b in sizes for r in ratios)
+
+
+register(ImplSpec(
+    name="block-sparse",
+    factory=_block_sparse,
+    summary="block-sparse attention (local_window, dilated_sparse, global_local, hierarchical): FlexAttention on GPU",
+    params=(
+        Param("pattern_type", "local_window", "block pattern", kind="str", choices=PATTERN_TYPES),
+        Param("sparsity_ratio", 0.05, "kept fraction of block pairs (0.05 = 95% sparse)", kind="float"),
+        Param("block_size", 128, "tokens per block: 16, 32, 64, 128 or 256"),
+        Param("segment_lengths", None, "dilated_sparse/hierarchical: segment lengths in tokens (optional)", kind="ints"),
+        Param("dilation_rates", None, "dilated_sparse/hierarchical: dilation rates in blocks (optional)", kind="ints"),
+        Param("kernel", "auto", "flex (compiled FlexAttention) or gather; auto: flex on GPU", kind="str", choices=KERNELS),
+        Param("kernel_options", "", "FlexAttention kernel options, e.g. BLOCK_M=128,BLOCK_N=64,num_warps=8", kind="str"),
+        Param("compile_mode", "default", "torch.compile mode for flex", kind="str", choices=COMPILE_MODES),
+        Param("max_chunk_tokens", 1 << 20, "query tokens per kernel call (bounds temporary memory)"),
+        Param("index_width", "auto", "flex mask rows: one column per key block (full), as many as a row keeps "
+              "(compact, GPU only), auto: full while small", kind="str", choices=INDEX_WIDTHS),
+    ),
+    verify_configs=_verify_configs,
+))

@@ -1,0 +1,159 @@
+"""block-sparse against the float64 reference (every pattern x causal x two block sizes x two
+ratios), its declared key sets against the rule, its counts against the mask, its FlexAttention
+block masks against the block lists, and the compiled flex path itself on the CPU."""
+
+import shutil
+
+import pytest
+import torch
+
+from attnbench import impls
+from attnbench.impls import block_sparse as bs
+from attnbench.patterns import PATTERN_TYPES
+from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
+from test_block_patterns import kept_by_rule
+
+CASES = default_cases("block-sparse", "cpu", ["fp32"])
+BF16_CASES = [c for c in default_cases("block-sparse", "cpu", ["bf16"])
+              if c.batch == 2 and c.config["block_size"] == 16 and c.config["sparsity_ratio"] == 0.1]
+
+
+def case_id(c):
+    cfg = c.config
+    return (f"{cfg['pattern_type']}-b{cfg['block_size']}-r{cfg['sparsity_ratio']}-B{c.batch}-N{c.seq_len}-"
+            f"{'causal' if c.causal else 'full'}-{c.dtype}")
+
+
+def test_cases_cover_every_pattern_causal_block_size_and_ratio():
+    seen = {(c.config["pattern_type"], c.causal, c.config["block_size"], c.config["sparsity_ratio"]) for c in CASES}
+    assert seen == {(t, causal, b, r) for t in PATTERN_TYPES for causal in (False, True) for b in (16, 32) for r in (0.1, 0.25)}
+
+
+@pytest.mark.parametrize("case", CASES + BF16_CASES, ids=case_id)
+def test_gather_kernel_matches_reference(case):
+    row = run_case(case)
+    assert row["status"] == "pass", row
+    assert row["rel_err"] <= TOLERANCE[case.dtype]
+    assert row["backend"].startswith("gather")
+
+
+def test_a_wrong_implementation_fails_verification(monkeypatch):
+    """The check can fail: separately normalised per-block softmaxes (the seeds' bug) must."""
+    real = bs.F.scaled_dot_product_attention
+
+    def per_block_softmax(q, k, v, attn_mask=None, **kw):
+        if attn_mask is None:
+            return real(q, k, v, **kw)
+        b = q.shape[-2]
+        parts = [real(q, k[..., s:s + b, :], v[..., s:s + b, :], attn_mask=attn_mask[..., s:s + b])
+                 for s in range(0, k.shape[-2], b)]
+        return torch.nan_to_num(torch.stack(parts)).sum(0)
+
+    monkeypatch.setattr(bs.F, "scaled_dot_product_attention", per_block_softmax)
+    cfg = impls.build("block-sparse", pattern_type="local_window", block_size=16, sparsity_ratio=0.25).config()
+    assert run_case(VerifyCase("block-sparse", cfg, 1, 512, 2, 16, False, "fp32", "cpu"))["status"] == "fail"
+
+
+def token_mask_by_rule(impl, n, causal):
+    """semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
+    p = impl.pattern(n, causal)
+    b = impl.block_size
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(p.num_blocks):
+        for j in range(p.num_blocks):
+            if kept_by_rule(p.pattern_type, p.shape, p.num_blocks, causal, i, j):
+                mask[i * b:(i + 1) * b, j * b:(j + 1) * b] = True
+    return mask & torch.ones(n, n, dtype=torch.bool).tril() if causal else mask
+
+
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_sets_and_counts(pattern_type, causal):
+    impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1)
+    n, heads = 768, 3
+    mask = impl.key_mask(n, heads, causal=causal)
+    assert mask.shape == (heads, n, n)
+    assert torch.equal(mask[1], token_mask_by_rule(impl, n, causal))
+    assert impl.useful_pairs(n, heads, causal) == int(mask.sum())
+    blocks = impl.pattern(n, causal).dense()
+    assert impl.executed_pairs(n, heads, causal) == heads * int(blocks.sum()) * 16 * 16
+
+
+# --- the flex path: block masks from the lists, and the compiled kernel on the CPU ---------
+
+def block_mask_rows(mask):
+    """Kept key blocks per query block of a BlockMask, read from its index tensors as the
+    kernel reads them: the first kv_num_blocks entries of each row, partial and full."""
+    rows = []
+    for r in range(mask.kv_num_blocks.shape[-1]):
+        partial = mask.kv_indices[0, 0, r, :mask.kv_num_blocks[0, 0, r]].tolist()
+        full = mask.full_kv_indices[0, 0, r, :mask.full_kv_num_blocks[0, 0, r]].tolist()
+        rows.append((partial, full))
+    return rows
+
+
+@pytest.mark.parametrize("width", ["full", "compact"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
+def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypatch):
+    monkeypatch.setattr(bs, "_compact_indices_ok", lambda device_type: True)
+    impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1,
+                       max_chunk_tokens=16 * 7, index_width=width)
+    n = 1024
+    p = impl.pattern(n, causal)
+    layout = impl._flex_layout(p, "cpu", grad=False)
+    assert layout.first_row == (p.dense_rows if width == "compact" else 0)
+    covered = set()
+    for r0 in layout.starts:
+        mask = impl._block_mask(p, r0, layout.rows, layout.width, "cpu", grad=False)
+        assert mask.seq_lengths == (layout.rows * 16, n)
+        assert mask.kv_indices.shape[-1] == (p.num_blocks if width == "full" else 1)
+        for r, (partial, full) in enumerate(block_mask_rows(mask)):
+            i = r0 + r
+            expected = [j for j in range(p.num_blocks) if kept_by_rule(pattern_type, p.shape, p.num_blocks, causal, i, j)]
+            assert sorted(partial + full) == expected
+            assert partial == ([i] if causal else [])      # only a causal diagonal block is masked
+            covered.add(i)
+        if width == "full":  # torch's own reading of the mask agrees
+            dense = mask.to_dense()[0, 0].bool()
+            assert torch.equal(dense, p.dense()[r0:r0 + layout.rows])
+    assert covered == set(range(layout.first_row, p.num_blocks))
+    assert len({len(range(r0, r0 + layout.rows)) for r0 in layout.starts}) == 1  # one compiled shape
+
+
+def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
+    monkeypatch.setattr(bs, "_compact_indices_ok", lambda device_type: True)
+    impl = impls.build("block-sparse", pattern_type="global_local", block_size=128, sparsity_ratio=0.05)
+    p = impl.pattern(4 << 20, causal=False)                   # 4M tokens, 32,768 blocks
+    layout = impl._flex_layout(p, "cuda", grad=False)
+    most = int(p.row_counts[p.dense_rows:].max())
+    assert layout.first_row == p.dense_rows > 0               # global rows go to dense SDPA
+    assert most <= layout.width < 2 * most                    # a power of two at least the fullest row
+    assert layout.rows * layout.width * 4 * 2 <= bs.INDEX_BUDGET_BYTES
+    assert layout.starts[-1] + layout.rows == p.num_blocks and layout.starts[0] == p.dense_rows
+    assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks   # the backward gets full rows
+
+
+def test_kernel_options():
+    assert bs.parse_kernel_options("BLOCK_M=128, num_warps=8,PRESCALE_QK=true") == \
+        {"BLOCK_M": 128, "num_warps": 8, "PRESCALE_QK": True}
+    with pytest.raises(bs.ConfigError, match="KEY=VALUE"):
+        bs.parse_kernel_options("BLOCK_M")
+
+
+needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                                    reason="torch.compile on the CPU needs a C++ compiler")
+
+
+@needs_compiler
+@pytest.mark.parametrize("pattern_type,causal,chunk_tokens", [
+    ("global_local", True, 160),       # chunked, overlapping last chunk, global rows in the mask
+    ("dilated_sparse", False, 160),
+    ("hierarchical", True, 1 << 20),   # one chunk: its output is returned as is
+])
+def test_compiled_flex_matches_reference_on_cpu(pattern_type, causal, chunk_tokens):
+    cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1, kernel="flex",
+                      max_chunk_tokens=chunk_tokens).config()
+    row = run_case(VerifyCase("block-sparse", cfg, 2, 1024, 3, 16, causal, "fp32", "cpu"))
+    assert row["status"] == "pass", row
+    assert row["backend"] == "flex"
