@@ -229,8 +229,8 @@ class BlockSparseAttention(AttentionImpl):
         """How the flex path cuts the pattern. Index rows have one column per key block (the
         layout create_block_mask makes) while that is small: every pattern and ratio at one
         length then shares one compiled kernel, global rows included. Longer sequences get
-        rows as narrow as the compiler allows (a power of two, so few shapes), global rows
-        going to SDPA. The backward's transposed indices assume full rows in some releases."""
+        rows as narrow as the compiler allows (a power of two, so few shapes) where a release
+        takes them. Global rows always go to SDPA. The backward's transposed indices assume full rows in some releases."""
         nb = p.num_blocks
         narrow_ok = _compact_indices_ok(torch.device(device).type)
         if self.index_width == "compact" and not narrow_ok:
@@ -238,7 +238,7 @@ class BlockSparseAttention(AttentionImpl):
                               "narrow index rows; use index_width=auto")
         compact = self.index_width == "compact" or (
             self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
-        first = p.dense_rows if compact else 0
+        first = p.dense_rows  # rows that keep every allowed block run as dense SDPA: no tail of long rows
         most = int(p.row_counts[first:].max())
         width = 1 << (most - 1).bit_length() if compact else nb
         per_row = 2 * width * 4 + most * 8 * 6  # two int32 index rows + the expansion's temporaries
@@ -362,20 +362,12 @@ def _has_compute_q_blocks() -> bool:
     return "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
 
 
-@functools.cache
 def _compact_indices_ok(device_type: str) -> bool:
-    """Whether the compiler takes index rows narrower than the key blocks. Recent GPU
-    lowerings read only the first ``kv_num_blocks`` entries of a row; the CPU lowering and
-    older GPU ones assert a full-width row, with this message."""
-    if device_type != "cuda":
-        return False
-    for module in ("torch._inductor.kernel.flex.flex_attention", "torch._inductor.kernel.flex_attention"):
-        try:
-            spec = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            continue
-        if spec and spec.origin:
-            return "KV seqlen must be smaller than the block_mask size" not in Path(spec.origin).read_text()
+    """Whether index rows narrower than the key blocks are safe. No release attnbench has
+    checked takes them: torch 2.13's lowerings assert full-width rows, and torch 2.11's GPU
+    lowering accepts narrow rows without a word but computes a wrong output (the GPU test of
+    tests/test_block_sparse_gpu.py on an H200, 2026-11-22). Full rows everywhere, then;
+    chunks of query blocks keep their size bounded."""
     return False
 
 
