@@ -47,6 +47,9 @@ GATHER_BUDGET_BYTES = 256 << 20
 MASK_CACHE_BYTES = 256 << 20
 # Full-width index rows (one column per key block) while a whole mask takes at most this.
 FULL_WIDTH_MASK_BYTES = 64 << 20
+# torch 2.11's FlexAttention kernel computes element offsets in 32 bits: past this a token's
+# offset wraps and the output is silently wrong (flex vs the exact gather path on an H200)
+FLEX_MAX_OFFSET = 1 << 31
 
 
 class BlockSparseAttention(AttentionImpl):
@@ -172,6 +175,11 @@ class BlockSparseAttention(AttentionImpl):
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        if use_flex and q.is_cuda and max(x.stride(1) * seq_len for x in (q, k, v)) >= FLEX_MAX_OFFSET:
+            raise RuntimeError(
+                f"block-sparse: FlexAttention indexes q, k, v with 32-bit offsets; N x H x D = "
+                f"{seq_len * num_heads * q.shape[-1]:,} elements is past 2^31 and its output would be wrong "
+                "(measured on torch 2.11: flex vs the exact gather path, 2026-11-22); use kernel=gather or a shorter N")
         if use_flex:
             grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
             key = (seq_len, is_causal, str(q.device), grad)
