@@ -185,7 +185,9 @@ def plan_work(ctx: RankContext, model: nn.Module, plain: nn.Module, impl, inputs
         grad_out = seeded_normal(output_shape(ctx), batch, ctx.seed, 7, wl.torch_dtype, device) / len(batch)
 
     def forward(m):
-        return m(*inputs, is_causal=causal)
+        # keyword arguments make DataParallel pad a short batch's scatter with empty calls:
+        # pass none when the default already says it
+        return m(*inputs, is_causal=True) if causal else m(*inputs)
 
     def step() -> None:
         if grad_out is None:
@@ -242,7 +244,8 @@ def _prepare_dp(ctx: RankContext) -> Prepared:
     model, impl = build_model(ctx, device)
     replicas: list[tuple[int, int]] = []
     # every replica calls the module's pre-hooks with its own chunk: record what each GPU got
-    model.register_forward_pre_hook(lambda m, args: replicas.append((args[0].device.index, args[0].shape[0])))
+    model.register_forward_pre_hook(lambda m, args: replicas.append((args[0].device.index, args[0].shape[0]))
+                                    if args else None)
     dp = nn.DataParallel(model, device_ids=list(range(ctx.gpus)))
     batch = range(ctx.workload.batch)
     prepared = plan_work(ctx, dp, dp, impl, make_inputs(ctx, batch, device), batch, device)
