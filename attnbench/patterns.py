@@ -135,6 +135,15 @@ def progression_lengths(prog: torch.Tensor) -> torch.Tensor:
     return torch.div(stop - start + step - 1, step, rounding_mode="floor").clamp_(min=0)
 
 
+def clip_progressions(prog: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The elements of each progression that lie in ``[lo, hi)``, still progressions: the
+    start moves up to the first element at or past ``lo`` (same phase), the stop down to ``hi``."""
+    start, stop, step = prog.unbind(-1)
+    behind = (lo - start).clamp(min=0)
+    start = start + torch.div(behind + step - 1, step, rounding_mode="floor") * step
+    return torch.stack([start, stop.clamp(max=hi), step], dim=-1)
+
+
 def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts."""
     rows, num_prog, _ = prog.shape

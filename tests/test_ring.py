@@ -13,6 +13,7 @@ import torch
 
 from attnbench import impls
 from attnbench.errors import ConfigError
+from attnbench.patterns import PATTERN_TYPES
 from attnbench.impls.ring import LseAccumulator, attend_with_lse, contiguous_positions, zigzag_positions
 from attnbench.reference import TOLERANCE, masked_reference, relative_error
 from attnbench.results import read_rows
@@ -21,7 +22,7 @@ from attnbench.trial import TrialSpec
 
 from conftest import run_cli
 
-RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert"]
+RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert", "block-sparse-ring"]
 
 # ---------------------------------------------------------------------------------------
 # Pieces, in one process
@@ -74,10 +75,13 @@ def test_layouts_cover_the_sequence_once(world):
 
 @pytest.mark.parametrize("name", RING_IMPLS)
 def test_declared_key_sets_are_the_counterparts(name):
-    config = {"segment_lengths": [8, 16], "dilation_rates": [1, 2]} if name != "ring" else {}
+    config = {"ring": {}, "block-sparse-ring": {"pattern_type": "hierarchical", "block_size": 16,
+                                                "sparsity_ratio": 0.25}}.get(name, {"segment_lengths": [8, 16],
+                                                                                     "dilation_rates": [1, 2]})
     impl = impls.build(name, **config)
     counterpart = {"ring": ("sdpa", {}), "ring-dilated": ("dilated", config),
-                   "ring-dilated-hilbert": ("dilated", {**config, "hilbert": True})}[name]
+                   "ring-dilated-hilbert": ("dilated", {**config, "hilbert": True}),
+                   "block-sparse-ring": ("block-sparse", config)}[name]
     single = impls.build(counterpart[0], **counterpart[1])
     for causal in (False, True) if impl.supports_causal else (False,):
         assert torch.equal(impl.key_mask(128, 3, causal), single.key_mask(128, 3, causal))
@@ -123,8 +127,9 @@ def test_every_case_matches_the_reference_and_the_single_device_output(verified)
 
 def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
     world, cases, _ = verified
-    for name in ("ring", "ring-dilated"):
+    for name in ("ring", "ring-dilated", "block-sparse-ring"):
         assert {c.causal for c in cases if c.impl == name} == {True, False}
+    assert {c.config["pattern_type"] for c in cases if c.impl == "block-sparse-ring"} == set(PATTERN_TYPES)
     # segments longer than a shard, so ranks exchange dilated K/V
     spanning = [c for c in cases if c.impl.startswith("ring-dilated")
                 and max(c.config["segment_lengths"]) > c.seq_len // world]
@@ -188,6 +193,8 @@ BAD = {
     "grid the length cannot form": (["bench", "--impl", "ring-dilated-hilbert", "--segment-lengths", "256",
                                      "--dilation-rates", "1", "--param", "grid_width=100", "--seq-lens", "1024",
                                      "--gpus", 2, *CPU], "grid of width 100"),
+    "blocks not splitting over the ranks": (["bench", "--impl", "block-sparse-ring", "--param", "block_size=128",
+                                             "--seq-lens", "1152", "--gpus", 2, *CPU], "multiple of 256"),
     "more ranks than allowed": (["max-seq", "--impl", "ring", "--gpus", 999, *CPU], "--gpus 999"),
     "gpus for a single-device impl": (["max-seq", "--impl", "sdpa", "--gpus", 2, *CPU], "sequence-parallel"),
     "backward of a ring": (["max-seq", "--impl", "ring", "--mode", "fwd_bwd", "--gpus", 2, *CPU], "--mode fwd"),

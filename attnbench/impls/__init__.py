@@ -100,6 +100,7 @@ def _load() -> None:
     _loaded = True
     from attnbench.impls import dense, dilated  # noqa: F401
     from attnbench.impls import block_sparse, ring  # noqa: F401
+    from attnbench.impls import block_sparse_ring  # noqa: F401  (after block_sparse: it takes its parameters)
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]

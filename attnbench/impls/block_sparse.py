@@ -48,7 +48,8 @@ MASK_CACHE_BYTES = 256 << 20
 # Full-width index rows (one column per key block) while a whole mask takes at most this.
 FULL_WIDTH_MASK_BYTES = 64 << 20
 # torch 2.11's FlexAttention kernel computes element offsets in 32 bits: past this a token's
-# offset wraps and the output is silently wrong (flex vs the exact gather path on an H200)
+# offset wraps and the output is silently wrong (flex vs the exact gather path on an H200);
+# flex_attend runs per (batch, head) there
 FLEX_MAX_OFFSET = 1 << 31
 
 
@@ -175,11 +176,6 @@ class BlockSparseAttention(AttentionImpl):
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
-        if use_flex and q.is_cuda and max(x.stride(1) * seq_len for x in (q, k, v)) >= FLEX_MAX_OFFSET:
-            raise RuntimeError(
-                f"block-sparse: FlexAttention indexes q, k, v with 32-bit offsets; N x H x D = "
-                f"{seq_len * num_heads * q.shape[-1]:,} elements is past 2^31 and its output would be wrong "
-                "(measured on torch 2.11: flex vs the exact gather path, 2026-11-22); use kernel=gather or a shorter N")
         if use_flex:
             grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
             key = (seq_len, is_causal, str(q.device), grad)
@@ -287,16 +283,9 @@ class BlockSparseAttention(AttentionImpl):
         )
 
     def _flex_options(self, q) -> dict[str, Any] | None:
-        options = dict(self.user_kernel_options)
-        if q.is_cuda and self.block_size < 128:
-            # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
-            options.setdefault("BLOCK_M", self.block_size)
-            options.setdefault("BLOCK_N", self.block_size)
-        if q.is_cuda and self.pattern_type == "local_window":
-            # each row's full blocks (and its partial diagonal) are consecutive: the kernel can
-            # step to the next block without loading its index
-            options.setdefault("BLOCKS_ARE_CONTIGUOUS", True)
-        return options or None
+        # local_window: each row's full blocks (and its partial diagonal) are consecutive, so
+        # the kernel can step to the next block without loading its index
+        return flex_options(q, self.block_size, self.user_kernel_options, self.pattern_type == "local_window")
 
 
 @dataclass(frozen=True)
@@ -324,8 +313,70 @@ class _FlexChunks:
     def __next__(self):
         r0, mask = next(self.masks)
         chunk = slice(r0 * self.block_size, r0 * self.block_size + self.tokens)
-        out = self.flex(self.qh[:, :, chunk], self.kh, self.vh, block_mask=mask, kernel_options=self.options)
+        out = flex_attend(self.flex, self.qh[:, :, chunk], self.kh, self.vh, mask, self.options)
         return chunk, out.transpose(1, 2)
+
+
+def flex_options(q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False) -> dict[str, Any] | None:
+    options = dict(user)
+    if q.is_cuda and block_size < 128:
+        # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
+        options.setdefault("BLOCK_M", block_size)
+        options.setdefault("BLOCK_N", block_size)
+    if q.is_cuda and contiguous_blocks:
+        options.setdefault("BLOCKS_ARE_CONTIGUOUS", True)
+    return options or None
+
+
+def _max_offset(x: torch.Tensor) -> int:
+    """The largest element offset a kernel computes from x's data pointer."""
+    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size)
+
+
+def flex_attend(flex, q, k, v, block_mask, options, with_lse: bool = False):
+    """Compiled FlexAttention of ``q (B, H, M, D)`` over ``k, v (B, H, L, D)``; with
+    ``with_lse`` also the natural-log log-sum-exp ``(B, H, M)`` in float32.
+
+    torch 2.11's kernel computes element offsets in 32 bits (past 2^31 the output is silently
+    wrong: flex vs the exact gather path on an H200). Where an offset of q, k, v or the
+    output would reach that, it runs once per (batch, head) on contiguous copies, whose
+    offsets stay below 2^31 while L x D does; past that it refuses."""
+    batch, heads, rows, head_dim = q.shape
+    extra = _lse_request() if with_lse else {}
+    if max(_max_offset(x) for x in (q, k, v)) < FLEX_MAX_OFFSET and q.numel() < FLEX_MAX_OFFSET:
+        return _flex_result(flex(q, k, v, block_mask=block_mask, kernel_options=options, **extra), with_lse)
+    if max(rows, k.shape[2]) * head_dim >= FLEX_MAX_OFFSET:
+        raise RuntimeError(f"block-sparse: FlexAttention indexes with 32-bit offsets and one head of "
+                           f"{max(rows, k.shape[2]):,} tokens x {head_dim} is past 2^31; use kernel=gather or a shorter N")
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32) if with_lse else None
+    for b in range(batch):
+        for h in range(heads):
+            one = (slice(b, b + 1), slice(h, h + 1))
+            got = _flex_result(flex(*(x[one].contiguous() for x in (q, k, v)), block_mask=block_mask,
+                                    kernel_options=options, **extra), with_lse)
+            if with_lse:
+                out[one], lse[one] = got
+            else:
+                out[one] = got
+    return (out, lse) if with_lse else out
+
+
+@functools.cache
+def _lse_request() -> dict[str, Any]:
+    try:  # torch >= 2.9 asks through AuxRequest; return_lse is deprecated there
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        return {"return_aux": AuxRequest(lse=True)}
+    except ImportError:
+        return {"return_lse": True}
+
+
+def _flex_result(result, with_lse: bool):
+    if not with_lse:
+        return result
+    out, aux = result
+    return out, (aux if isinstance(aux, torch.Tensor) else aux.lse).float()
 
 
 @functools.cache

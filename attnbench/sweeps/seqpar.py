@@ -114,6 +114,9 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     row.update(summarize(row["times_ms"]))
     firsts = [r["first_call_ms"] for r in results if r.get("first_call_ms") is not None]
     row["first_call_ms"] = max(firsts) if len(firsts) == world else None
+    compiles = [r["compile_ms"] for r in results if r.get("compile_ms") is not None]
+    if len(compiles) == world:
+        row["compile_ms"] = max(compiles)
     row["ranks"] = [_rank_summary(r) for r in results]
     row["gpus"] = [r["gpu"] for r in results if r.get("gpu")]
     if any(r.get("nvml_note") for r in results):
@@ -137,7 +140,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
 
 def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
     times = r.get("times_ms") or []
-    keep = ("rank", "status", "message", "first_call_ms", "compute_ms", "comm_wait_ms", "sent_bytes", "comm_steps",
+    keep = ("rank", "status", "message", "compile_ms", "first_call_ms", "compute_ms", "comm_wait_ms", "sent_bytes", "comm_steps",
             "max_memory_allocated", "max_memory_reserved", "cpu_peak_rss_delta", "inputs_bytes")
     out = {k: r.get(k) for k in keep if r.get(k) is not None}
     out["time_ms"] = statistics.median(times) if times else None
@@ -295,6 +298,10 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             with torch.no_grad():
                 impl(q, k, v, is_causal=wl.causal)
 
+        if impl.compiles:  # a compiled kernel's first call pays for compilation: record it apart
+            phase("compile")
+            dist.barrier()
+            row["compile_ms"] = timer(step)
         phase("first-call")
         dist.barrier()
         row["first_call_ms"] = timer(step)
