@@ -144,6 +144,19 @@ def clip_progressions(prog: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return torch.stack([start, stop.clamp(max=hi), step], dim=-1)
 
 
+def progression_spans(prog: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of progressions ``(rows, R, 3)``: its first kept block and one past its last
+    (0, 0 for a row that keeps none)."""
+    start, _, step = prog.unbind(-1)
+    lengths = progression_lengths(prog)
+    kept = lengths > 0
+    last = start + (lengths - 1).clamp(min=0) * step
+    any_kept = kept.any(dim=1)
+    first = torch.where(kept, start, torch.iinfo(torch.int64).max).min(dim=1).values
+    stop = torch.where(kept, last, -1).max(dim=1).values + 1
+    return torch.where(any_kept, first, 0), torch.where(any_kept, stop, 0)
+
+
 def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts."""
     rows, num_prog, _ = prog.shape

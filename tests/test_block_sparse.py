@@ -104,19 +104,22 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
     layout = impl._flex_layout(p, "cpu", grad=False)
     assert layout.first_row == p.dense_rows  # global rows run as dense SDPA
     covered = set()
-    for r0 in layout.starts:
-        mask = impl._block_mask(p, r0, layout.rows, layout.width, "cpu", grad=False)
-        assert mask.seq_lengths == (layout.rows * 16, n)
-        assert mask.kv_indices.shape[-1] == (p.num_blocks if width == "full" else 1)
+    assert len(layout.key_starts) == len(layout.starts)
+    for r0, k0 in zip(layout.starts, layout.key_starts):
+        mask = impl._block_mask(p, r0, layout.rows, layout.width, "cpu", grad=False, k0=k0, window=layout.window)
+        assert mask.seq_lengths == (layout.rows * 16, layout.window * 16) and k0 + layout.window <= p.num_blocks
+        assert mask.kv_indices.shape[-1] == (layout.window if width == "full" else 1)
         for r, (partial, full) in enumerate(block_mask_rows(mask)):
             i = r0 + r
+            partial, full = [k0 + j for j in partial], [k0 + j for j in full]
             expected = [j for j in range(p.num_blocks) if kept_by_rule(pattern_type, p.shape, p.num_blocks, causal, i, j)]
             assert sorted(partial + full) == expected
             assert partial == ([i] if causal else [])      # only a causal diagonal block is masked
             covered.add(i)
         if width == "full":  # torch's own reading of the mask agrees
             dense = mask.to_dense()[0, 0].bool()
-            assert torch.equal(dense, p.dense()[r0:r0 + layout.rows])
+            kept = p.dense()[r0:r0 + layout.rows]
+            assert torch.equal(dense, kept[:, k0:k0 + layout.window]) and kept.sum() == dense.sum()
     assert covered == set(range(layout.first_row, p.num_blocks))
     assert len({len(range(r0, r0 + layout.rows)) for r0 in layout.starts}) == 1  # one compiled shape
 
@@ -132,6 +135,19 @@ def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
     assert layout.rows * layout.width * 4 * 2 <= bs.INDEX_BUDGET_BYTES
     assert layout.starts[-1] + layout.rows == p.num_blocks and layout.starts[0] == p.dense_rows
     assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks   # the backward gets full rows
+
+
+def test_local_window_chunks_read_their_neighbourhood_only():
+    impl = impls.build("block-sparse", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
+    p = impl.pattern(32 << 20, causal=False)                   # 32M tokens, 262,144 blocks
+    layout = impl._flex_layout(p, "cuda", grad=False)
+    w = int(p.row_counts.max())
+    assert layout.window <= layout.rows + w and layout.width == layout.window
+    assert layout.window * 128 * 8 * 64 < bs.FLEX_MAX_OFFSET   # 8 heads of 64: no per-head fallback
+    for r0, k0 in zip(layout.starts, layout.key_starts):       # every kept block inside its window
+        idx, counts = p.expand(r0, r0 + layout.rows)
+        kept = idx[torch.arange(idx.shape[1])[None, :] < counts[:, None]]
+        assert k0 <= int(kept.min()) and int(kept.max()) < k0 + layout.window
 
 
 def test_kernel_options():

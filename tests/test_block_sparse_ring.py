@@ -77,21 +77,24 @@ def test_flex_masks_of_every_step_hold_the_pattern(pattern_type, causal, chunk_t
         merged = torch.zeros(world, 2048 // world, dtype=torch.int64)  # each row merged once per step
         for p, schedule, sender, received, chunks in step_masks(world, rank, causal, pattern_type, chunk_tokens):
             m = schedule.m
-            for t0, t1, skip, mask in chunks:
+            windows = {k1 - k0 for *_, k0, k1, _ in chunks}
+            assert len(windows) <= 1  # one key length per step: one compiled shape
+            for t0, t1, skip, k0, k1, mask in chunks:
                 merged[sender, t0 + skip:t1] += 1
                 r0 = t0 // 16
                 full_n, full_i = mask.full_kv_num_blocks[0, 0], mask.full_kv_indices[0, 0]
                 part_n, part_i = mask.kv_num_blocks[0, 0], mask.kv_indices[0, 0]
-                assert mask.seq_lengths == (t1 - t0, len(received) * 16)
-                assert full_i.shape[-1] == len(received)  # full-width index rows
+                assert 0 <= k0 < k1 <= len(received)
+                assert mask.seq_lengths == (t1 - t0, (k1 - k0) * 16)
+                assert full_i.shape[-1] == k1 - k0  # full-width index rows over the key window
                 for r in range(t1 // 16 - r0):
-                    full = received[full_i[r, :full_n[r]]] + sender * m
-                    partial = received[part_i[r, :part_n[r]]] + sender * m
+                    full = received[full_i[r, :full_n[r]] + k0] + sender * m
+                    partial = received[part_i[r, :part_n[r]] + k0] + sender * m
                     i = rank * m + r0 + r
                     assert partial.tolist() == ([i] if causal and sender == rank else [])
                     seen[r0 + r, full] = True
                     seen[r0 + r, partial] = True
-        assert torch.equal(seen, p.dense()[rank * m:(rank + 1) * m])
+        assert torch.equal(seen, p.dense()[rank * m:(rank + 1) * m])  # every kept block, once per row
         assert set(merged[merged > 0].tolist()) <= {1}
 
 
@@ -124,3 +127,18 @@ def test_only_the_kept_blocks_travel(tmp_path):
     expected = [len(needed_by_dense_pattern(dense, m, 1 - r, r)) * per_block for r in range(2)]
     assert 0 < min(expected) and max(expected) < m * per_block  # a true subset of the shard
     assert [x["sent_bytes"] for x in sorted(two["ranks"], key=lambda x: x["rank"])] == expected
+
+
+def test_local_window_chunks_read_a_narrow_key_window():
+    """At 8M tokens on one rank a chunk's keys are its neighbourhood, not the whole shard."""
+    impl = impls.build("block-sparse-ring", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
+    impl.world_size = 1
+    n = 8 << 20
+    p = impl.single.pattern(n, False)
+    q = torch.zeros(1, n, 1, 1)
+    schedule = BlockSparseSchedule(impl, p, q, 0, 1, use_flex=True)
+    chunks = schedule._chunk_masks(0, torch.arange(schedule.m), schedule.m, False)
+    window = int(p.row_counts.max())
+    for t0, t1, _, k0, k1, _ in chunks:
+        assert k1 - k0 <= (t1 - t0) // 128 + window
+    assert chunks[-1][1] == n

@@ -7,10 +7,12 @@ progressions. Two kernels run the same math:
   directly from the block lists (``BlockMask.from_kv_blocks``; nothing is evaluated over
   N^2 pairs). Kept blocks are "full" blocks, where no mask function runs; only a causal
   pattern's diagonal blocks are partial, masked by ``q mod b >= k mod b``. Queries run in
-  chunks of equal length against the whole k and v, so one chunk's block mask stays under
-  a fixed budget and one compiled kernel serves every chunk; masks that fit are cached per
-  (N, device). Index rows are full width (one column per key block) at small N and as
-  narrow as the most blocks a row keeps at large N, where the compiler accepts that.
+  chunks of equal length, each against a window of k and v as long as the widest chunk's
+  span of key blocks (``local_window``: its neighbourhood; the wider patterns: all of it),
+  so one chunk's block mask stays under a fixed budget and one compiled kernel serves every
+  chunk; masks that fit are cached per (N, device). Index rows are full width (one column
+  per block of the window), the layout torch 2.11's lowering computes correctly. Past 2^31
+  element offsets ``flex_attend`` runs per (batch, head).
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
-from attnbench.patterns import MULTISCALE, PATTERN_TYPES, BlockPattern, build_pattern, check_scales
+from attnbench.patterns import MULTISCALE, PATTERN_TYPES, BlockPattern, build_pattern, check_scales, progression_spans
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 KERNELS = ("auto", "flex", "gather")
@@ -244,42 +246,64 @@ class BlockSparseAttention(AttentionImpl):
             self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
         first = p.dense_rows  # rows that keep every allowed block run as dense SDPA: no tail of long rows
         most = int(p.row_counts[first:].max())
-        width = 1 << (most - 1).bit_length() if compact else nb
-        per_row = 2 * width * 4 + most * 8 * 6  # two int32 index rows + the expansion's temporaries
+        lo, hi = progression_spans(p.progressions[first:])
+        # forward chunks read a window of the keys, as long as the widest chunk's span
+        # (local_window: its neighbourhood, so offsets stay small and index rows short at any N);
+        # the backward's transposed indices want every key block
+        widest = nb if grad else int((hi - lo).max())
         total = nb - first
-        limit = max(1, min(total, self.max_chunk_tokens // self.block_size, INDEX_BUDGET_BYTES // per_row))
+
+        def window_for(rows: int) -> int:
+            return min(nb, rows + widest)
+
+        def index_width(rows: int) -> int:
+            return 1 << (most - 1).bit_length() if compact else window_for(rows)
+
+        limit = max(1, min(total, self.max_chunk_tokens // self.block_size))
+        while limit > 1 and limit * (2 * index_width(limit) * 4 + most * 8 * 6) > INDEX_BUDGET_BYTES:
+            limit //= 2  # two int32 index rows + the expansion's temporaries per query block
         count = -(-total // limit)
         rows = -(-total // count)
         # equal chunks (one compiled shape); the last may overlap its neighbour by fewer rows
         # than there are chunks, recomputing them identically
         starts = [first + min(c * rows, total - rows) for c in range(count)]
-        return FlexLayout(first, width, rows, starts)
+        spans = [(int(lo[r0 - first:r0 - first + rows].min()), int(hi[r0 - first:r0 - first + rows].max()))
+                 for r0 in starts]
+        window = nb if grad else max(k1 - k0 for k0, k1 in spans)
+        key_starts = [0 if grad else min(k0, nb - window) for k0, _ in spans]
+        width = 1 << (most - 1).bit_length() if compact else window
+        return FlexLayout(first, width, rows, starts, window, key_starts)
 
     def _chunk_masks(self, p: BlockPattern, layout: "FlexLayout", device, grad: bool):
         key = (p.num_blocks, p.causal, str(device), grad)
         if key in self._masks:
             return self._masks[key]
-        masks = (self._block_mask(p, r0, layout.rows, layout.width, device, grad) for r0 in layout.starts)
+        masks = (self._block_mask(p, r0, layout.rows, layout.width, device, grad, k0, layout.window)
+                 for r0, k0 in zip(layout.starts, layout.key_starts))
         if len(layout.starts) * layout.rows * layout.width * 4 * 2 <= MASK_CACHE_BYTES:
             masks = self._masks[key] = list(masks)
         return masks
 
-    def _block_mask(self, p: BlockPattern, r0: int, rows: int, width: int, device, grad: bool):
-        """The BlockMask of query blocks [r0, r0 + rows) against all key blocks, built from
-        the block lists: kept blocks are full; a causal pattern's diagonal is partial."""
+    def _block_mask(self, p: BlockPattern, r0: int, rows: int, width: int, device, grad: bool, k0: int = 0,
+                    window: int | None = None):
+        """The BlockMask of query blocks [r0, r0 + rows) against key blocks [k0, k0 + window)
+        (indices count from k0), built from the block lists: kept blocks are full; a causal
+        pattern's diagonal is partial."""
         from torch.nn.attention.flex_attention import BlockMask
 
-        nb, b = p.num_blocks, self.block_size
+        b = self.block_size
+        window = window or p.num_blocks
         full_idx, full_count = p.expand(r0, r0 + rows, width=width, device=device, drop_diagonal=p.causal)
-        part_idx = torch.zeros(rows, 1 if width < nb else nb, dtype=torch.int32, device=device)
+        full_idx = (full_idx - k0).clamp(min=0)  # padding after a row's count stays in range
+        part_idx = torch.zeros(rows, 1 if width < window else window, dtype=torch.int32, device=device)
         if p.causal:
-            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device)
+            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
         part_count = torch.full((rows,), int(p.causal), dtype=torch.int32, device=device)
         extra = {"compute_q_blocks": grad} if _has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
             part_count[None, None], part_idx[None, None],
             full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
-            BLOCK_SIZE=b, mask_mod=_diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, nb * b), **extra,
+            BLOCK_SIZE=b, mask_mod=_diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, window * b), **extra,
         )
 
     def _flex_options(self, q) -> dict[str, Any] | None:
@@ -294,6 +318,8 @@ class FlexLayout:
     width: int          # columns of an index row
     rows: int           # query blocks per chunk
     starts: list[int]   # first query block of each chunk
+    window: int         # key blocks a chunk reads
+    key_starts: list[int]  # first key block of each chunk's window
 
 
 class _FlexChunks:
@@ -301,7 +327,8 @@ class _FlexChunks:
 
     def __init__(self, impl, q, k, v, p, layout, grad: bool) -> None:
         self.flex = compiled_flex(impl.compile_mode)
-        self.masks = iter(zip(layout.starts, impl._chunk_masks(p, layout, q.device, grad)))
+        self.masks = iter(zip(layout.starts, layout.key_starts, impl._chunk_masks(p, layout, q.device, grad)))
+        self.keys = layout.window * impl.block_size
         self.options = impl._flex_options(q)
         self.qh, self.kh, self.vh = (x.transpose(1, 2) for x in (q, k, v))
         self.tokens = layout.rows * impl.block_size
@@ -311,9 +338,10 @@ class _FlexChunks:
         return self
 
     def __next__(self):
-        r0, mask = next(self.masks)
+        r0, k0, mask = next(self.masks)
         chunk = slice(r0 * self.block_size, r0 * self.block_size + self.tokens)
-        out = flex_attend(self.flex, self.qh[:, :, chunk], self.kh, self.vh, mask, self.options)
+        keys = slice(k0 * self.block_size, k0 * self.block_size + self.keys)
+        out = flex_attend(self.flex, self.qh[:, :, chunk], self.kh[:, :, keys], self.vh[:, :, keys], mask, self.options)
         return chunk, out.transpose(1, 2)
 
 

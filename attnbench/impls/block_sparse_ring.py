@@ -30,7 +30,8 @@ from attnbench.impls.block_sparse import (GATHER_BUDGET_BYTES, INDEX_BUDGET_BYTE
                                           _diagonal_causal, _has_compute_q_blocks, compiled_flex, flex_attend,
                                           flex_options)
 from attnbench.impls.ring import RingSchedule, Selection, SequenceParallelAttention, run_ring
-from attnbench.patterns import PATTERN_TYPES, BlockPattern, clip_progressions, expand_progressions, progression_lengths
+from attnbench.patterns import (PATTERN_TYPES, BlockPattern, clip_progressions, expand_progressions, progression_lengths,
+                                progression_spans)
 
 # index elements one expansion of progressions may hold (the plan is made in such pieces)
 EXPAND_ELEMENTS = 1 << 24
@@ -233,52 +234,75 @@ class BlockSparseSchedule(RingSchedule):
         single = self.impl.single
         flex = compiled_flex(single.compile_mode)
         options = flex_options(self.qh, b, single.user_kernel_options)
-        for t0, t1, skip, mask in self._chunk_masks(sender, position, kh.shape[2] // b, diagonal):
-            out, lse = flex_attend(flex, self.qh[:, :, t0:t1], kh, vh, mask, options, with_lse=True)
+        for t0, t1, skip, k0, k1, mask in self._chunk_masks(sender, position, kh.shape[2] // b, diagonal):
+            keys = slice(k0 * b, k1 * b)
+            out, lse = flex_attend(flex, self.qh[:, :, t0:t1], kh[:, :, keys], vh[:, :, keys], mask, options,
+                                   with_lse=True)
             self._merge(t0 + skip, t1, out[:, :, skip:], lse[:, :, skip:])
 
+    def _spans(self, sender, position) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per local query block: the first and one past the last received block it keeps
+        (0, 0 when it keeps none)."""
+        first, stop = progression_spans(self._rows(sender, 0, self.m))
+        kept = stop > first
+        to_received = position.cpu()
+        lo = torch.where(kept, to_received[(first - sender * self.m).clamp(0, self.m - 1)], 0)
+        hi = torch.where(kept, to_received[(stop - 1 - sender * self.m).clamp(0, self.m - 1)] + 1, 0)
+        return lo, hi
+
     def _chunk_masks(self, sender, position, key_blocks: int, diagonal: bool):
-        """(first token, last token, rows already merged by the previous chunk, BlockMask) per
-        chunk of local query blocks: equal chunks (one compiled shape per step), the last one
-        overlapping its neighbour; those rows are computed again but merged once."""
+        """(first token, last token, rows already merged by the previous chunk, first and last
+        key block, BlockMask) per chunk of local query blocks. Equal chunks (one compiled shape
+        per step), the last one overlapping its neighbour: those rows are computed again but
+        merged once. Each chunk sees a window of the received keys of one length (the widest
+        chunk's span): local_window's chunks read only their neighbourhood, so offsets stay
+        small and index rows short at any N."""
         key = (self.p.num_blocks, self.p.causal, self.world, self.rank, sender, str(position.device))
         if key in self.impl._masks:
             return self.impl._masks[key]
         b, m = self.b, self.m
-        limit = max(1, min(m, self.impl.single.max_chunk_tokens // b, INDEX_BUDGET_BYTES // (key_blocks * 8)))
-        count = -(-m // limit)
+        lo, hi = self._spans(sender, position)
+        widest = int((hi - lo).max())
+        rows = max(1, min(m, self.impl.single.max_chunk_tokens // b))
+        while rows > 1 and rows * min(key_blocks, rows + widest) * 8 > INDEX_BUDGET_BYTES:
+            rows //= 2
+        count = -(-m // rows)
         rows = -(-m // count)
+        starts = [min(c * rows, m - rows) for c in range(count)]
+        spans = [(int(lo[r0:r0 + rows].min()), int(hi[r0:r0 + rows].max())) for r0 in starts]
+        window = max(k1 - k0 for k0, k1 in spans)
         chunks, done = [], 0
-        for c in range(count):
-            r0 = min(c * rows, m - rows)
-            skip = (done - r0) * b
-            done = r0 + rows
-            prog = self._rows(sender, r0, r0 + rows, drop_diagonal=diagonal)
-            if int(progression_lengths(prog).sum()) == 0 and not diagonal:
+        for r0, (k0, k1) in zip(starts, spans):
+            skip, done = (done - r0) * b, r0 + rows
+            if k1 <= k0:  # no kept block of this sender in the chunk
                 continue
-            chunks.append((r0 * b, (r0 + rows) * b, skip,
-                           self._block_mask(prog, sender, position, r0, rows, key_blocks, diagonal)))
-        if len(chunks) * rows * key_blocks * 8 <= MASK_CACHE_BYTES:
+            k0 = min(k0, key_blocks - window)
+            prog = self._rows(sender, r0, r0 + rows, drop_diagonal=diagonal)
+            mask = self._block_mask(prog, sender, position, r0, rows, k0, window, diagonal)
+            chunks.append((r0 * b, (r0 + rows) * b, skip, k0, k0 + window, mask))
+        if len(chunks) * rows * window * 8 <= MASK_CACHE_BYTES:
             self.impl._masks[key] = chunks
         return chunks
 
-    def _block_mask(self, prog, sender, position, r0: int, rows: int, key_blocks: int, diagonal: bool):
+    def _block_mask(self, prog, sender, position, r0: int, rows: int, k0: int, window: int, diagonal: bool):
         """Kept blocks are full; the local causal step's diagonal block is partial. Index rows
-        are full width (one column per received block), which torch 2.11's lowering needs."""
+        are full width (one column per block of the key window), which torch 2.11's lowering
+        needs; indices count from the window's first block ``k0``."""
         from torch.nn.attention.flex_attention import BlockMask
 
         device = position.device
-        full_idx, full_count = self._compact(prog, sender, position, width=key_blocks)
-        part_idx = torch.zeros(rows, key_blocks, dtype=torch.int32, device=device)
+        full_idx, full_count = self._compact(prog, sender, position, width=window)
+        full_idx = (full_idx - k0).clamp(min=0)
+        part_idx = torch.zeros(rows, window, dtype=torch.int32, device=device)
         if diagonal:
-            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device)
+            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
         part_count = torch.full((rows,), int(diagonal), dtype=torch.int32, device=device)
         extra = {"compute_q_blocks": False} if _has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
             part_count[None, None], part_idx[None, None],
             full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
             BLOCK_SIZE=self.b, mask_mod=_diagonal_causal(self.b) if diagonal else None,
-            seq_lengths=(rows * self.b, key_blocks * self.b), **extra,
+            seq_lengths=(rows * self.b, window * self.b), **extra,
         )
 
     def finish(self) -> torch.Tensor:
@@ -292,17 +316,25 @@ def _params() -> tuple[Param, ...]:
     return tuple(p for p in spec("block-sparse").params if p.name in taken)
 
 
+def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
+    """Every pattern (causal and not come from the cases); chunked merges; a sparser
+    hierarchical whose far segments send only their coarse grid. On a GPU every shape and
+    ring step compiles a kernel: three patterns there."""
+    configs = tuple({"pattern_type": t, "block_size": 16, "sparsity_ratio": 0.25} for t in PATTERN_TYPES) + (
+        {"pattern_type": "local_window", "block_size": 16, "sparsity_ratio": 0.1, "max_chunk_tokens": 48},
+        {"pattern_type": "hierarchical", "block_size": 32, "sparsity_ratio": 0.1},
+    )
+    if device == "cpu":
+        return configs
+    return tuple({**c, "block_size": 32} for c in configs[:4] if c["pattern_type"] != "dilated_sparse")
+
+
 register(ImplSpec(
     name="block-sparse-ring",
     factory=BlockSparseRingAttention,
     summary="block-sparse attention over the split sequence: a rank receives only the K/V blocks its pattern keeps",
     params=_params(),
-    # every pattern (causal and not come from the cases); chunked merges; a sparser hierarchical
-    # whose far segments send only their coarse grid
-    verify_configs=tuple({"pattern_type": t, "block_size": 16, "sparsity_ratio": 0.25} for t in PATTERN_TYPES) + (
-        {"pattern_type": "local_window", "block_size": 16, "sparsity_ratio": 0.1, "max_chunk_tokens": 48},
-        {"pattern_type": "hierarchical", "block_size": 32, "sparsity_ratio": 0.1},
-    ),
+    verify_configs=_verify_configs,
     distributed=True,
     extra={"modes": ("fwd",)},
 ))

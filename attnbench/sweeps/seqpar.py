@@ -153,8 +153,9 @@ def cases_for(name: str, device: str, dtypes: list[str], world: int) -> list[Ver
     """Like reference.default_cases, on ``world`` ranks: two shapes per configuration (B > 1,
     head counts that do not divide into groups), causal where it means something."""
     entry = impls.spec(name)
+    configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
-    for config in entry.verify_configs:
+    for config in configs:
         impl = build(name, config, world)
         n = impl.verify_seq_len()
         for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
