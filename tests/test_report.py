@@ -440,3 +440,29 @@ def test_make_report_runs_the_sweep_then_the_report_on_it():
     lines = proc.stdout.splitlines()
     run = next(i for i, line in enumerate(lines) if "attnbench run --profile auto --out results/x" in line)
     assert "attnbench report results/x" in lines[run + 1]
+
+
+def test_sparsity_keeps_two_significant_digits_of_the_kept_share():
+    from attnbench.report.sweep_tables import sparsity_text
+
+    # dilated [2048, 4096] / [1, 2] at 4M keeps ~0.07% of pairs: not "100.0% sparse"
+    assert sparsity_text(0.00073) == "99.927% sparse"
+    assert sparsity_text(0.05) == "95.0% sparse"
+    assert sparsity_text(0.25, causal=True) == "50.0% sparse"
+    assert sparsity_text(1.0) == "Dense"
+
+
+def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
+    """block-sparse rows carry dilation_rates (None unless dilated_sparse sets them): the report
+    must neither crash on them nor put them in report 003's dilated configuration table."""
+    run = tmp_path / "bs"
+    made = run_cli("max-seq", "--impl", "block-sparse", "--param", "block_size=16", "--param", "sparsity_ratio=0.25",
+                   "--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "16", "--start", "256",
+                   "--max-seq-len", "1024", "--in-process", "--out", run)
+    assert made.returncode == 0, made.stderr
+    done = run_cli("report", run, "--out", tmp_path / "report")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    seed_003 = text.split("## Report 003")[1].split("\n## ")[0]
+    assert "block-sparse" not in seed_003.split("#### Multi-GPU results")[0]
+    assert "no single-GPU max-seq search of a dilated configuration" in seed_003

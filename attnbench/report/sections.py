@@ -422,14 +422,19 @@ def seed_002(doc: Doc, m: Machine) -> None:
 
 # --- report 003: dilated configurations, distributed, scaling -------------------------------------
 
+# LongNet dilated attention on one device or over ranks; block-sparse's dilated_sparse
+# pattern also takes dilation rates, but it is not what report 003 compares
+DILATED_IMPLS = ("dilated", "ring-dilated", "ring-dilated-hilbert")
+
+
 def is_dilated(head: dict[str, Any]) -> bool:
-    return "dilation_rates" in (head.get("config") or {})
+    return head.get("impl") in DILATED_IMPLS
 
 
 def is_baseline(head: dict[str, Any]) -> bool:
     """Report 003's baseline: one segment, no dilation."""
     cfg = head.get("config") or {}
-    return len(cfg.get("segment_lengths", [])) == 1 and all(r == 1 for r in cfg.get("dilation_rates", [2]))
+    return len(cfg.get("segment_lengths") or []) == 1 and all(r == 1 for r in cfg.get("dilation_rates") or [2])
 
 
 def dilation_records(m: Machine, group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int | None, str]:

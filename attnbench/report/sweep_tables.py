@@ -8,6 +8,7 @@ plus a summary of each series' largest length and what stopped it. Reads rows on
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,10 @@ def sparsity_text(kept: float | None, causal: bool = False) -> str:
     full = 0.5 if causal else 1.0  # a causal mask keeps about half of all pairs by itself
     if kept >= full * 0.999:
         return "Dense"
-    return f"{(1 - kept / full) * 100:.1f}% sparse"
+    kept_pct = kept / full * 100
+    # enough decimals that the kept share shows two significant digits (99.93%, not 100.0%)
+    decimals = max(1, 1 - math.floor(math.log10(kept_pct))) if kept_pct > 0 else 1
+    return f"{100 - kept_pct:.{decimals}f}% sparse"
 
 
 def memory_table(trials: list[dict[str, Any]]) -> str:
