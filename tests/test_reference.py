@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attnbench import impls
 from attnbench.impls.dilated import head_groups
-from attnbench.reference import TOLERANCE, default_cases, masked_reference, relative_error, run_case
+from attnbench.reference import TOLERANCE, VerifyCase, default_cases, masked_reference, relative_error, run_case
 
 CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name, "cpu", ["fp32", "bf16"])]
 
@@ -105,3 +105,17 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
     case = VerifyCase("dilated", {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "max_chunk_tokens": 1 << 19},
                       1, 32, 2, 8, False, "fp32", "cpu")
     assert run_case(case)["status"] == "fail"
+
+
+@pytest.mark.parametrize("backend", ["math", "flash"])
+def test_dilated_runs_the_named_sdpa_backend_and_records_it(backend):
+    impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], backend=backend)
+    assert impl.config()["backend"] == backend
+    row = run_case(VerifyCase("dilated", impl.config(), 2, 64, 3, 16, False, "fp32", "cpu"))
+    assert row["status"] == "pass", row
+    assert row["backend"] == f"sdpa:{backend}"
+
+
+def test_dilated_at_the_default_backend_keeps_its_recorded_configuration():
+    # rows written before the backend option existed keep their series identity
+    assert "backend" not in impls.build("dilated").config()
