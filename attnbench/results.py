@@ -43,13 +43,16 @@ def _git(*args: str) -> str | None:
 
 
 def source_commit() -> str:
-    """The attnbench commit the run came from; ATTNBENCH_COMMIT names it where the checkout
-    travelled without its .git (e.g. a copy on a GPU machine)."""
+    """The attnbench commit the run came from. ATTNBENCH_COMMIT, where set, names it: a
+    checkout copied to a GPU machine may travel without its .git, or with a stale one that
+    names an older commit than the files it holds."""
+    if os.environ.get("ATTNBENCH_COMMIT"):
+        return os.environ["ATTNBENCH_COMMIT"]
     commit = _git("rev-parse", "HEAD")
     if commit:
         dirty = _git("status", "--porcelain", "--untracked-files=no")
         return commit + ("-dirty" if dirty else "")
-    return os.environ.get("ATTNBENCH_COMMIT", "unknown")
+    return "unknown"
 
 
 def _cpu_model() -> str:

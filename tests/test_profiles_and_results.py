@@ -43,3 +43,12 @@ def test_rows_never_hold_nan(tmp_path):
     writer = ResultsWriter(tmp_path)
     with pytest.raises(ValueError):
         writer.append({"x": float("nan")})
+
+
+def test_attnbench_commit_names_the_commit_over_a_stale_checkout(monkeypatch):
+    from attnbench import results
+
+    monkeypatch.setenv("ATTNBENCH_COMMIT", "0123abc")
+    assert results.source_commit() == "0123abc"
+    monkeypatch.delenv("ATTNBENCH_COMMIT")
+    assert results.source_commit() != "0123abc"
