@@ -466,3 +466,19 @@ def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
     seed_003 = text.split("## Report 003")[1].split("\n## ")[0]
     assert "block-sparse" not in seed_003.split("#### Multi-GPU results")[0]
     assert "no single-GPU max-seq search of a dilated configuration" in seed_003
+
+
+def test_a_series_measured_by_two_commits_says_which_row_is_which(tmp_path):
+    rows = [r for r in fixture_rows() if r.get("kind") == "points"]
+    assert rows, "the fixture has fixed-length rows"
+    first = rows[0]
+    again = json.loads(json.dumps(first))
+    again["env"]["commit"] = "f" * 40
+    again["run"] = "rerun"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "trials.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(again) + "\n")
+    done = run_cli("report", tmp_path / "a", "--out", tmp_path / "report")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| Sparsity | Commit |" in text
+    assert "| " + first["env"]["commit"][:9] + " |" in text and "| fffffffff |" in text
