@@ -74,3 +74,15 @@ def test_backward_graph_has_no_in_place_writes_into_a_shared_output():
     assert "CopySlices" not in nodes, sorted(set(nodes))
     # several chunks and batch elements all reach the inputs through attention nodes
     assert any("Attention" in n or "Softmax" in n or "Bmm" in n for n in nodes), sorted(set(nodes))
+
+
+def test_backward_work_does_not_grow_with_the_number_of_chunks():
+    """Each slice of an input costs its backward a gradient as large as the input: the number
+    of slice nodes must not grow with the chunks (one chunk per segment here vs one in all)."""
+    q, k, v = _inputs(2, 128, 4, 3)
+    counts = []
+    for chunk_tokens in (1 << 19, 32):
+        impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], max_chunk_tokens=chunk_tokens)
+        nodes = _graph_nodes(impl(q, k, v).grad_fn)
+        counts.append(sum(n.startswith("Slice") or n.startswith("Index") for n in nodes))
+    assert counts[0] == counts[1], counts

@@ -201,26 +201,25 @@ def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: 
 
 
 def group_output(q, k, v, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> torch.Tensor:
-    """Group ``g``'s heads of the output, ``(B, N, Hg, D)``, for the backward pass. It writes
-    into no shared tensor: under autograd every in-place write into a view of ``out`` makes
-    the backward clone the whole output gradient once per write, a cost that grows as
-    batch x chunks x N (a 2.9x slower step for 2x the batch, seen on an H100). Queries outside
-    the dilation get zero rows by padding, not by writing."""
+    """Group ``g``'s heads of the output, ``(B, N, Hg, D)``, for the backward pass, whose work
+    must stay linear in N. It writes into no shared tensor: under autograd every in-place
+    write into a view of ``out`` makes the backward clone the whole output gradient once per
+    write, a cost that grows as batch x chunks x N (a 2.9x slower step for 2x the batch, seen
+    on an H100). Queries outside the dilation get zero rows by padding, not by writing."""
     batch, seq_len, _, head_dim = q.shape
     w, r, o = g.segment_length, g.dilation_rate, g.offset
     heads, segments = g.heads.stop - g.heads.start, seq_len // w
     per_chunk = max(1, max_chunk_tokens // w)
 
-    def fold(x, s0, s1):  # (B, N, H, D) -> (B * segments, Hg, w/r, D)
-        x = x[:, s0 * w:s1 * w, g.heads].unflatten(1, (-1, w))[:, :, o::r]
-        return x.flatten(0, 1).transpose(1, 2)
+    def chunks(x):  # (B, N, H, D) -> per chunk of segments (B * segments, Hg, w/r, D)
+        # one slice of x per group and one split into chunks: the backward of a slice builds a
+        # gradient as large as x, so slicing per chunk would cost chunks x N again
+        x = x[:, :, g.heads].unflatten(1, (segments, w))[:, :, o::r]
+        return [c.flatten(0, 1).transpose(1, 2) for c in x.split(per_chunk, dim=1)]
 
-    parts = []
-    for s0 in range(0, segments, per_chunk):
-        s1 = min(segments, s0 + per_chunk)
-        part = F.scaled_dot_product_attention(fold(q, s0, s1), fold(k, s0, s1), fold(v, s0, s1), is_causal=is_causal)
-        parts.append(part.transpose(1, 2).unflatten(0, (batch, s1 - s0)))  # (B, segments, w/r, Hg, D)
-    kept = torch.cat(parts, dim=1).unsqueeze(3)                                # position j r + o of each segment
+    parts = [F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal).transpose(1, 2).unflatten(0, (batch, -1))
+             for qc, kc, vc in zip(chunks(q), chunks(k), chunks(v))]  # each (B, segments, w/r, Hg, D)
+    kept = torch.cat(parts, dim=1).unsqueeze(3)                         # position j r + o of each segment
     if r > 1:
         def zeros(n):
             return kept.new_zeros(batch, segments, w // r, n, heads, head_dim)
