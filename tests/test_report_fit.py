@@ -97,3 +97,14 @@ def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_t
     assert not cap(device="cpu").target_applies
     time_stopped = cap(stopped_by="time")
     assert time_stopped.error is None and not time_stopped.target_applies
+
+
+def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_peak():
+    """On a GPU an allocation fails when the reserved footprint cannot grow, fragmentation
+    included, so the fit models max_memory_reserved; on a CPU there is only peak_bytes."""
+    from attnbench.report.fit import fitted_peak
+
+    gpu = {"device": "cuda", "peak_bytes": 900, "max_memory_reserved": 1000, "world_size": 1}
+    assert fitted_peak(gpu) == 1000
+    assert fitted_peak({**gpu, "max_memory_reserved": None}) == 900
+    assert fitted_peak({"device": "cpu", "peak_bytes": 700, "world_size": 1}) == 700

@@ -2,9 +2,14 @@
 trials, then solve the fit for the longest sequence a given memory holds.
 
 The seeds extrapolated one number linearly. Here each series gets a least-squares fit of
-its measured peaks (``peak_bytes``: ``max_memory_allocated`` on a GPU) over its lengths:
-linear for implementations whose memory grows with N, quadratic for those that hold N x N
-scores; the fit's error on the measured points is shown next to every prediction.
+its measured peaks over its lengths: linear for implementations whose memory grows with N,
+quadratic for those that hold N x N scores; the fit's error on the measured points is shown
+next to every prediction. On a GPU the peak fitted is ``max_memory_reserved``, the
+allocator's whole footprint: an allocation fails when that cannot grow, and where a pass
+fragments its segments (a backward's large transient buffers) the footprint outgrows
+``max_memory_allocated`` (dilated forward plus backward on an H100: a fit of allocated
+peaks predicted 10% beyond the measured limit, one of reserved peaks 1% short of it).
+Elsewhere it is ``peak_bytes``.
 
 What the allocator can use is less than the device: the CUDA context, library modules and
 the driver's reservation take the rest. That part is measured: NVML device memory used at a
@@ -181,16 +186,24 @@ def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | 
     return total, overhead, budget, note
 
 
+def fitted_peak(row: dict[str, Any]) -> float | None:
+    """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
+    rank's), elsewhere ``peak_bytes``."""
+    if row.get("device") == "cuda" and row.get("max_memory_reserved"):
+        return row["max_memory_reserved"]
+    return peak_per_gpu(row)
+
+
 def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
     """One capacity estimate per series (max-seq and points trials of one workload together)."""
     stops = {s["series"]: s for s in max_seq_summary(rows)}
     out = []
     for key, series_rows in series_groups(rows).items():
         head = series_rows[0]
-        good = [r for r in ok(series_rows) if peak_per_gpu(r)]
+        good = [r for r in ok(series_rows) if fitted_peak(r)]
         backend = next((r.get("backend") for r in good if r.get("backend")), None)
         degree = memory_degree(head["impl"], backend)
-        fit = fit_memory([r["seq_len"] for r in good], [peak_per_gpu(r) for r in good], degree)
+        fit = fit_memory([r["seq_len"] for r in good], [fitted_peak(r) for r in good], degree)
         total, overhead, budget, note = _measured_budget(series_rows)
         stop = stops.get(key)
         out.append(Capacity(

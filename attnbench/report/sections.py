@@ -591,8 +591,8 @@ def capacity(doc: Doc, m: Machine) -> None:
 
 def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
     fits, here, sizes = capacity_records(caps)
-    doc.add("Peak memory per GPU (`peak_bytes`: `max_memory_allocated` on a GPU, resident-set growth on a CPU) "
-            "fitted against sequence length over each series' successful trials by least squares (linear; "
+    doc.add("Peak memory per GPU (`max_memory_reserved` on a GPU, the allocator's whole footprint, fragmentation "
+            "included; resident-set growth on a CPU) fitted against sequence length over each series' successful trials by least squares (linear; "
             "quadratic where N × N scores are held). Max Fit Error: the largest relative error of the fit on the "
             "measured points (small lengths, where fixed costs dominate, weigh most); Fit Error at Largest N: its "
             "error at the longest measured length.\n")
