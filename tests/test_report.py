@@ -224,7 +224,7 @@ def test_environment_and_the_exact_commands(report):
     command = "attnbench " + env["command"].split(" ", 1)[1]
     assert command == "attnbench run --profile tests/fixtures/report-cpu.toml --out tests/fixtures/results/cpu-tiny"
     cmds = read_csv(out, "commands")
-    assert cmds == [{"Run": "cpu-tiny", "Command": command, "Rows": str(len(rows))}]
+    assert cmds == [{"Run": "cpu-tiny", "Commit": env["commit"][:9], "Command": command, "Rows": str(len(rows))}]
     verify = [r for r in rows if r["kind"] == "verify"]
     _, checks = md_table(text, "Implementation")
     assert len(checks) == len(verify) and all(c[-1] == "pass" for c in checks)
@@ -468,17 +468,27 @@ def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
     assert "no single-GPU max-seq search of a dilated configuration" in seed_003
 
 
-def test_a_series_measured_by_two_commits_says_which_row_is_which(tmp_path):
-    rows = [r for r in fixture_rows() if r.get("kind") == "points"]
-    assert rows, "the fixture has fixed-length rows"
-    first = rows[0]
-    again = json.loads(json.dumps(first))
-    again["env"]["commit"] = "f" * 40
-    again["run"] = "rerun"
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "trials.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(again) + "\n")
-    done = run_cli("report", tmp_path / "a", "--out", tmp_path / "report")
+def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
+    """Before-and-after runs in one results tree: never pooled into one search or one table."""
+    rows = fixture_rows()
+    searched = next(r["series"] for r in rows if r.get("kind") == "max-seq")
+    mine = [r for r in rows if r.get("series") == searched]
+    again = json.loads(json.dumps(mine))
+    for r in again:
+        r["env"]["commit"] = "f" * 40
+        r["run"] = "rerun"
+    for name, part in (("a", mine), ("b", again)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    done = run_cli("report", tmp_path, "--out", tmp_path / "report")
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "| Sparsity | Commit |" in text
-    assert "| " + first["env"]["commit"][:9] + " |" in text and "| fffffffff |" in text
+    label = mine[0]["label"]
+    old, new = f"{label} @ {mine[0]['env']['commit'][:9]}", f"{label} @ fffffffff"
+    largest = text.split("## Executive summary")[1].split("\n## ")[0]
+    assert old in largest and new in largest
+    trials_per_table = len([r for r in mine if r.get("kind") == "max-seq"])
+    for heading in (old, new):  # each search's own table, with its own trials only
+        section = text.split(f"##### {heading}:")[1].split("\n#")[0]
+        assert len([line for line in section.splitlines() if line.startswith("| ") and "Sequence Length" not in line
+                    and not line.startswith("|---")]) == trials_per_table

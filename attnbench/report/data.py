@@ -43,10 +43,34 @@ def load(path: Path) -> Results:
     if not rows:
         raise AttnbenchError(f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
                              f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR")
+    rows = separate_code_versions(rows)
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
     return Results(path, files, rows, problems, groups)
+
+
+def short_commit(row: dict[str, Any]) -> str:
+    commit = str((row.get("env") or {}).get("commit") or "unknown")
+    head, _, dirty = commit.partition("-")
+    return head[:9] + (f"-{dirty}" if dirty else "")
+
+
+def separate_code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A series measured by several versions of the code is several series: trials of
+    different code never pool into one search, one table or one fit (a before-and-after
+    pair in one results tree stays a pair). Rows of such a series get the commit in their
+    series key and label; series measured by one commit keep theirs."""
+    commits: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        if r.get("series"):
+            commits.setdefault((machine_of(r), r["series"]), set()).add(short_commit(r))
+    split = {key for key, seen in commits.items() if len(seen) > 1}
+    if not split:
+        return rows
+    return [{**r, "series": f"{r['series']}@{short_commit(r)}",
+             "label": f"{r.get('label') or r.get('impl')} @ {short_commit(r)}"}
+            if (machine_of(r), r.get("series")) in split else r for r in rows]
 
 
 # --- row accessors ------------------------------------------------------------------------

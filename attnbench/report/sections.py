@@ -235,11 +235,12 @@ def environment(doc: Doc, m: Machine) -> None:
                     [{"Item": k, "Value": "; ".join(map(str, v)) if v else None} for k, v in items]))
     runs: dict[tuple, int] = {}
     for r in m.rows:
-        key = (r.get("run"), command_text((r.get("env") or {}).get("command", "")))
+        key = (r.get("run"), d.short_commit(r), command_text((r.get("env") or {}).get("command", "")))
         runs[key] = runs.get(key, 0) + 1
-    doc.add("\nThe commands that produced these rows (as recorded in each row's `env.command`):\n")
-    doc.table(Table("commands", ["Run", "Command", "Rows"],
-                    [{"Run": run, "Command": cmd, "Rows": n} for (run, cmd), n in runs.items()],
+    doc.add("\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "
+            "commit that ran them:\n")
+    doc.table(Table("commands", ["Run", "Commit", "Command", "Rows"],
+                    [{"Run": run, "Commit": commit, "Command": cmd, "Rows": n} for (run, commit, cmd), n in runs.items()],
                     {"Command": lambda c: f"`{c}`"}))
     verify = [r for r in m.rows if r.get("kind") == "verify"]
     if verify:

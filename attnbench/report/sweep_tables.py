@@ -106,21 +106,12 @@ def memory_table(trials: list[dict[str, Any]]) -> str:
 
 
 def time_table(trials: list[dict[str, Any]]) -> str:
-    rows = [[format_tokens(r["seq_len"]), f"{r['time_ms']:,.2f}" if r.get("time_ms") else "-",
-             f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
-             result_text(r["status"]), sparsity_text(r.get("kept_fraction"), r.get("causal", False))] for r in trials]
-    commits = [short_commit(r) for r in trials]
-    if len(set(commits)) == 1:
-        return table(["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"], rows)
-    # one series measured by several versions of the code: say which row is which
-    return table(["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity", "Commit"],
-                 [row + [c] for row, c in zip(rows, commits)])
-
-
-def short_commit(row: dict[str, Any]) -> str:
-    commit = str((row.get("env") or {}).get("commit") or "unknown")
-    head, _, dirty = commit.partition("-")
-    return head[:9] + (f"-{dirty}" if dirty else "")
+    return table(
+        ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"],
+        [[format_tokens(r["seq_len"]), f"{r['time_ms']:,.2f}" if r.get("time_ms") else "-",
+          f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
+          result_text(r["status"]), sparsity_text(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
+    )
 
 
 def summary_table(summary: list[dict[str, Any]]) -> str:
