@@ -181,23 +181,23 @@ class DilatedAttention(AttentionImpl):
         return total
 
 
+def kept_tokens(x: torch.Tensor, g: HeadGroup) -> torch.Tensor:
+    """``(B, N, H, D) -> (B, N / w, w / r, Hg, D)``: each segment's kept positions (offset
+    o, every r-th) of group ``g``'s heads, a strided view (no copy). N must be a multiple of w."""
+    return x[:, :, g.heads].unflatten(1, (-1, g.segment_length))[:, :, g.offset::g.dilation_rate]
+
+
 def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> None:
     """Write group ``g``'s heads of ``out``: each segment is a dense attention over its kept
     tokens, taken as strided views (no copy) and folded into the batch of one SDPA call per
     chunk of segments. Needs a length that is a multiple of the segment length."""
-    batch, seq_len = q.shape[:2]
-    w, r, o = g.segment_length, g.dilation_rate, g.offset
-    segments_per_chunk = max(1, max_chunk_tokens // w)
-    for b in range(batch):
-        for s0 in range(0, seq_len // w, segments_per_chunk):
-            tokens = slice(s0 * w, min(seq_len, (s0 + segments_per_chunk) * w))
-
-            def fold(x):
-                # (N_chunk, Hg, D) -> (segments, Hg, w/r, D): a strided view, no copy
-                x = x[b, tokens, g.heads].unflatten(0, (-1, w))[:, o::r]
-                return x.transpose(1, 2)
-
-            fold(out).copy_(F.scaled_dot_product_attention(fold(q), fold(k), fold(v), is_causal=is_causal))
+    per_chunk = max(1, max_chunk_tokens // g.segment_length)
+    views = [kept_tokens(x, g) for x in (q, k, v, out)]
+    for b in range(q.shape[0]):
+        for s0 in range(0, views[0].shape[1], per_chunk):
+            # (segments, Hg, w/r, D) views of this batch element's chunk
+            qc, kc, vc, oc = (x[b, s0:s0 + per_chunk].transpose(1, 2) for x in views)
+            oc.copy_(F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
 
 
 def group_output(q, k, v, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> torch.Tensor:
@@ -214,8 +214,7 @@ def group_output(q, k, v, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) 
     def chunks(x):  # (B, N, H, D) -> per chunk of segments (B * segments, Hg, w/r, D)
         # one slice of x per group and one split into chunks: the backward of a slice builds a
         # gradient as large as x, so slicing per chunk would cost chunks x N again
-        x = x[:, :, g.heads].unflatten(1, (segments, w))[:, :, o::r]
-        return [c.flatten(0, 1).transpose(1, 2) for c in x.split(per_chunk, dim=1)]
+        return [c.flatten(0, 1).transpose(1, 2) for c in kept_tokens(x, g).split(per_chunk, dim=1)]
 
     parts = [F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal).transpose(1, 2).unflatten(0, (batch, -1))
              for qc, kc, vc in zip(chunks(q), chunks(k), chunks(v))]  # each (B, segments, w/r, Hg, D)
@@ -229,8 +228,7 @@ def group_output(q, k, v, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) 
 
 def _picked(q, g: HeadGroup, is_causal: bool) -> str:
     """The SDPA backend the dispatcher picks for one folded segment of group ``g``."""
-    w, r, o = g.segment_length, g.dilation_rate, g.offset
-    x = q[:1, :w, g.heads].unflatten(1, (1, w))[:, :, o::r].flatten(0, 1).transpose(1, 2)
+    x = kept_tokens(q[:1, :g.segment_length], g)[0].transpose(1, 2)
     return sdpa_backend_in_use(x, x, x, is_causal)
 
 
