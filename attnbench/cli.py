@@ -294,17 +294,22 @@ def _scaling_readout(out_dir: Path) -> None:
         console.print(f"wrote {out_dir / 'scaling.md'}")
 
 
-def _default_out(plan, env) -> Path:
+def _dated_results_dir(machine: str, name: str) -> Path:
+    """results/DATE-MACHINE-NAME, with -2, -3, ... appended rather than mixing into an earlier run."""
     from attnbench.results import now_utc
 
-    on_gpu = any(s.settings.device == "cuda" for s in plan.series) and env.get("gpus")
-    machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-{plan.name}".lower()).strip("-")
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-{name}".lower()).strip("-")
     base = Path("results") / f"{now_utc()[:10]}-{slug}"
     path, i = base, 2
     while (path / "trials.jsonl").exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1
     return path
+
+
+def _default_out(plan, env) -> Path:
+    on_gpu = any(s.settings.device == "cuda" for s in plan.series) and env.get("gpus")
+    machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
+    return _dated_results_dir(machine, plan.name)
 
 
 class RichReporter:
@@ -464,7 +469,7 @@ def speedup(
     out_dir = Path(out) if out else _speedup_out(settings, env)
     runner = SpeedupRunner(settings, out_dir, env, resume=resume, reporter=SpeedupReporter())
     console.print(f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
-                  f"({', '.join(settings.order())}), {len(settings.cases)} cases on {env['machine']} -> {out_dir}")
+                  f"({', '.join(settings.order())}), {len(settings.cases)} case{'s' if len(settings.cases) != 1 else ''} on {env['machine']} -> {out_dir}")
     interrupted, verified = False, True
     try:
         verified = runner.run()
@@ -488,15 +493,8 @@ def _cuda_device_count() -> int:
 
 
 def _speedup_out(settings, env) -> Path:
-    from attnbench.results import now_utc
-
     machine = f"{env['gpus'][0]['name']} x{settings.gpus}" if settings.device == "cuda" and env.get("gpus") else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-speedup-{settings.impl}".lower()).strip("-")
-    base = Path("results") / f"{now_utc()[:10]}-{slug}"
-    path, i = base, 2
-    while (path / "trials.jsonl").exists():
-        path, i = base.with_name(f"{base.name}-{i}"), i + 1
-    return path
+    return _dated_results_dir(machine, f"speedup-{settings.impl}")
 
 
 class SpeedupReporter:

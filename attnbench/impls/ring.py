@@ -404,17 +404,11 @@ class DenseSchedule(RingSchedule):
         return self.acc.result().transpose(1, 2)
 
 
-class RingAttention(SequenceParallelAttention):
-    """Dense ring attention (zigzag layout when causal)."""
+class DenseSequenceParallel(SequenceParallelAttention):
+    """The dense layout shared by ``ring`` and PyTorch's context parallel: contiguous shards,
+    or zigzag (head-tail) ones when causal so every rank gets equal work."""
 
     counterpart_name = "sdpa"
-
-    def __init__(self, backend: str = "auto") -> None:
-        super().__init__()
-        self.backend = backend
-
-    def config(self):
-        return {"backend": self.backend}
 
     @property
     def granularity(self) -> int:
@@ -423,6 +417,17 @@ class RingAttention(SequenceParallelAttention):
     def shard_positions(self, seq_len, rank, causal):
         world = self.world()
         return zigzag_positions(seq_len, world, rank) if causal else contiguous_positions(seq_len, world, rank)
+
+
+class RingAttention(DenseSequenceParallel):
+    """Dense ring attention (zigzag layout when causal)."""
+
+    def __init__(self, backend: str = "auto") -> None:
+        super().__init__()
+        self.backend = backend
+
+    def config(self):
+        return {"backend": self.backend}
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
         schedule = DenseSchedule(q, rank, is_causal, self.backend)
@@ -601,13 +606,11 @@ def context_parallel_availability() -> str:
     return f"available in torch {torch.__version__}" if not reason else f"UNAVAILABLE: {reason}"
 
 
-class ContextParallelAttention(SequenceParallelAttention):
+class ContextParallelAttention(DenseSequenceParallel):
     """``F.scaled_dot_product_attention`` on DTensors sharded along the sequence, with
     PyTorch's context-parallel dispatcher: its ring (all-gather or all-to-all rotation of
     K/V) around the fused SDPA kernels. CUDA only (its ring handles the CUDA kernels). Causal
     uses its head-tail load balancing, the same zigzag layout as ``ring``."""
-
-    counterpart_name = "sdpa"
 
     def __init__(self, backend: str = "auto", rotate_method: str = "allgather") -> None:
         super().__init__()
@@ -620,14 +623,6 @@ class ContextParallelAttention(SequenceParallelAttention):
 
     def config(self):
         return {"backend": self.backend, "rotate_method": self.rotate_method}
-
-    @property
-    def granularity(self) -> int:
-        return DENSE_GRANULARITY * self.world()
-
-    def shard_positions(self, seq_len, rank, causal):
-        world = self.world()
-        return zigzag_positions(seq_len, world, rank) if causal else contiguous_positions(seq_len, world, rank)
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
         import torch.nn.functional as F

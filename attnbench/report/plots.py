@@ -61,27 +61,25 @@ def memory_plot(rows: list[dict[str, Any]], machine: str):
     return fig
 
 
-def time_plot(rows: list[dict[str, Any]], machine: str):
-    data = _series_points(rows, lambda r: r.get("time_ms"))
+def _per_length_plot(rows: list[dict[str, Any]], field: str, title: str, ylabel: str):
+    """One line per series: ``field`` of each successful trial against its sequence length."""
+    data = _series_points(rows, lambda r: r.get(field))
     if not data:
         return None
-    fig, ax = _figure(f"Time vs sequence length — {machine}", "sequence length (tokens)", "median time per call (ms)")
+    fig, ax = _figure(title, "sequence length (tokens)", ylabel)
     for label, good in data:
-        ax.plot([r["seq_len"] for r in good], [r["time_ms"] for r in good], "o-", label=label)
+        ax.plot([r["seq_len"] for r in good], [r[field] for r in good], "o-", label=label)
     _legend(ax)
     return fig
+
+
+def time_plot(rows: list[dict[str, Any]], machine: str):
+    return _per_length_plot(rows, "time_ms", f"Time vs sequence length — {machine}", "median time per call (ms)")
 
 
 def tflops_plot(rows: list[dict[str, Any]], machine: str):
-    data = _series_points(rows, lambda r: r.get("tflops_executed"))
-    if not data:
-        return None
-    fig, ax = _figure(f"Achieved TFLOP/s (executed FLOPs) vs sequence length — {machine}",
-                      "sequence length (tokens)", "TFLOP/s (executed)")
-    for label, good in data:
-        ax.plot([r["seq_len"] for r in good], [r["tflops_executed"] for r in good], "o-", label=label)
-    _legend(ax)
-    return fig
+    return _per_length_plot(rows, "tflops_executed", f"Achieved TFLOP/s (executed FLOPs) vs sequence length — {machine}",
+                            "TFLOP/s (executed)")
 
 
 def speedup_plot(cases: list[dict[str, Any]], machine: str):
