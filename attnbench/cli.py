@@ -440,7 +440,7 @@ def check(
 def speedup(
     impl: Annotated[str, typer.Option("--impl", help="implementation; see `attnbench list`")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread over (on --device cpu: processes)")] = 2,
-    cases: Annotated[str, typer.Option("--cases", help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2")] = "2048x8,4096x4,8192x2,16384x1",
+    cases: Annotated[Optional[str], typer.Option("--cases", help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 [default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="dp, mp (comma-separated; single always runs as the baseline)")] = "dp,mp",
     module: Annotated[str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")] = "attention",
     grad_compression: Annotated[Optional[str], typer.Option("--grad-compression", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)")] = None,
@@ -457,14 +457,15 @@ def speedup(
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
     from attnbench.report.speedup_tables import write_speedup_tables
     from attnbench.results import capture_env
-    from attnbench.sweeps.speedup import SpeedupRunner, SpeedupSettings, check_settings, parse_cases, parse_strategies
+    from attnbench.sweeps.speedup import (SEED_CASES, SpeedupRunner, SpeedupSettings, check_settings, parse_cases,
+                                          parse_strategies)
 
     device = _resolve_device(device)
     settings = check_settings(SpeedupSettings(
-        impl=impl, config=_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(cases), gpus=gpus,
+        impl=impl, config=_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(SEED_CASES if cases is None else cases), gpus=gpus,
         strategies=parse_strategies(strategy), module=module, grad_compression=grad_compression, dtype=dtype,
         device=device, heads=heads, head_dim=head_dim, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
-    ), _cuda_device_count() if device == "cuda" else 0)
+    ), _cuda_device_count() if device == "cuda" else 0, cases_given=cases is not None)
     env = capture_env()
     out_dir = Path(out) if out else _speedup_out(settings, env)
     runner = SpeedupRunner(settings, out_dir, env, resume=resume, reporter=SpeedupReporter())

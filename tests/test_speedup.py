@@ -247,8 +247,23 @@ def test_cases_parse_and_gpu_count_is_checked():
         check_settings(SpeedupSettings(**{**base.__dict__, "strategies": ("mp",)}), cuda_devices=2)
 
 
+def test_the_seeds_default_cases_run_and_mp_skips_the_batch_it_cannot_split(tmp_path):
+    """Without --cases the seeds' four cases run; 16384x1 cannot split over 2 ranks, so mp
+    records it skipped with the reason (named explicitly, the same case is bad input, below)."""
+    out = tmp_path / "run"
+    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--strategy", "mp", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = speedup_rows(out)
+    assert {case for case, _ in rows} == {"2048x8", "4096x4", "8192x2", "16384x1"}
+    skipped = rows[("16384x1", "mp")]
+    assert skipped["status"] == "skipped" and "batch 1, not a multiple of 2" in skipped["message"]
+    assert skipped["times_ms"] == [] and rows[("16384x1", "single")]["status"] == "ok"
+    assert all(rows[(case, "mp")]["status"] == "ok" for case in ("2048x8", "4096x4", "8192x2"))
+
+
 BAD = {
     "batch mp cannot split": (["--cases", "256x3", "--strategy", "mp"], "not a multiple of 2"),
+    "named case mp cannot split": (["--cases", "16384x1"], "not a multiple of 2"),
     "malformed case": (["--cases", "256by2"], "SEQLENxBATCH"),
     "length the configuration cannot split": (["--cases", "200x2"], "divisible by segment length"),
     "unknown strategy": (["--strategy", "warp"], "unknown strategy"),

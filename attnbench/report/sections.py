@@ -26,9 +26,8 @@ PRODUCERS = {
     "seed-003": "attnbench run --profile seed-003",
     "block-sparse": "attnbench bench --impl block-sparse --seq-lens 64K,128K --param pattern_type=local_window "
                     "--param sparsity_ratio=0.05",
-    "speedup": "attnbench speedup --impl dilated --gpus 2 --cases 2048x8,4096x4,8192x2,16384x1 --strategy dp,mp",
-    "speedup-block-sparse": "attnbench speedup --impl block-sparse --gpus 2 --cases 4096x4,8192x2,16384x1 "
-                            "--strategy dp,mp",
+    "speedup": "attnbench speedup --impl dilated --gpus 2",  # the seeds' cases, dp and mp
+    "speedup-block-sparse": "attnbench speedup --impl block-sparse --gpus 2",
     "ring-max-seq": "attnbench max-seq --impl ring-dilated --gpus 2 --segment-lengths 2048,4096 --dilation-rates 1,2",
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
                    "--dilation-rates 1,2",

@@ -95,9 +95,11 @@ class SpeedupSettings:
         return ("single", *self.strategies)
 
 
-def check_settings(s: SpeedupSettings, cuda_devices: int) -> SpeedupSettings:
+def check_settings(s: SpeedupSettings, cuda_devices: int, cases_given: bool = True) -> SpeedupSettings:
     """Every bad input, before anything runs or is written; returns the settings with the
-    implementation's configuration filled in."""
+    implementation's configuration filled in. A case a strategy cannot run (mp and batch 1) is
+    bad input when the user named the cases; with the seeds' default cases that strategy
+    records the case as skipped, with its reason, and the rest of the table still runs."""
     spec = impls.spec(s.impl)
     check_workload_fields(s.dtype, s.mode, s.device)
     if s.device not in spec.devices:
@@ -123,10 +125,23 @@ def check_settings(s: SpeedupSettings, cuda_devices: int) -> SpeedupSettings:
     except ConfigError as exc:
         raise AttnbenchError(str(exc)) from None
     s = SpeedupSettings(**{**asdict(s), "config": impl.config(), "cases": s.cases})
-    for name in s.strategies:
-        for case in s.cases:
-            strategies.get(name).check(s.workload(case), s.gpus)
+    if cases_given:
+        for name in s.strategies:
+            for case in s.cases:
+                strategies.get(name).check(s.workload(case), s.gpus)
     return s
+
+
+def refusal(s: SpeedupSettings, case: Case, strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot run ``case`` on this device, or None."""
+    reason = strategy.skip(s.device)
+    if reason:
+        return reason
+    try:
+        strategy.check(s.workload(case), s.gpus)
+    except AttnbenchError as exc:
+        return str(exc)
+    return None
 
 
 def _check_compression(s: SpeedupSettings) -> None:
@@ -345,7 +360,7 @@ class SpeedupRunner:
                 self.reporter.trial_done(self.done[key], True)
                 continue
             self.reporter.trial_started(case, name)
-            reason = strategy.skip(self.s.device)
+            reason = refusal(self.s, case, strategy)
             if reason:
                 self._finish({**fields, "key": key, "status": "skipped", "message": reason, "times_ms": [],
                               "output_match": None, "note": reason, "gpus": []}, time.monotonic(), now_utc())
