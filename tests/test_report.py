@@ -492,3 +492,19 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
         section = text.split(f"##### {heading}:")[1].split("\n#")[0]
         assert len([line for line in section.splitlines() if line.startswith("| ") and "Sequence Length" not in line
                     and not line.startswith("|---")]) == trials_per_table
+
+
+@pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.sections", fromlist=["PRODUCERS"]).PRODUCERS))
+def test_every_command_the_report_names_for_missing_data_parses(producer):
+    """A reader copies these commands: each must name a real command and real options."""
+    import shlex
+
+    import typer
+
+    from attnbench.cli import app
+    from attnbench.report.sections import PRODUCERS
+
+    words = shlex.split(PRODUCERS[producer])
+    assert words[0] == "attnbench"
+    command = typer.main.get_command(app).commands[words[1]]
+    command.make_context(words[1], words[2:])  # raises on an unknown option or a missing value
