@@ -313,20 +313,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             row.update(status="time-limit", message=f"one call took {slowest_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
         else:
             phase("timing")
-            warmup, calls = plan_calls(slowest_ms, spec.policy())
-            for _ in range(warmup):
-                dist.barrier()
-                step()
-            breakdowns = []
-            for _ in range(calls):
-                dist.barrier()
-                row["times_ms"].append(timer(step))
-                breakdowns.append(impl.last_breakdown())
-            row["status"] = "ok"
-            for key in ("compute_ms", "comm_wait_ms"):
-                row[key] = statistics.median(b.get(key, 0.0) for b in breakdowns)
-            row["sent_bytes"] = breakdowns[-1].get("sent_bytes")
-            row["comm_steps"] = breakdowns[-1].get("comm_steps")
+            row.update(_timed_calls(impl, step, timer, plan_calls(slowest_ms, spec.policy())), status="ok")
         row["backend"] = impl.last_backend
     row.update(probe.peaks())
     gpu = sampler.per_gpu()
@@ -337,6 +324,28 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
         entry["index"] = getattr(nvml, "index", dev.index)
         row["gpu"] = entry
     return row
+
+
+def _timed_calls(impl, step, timer, plan: tuple[int, int]) -> dict[str, Any]:
+    """Warm-up then timed calls, every call after a barrier so all ranks start together; the
+    rank's times and its median split of each call into compute and communication wait."""
+    import torch.distributed as dist
+
+    warmup, calls = plan
+    for _ in range(warmup):
+        dist.barrier()
+        step()
+    times, breakdowns = [], []
+    for _ in range(calls):
+        dist.barrier()
+        times.append(timer(step))
+        breakdowns.append(impl.last_breakdown())
+    out: dict[str, Any] = {"times_ms": times}
+    for key in ("compute_ms", "comm_wait_ms"):
+        out[key] = statistics.median(b.get(key, 0.0) for b in breakdowns)
+    out["sent_bytes"] = breakdowns[-1].get("sent_bytes")
+    out["comm_steps"] = breakdowns[-1].get("comm_steps")
+    return out
 
 
 class _OneGpu:
