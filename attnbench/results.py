@@ -21,8 +21,8 @@ from typing import Any, Iterable
 
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
+from attnbench.schema import SCHEMA_VERSION, SchemaError, validate
 
-SCHEMA_VERSION = 1
 TRIALS_FILE = "trials.jsonl"
 # Trial statuses; everything but "ok" is a failure that stops a max-seq search.
 STATUSES = ("ok", "oom", "time-limit", "error")
@@ -183,7 +183,8 @@ def series_key(workload: dict[str, Any], world_size: int = 1, strategy: str = "s
 
 
 class ResultsWriter:
-    """Appends rows to ``DIR/trials.jsonl``; each row is one line written at once."""
+    """Appends rows to ``DIR/trials.jsonl``; each row is one line written at once, and only
+    a row its kind's schema accepts (a writer that breaks the schema fails at once)."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
@@ -191,7 +192,9 @@ class ResultsWriter:
 
     def append(self, row: dict[str, Any]) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"schema": SCHEMA_VERSION, **row}, default=_jsonable, allow_nan=False) + "\n"
+        row = {"schema": SCHEMA_VERSION, **row}
+        line = json.dumps(row, default=_jsonable, allow_nan=False) + "\n"
+        validate(json.loads(line))  # the row as a reader will see it
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
@@ -231,7 +234,8 @@ def result_files(path: Path) -> list[Path]:
 
 
 def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    """All rows under the given files or directories, and one problem line per bad line."""
+    """All rows under the given files or directories, each valid for its kind's schema, and
+    one problem line per line skipped (not JSON, or not a valid row: the field is named)."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
     rows, problems = [], []
@@ -247,6 +251,11 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
                             raise ValueError("not an object")
                     except ValueError as exc:
                         problems.append(f"{file}:{lineno}: unreadable line skipped ({exc})")
+                        continue
+                    try:
+                        validate(row)
+                    except SchemaError as exc:
+                        problems.append(f"{file}:{lineno}: invalid row skipped ({exc})")
                         continue
                     row["_file"] = str(file)
                     rows.append(row)

@@ -27,22 +27,30 @@ def test_cli_flags_override_the_profile():
     assert all(s.settings.dtype == "fp32" and s.settings.heads == 4 for s in plan.series)
 
 
+FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
+
+
+def a_verify_row(seed: int) -> dict:
+    row = next(json.loads(line) for line in FIXTURE.read_text().splitlines() if '"kind": "verify"' in line)
+    return {k: v for k, v in row.items() if k != "schema"} | {"seed": seed}
+
+
 def test_corrupt_lines_are_reported_with_file_and_line_and_the_rest_used(tmp_path):
     writer = ResultsWriter(tmp_path)
-    writer.append({"kind": "verify", "n": 1})
+    writer.append(a_verify_row(1))
     with open(writer.path, "a") as f:
         f.write('{"kind": "verify", "n": 2\n')  # truncated by a kill
         f.write("[1, 2]\n")
-    writer.append({"kind": "verify", "n": 3})
+    writer.append(a_verify_row(3))
     rows, problems = read_rows(tmp_path)
-    assert [r["n"] for r in rows] == [1, 3]
+    assert [r["seed"] for r in rows] == [1, 3]
     assert len(problems) == 2 and f"{writer.path}:2:" in problems[0] and f"{writer.path}:3:" in problems[1]
 
 
 def test_rows_never_hold_nan(tmp_path):
     writer = ResultsWriter(tmp_path)
     with pytest.raises(ValueError):
-        writer.append({"x": float("nan")})
+        writer.append(a_verify_row(1) | {"rel_err": float("nan")})
 
 
 def test_attnbench_commit_names_the_commit_over_a_stale_checkout(monkeypatch):

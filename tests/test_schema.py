@@ -1,0 +1,129 @@
+"""The typed result rows: every committed result still loads, and a bad row names its field."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnbench import schema
+from attnbench.results import read_rows
+from attnbench.schema import (
+    MaxSeqResult,
+    SchemaError,
+    Speedup,
+    Trial,
+    Verify,
+    row_from_json,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = sorted((ROOT / "results").rglob("trials.jsonl")) + sorted((ROOT / "tests" / "fixtures").rglob("trials.jsonl"))
+FIXTURE = ROOT / "tests" / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
+GPU_RUN = ROOT / "results" / "2026-11-22-h200-default" / "trials.jsonl"
+
+
+def lines(path):
+    return [(i, json.loads(line)) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+
+
+def without_nulls(value):
+    """The policy: a null optional field and an absent one mean the same (not recorded)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_committed_row_loads_through_the_types(path):
+    rows = lines(path)
+    assert rows
+    for lineno, raw in rows:
+        row = row_from_json(raw)
+        assert isinstance(row, schema.KINDS[raw["kind"]]), f"{path}:{lineno}"
+        assert row.extra == {}, f"{path}:{lineno}: keys the schema does not declare: {sorted(row.extra)}"
+        assert without_nulls(row.to_json()) == without_nulls(raw), f"{path}:{lineno}"
+        assert row_from_json(row.to_json()) == row
+    read, problems = read_rows(path)
+    assert problems == [] and len(read) == len(rows)
+
+
+def test_typed_fields_hold_the_raw_values():
+    raw = next(r for _, r in lines(GPU_RUN) if r["kind"] == "max-seq" and r["status"] == "ok")
+    row = row_from_json(raw)
+    assert isinstance(row, Trial)
+    assert (row.impl, row.seq_len, row.times_ms, row.time_ms) == (raw["impl"], raw["seq_len"], raw["times_ms"], raw["time_ms"])
+    assert row.env.machine == raw["env"]["machine"]
+    assert [(g.index, g.max_memory_allocated) for g in row.gpus] == [
+        (g["index"], g["max_memory_allocated"]) for g in raw["gpus"]] != []
+
+
+def test_every_kind_written_today_has_a_type():
+    assert set(schema.KINDS) == {"max-seq", "points", "max-seq-result", "verify", "speedup"}
+    assert {schema.KINDS[k] for k in schema.KINDS} == {Trial, MaxSeqResult, Verify, Speedup}
+
+
+def a_verify_row():
+    return next(r for _, r in lines(FIXTURE) if r["kind"] == "verify")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("seq_len"), "verify row: missing field 'seq_len'"),
+    (lambda r: r.update(seq_len="4096"), "verify row: field 'seq_len' is a string ('4096'), expected an integer"),
+    (lambda r: r.update(seq_len=True), "field 'seq_len' is a boolean (True), expected an integer"),
+    (lambda r: r.update(causal=None), "field 'causal' is null, expected true or false"),
+    (lambda r: r.update(rel_err="small"), "field 'rel_err' is a string ('small'), expected a number"),
+    (lambda r: r["env"].pop("machine"), "field 'env': missing field 'machine'"),
+    (lambda r: r.update(schema=2), "field 'schema' is 2, this attnbench reads schema 1; upgrade attnbench"),
+    (lambda r: r.pop("schema"), "missing field 'schema'"),
+    (lambda r: r.update(kind="histogram"), "field 'kind' is 'histogram', expected one of"),
+])
+def test_a_bad_row_is_one_line_naming_the_field(change, message):
+    row = a_verify_row()
+    change(row)
+    with pytest.raises(SchemaError) as err:
+        row_from_json(row)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_nested_entry_is_named_by_position():
+    raw = next(r for _, r in lines(GPU_RUN) if r["kind"] == "max-seq" and r["gpus"])
+    raw["gpus"][0]["index"] = "zero"
+    with pytest.raises(SchemaError, match=r"field 'gpus'\[0\]: field 'index' is a string"):
+        row_from_json(raw)
+
+
+def test_keys_added_later_are_kept_and_written_back():
+    raw = {**a_verify_row(), "energy_j": 1.5}
+    row = row_from_json(raw)
+    assert row.extra == {"energy_j": 1.5}
+    assert row.to_json()["energy_j"] == 1.5
+
+
+def test_ints_are_numbers_and_null_means_not_recorded():
+    raw = {**a_verify_row(), "rel_err": 0, "backend": None}
+    row = row_from_json(raw)
+    assert row.rel_err == 0.0 and isinstance(row.rel_err, float) and row.backend is None
+    assert "backend" not in row.to_json()
+
+
+def test_reader_skips_an_invalid_row_and_names_file_line_and_field(tmp_path):
+    good = FIXTURE.read_text().splitlines(keepends=True)
+    bad = {**json.loads(good[0]), "seq_len": "long"}
+    path = tmp_path / "trials.jsonl"
+    path.write_text(good[0] + json.dumps(bad) + "\n" + "".join(good[1:]))
+    rows, problems = read_rows(path)
+    assert len(rows) == len(good)
+    assert problems == [f"{path}:2: invalid row skipped ({bad['kind']} row: field 'seq_len' is a string ('long'), "
+                        "expected an integer)"]
+
+
+def test_writer_refuses_a_row_that_breaks_the_schema(tmp_path):
+    from attnbench.results import ResultsWriter
+
+    row = a_verify_row()
+    del row["status"]
+    with pytest.raises(SchemaError, match="missing field 'status'"):
+        ResultsWriter(tmp_path).append(row)
+    assert not (tmp_path / "trials.jsonl").exists()
