@@ -30,11 +30,13 @@ from typing import Any
 
 from scipy.stats import mannwhitneyu
 
+from attnbench import units
 from attnbench.errors import AttnbenchError
+from attnbench.report.data import config_text, describe
 from attnbench.report.markdown import table
 from attnbench.report.sweep_tables import TRIAL_KINDS, max_seq_summary
-from attnbench.results import SCHEMA_VERSION, clean_floats, read_rows, result_files
-from attnbench.units import format_bytes
+from attnbench.results import clean_floats, read_rows, result_files
+from attnbench.units import format_bytes, format_ms, format_ratio
 
 ASPECTS = ("time", "memory", "capacity", "correctness", "bytes")
 DETERMINISTIC_ASPECTS = ("correctness", "capacity", "bytes")
@@ -152,19 +154,13 @@ def capacity_identity(row: dict[str, Any]) -> str:
 
 
 def short_tokens(n: int | None) -> str:
-    if not n:
-        return "none"
-    for suffix, size in (("M", 2**20), ("K", 2**10)):
-        if n >= size and n % (size // 8) == 0:
-            v = n / size
-            return f"{v:.0f}{suffix}" if v == int(v) else f"{v:g}{suffix}"
-    return str(n)
+    """A length as the check shows it: exact ('2.875M'), 'none' when nothing ran."""
+    return units.short_tokens(n, exact=True) if n else "none"
 
 
-def describe(row: dict[str, Any], with_len: bool = True) -> str:
-    label = row.get("label") or row["impl"] + (
-        "(" + ", ".join(f"{k}={_list(v)}" for k, v in row.get("config", {}).items()) + ")" if row.get("config") else "")
-    bits = [label, row.get("dtype", "?"), f"B={row.get('batch')} H={row.get('heads')} D={row.get('head_dim')}"]
+def describe_trial(row: dict[str, Any], with_len: bool = True) -> str:
+    """A trial in a finding: the series' name as the report gives it, and its settings."""
+    bits = [describe(row), row.get("dtype", "?"), f"B={row.get('batch')} H={row.get('heads')} D={row.get('head_dim')}"]
     if row.get("mode"):
         bits.append(row["mode"])
     if row.get("causal"):
@@ -174,10 +170,6 @@ def describe(row: dict[str, Any], with_len: bool = True) -> str:
     if with_len:
         bits.append(f"N={short_tokens(row.get('seq_len'))}")
     return " ".join(bits)
-
-
-def _list(v: Any) -> str:
-    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 @dataclass
@@ -203,7 +195,8 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
         rows, problems = read_rows(files)
     except (OSError, UnicodeDecodeError) as exc:
         raise AttnbenchError(f"{label} {path}: cannot read it ({exc})") from None
-    problems = [p.replace(": unreadable line skipped (", ": unreadable line (") for p in problems]
+    # read_rows skips what is not JSON or not a valid row (schema version, a field's type)
+    problems = [p.replace(" line skipped (", " line (").replace(" row skipped (", " row (") for p in problems]
     if problems and not skip_unreadable:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
         raise AttnbenchError(f"{label} {problems[0]}{more}: repair or delete the line, "
@@ -212,14 +205,6 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
     rows = [r for r in rows if r.get("kind") in TRIAL_KINDS + ("verify", "max-seq-result")]
     if not rows:
         raise AttnbenchError(f"{label} {path} holds no result rows (trials or reference checks)")
-    for r in rows:
-        if r.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-            raise AttnbenchError(f"{label} {r['_file']}: result schema {r.get('schema')} is not {SCHEMA_VERSION}; "
-                                 "compare results written by the same attnbench schema")
-        missing = [k for k in ("impl", "config", "seq_len", "dtype", "device") if k not in r]
-        if missing or (r["kind"] != "max-seq-result" and "status" not in r):
-            raise AttnbenchError(f"{label} {r['_file']}: a {r['kind']} row lacks {', '.join(missing) or 'status'}; "
-                                 "is it an attnbench results file?")
     trials: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r["kind"] in TRIAL_KINDS:
@@ -343,9 +328,9 @@ class _Comparison:
         return aspect in self.t.aspects
 
     def run(self) -> None:
-        self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe(rows[0]))
+        self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
         self._match(self.base.capacity, self.cur.capacity, self._capacity,
-                    lambda s: f"max-seq of {describe(s['row'], with_len=False)}")
+                    lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}")
         self._verify()
         if not self.measured and (self.not_compared or not self.checked):
             self._nothing_in_common()
@@ -375,7 +360,7 @@ class _Comparison:
     def _add(self, aspect, verdict, rows, model, baseline, current, change, evidence="", **numbers) -> None:
         """``rows``: a trial's rows, or the name of what was judged."""
         if isinstance(rows, list):
-            rows, numbers = describe(rows[0]), {"seq_len": rows[0].get("seq_len"), **numbers}
+            rows, numbers = describe_trial(rows[0]), {"seq_len": rows[0].get("seq_len"), **numbers}
         self.findings.append(Finding(aspect, verdict, rows, model, baseline, current, change, evidence, numbers))
 
     # --- one matched trial --------------------------------------------------------------
@@ -389,8 +374,8 @@ class _Comparison:
             return
         if self.wants("time") and b["samples"] and c["samples"]:
             v = compare_times(b["samples"], c["samples"], self.t.time_factor, self.t.alpha)
-            self._add("time", v.verdict, cur_rows, model, _ms(statistics.median(b["samples"])),
-                      _ms(statistics.median(c["samples"])), _times(v.ratio), v.evidence,
+            self._add("time", v.verdict, cur_rows, model, format_ms(statistics.median(b["samples"]), adaptive=True),
+                      format_ms(statistics.median(c["samples"]), adaptive=True), format_ratio(v.ratio), v.evidence,
                       ratio=v.ratio, p_value=v.p_value, n_baseline=len(b["samples"]), n_current=len(c["samples"]))
         if self.wants("memory"):
             self._memory(b, c, cur_rows, model)
@@ -401,7 +386,7 @@ class _Comparison:
         if b["status"] == c["status"] or (b["status"] != "ok" and c["status"] != "ok"):
             return
         if self.t.deterministic and "time-limit" in (b["status"], c["status"]):
-            self.not_compared.append(f"{describe(cur_rows[0])}: {b['status']} -> {c['status']}; "
+            self.not_compared.append(f"{describe_trial(cur_rows[0])}: {b['status']} -> {c['status']}; "
                                      "a time limit is not deterministic")
             return
         if c["status"] != "ok":
@@ -416,7 +401,7 @@ class _Comparison:
         f = self.t.memory_factor
         verdict = "regression" if ratio > f else "improvement" if ratio < 1 / f else "unchanged"
         self._add("memory", verdict, cur_rows, model, format_bytes(b["peak"]), format_bytes(c["peak"]),
-                  _times(ratio), f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
+                  format_ratio(ratio), f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
                   if verdict != "unchanged" else f"within x{f:g}", ratio=ratio)
 
     def _exact(self, b: dict, c: dict, cur_rows, model) -> None:
@@ -436,7 +421,7 @@ class _Comparison:
     def _capacity(self, b: dict, c: dict, model: str) -> None:
         if not self.wants("capacity"):
             return
-        name = f"max-seq of {describe(c['row'], with_len=False)}"
+        name = f"max-seq of {describe_trial(c['row'], with_len=False)}"
         if not (b["complete"] and c["complete"]):
             side = "baseline" if not b["complete"] else "current"
             self.not_compared.append(f"{name}: the {side} search did not finish")
@@ -511,7 +496,7 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _verify_name(r: dict[str, Any]) -> str:
-    cfg = " ".join(f"{k}={_list(v)}" for k, v in r["config"].items() if k != "max_chunk_tokens")
+    cfg = config_text(r["config"], sep=" ")
     return (f"{r['impl']}{' ' + cfg if cfg else ''} {r['dtype']} B={r['batch']} N={r['seq_len']} H={r['heads']} "
             f"D={r['head_dim']}{' causal' if r.get('causal') else ''} on {r['device']}")
 
@@ -519,14 +504,6 @@ def _verify_name(r: dict[str, Any]) -> str:
 def _impls(side: Side) -> str:
     names = sorted({json.loads(k[0])["impl"] for k in side.trials} | {r["impl"] for r in side.verify})
     return f"{side.rows} rows of {', '.join(names) or 'nothing'} on {', '.join(side.models) or '?'}"
-
-
-def _ms(x: float) -> str:
-    return f"{x:,.3g} ms" if x < 100 else f"{x:,.0f} ms"
-
-
-def _times(ratio: float) -> str:
-    return f"x{ratio:.2f}"
 
 
 # ---------------------------------------------------------------------------------------

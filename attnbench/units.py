@@ -1,7 +1,10 @@
-"""Parsing and formatting of sizes, lengths and lists given on the command line."""
+"""Units: parsing what the command line gives (sizes, lengths, lists), and every formatting
+of a number for people (times, bytes, tokens, ratios, sparsity), so each reads the same in
+the report, the check and the console."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from attnbench.errors import AttnbenchError
@@ -55,11 +58,67 @@ def format_bytes(n: float | None, unit: str = "auto") -> str:
     return f"{n / scale:,.2f} {unit}"
 
 
-def format_tokens(n: int) -> str:
-    """65536 -> '65,536 (64K)', 33554432 -> '33,554,432 (32M)'."""
+def short_tokens(n: int, exact: bool = False) -> str:
+    """65536 -> '64K', 1572864 -> '1.5M' (binary multiples, one decimal). ``exact``: only
+    where the short form is the exact length (to 1/8 K or M, '2.875M'), else the digits."""
     for suffix, size in (("M", 2**20), ("K", 2**10)):
         if n >= size:
             short = n / size
-            text = f"{short:.0f}" if short == int(short) else f"{short:.1f}"
-            return f"{n:,} ({text}{suffix})"
-    return f"{n:,}"
+            if exact:
+                if n % (size // 8) == 0:
+                    return f"{short:g}{suffix}"
+                continue
+            return (f"{short:.0f}" if short == int(short) else f"{short:.1f}") + suffix
+    return str(n)
+
+
+def format_tokens(n: int) -> str:
+    """65536 -> '65,536 (64K)', 33554432 -> '33,554,432 (32M)'."""
+    return f"{n:,} ({short_tokens(n)})" if n >= 2**10 else f"{n:,}"
+
+
+def format_ms(t: float | None, adaptive: bool = False, space: bool = True) -> str:
+    """Milliseconds: two decimals ('1,234.57 ms'), or ``adaptive``, more decimals for
+    shorter times ('1,234.5', '12.34', '1.234'), for a column that mixes kernels of
+    microseconds with steps of seconds. '-' for no time."""
+    if t is None:
+        return "-"
+    unit = " ms" if space else "ms"
+    if not adaptive:
+        return f"{t:,.2f}{unit}"
+    return (f"{t:,.1f}" if t >= 100 else f"{t:.2f}" if t >= 10 else f"{t:.3f}") + unit
+
+
+def format_bytes_short(n: float) -> str:
+    """Three significant digits, for coefficients of a formula: '1.23 GB', '512 B'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def format_bytes_per_token(n: float) -> str:
+    return f"{n / 1e3:,.2f} KB/token"
+
+
+def format_tokens_per_s(x: float) -> str:
+    return f"{x:,.0f} tok/s"
+
+
+def format_ratio(x: float | None, decimals: int = 2) -> str:
+    """A ratio of two times, memories or lengths: '1.85x'; '-' for none."""
+    return "-" if x is None else f"{x:.{decimals}f}x"
+
+
+def format_sparsity(kept: float | None, causal: bool = False) -> str:
+    """The share of query-key pairs an attention mask skips, from the share it keeps:
+    'Dense', or '99.3% sparse' with enough decimals that the kept share shows two
+    significant digits (99.93%, not 100.0%). Causal: the mask's own half is not counted."""
+    if kept is None:
+        return "-"
+    full = 0.5 if causal else 1.0  # a causal mask keeps about half of all pairs by itself
+    if kept >= full * 0.999:
+        return "Dense"
+    kept_pct = kept / full * 100
+    decimals = max(1, 1 - math.floor(math.log10(kept_pct))) if kept_pct > 0 else 1
+    return f"{100 - kept_pct:.{decimals}f}% sparse"

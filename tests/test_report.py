@@ -443,7 +443,7 @@ def test_make_report_runs_the_sweep_then_the_report_on_it():
 
 
 def test_sparsity_keeps_two_significant_digits_of_the_kept_share():
-    from attnbench.report.sweep_tables import sparsity_text
+    from attnbench.units import format_sparsity as sparsity_text
 
     # dilated [2048, 4096] / [1, 2] at 4M keeps ~0.07% of pairs: not "100.0% sparse"
     assert sparsity_text(0.00073) == "99.927% sparse"

@@ -111,16 +111,19 @@ def tokens(row: dict[str, Any]) -> int:
     return int(row.get("batch") or 1) * int(row["seq_len"])
 
 
-def config_text(config: dict[str, Any] | None) -> str:
-    def show(v):
-        return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-    return ", ".join(f"{k}={show(v)}" for k, v in (config or {}).items() if k != "max_chunk_tokens")
+def value_text(v: Any) -> str:
+    """A parameter's value: lists as '1024,2048'."""
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def config_text(config: dict[str, Any] | None, sep: str = ", ") -> str:
+    return sep.join(f"{k}={value_text(v)}" for k, v in (config or {}).items() if k != "max_chunk_tokens")
 
 
 def describe(row: dict[str, Any]) -> str:
-    """What a series is, for a table cell: its label (implementation and parameters)."""
-    label = row.get("label") or f"{row.get('impl')}({config_text(row.get('config'))})"
-    return label
+    """What a series is, for a table cell: its label, else the implementation and its parameters."""
+    config = config_text(row.get("config"))
+    return row.get("label") or (f"{row.get('impl')}({config})" if config else str(row.get("impl")))
 
 
 def settings_key(row: dict[str, Any]) -> tuple:

@@ -84,18 +84,11 @@ class MemoryFit:
         return float(min(real))
 
     def formula(self) -> str:
-        from attnbench.units import format_bytes
+        from attnbench.units import format_bytes, format_bytes_short
 
-        terms = [format_bytes(self.coef[0])] + [f"{_bytes_short(c)}·N" + ("²" if i == 2 else "")
+        terms = [format_bytes(self.coef[0])] + [f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "")
                                                  for i, c in enumerate(self.coef[1:], 1)]
         return " + ".join(terms).replace("+ -", "- ")
-
-
-def _bytes_short(b: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= size:
-            return f"{b / size:.3g} {unit}"
-    return f"{b:.3g} B"
 
 
 def fit_memory(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFit | None:

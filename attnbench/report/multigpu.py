@@ -26,7 +26,7 @@ RING_COUNTERPART = {"ring": "sdpa", "context-parallel": "sdpa", "ring-dilated": 
                     "ring-dilated-hilbert": "dilated", "block-sparse-ring": "block-sparse"}
 
 
-def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def speedup_trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("kind") == SPEEDUP_KIND]
 
 
@@ -45,7 +45,7 @@ def _pick(candidates: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, An
 
 def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each multi-GPU speedup row with its single-GPU baseline (same case, same machine)."""
-    rows = speedup_rows(rows)
+    rows = speedup_trials(rows)
     singles: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("strategy") == "single":

@@ -12,13 +12,41 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from attnbench.report import data as d
-from attnbench.report.fit import (ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity,
-                                  capacities)
+from attnbench.report.fit import (
+    ACCURACY_TARGET,
+    GIB,
+    GPU_SIZES_GIB,
+    MIN_TRIALS_FOR_TARGET,
+    Capacity,
+    capacities,
+)
 from attnbench.report.markdown import Table, result_text
-from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
-                                       rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
-from attnbench.report.sweep_tables import max_seq_summary, memory_table, series_groups, summary_table, time_table
-from attnbench.units import format_bytes, format_tokens
+from attnbench.report.multigpu import (
+    STRATEGY_NAMES,
+    gpus_in,
+    max_seq_by_series,
+    memory_per_gpu_cells,
+    rank_breakdown,
+    ring_pairs,
+    scaling_families,
+    speedup_cases,
+    speedup_groups,
+)
+from attnbench.report.sweep_tables import (
+    max_seq_summary,
+    memory_table,
+    series_groups,
+    summary_table,
+    time_table,
+)
+from attnbench.units import (
+    format_bytes,
+    format_bytes_per_token,
+    format_ms,
+    format_ratio,
+    format_tokens,
+    format_tokens_per_s,
+)
 
 # The command that produces each kind of data, named where the data is missing.
 PRODUCERS = {
@@ -42,20 +70,7 @@ def gb(v: float) -> str:
     return format_bytes(v, "GB")
 
 
-def ms(v: float) -> str:
-    return f"{v:,.2f} ms"
-
-
-def times(v: float) -> str:
-    return f"{v:.2f}x"
-
-
-def tok_s(v: float) -> str:
-    return f"{v:,.0f} tok/s"
-
-
-def per_token(v: float) -> str:
-    return f"{v / 1e3:,.2f} KB/token"
+ms, times, tok_s, per_token = format_ms, format_ratio, format_tokens_per_s, format_bytes_per_token
 
 
 def pct(v: float) -> str:

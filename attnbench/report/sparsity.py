@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.report.markdown import result_text, table
-from attnbench.units import format_tokens
+from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"
 DENSE = "sdpa"
@@ -35,8 +35,9 @@ def achieved_kept(r: dict[str, Any]) -> float | None:
     return kept * n / ((n + 1) / 2) if r.get("causal") else kept
 
 
-def sparsity_text(ratio: float | None) -> str:
-    return "Dense" if ratio is None or ratio >= 1 else f"{(1 - ratio) * 100:g}% Sparse"
+def _configured_sparsity(config: dict[str, Any]) -> str:
+    ratio = config.get("sparsity_ratio")
+    return format_sparsity(1.0 if ratio is None else ratio)
 
 
 def sparsity_table(rows: list[dict[str, Any]], level: int = 5) -> str:
@@ -91,7 +92,7 @@ def _row(r: dict[str, Any], dense: dict[str, Any] | None) -> list[Any]:
     sparse = r["impl"] == SPARSE
     kept = achieved_kept(r)
     if sparse:
-        pattern, block, sparsity = c.get("pattern_type"), c.get("block_size"), sparsity_text(c.get("sparsity_ratio"))
+        pattern, block, sparsity = c.get("pattern_type"), c.get("block_size"), _configured_sparsity(c)
     else:
         pattern, block, sparsity = f"dense sdpa ({r.get('backend') or c.get('backend')})", "-", "Dense"
     return [

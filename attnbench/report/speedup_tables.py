@@ -18,7 +18,7 @@ import pandas as pd
 
 from attnbench.report.markdown import result_text, table
 from attnbench.results import read_rows, write_text_atomic
-from attnbench.units import format_bytes
+from attnbench.units import format_bytes, format_ms, format_ratio
 
 KIND = "speedup"
 # a single row and a multi-GPU row answer the same question when these agree
@@ -68,16 +68,6 @@ def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _ms(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return f"{t:,.1f}ms" if t >= 100 else f"{t:.2f}ms" if t >= 10 else f"{t:.3f}ms"
-
-
-def _speedup_text(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
 def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
     """Report 001's table for one strategy (rows from ``speedup_rows`` of one group)."""
     body = []
@@ -91,9 +81,9 @@ def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
             notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
         if r.get("note") and r["status"] != "skipped":
             notes.append(r["note"])
-        body.append([f"{r['seq_len']:,} tokens", r["batch"], _ms(r.get("single_time_ms")),
-                     _ms(r.get("time_ms")) if r["status"] == "ok" else result_text(r["status"]),
-                     _speedup_text(r.get("speedup")), "; ".join(notes)])
+        body.append([f"{r['seq_len']:,} tokens", r["batch"], format_ms(r.get("single_time_ms"), adaptive=True, space=False),
+                     format_ms(r.get("time_ms"), adaptive=True, space=False) if r["status"] == "ok" else result_text(r["status"]),
+                     format_ratio(r.get("speedup")), "; ".join(notes)])
     return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
 
 

@@ -8,7 +8,6 @@ plus a summary of each series' largest length and what stopped it. Reads rows on
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pandas as pd
 from attnbench.report.markdown import result_text, short_message, table
 from attnbench.report.sparsity import sparsity_table
 from attnbench.results import read_rows, write_text_atomic
-from attnbench.units import format_bytes, format_tokens
+from attnbench.units import format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
 CSV_COLUMNS = [
@@ -84,18 +83,6 @@ def _notes(r: dict[str, Any]) -> str:
     return "; ".join(bits)
 
 
-def sparsity_text(kept: float | None, causal: bool = False) -> str:
-    if kept is None:
-        return "-"
-    full = 0.5 if causal else 1.0  # a causal mask keeps about half of all pairs by itself
-    if kept >= full * 0.999:
-        return "Dense"
-    kept_pct = kept / full * 100
-    # enough decimals that the kept share shows two significant digits (99.93%, not 100.0%)
-    decimals = max(1, 1 - math.floor(math.log10(kept_pct))) if kept_pct > 0 else 1
-    return f"{100 - kept_pct:.{decimals}f}% sparse"
-
-
 def memory_table(trials: list[dict[str, Any]]) -> str:
     return table(
         ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
@@ -110,7 +97,7 @@ def time_table(trials: list[dict[str, Any]]) -> str:
         ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"],
         [[format_tokens(r["seq_len"]), f"{r['time_ms']:,.2f}" if r.get("time_ms") else "-",
           f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
-          result_text(r["status"]), sparsity_text(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
+          result_text(r["status"]), format_sparsity(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
     )
 
 
