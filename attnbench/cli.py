@@ -61,7 +61,7 @@ def verify(
     from attnbench.reference import TOLERANCE, default_cases
     from attnbench.results import ResultsWriter, capture_env, clean_floats
     from attnbench.sweeps import seqpar
-    from attnbench.trial import run_verify_isolated
+    from attnbench.sweeps.verification import run_reference_checks
     from attnbench.workload import check_workload_fields
 
     names = impl or impls.names()
@@ -79,8 +79,7 @@ def verify(
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
-        rows = run_verify_isolated(cases) if device == "cuda" and cases else [_run(c) for c in cases]
-        rows += seqpar.verify(ranked) if ranked else []
+        rows = run_reference_checks(cases + ranked)
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
     for col in ("impl", "config", "ranks", "B", "N", "H", "D", "causal", "dtype", "rel. error", "vs single", "tolerance", "result"):
         t.add_column(col)
@@ -116,12 +115,6 @@ def _verify_worlds(gpus: str | None, device: str) -> list[int]:
     for w in worlds:
         seqpar.check_world(device, w)
     return worlds
-
-
-def _run(case):
-    from attnbench.reference import run_case
-
-    return run_case(case)
 
 
 def _config_short(config: dict[str, Any]) -> str:

@@ -21,7 +21,9 @@ from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
 from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
-from attnbench.trial import TrialSpec, execute, run_isolated, run_verify_isolated
+from attnbench.sweeps.verification import config_text as _config_text
+from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
+from attnbench.trial import TrialSpec, execute, run_isolated
 
 
 class Reporter(Protocol):
@@ -134,22 +136,8 @@ class SweepRunner:
         at all is bad input (wrong dtype for a backend, say) and stops here."""
         if not self.plan.verify:
             return []
-        cases = verify_cases(self.plan)
-        distributed = [c for c in cases if impls.spec(c.impl).distributed]
-        cases = [c for c in cases if not impls.spec(c.impl).distributed]
-        on_cuda = any(c.device == "cuda" for c in cases)
-        # On the GPU in a child, so this process never holds a CUDA context during trials.
-        rows = run_verify_isolated(cases) if on_cuda else [_run_case(c) for c in cases]
-        if distributed:  # across ranks under torchrun, against the reference and the single-device output
-            from attnbench.sweeps import seqpar
-
-            rows += seqpar.verify(distributed)
-        for row in rows:
-            if row["status"] == "error":
-                raise AttnbenchError(
-                    f"{row['impl']} {_config_text(row['config'])} cannot run {row['dtype']} on {row['device']}: "
-                    f"{row['message']}; choose another --dtype, backend or configuration"
-                )
+        rows = run_reference_checks(verify_cases(self.plan))
+        refuse_unrunnable(rows)
         return rows
 
     # --- the run --------------------------------------------------------------------------
@@ -245,12 +233,3 @@ def _parallelism(s: Series) -> dict[str, Any]:
         return {"world_size": s.world_size, "strategy": STRATEGY}
     return {"world_size": 1, "strategy": "single"}
 
-
-def _config_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
-
-
-def _run_case(case: VerifyCase) -> dict[str, Any]:
-    from attnbench.reference import run_case
-
-    return run_case(case)

@@ -27,6 +27,7 @@ from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
+from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.units import parse_tokens
 from attnbench.workload import Workload, check_workload_fields
 
@@ -317,16 +318,8 @@ class SpeedupRunner:
     def verify(self) -> list[dict[str, Any]]:
         """The configuration against the float64 reference at a small length first; one
         that cannot run at all is bad input."""
-        from attnbench.reference import run_case
-        from attnbench.trial import run_verify_isolated
-
-        s = self.s
-        case = self._verify_case()
-        rows = run_verify_isolated([case]) if s.device == "cuda" else [run_case(case)]
-        for row in rows:
-            if row["status"] == "error":
-                raise AttnbenchError(f"{s.impl} cannot run {s.dtype} on {s.device}: {row['message']}; "
-                                     "choose another --dtype, backend or configuration")
+        rows = run_reference_checks([self._verify_case()])
+        refuse_unrunnable(rows)
         return rows
 
     def _verify_case(self) -> VerifyCase:
