@@ -19,24 +19,19 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
-from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
+from attnbench.results import now_utc, series_key
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
+from attnbench.sweeps.session import Reporter as BaseReporter
+from attnbench.sweeps.session import RunSession
 from attnbench.sweeps.verification import config_text as _config_text
-from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trial import TrialSpec, execute, run_isolated
 
 
-class Reporter(Protocol):
-    def verify_done(self, rows: list[dict[str, Any]]) -> None: ...
+class Reporter(BaseReporter, Protocol):
     def series_started(self, series: Series, index: int, total: int) -> None: ...
     def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
     def trial_done(self, series: Series, row: dict[str, Any], replayed: bool) -> None: ...
     def series_done(self, series: Series, result: SearchResult | None) -> None: ...
-
-
-class SilentReporter:
-    def __getattr__(self, name):
-        return lambda *a, **k: None
 
 
 def cuda_available() -> bool:
@@ -113,40 +108,24 @@ class SeriesOutcome:
     result: SearchResult | None
 
 
-class SweepRunner:
+class SweepRunner(RunSession):
     def __init__(self, plan: Plan, out_dir: Path, env: dict[str, Any], resume: bool = False,
                  reporter: Reporter | None = None) -> None:
+        super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
-        self.out_dir = Path(out_dir)
-        self.env = env
-        self.resume = resume
-        self.reporter = reporter or SilentReporter()
-        self.writer = ResultsWriter(self.out_dir)
-        self.run_id = self.out_dir.name
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
-        for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"]):
+        for r in self.resumed_rows():
             if r.get("kind") in ("max-seq", "points") and "series" in r:
                 self._done[(r["series"], r["seq_len"])] = r
-
-    def verify(self) -> list[dict[str, Any]]:
-        """Check each configuration against the float64 reference; a case that cannot run
-        at all is bad input (wrong dtype for a backend, say) and stops here."""
-        if not self.plan.verify:
-            return []
-        rows = run_reference_checks(verify_cases(self.plan))
-        refuse_unrunnable(rows)
-        return rows
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> list[SeriesOutcome]:
         self.prepare()
-        verify_rows = self.verify()
-        for row in verify_rows:
-            self._append({**row, "run": self.run_id, "env": self.env})
-        self.reporter.verify_done(verify_rows)
+        # each configuration against the float64 reference before any of its trials
+        verify_rows = self.check_against_reference(verify_cases(self.plan)) if self.plan.verify else []
         failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
         outcomes = []
         for i, s in enumerate(self.plan.series):
@@ -170,7 +149,7 @@ class SweepRunner:
             start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
-        self._append({
+        self.append({
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
             "first_failure": result.first_failure, "stop_status": result.stop_status,
@@ -212,13 +191,10 @@ class SweepRunner:
             "max_trial_seconds": st.max_trial_seconds, "memory_limit": st.memory_limit,
             **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
         }
-        self._append(row)
+        self.append(row)
         self._done[key] = row
         self.reporter.trial_done(s, row, False)
         return row["status"]
-
-    def _append(self, row: dict[str, Any]) -> None:
-        self.writer.append(clean_floats(row))
 
 
 def _workload_fields(wl) -> dict[str, Any]:

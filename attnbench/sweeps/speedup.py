@@ -24,10 +24,11 @@ from typing import Any, Callable, Protocol
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.reference import TOLERANCE, VerifyCase
-from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume
+from attnbench.results import now_utc
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
-from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
+from attnbench.sweeps.session import Reporter as BaseReporter
+from attnbench.sweeps.session import RunSession
 from attnbench.units import parse_tokens
 from attnbench.workload import Workload, check_workload_fields
 
@@ -275,52 +276,34 @@ def notes_for(row: dict[str, Any], strategy: Strategy) -> str:
 # The run
 # ---------------------------------------------------------------------------------------
 
-class Reporter(Protocol):
-    def verify_done(self, rows: list[dict[str, Any]]) -> None: ...
+class Reporter(BaseReporter, Protocol):
     def trial_started(self, case: Case, strategy: str) -> None: ...
     def trial_done(self, row: dict[str, Any], replayed: bool) -> None: ...
-
-
-class _Silent:
-    def __getattr__(self, name):
-        return lambda *a, **k: None
 
 
 Launcher = Callable[..., list[dict[str, Any]]]
 
 
-class SpeedupRunner:
+class SpeedupRunner(RunSession):
     def __init__(self, settings: SpeedupSettings, out_dir: Path, env: dict[str, Any], resume: bool = False,
                  reporter: Reporter | None = None, launcher: Launcher | None = None) -> None:
         from attnbench.distributed import launch
 
+        super().__init__(out_dir, env, resume, reporter)
         self.s = settings
-        self.out_dir = Path(out_dir)
-        self.env = env
-        self.resume = resume
-        self.reporter = reporter or _Silent()
         self.launch = launcher or launch
-        self.writer = ResultsWriter(self.out_dir)
-        self.run_id = self.out_dir.name
         self.done: dict[str, dict[str, Any]] = {}
         self.verified = False
 
     def prepare(self) -> None:
         """Refuse to mix runs; load what a resumed run already has."""
-        rows = rows_to_resume(self.out_dir, self.resume, self.env["machine"])
+        rows = self.resumed_rows()
         if rows:
             self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
             case = asdict(self._verify_case())
             self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" and
                                 all(r.get(k) == v for k, v in case.items() if k not in ("batch", "seq_len")) for r in rows)
             self.run_id = next((r["run"] for r in rows if r.get("kind") == KIND and r.get("run")), self.run_id)
-
-    def verify(self) -> list[dict[str, Any]]:
-        """The configuration against the float64 reference at a small length first; one
-        that cannot run at all is bad input."""
-        rows = run_reference_checks([self._verify_case()])
-        refuse_unrunnable(rows)
-        return rows
 
     def _verify_case(self) -> VerifyCase:
         s = self.s
@@ -332,10 +315,8 @@ class SpeedupRunner:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
         self.prepare()
         if not self.verified:
-            rows = self.verify()
-            for row in rows:
-                self._append({**row, "run": self.run_id, "env": self.env})
-            self.reporter.verify_done(rows)
+            # the configuration against the float64 reference at a small length first
+            rows = self.check_against_reference([self._verify_case()])
             if any(r["status"] != "pass" for r in rows):
                 return False
         for case in self.s.cases:
@@ -400,9 +381,6 @@ class SpeedupRunner:
 
     def _finish(self, row: dict[str, Any], t0: float, started: str) -> None:
         row.update(trial=uuid.uuid4().hex[:12], started_at=started, duration_s=round(time.monotonic() - t0, 3), env=self.env)
-        self._append(row)
+        self.append(row)
         self.done[row["key"]] = row
         self.reporter.trial_done(row, False)
-
-    def _append(self, row: dict[str, Any]) -> None:
-        self.writer.append(clean_floats(row))

@@ -1,0 +1,51 @@
+"""What every measuring run does around its trials, whatever it measures (a sweep, speedup):
+refuse or resume a results directory, check against the float64 reference and record the
+check, append each row as it ends. The runners add only what they measure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from attnbench.reference import VerifyCase
+from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
+from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
+
+
+class Reporter(Protocol):
+    """Progress of a run; each runner's reporter adds its own trial events to this."""
+
+    def verify_done(self, rows: list[dict[str, Any]]) -> None: ...
+
+
+class SilentReporter:
+    """Every event ignored (tests, library use)."""
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+class RunSession:
+    def __init__(self, out_dir: Path, env: dict[str, Any], resume: bool, reporter: Any) -> None:
+        self.out_dir = Path(out_dir)
+        self.env = env
+        self.resume = resume
+        self.reporter = reporter or SilentReporter()
+        self.writer = ResultsWriter(self.out_dir)
+        self.run_id = self.out_dir.name
+
+    def resumed_rows(self) -> list[dict[str, Any]]:
+        """The rows a resumed run continues from; refuses a used directory without --resume."""
+        return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
+
+    def check_against_reference(self, cases: list[VerifyCase]) -> list[dict[str, Any]]:
+        """Run the reference check, refuse a case that cannot run, record the rows."""
+        rows = run_reference_checks(cases)
+        refuse_unrunnable(rows)
+        for row in rows:
+            self.append({**row, "run": self.run_id, "env": self.env})
+        self.reporter.verify_done(rows)
+        return rows
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.writer.append(clean_floats(row))
