@@ -40,24 +40,24 @@ class SchemaError(AttnbenchError):
 class Environment:
     """Where a row was measured; captured once per run and stored in every row."""
 
-    machine: str                          # what results are grouped by: GPU model x count, or "cpu: MODEL"
-    attnbench: str | None = None          # attnbench version
-    commit: str | None = None             # source commit, "-dirty" appended for local changes
-    date: str | None = None               # run start, ISO 8601 UTC
-    command: str | None = None            # the command line that produced the run
+    machine: str  # what results are grouped by: GPU model x count, or "cpu: MODEL"
+    attnbench: str | None = None  # attnbench version
+    commit: str | None = None  # source commit, "-dirty" appended for local changes
+    date: str | None = None  # run start, ISO 8601 UTC
+    command: str | None = None  # the command line that produced the run
     hostname: str | None = None
     python: str | None = None
     platform: str | None = None
-    cpu: str | None = None                # CPU model name
+    cpu: str | None = None  # CPU model name
     cpu_count: int | None = None
     torch: str | None = None
-    cuda: str | None = None               # CUDA version torch was built with
+    cuda: str | None = None  # CUDA version torch was built with
     cudnn: int | None = None
     nccl: str | None = None
     gpus: list[dict[str, Any]] | None = None  # NVML inventory: index, name, memory_total_bytes, nvlinks_active
-    nvml: str | None = None               # "ok" or why NVML was unavailable
-    driver: str | None = None             # NVIDIA driver version
-    cuda_driver: int | None = None        # CUDA version the driver supports
+    nvml: str | None = None  # "ok" or why NVML was unavailable
+    driver: str | None = None  # NVIDIA driver version
+    cuda_driver: int | None = None  # CUDA version the driver supports
     gpu_links: list[dict[str, Any]] | None = None  # per GPU pair: PCIe topology level and NVLink peer access
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,14 +66,14 @@ class Environment:
 class GpuMemory:
     """One GPU's memory during a trial (rank and device indices where several take part)."""
 
-    index: int                            # GPU index as the trial saw it
+    index: int  # GPU index as the trial saw it
     max_memory_allocated: int | None = None  # torch allocator peak, bytes
-    max_memory_reserved: int | None = None   # torch caching allocator reserved peak, bytes
-    nvml_used_before: int | None = None   # NVML used memory before the trial, bytes (all processes)
-    nvml_used_peak: int | None = None     # NVML used memory peak during the trial, bytes
-    rank: int | None = None               # distributed rank that used this GPU
-    cuda_device: int | None = None        # CUDA device index of that rank
-    nvml_index: int | None = None         # NVML index of the same GPU
+    max_memory_reserved: int | None = None  # torch caching allocator reserved peak, bytes
+    nvml_used_before: int | None = None  # NVML used memory before the trial, bytes (all processes)
+    nvml_used_peak: int | None = None  # NVML used memory peak during the trial, bytes
+    rank: int | None = None  # distributed rank that used this GPU
+    cuda_device: int | None = None  # CUDA device index of that rank
+    nvml_index: int | None = None  # NVML index of the same GPU
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,12 +82,12 @@ class Row:
     """Fields every row has."""
 
     KIND: ClassVar[tuple[str, ...]] = ()
-    schema: int = SCHEMA_VERSION          # schema version the row was written with
-    kind: str                             # which class below describes the row
-    run: str                              # results directory name of the run
-    env: Environment | None = None        # where it ran (absent only in rows built by hand)
+    schema: int = SCHEMA_VERSION  # schema version the row was written with
+    kind: str  # which class below describes the row
+    run: str  # results directory name of the run
+    env: Environment | None = None  # where it ran (absent only in rows built by hand)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this schema version does not know
-    source: str | None = field(default=None, compare=False)  # FILE:LINE a reader found it at; not stored
+    source: str | None = field(default=None, compare=False)  # the file a reader found it in; not stored
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
@@ -107,41 +107,41 @@ class Row:
 class Workload(Row):
     """The attention call a row measured."""
 
-    impl: str                             # implementation name (attnbench list)
-    config: dict[str, Any]                # implementation parameters
+    impl: str  # implementation name (attnbench list)
+    config: dict[str, Any]  # implementation parameters
     batch: int
-    seq_len: int                          # tokens per sequence
+    seq_len: int  # tokens per sequence
     heads: int
     head_dim: int
-    dtype: str                            # float16, bfloat16 or float32
-    device: str                           # cuda or cpu
+    dtype: str  # float16, bfloat16 or float32
+    device: str  # cuda or cpu
     causal: bool
-    mode: str | None = None               # fwd or fwd_bwd (absent in verify rows)
-    world_size: int | None = None         # GPUs (ranks) the call was spread over; None: one device
-    strategy: str | None = None           # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
+    mode: str | None = None  # fwd or fwd_bwd (absent in verify rows)
+    world_size: int | None = None  # GPUs (ranks) the call was spread over; None: one device
+    strategy: str | None = None  # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
 
 
 @dataclass(kw_only=True)
 class Timing:
     """Time samples of one measured call and their summary, milliseconds."""
 
-    status: str                           # ok, oom, time-limit or error; anything but ok ends a search
-    message: str                          # why it failed, one line ("" when it ran)
-    times_ms: list[float]                 # every timed sample (none when it failed)
-    time_ms: float | None = None          # median sample
-    time_iqr_ms: float | None = None      # interquartile range of the samples
+    status: str  # ok, oom, time-limit or error; anything but ok ends a search
+    message: str  # why it failed, one line ("" when it ran)
+    times_ms: list[float]  # every timed sample (none when it failed)
+    time_ms: float | None = None  # median sample
+    time_iqr_ms: float | None = None  # interquartile range of the samples
     time_min_ms: float | None = None
     time_max_ms: float | None = None
-    first_call_ms: float | None = None    # the untimed first call (compilation, allocator warm-up)
-    timer: str | None = None              # how samples were taken (CUDA events or wall clock)
-    backend: str | None = None            # kernel backend the implementation chose
-    tokens_per_s: float | None = None     # batch * seq_len / time
-    gpus: list[GpuMemory] | None = None   # per-GPU memory
+    first_call_ms: float | None = None  # the untimed first call (compilation, allocator warm-up)
+    timer: str | None = None  # how samples were taken (CUDA events or wall clock)
+    backend: str | None = None  # kernel backend the implementation chose
+    tokens_per_s: float | None = None  # batch * seq_len / time
+    gpus: list[GpuMemory] | None = None  # per-GPU memory
     ranks: list[dict[str, Any]] | None = None  # per rank of a multi-process trial: times, communication, memory
-    nvml_note: str | None = None          # why NVML memory readings are missing, when they are
-    started_at: str | None = None         # ISO 8601 UTC
-    duration_s: float | None = None       # wall time of the whole trial, start-up included
-    trial: str | None = None              # random id of the trial
+    nvml_note: str | None = None  # why NVML memory readings are missing, when they are
+    started_at: str | None = None  # ISO 8601 UTC
+    duration_s: float | None = None  # wall time of the whole trial, start-up included
+    trial: str | None = None  # random id of the trial
 
 
 @dataclass(kw_only=True)
@@ -149,28 +149,28 @@ class Trial(Workload, Timing):
     """One timed call at one sequence length: a probe of a max-seq search or a fixed point."""
 
     KIND: ClassVar[tuple[str, ...]] = ("max-seq", "points")
-    series: str                           # identity of the sweep line (everything but seq_len)
-    label: str                            # the series' name in tables
-    phase: str | None = None              # grow, bisect or point
-    isolate: bool | None = None           # ran in its own process
+    series: str  # identity of the sweep line (everything but seq_len)
+    label: str  # the series' name in tables
+    phase: str | None = None  # grow, bisect or point
+    isolate: bool | None = None  # ran in its own process
     max_trial_seconds: float | None = None  # time limit of one trial
-    memory_limit: int | None = None       # bytes a trial may use on its device, when capped
-    inputs_bytes: int | None = None       # q, k, v (and gradients) as allocated
-    floor_bytes: int | None = None        # closed-form memory floor of the call
-    peak_bytes: int | None = None         # peak memory as peak_counter measured it
-    peak_counter: str | None = None       # which counter gave peak_bytes
+    memory_limit: int | None = None  # bytes a trial may use on its device, when capped
+    inputs_bytes: int | None = None  # q, k, v (and gradients) as allocated
+    floor_bytes: int | None = None  # closed-form memory floor of the call
+    peak_bytes: int | None = None  # peak memory as peak_counter measured it
+    peak_counter: str | None = None  # which counter gave peak_bytes
     peak_over_floor: float | None = None  # peak_bytes / floor_bytes
     max_memory_allocated: int | None = None  # torch allocator peak on the trial's device, bytes
     max_memory_reserved: int | None = None
     device_total_bytes: int | None = None  # the device's memory
-    cpu_peak_rss: int | None = None       # process resident-set peak, bytes (cpu trials)
+    cpu_peak_rss: int | None = None  # process resident-set peak, bytes (cpu trials)
     cpu_peak_rss_delta: int | None = None  # growth of that peak during the trial
-    flops_useful: float | None = None     # FLOPs of the attended pairs only
-    flops_executed: float | None = None   # FLOPs the kernel performs (masked blocks included)
-    kept_fraction: float | None = None    # attended pairs / all pairs
+    flops_useful: float | None = None  # FLOPs of the attended pairs only
+    flops_executed: float | None = None  # FLOPs the kernel performs (masked blocks included)
+    kept_fraction: float | None = None  # attended pairs / all pairs
     tflops_useful: float | None = None
     tflops_executed: float | None = None
-    compile_ms: float | None = None       # torch.compile time of the first call
+    compile_ms: float | None = None  # torch.compile time of the first call
 
 
 @dataclass(kw_only=True)
@@ -178,17 +178,17 @@ class MaxSeqResult(Workload):
     """How a max-seq search of one series ended."""
 
     KIND: ClassVar[tuple[str, ...]] = ("max-seq-result",)
-    seq_len: int | None                   # the longest length that ran; None when none did
+    seq_len: int | None  # the longest length that ran; None when none did
     series: str
     label: str
-    first_failure: int | None = None      # shortest length that failed
-    stop_status: str | None = None        # status of that failure
-    stopped_by: str | None = None         # what ended the search (memory, time, max length...)
-    granularity: int | None = None        # lengths the implementation accepts are multiples of it
-    resolution: int | None = None         # bisection stops when failure - best <= this
-    start: int | None = None              # first length tried
-    max_seq_len: int | None = None        # upper bound of the search, if any
-    trials: int | None = None             # trials the search ran
+    first_failure: int | None = None  # shortest length that failed
+    stop_status: str | None = None  # status of that failure
+    stopped_by: str | None = None  # what ended the search (memory, time, max length...)
+    granularity: int | None = None  # lengths the implementation accepts are multiples of it
+    resolution: int | None = None  # bisection stops when failure - best <= this
+    start: int | None = None  # first length tried
+    max_seq_len: int | None = None  # upper bound of the search, if any
+    trials: int | None = None  # trials the search ran
 
 
 @dataclass(kw_only=True)
@@ -196,14 +196,14 @@ class Verify(Workload):
     """One check of an implementation against the float64 reference."""
 
     KIND: ClassVar[tuple[str, ...]] = ("verify",)
-    status: str                           # pass, fail or error
-    rel_err: float | None = None          # max |out - ref| / max |ref|
-    tolerance: float | None = None        # largest rel_err that passes for the dtype
-    seed: int | None = None               # input seed
+    status: str  # pass, fail or error
+    rel_err: float | None = None  # max |out - ref| / max |ref|
+    tolerance: float | None = None  # largest rel_err that passes for the dtype
+    seed: int | None = None  # input seed
     backend: str | None = None
-    message: str                          # why it failed ("" when it passed)
-    rel_err_single: float | None = None   # sequence-parallel: the same inputs on one device
-    counterpart: str | None = None        # the single-device implementation compared with
+    message: str  # why it failed ("" when it passed)
+    rel_err_single: float | None = None  # sequence-parallel: the same inputs on one device
+    counterpart: str | None = None  # the single-device implementation compared with
 
 
 @dataclass(kw_only=True)
@@ -211,18 +211,18 @@ class Speedup(Workload, Timing):
     """One multi-GPU (or single-GPU baseline) training-step measurement."""
 
     KIND: ClassVar[tuple[str, ...]] = ("speedup",)
-    case: str                             # the workload case's label
-    key: str                              # identity used for resume
-    module: str | None = None             # the model wrapped around attention
-    grad_compression: str | None = None   # mp only
+    case: str  # the workload case's label
+    key: str  # identity used for resume
+    module: str | None = None  # the model wrapped around attention
+    grad_compression: str | None = None  # mp only
     max_trial_seconds: float | None = None
-    processes: int | None = None          # processes launched
-    output_match: bool | None = None      # output agrees with the single-GPU reference
+    processes: int | None = None  # processes launched
+    output_match: bool | None = None  # output agrees with the single-GPU reference
     output_rel_err: float | None = None
     grad_rel_err: float | None = None
     tolerance: float | None = None
     grad_tolerance: float | None = None
-    note: str | None = None               # what the row's numbers mean, for the table
+    note: str | None = None  # what the row's numbers mean, for the table
     replica_batches: list[list[int]] | None = None  # dp: [first, end) batch indices of each replica
 
 
@@ -256,8 +256,10 @@ def _check_version(d: dict[str, Any]) -> None:
     v = d["schema"]
     if not isinstance(v, int) or isinstance(v, bool) or v != SCHEMA_VERSION:
         newer = isinstance(v, int) and v > SCHEMA_VERSION
-        raise SchemaError(f"field 'schema' is {v!r}, this attnbench reads schema {SCHEMA_VERSION}"
-                          + ("; upgrade attnbench to read it" if newer else ""))
+        raise SchemaError(
+            f"field 'schema' is {v!r}, this attnbench reads schema {SCHEMA_VERSION}"
+            + ("; upgrade attnbench to read it" if newer else "")
+        )
 
 
 @functools.cache
@@ -327,8 +329,15 @@ def _matches(value: Any, tp: type) -> bool:
 
 
 def _json_type(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _short(value: Any) -> str:

@@ -60,8 +60,9 @@ def test_frame_of_several_directories_is_their_rows_together():
     assert len(both) == len(raw_rows(RING)) + len(raw_rows(SINGLE))
     assert set(both["env.machine"]) == {d["env"]["machine"] for d in raw_rows(RING) + raw_rows(SINGLE)}
     ok = both[(both["kind"] == "max-seq") & (both["status"] == "ok")]
-    expected = sorted(d["time_ms"] for d in raw_rows(RING) + raw_rows(SINGLE)
-                      if d["kind"] == "max-seq" and d["status"] == "ok")
+    expected = sorted(
+        d["time_ms"] for d in raw_rows(RING) + raw_rows(SINGLE) if d["kind"] == "max-seq" and d["status"] == "ok"
+    )
     assert sorted(ok["time_ms"]) == expected
 
 

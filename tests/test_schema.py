@@ -17,7 +17,9 @@ from attnbench.schema import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = sorted((ROOT / "results").rglob("trials.jsonl")) + sorted((ROOT / "tests" / "fixtures").rglob("trials.jsonl"))
+COMMITTED = sorted((ROOT / "results").rglob("trials.jsonl")) + sorted(
+    (ROOT / "tests" / "fixtures").rglob("trials.jsonl")
+)
 FIXTURE = ROOT / "tests" / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
 GPU_RUN = ROOT / "results" / "2026-11-22-h200-default" / "trials.jsonl"
 
@@ -53,10 +55,18 @@ def test_typed_fields_hold_the_raw_values():
     raw = next(r for _, r in lines(GPU_RUN) if r["kind"] == "max-seq" and r["status"] == "ok")
     row = row_from_json(raw)
     assert isinstance(row, Trial)
-    assert (row.impl, row.seq_len, row.times_ms, row.time_ms) == (raw["impl"], raw["seq_len"], raw["times_ms"], raw["time_ms"])
+    assert (row.impl, row.seq_len, row.times_ms, row.time_ms) == (
+        raw["impl"],
+        raw["seq_len"],
+        raw["times_ms"],
+        raw["time_ms"],
+    )
     assert row.env.machine == raw["env"]["machine"]
-    assert [(g.index, g.max_memory_allocated) for g in row.gpus] == [
-        (g["index"], g["max_memory_allocated"]) for g in raw["gpus"]] != []
+    assert (
+        [(g.index, g.max_memory_allocated) for g in row.gpus]
+        == [(g["index"], g["max_memory_allocated"]) for g in raw["gpus"]]
+        != []
+    )
 
 
 def test_every_kind_written_today_has_a_type():
@@ -68,17 +78,20 @@ def a_verify_row():
     return next(r for _, r in lines(FIXTURE) if r["kind"] == "verify")
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda r: r.pop("seq_len"), "verify row: missing field 'seq_len'"),
-    (lambda r: r.update(seq_len="4096"), "verify row: field 'seq_len' is a string ('4096'), expected an integer"),
-    (lambda r: r.update(seq_len=True), "field 'seq_len' is a boolean (True), expected an integer"),
-    (lambda r: r.update(causal=None), "field 'causal' is null, expected true or false"),
-    (lambda r: r.update(rel_err="small"), "field 'rel_err' is a string ('small'), expected a number"),
-    (lambda r: r["env"].pop("machine"), "field 'env': missing field 'machine'"),
-    (lambda r: r.update(schema=2), "field 'schema' is 2, this attnbench reads schema 1; upgrade attnbench"),
-    (lambda r: r.pop("schema"), "missing field 'schema'"),
-    (lambda r: r.update(kind="histogram"), "field 'kind' is 'histogram', expected one of"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.pop("seq_len"), "verify row: missing field 'seq_len'"),
+        (lambda r: r.update(seq_len="4096"), "verify row: field 'seq_len' is a string ('4096'), expected an integer"),
+        (lambda r: r.update(seq_len=True), "field 'seq_len' is a boolean (True), expected an integer"),
+        (lambda r: r.update(causal=None), "field 'causal' is null, expected true or false"),
+        (lambda r: r.update(rel_err="small"), "field 'rel_err' is a string ('small'), expected a number"),
+        (lambda r: r["env"].pop("machine"), "field 'env': missing field 'machine'"),
+        (lambda r: r.update(schema=2), "field 'schema' is 2, this attnbench reads schema 1; upgrade attnbench"),
+        (lambda r: r.pop("schema"), "missing field 'schema'"),
+        (lambda r: r.update(kind="histogram"), "field 'kind' is 'histogram', expected one of"),
+    ],
+)
 def test_a_bad_row_is_one_line_naming_the_field(change, message):
     row = a_verify_row()
     change(row)
@@ -115,8 +128,8 @@ def test_reader_skips_an_invalid_row_and_names_file_line_and_field(tmp_path):
     path.write_text(good[0] + json.dumps(bad) + "\n" + "".join(good[1:]))
     rows, problems = read_rows(path)
     assert len(rows) == len(good)
-    assert problems == [f"{path}:2: invalid row skipped ({bad['kind']} row: field 'seq_len' is a string ('long'), "
-                        "expected an integer)"]
+    why = f"{bad['kind']} row: field 'seq_len' is a string ('long'), expected an integer"
+    assert problems == [f"{path}:2: invalid row skipped ({why})"]
 
 
 def test_writer_refuses_a_row_that_breaks_the_schema(tmp_path):

@@ -30,9 +30,18 @@ def test_gpu_cases_run_in_a_child_process(monkeypatch):
 
 
 def test_a_case_that_cannot_run_is_bad_input_naming_the_fix():
-    row = {"impl": "sdpa", "config": {"backend": "cudnn"}, "dtype": "fp32", "device": "cpu", "status": "error",
-           "message": "no cuDNN on cpu"}
-    with pytest.raises(AttnbenchError, match=r"sdpa backend=cudnn cannot run fp32 on cpu: no cuDNN on cpu; "
-                                             r"choose another --dtype"):
+    row = {
+        "impl": "sdpa",
+        "config": {"backend": "cudnn"},
+        "dtype": "fp32",
+        "device": "cpu",
+        "status": "error",
+        "message": "no cuDNN on cpu",
+    }
+    with pytest.raises(
+        AttnbenchError,
+        match=r"sdpa backend=cudnn cannot run fp32 on cpu: no cuDNN on cpu; "
+        r"choose another --dtype",
+    ):
         verification.refuse_unrunnable([{**row, "status": "fail"}, row])
     verification.refuse_unrunnable([{**row, "status": "fail"}])  # a failed check is a result, not an error

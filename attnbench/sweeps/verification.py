@@ -37,5 +37,7 @@ def refuse_unrunnable(rows: list[dict[str, Any]]) -> None:
     """A case that cannot run at all (a dtype a backend lacks, say) is bad input, not a failed check."""
     for row in rows:
         if row["status"] == "error":
-            raise AttnbenchError(f"{row['impl']} {config_text(row['config'])} cannot run {row['dtype']} on {row['device']}: "
-                                 f"{row['message']}; choose another --dtype, backend or configuration")
+            raise AttnbenchError(
+                f"{row['impl']} {config_text(row['config'])} cannot run {row['dtype']} on {row['device']}: "
+                f"{row['message']}; choose another --dtype, backend or configuration"
+            )
