@@ -46,7 +46,7 @@ def cuda_available() -> bool:
 def resolve(plan: Plan) -> Plan:
     """Resolve ``device = auto`` and check every series before anything runs."""
     have_cuda = None
-    resolved = []
+    resolved, clipped = [], []
     for s in plan.series:
         device = s.settings.device
         if device in ("auto", "cuda"):
@@ -55,9 +55,27 @@ def resolve(plan: Plan) -> Plan:
                 raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
             device = "cuda" if have_cuda else "cpu"
         s = replace(s, settings=replace(s.settings, device=device))
+        if plan.clip_ranks and s.distributed and device == "cuda" and s.world_size > _visible_gpus():
+            clipped.append(f"{s.name}: {s.world_size} GPUs asked, {_visible_gpus()} visible; not run")
+            continue
         check_series(s)
         resolved.append(s)
-    return replace(plan, series=tuple(resolved))
+    speedups = []
+    if plan.speedups:
+        from attnbench.sweeps import profile_speedup
+
+        have_cuda = cuda_available() if have_cuda is None else have_cuda
+        for sp in plan.speedups:
+            sp, note = profile_speedup.resolve(sp, have_cuda, _visible_gpus() if have_cuda else 0)
+            speedups.append(sp)
+            clipped += [note] if note else []
+    return replace(plan, series=tuple(resolved), speedups=tuple(speedups), clipped=tuple(clipped))
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_series(s: Series) -> None:
@@ -113,7 +131,7 @@ class SeriesOutcome:
 
 class SweepRunner:
     def __init__(self, plan: Plan, out_dir: Path, env: dict[str, Any], resume: bool = False,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None, speedup_reporter=None) -> None:
         self.plan = plan
         self.out_dir = Path(out_dir)
         self.env = env
@@ -122,6 +140,13 @@ class SweepRunner:
         self.writer = ResultsWriter(self.out_dir)
         self.run_id = self.out_dir.name
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
+        self.speedups = [self._speedup_runner(sp, speedup_reporter) for sp in plan.speedups]
+        self.speedups_unverified: list[str] = []  # speedup runs whose reference check failed
+
+    def _speedup_runner(self, settings, reporter):
+        from attnbench.sweeps.speedup import SpeedupRunner
+
+        return SpeedupRunner(settings, self.out_dir, self.env, resume=self.resume, reporter=reporter)
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
@@ -154,11 +179,26 @@ class SweepRunner:
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> list[SeriesOutcome]:
+        """Every reference check (sweeps, then speedup runs), then the sweeps' trials, then the
+        speedup runs' trials; a resumed run skips every trial it finds, of every kind."""
         self.prepare()
+        for sp in self.speedups:  # before anything is written: each refuses a directory it may not continue
+            sp.prepare()
         verify_rows = self.verify()
+        speedup_checks = [None if sp.verified else sp.verify() for sp in self.speedups]  # bad input raises here
         for row in verify_rows:
             self._append({**row, "run": self.run_id, "env": self.env})
         self.reporter.verify_done(verify_rows)
+        checked = [sp.verified or sp.record_verify(rows) for sp, rows in zip(self.speedups, speedup_checks)]
+        outcomes = self._run_sweeps(verify_rows)
+        for sp, ok in zip(self.speedups, checked):
+            if ok:
+                sp.run_cases()
+            else:
+                self.speedups_unverified.append(sp.s.impl)
+        return outcomes
+
+    def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
         failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
         outcomes = []
         for i, s in enumerate(self.plan.series):

@@ -338,17 +338,26 @@ class SpeedupRunner:
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
         self.prepare()
-        if not self.verified:
-            rows = self.verify()
-            for row in rows:
-                self._append({**row, "run": self.run_id, "env": self.env})
-            self.reporter.verify_done(rows)
-            if any(r["status"] != "pass" for r in rows):
-                return False
+        if not self.check():
+            return False
+        self.run_cases()
+        return True
+
+    def check(self) -> bool:
+        """The reference check, unless a resumed run passed it already; False when it failed."""
+        return self.verified or self.record_verify(self.verify())
+
+    def record_verify(self, rows: list[dict[str, Any]]) -> bool:
+        for row in rows:
+            self._append({**row, "run": self.run_id, "env": self.env})
+        self.reporter.verify_done(rows)
+        self.verified = all(r["status"] == "pass" for r in rows)
+        return self.verified
+
+    def run_cases(self) -> None:
         for case in self.s.cases:
             with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
                 self._run_case(case, Path(scratch))
-        return True
 
     def _run_case(self, case: Case, reference: Path) -> None:
         have_reference = False
