@@ -212,6 +212,7 @@ def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     assert resumed[:cut] == rows[:cut]  # nothing rewritten
     after = [r for r in resumed if r["kind"] in ("points", "max-seq", "speedup")]
     assert sorted(_trial_key(r) for r in after) == sorted(_trial_key(r) for r in trials)  # none lost, none repeated
+    assert sum(r["kind"] == "max-seq-result" for r in resumed) == sum(r["kind"] == "max-seq-result" for r in rows)
     redone = [r for r in resumed[cut:] if r["kind"] in ("points", "max-seq", "speedup")]
     assert redone and all(r["kind"] == "speedup" for r in redone)
 

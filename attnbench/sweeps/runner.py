@@ -140,6 +140,7 @@ class SweepRunner:
         self.writer = ResultsWriter(self.out_dir)
         self.run_id = self.out_dir.name
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
+        self._searched: set[str] = set()  # series whose search result a resumed run already holds
         self.speedups = [self._speedup_runner(sp, speedup_reporter) for sp in plan.speedups]
         self.speedups_unverified: list[str] = []  # speedup runs whose reference check failed
 
@@ -153,6 +154,8 @@ class SweepRunner:
         for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"]):
             if r.get("kind") in ("max-seq", "points") and "series" in r:
                 self._done[(r["series"], r["seq_len"])] = r
+            elif r.get("kind") == "max-seq-result":
+                self._searched.add(r.get("series"))
 
     def verify(self) -> list[dict[str, Any]]:
         """Check each configuration against the float64 reference; a case that cannot run
@@ -222,6 +225,8 @@ class SweepRunner:
             start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
+        if self._key(s) in self._searched:  # replayed to the end: its result row is there already
+            return result
         self._append({
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
