@@ -231,16 +231,23 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
 
     plan = resolve(build_plan(name, impl_names, flags, params, profile))
     env = capture_env()
+    if plan.clipped:  # every row says what this machine's GPUs could not hold
+        env["clipped"] = list(plan.clipped)
     out_dir = Path(out) if out else _default_out(plan, env)
-    runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter())
-    console.print(f"attnbench {plan.name}: {len(plan.series)} series on {env['machine']} -> {out_dir}")
+    runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter(), speedup_reporter=SpeedupReporter())
+    speedups = f", {len(plan.speedups)} speedup run{'s' if len(plan.speedups) != 1 else ''}" if plan.speedups else ""
+    console.print(f"attnbench {plan.name}: {len(plan.series)} series{speedups} on {env['machine']} -> {out_dir}")
+    for note in plan.clipped:
+        err_console.print(f"clipped to the visible GPUs: {escape(note)}")
     interrupted = False
     try:
         outcomes = runner.run()
     except KeyboardInterrupt:
         interrupted, outcomes = True, []
     if (out_dir / "trials.jsonl").exists():
-        for path in write_sweep_tables(out_dir):
+        from attnbench.report.speedup_tables import write_speedup_tables
+
+        for path in write_sweep_tables(out_dir) + write_speedup_tables(out_dir):
             console.print(f"wrote {path}")
         _print_summary(out_dir)
         _scaling_readout(out_dir)
@@ -248,7 +255,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
         err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
         raise typer.Exit(130)
     console.print(f"results in {out_dir}")
-    if any(not o.verified for o in outcomes):
+    if any(not o.verified for o in outcomes) or runner.speedups_unverified:
         err_console.print("some configurations failed the reference check; their sweeps did not run")
         raise typer.Exit(1)
 
@@ -300,7 +307,8 @@ def _dated_results_dir(machine: str, name: str) -> Path:
 
 
 def _default_out(plan, env) -> Path:
-    on_gpu = any(s.settings.device == "cuda" for s in plan.series) and env.get("gpus")
+    on_gpu = (any(s.settings.device == "cuda" for s in plan.series)
+              or any(sp.device == "cuda" for sp in plan.speedups)) and env.get("gpus")
     machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
     return _dated_results_dir(machine, plan.name)
 

@@ -45,6 +45,7 @@ class Settings:
     target_ms: float = 1000.0
     label: str = ""
     gpus: tuple[int, ...] = ()     # sequence-parallel implementations: ranks to run on (one series each)
+    equal_work: bool = False       # sequence-parallel points: also time the single-device counterpart (same total work)
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -107,6 +108,7 @@ SETTING_PARSERS = {
     "target_ms": _float,
     "label": _str,
     "gpus": _gpus,
+    "equal_work": _bool,
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
 
@@ -176,6 +178,10 @@ class Plan:
     series: tuple[Series, ...]
     description: str = ""
     verify: bool = True
+    speedups: tuple[Any, ...] = ()  # SpeedupSettings of the profile's [[speedup]] tables
+    base: dict[str, Any] = field(default_factory=dict)  # the profile's top-level settings, parsed
+    clip_ranks: bool = False        # drop rank counts the visible GPUs cannot hold (a profile's lists)
+    clipped: tuple[str, ...] = ()   # what was dropped, in words (recorded in the run's env)
 
 
 def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
@@ -227,7 +233,16 @@ def resolve_profile_path(profile: str) -> Path:
 
 
 def load_profile(profile: str) -> tuple[str, str, dict[str, Any], list[dict[str, Any]], bool]:
-    """(name, description, top-level settings, entries, verify) of a profile, all checked."""
+    """(name, description, top-level settings, entries, verify) of a profile, all checked;
+    its ``[[speedup]]`` tables come from ``load_speedup_entries``."""
+    return _load_profile(profile)[:5]
+
+
+def load_speedup_entries(profile: str) -> list[dict[str, Any]]:
+    return _load_profile(profile)[5]
+
+
+def _load_profile(profile: str):
     path = resolve_profile_path(profile)
     try:
         data = tomllib.loads(path.read_text())
@@ -238,12 +253,16 @@ def load_profile(profile: str) -> tuple[str, str, dict[str, Any], list[dict[str,
     if not isinstance(verify, bool):
         raise AttnbenchError(f"profile {path}: 'verify' must be true or false")
     entries = data.pop("sweep", [])
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise AttnbenchError(f"profile {path}: needs at least one [[sweep]] table with an 'impl' key")
+    speedups = data.pop("speedup", [])
+    for what in (entries, speedups):
+        if not isinstance(what, list) or not all(isinstance(e, dict) for e in what):
+            raise AttnbenchError(f"profile {path}: [[sweep]] and [[speedup]] must be tables with an 'impl' key")
+    if not entries and not speedups:
+        raise AttnbenchError(f"profile {path}: needs at least one [[sweep]] or [[speedup]] table with an 'impl' key")
     unknown = sorted(set(data) - set(SETTING_PARSERS))
     if unknown:
         raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SETTING_PARSERS)})")
-    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify
+    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify, speedups
 
 
 def build_plan(
@@ -258,14 +277,16 @@ def build_plan(
     description, verify = "", True
     base: dict[str, Any] = {}
     entries: list[dict[str, Any]] = []
+    speedups: list[dict[str, Any]] = []
     if profile:
-        name, description, base, entries, verify = load_profile(profile)
+        name, description, base, entries, verify, speedups = _load_profile(profile)
         path = resolve_profile_path(profile)
         if impl_names:
             for n in impl_names:
                 impls.spec(n)
             entries = [e for e in entries if e.get("impl") in impl_names]
-            if not entries:
+            speedups = [e for e in speedups if e.get("impl") in impl_names]
+            if not entries and not speedups:
                 raise AttnbenchError(f"profile {path} has no sweep for {', '.join(impl_names)}")
     else:
         if not impl_names:
@@ -286,10 +307,39 @@ def build_plan(
         except ConfigError as exc:
             raise AttnbenchError(f"{where}: {exc}") from None
         series.extend(Series(impl, config, settings, world) for world in _world_sizes(impl, settings, where))
+    series = _with_equal_work_baselines(series)
     unused = sorted(set(params) - used_params)
     if unused:
         raise AttnbenchError(
             f"parameter {unused[0]!r} belongs to none of {', '.join(sorted({s.impl for s in series}))}; "
             "see `attnbench list` for each implementation's parameters"
         )
-    return Plan(name=name, series=tuple(series), description=description, verify=verify)
+    if speedups:
+        from attnbench.sweeps.profile_speedup import parse_entries
+
+        speedups = parse_entries(speedups, {**base, **flags}, name)
+    # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
+    clip = bool(profile) and "gpus" not in flags
+    return Plan(name=name, series=tuple(series), description=description, verify=verify, speedups=tuple(speedups),
+                base=base, clip_ranks=clip)
+
+
+def _with_equal_work_baselines(series: list[Series]) -> list[Series]:
+    """Before each sequence-parallel points series with ``equal_work``, its single-device
+    counterpart (the implementation that computes the same key sets on one device: sdpa for
+    ring, dilated for ring-dilated) at the same lengths: the equal-work baseline of its
+    scaling efficiency. The same implementation on one rank stays as the same-split baseline."""
+    out: list[Series] = []
+    seen: set[str] = set()
+    for s in series:
+        if s.distributed and s.settings.equal_work and s.settings.kind == "points":
+            impl = s.build()
+            name = impl.counterpart_name
+            config = impls.normalize_config(name, impl.counterpart_config())
+            baseline = Series(name, config, replace(s.settings, gpus=(), equal_work=False, label=""), 1)
+            key = repr((name, sorted(config.items()), baseline.settings))
+            if key not in seen:
+                seen.add(key)
+                out.append(baseline)
+        out.append(s)
+    return out

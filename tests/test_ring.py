@@ -260,14 +260,17 @@ def test_scaling_readout_from_rows():
             {**base, "label": "ring x2", "world_size": 2, "seq_len": 1 << 20, "time_ms": 500.0,
              "ranks": [{"rank": 0, "time_ms": 490.0, "compute_ms": 480.0, "comm_wait_ms": 5.0},
                        {"rank": 1, "time_ms": 500.0, "compute_ms": 470.0, "comm_wait_ms": 25.0}]},
-            {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 1.0},
+            {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 900.0},
             {**base, "kind": "max-seq-result", "label": "ring x1", "world_size": 1, "seq_len": 1000, "stopped_by": "memory"},
             {**base, "kind": "max-seq-result", "label": "ring x2", "world_size": 2, "seq_len": 1950, "stopped_by": "memory"}]
     from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
 
     two = [t for t in time_scaling(rows) if t["world_size"] == 2]
     assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
-    assert two[0]["speedup"] == pytest.approx(1.6) and two[0]["efficiency"] == pytest.approx(0.8)
-    assert two[0]["overhead"] == pytest.approx(0.25) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
+    # against the equal-work baseline (sdpa over the whole sequence), the same split (ring x1) beside it
+    assert two[0]["baseline"] == "equal work: sdpa"
+    assert two[0]["speedup"] == pytest.approx(1.8) and two[0]["efficiency"] == pytest.approx(0.9)
+    assert two[0]["efficiency_same_split"] == pytest.approx(0.8)
+    assert two[0]["overhead"] == pytest.approx(1000 / 900 - 1) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
     assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
     assert "| ring x2 | 1,048,576 (1M) | 2 | 500.00 |" in scaling_markdown(rows)

@@ -97,27 +97,49 @@ def counterparts(impl: str) -> tuple[str, ...]:
     return (impl, RING_COUNTERPART[impl]) if impl in RING_COUNTERPART else (impl,)
 
 
-def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The single-GPU row of the same workload and length (the same implementation run on one
-    GPU if measured, else its counterpart)."""
-    for impl in counterparts(row.get("impl")):
-        found = [c for c in candidates if c.get("impl") == impl and c.get("seq_len") == row.get("seq_len")
-                 and settings_key(c) == settings_key(row) and configs_agree(c.get("config"), row.get("config"))]
-        if found:
-            return _pick(found, row)
-    return None
+#: which single-GPU row a multi-GPU ring row is compared with
+EQUAL_WORK = "equal work"   # the single-device counterpart over the whole sequence (sdpa for ring, dilated for ring-dilated)
+SAME_SPLIT = "same split"   # the same implementation on one rank
+
+
+def _same_workload(row: dict[str, Any], impl: str, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
+    found = [c for c in candidates if c.get("impl") == impl and c.get("seq_len") == row.get("seq_len")
+             and settings_key(c) == settings_key(row) and configs_agree(c.get("config"), row.get("config"))]
+    return _pick(found, row)
+
+
+def baselines(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """The single-GPU rows of the same workload and length: ``equal work`` (the best
+    single-device implementation of the same key sets over the whole sequence) and ``same
+    split`` (the same implementation on one rank), each None where not measured."""
+    impl = row.get("impl")
+    counterpart = RING_COUNTERPART.get(impl)
+    return {EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
+            SAME_SPLIT: _same_workload(row, impl, candidates)}
+
+
+def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """The single-GPU row a ring row is compared with, and which baseline it is: the equal-work
+    one where measured, else the same implementation on one rank."""
+    found = baselines(row, candidates)
+    for kind in (EQUAL_WORK, SAME_SPLIT):
+        if found[kind]:
+            return found[kind], kind
+    return None, None
 
 
 def ring_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Successful multi-GPU ring measurements, each with its single-GPU baseline (or None)."""
+    """Successful multi-GPU ring measurements, each with its single-GPU baseline (or None) and
+    which baseline that is (``EQUAL_WORK`` or ``SAME_SPLIT``)."""
     pairs = []
     singles = [r for r in ok(trials(rows)) if world_size(r) == 1]
     for r in ok(trials(rows)):
         if is_ring_trial(r):
-            pairs.append({"row": r, "single": single_match(r, singles)})
+            single, kind = single_match(r, singles)
+            pairs.append({"row": r, "single": single, "baseline": kind})
     for c in speedup_cases(rows):
         if c["strategy"] == "ring" and c["row"].get("status", "ok") == "ok":
-            pairs.append({"row": c["row"], "single": c["single"]})
+            pairs.append({"row": c["row"], "single": c["single"], "baseline": SAME_SPLIT if c["single"] else None})
     return sorted(pairs, key=lambda p: (p["row"].get("impl"), p["row"]["seq_len"], world_size(p["row"])))
 
 

@@ -1,9 +1,9 @@
-"""Sequence-parallel scaling from result rows alone: each implementation on P ranks
-against itself on one in the same results.
+"""Sequence-parallel scaling from result rows alone.
 
 * ``time_scaling``: per (implementation, configuration, length, P): time, tokens/s, memory
-  per GPU, speedup T1 / TP, scaling efficiency T1 / (P x TP), and where the slowest rank's
-  time went (compute vs waiting on communication);
+  per GPU, speedup T1 / TP and efficiency T1 / (P x TP) against the equal-work baseline
+  (``report.multigpu.baselines``), the same-split efficiency beside it, bytes sent and
+  achieved bandwidth, and where the slowest rank's time went (compute vs communication wait);
 * ``max_seq_scaling``: per (implementation, configuration, P): the largest length and its
   ratio to one GPU's.
 
@@ -30,22 +30,33 @@ def _ranked(rows):
 
 
 def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    points = [r for r in _ranked(rows) if r.get("kind") in ("points", "max-seq") and r.get("status") == "ok"]
-    single = {(_ident(r), r["seq_len"]): r for r in points if r.get("world_size") == 1}
+    """Each sequence-parallel time against the equal-work baseline (the single-device
+    counterpart over the whole sequence, measured in the same results) where there is one,
+    else against the same implementation on one rank; both efficiencies where both exist."""
+    from attnbench.report.multigpu import EQUAL_WORK, SAME_SPLIT, baselines
+
+    points = [r for r in rows if r.get("kind") in ("points", "max-seq") and r.get("status") == "ok"]
+    singles = [r for r in points if r.get("world_size", 1) == 1]
     out = []
-    for r in sorted(points, key=lambda r: (r["impl"], _ident(r), r["seq_len"], r["world_size"])):
-        base = single.get((_ident(r), r["seq_len"]))
+    for r in sorted(_ranked(points), key=lambda r: (r["impl"], _ident(r), r["seq_len"], r["world_size"])):
+        found = baselines(r, singles)
+        kind = EQUAL_WORK if found[EQUAL_WORK] else SAME_SPLIT if found[SAME_SPLIT] else None
+        base = found[kind] if kind else None
         p = r["world_size"]
         slowest = max(r.get("ranks") or [{}], key=lambda x: x.get("time_ms") or 0)
         speedup = base["time_ms"] / r["time_ms"] if base else None
+        same = found[SAME_SPLIT]
         out.append({
             "impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "seq_len": r["seq_len"],
             "world_size": p, "time_ms": r["time_ms"], "tokens_per_s": r.get("tokens_per_s"),
             "peak_bytes_per_gpu": r.get("peak_bytes"), "peak_counter": r.get("peak_counter"),
+            "baseline": f"{kind}: {base['impl']}" if base else None,
             "speedup": speedup, "efficiency": speedup / p if speedup else None,
             "overhead": (p * r["time_ms"] / base["time_ms"] - 1) if base else None,
+            "efficiency_same_split": same["time_ms"] / (p * r["time_ms"]) if same else None,
             "compute_ms": slowest.get("compute_ms"), "comm_wait_ms": slowest.get("comm_wait_ms"),
-            "sent_bytes": slowest.get("sent_bytes"), "backend": r.get("backend"),
+            "sent_bytes": r.get("sent_bytes", slowest.get("sent_bytes")), "algbw_gbps": r.get("algbw_gbps"),
+            "backend": r.get("backend"),
         })
     return out
 
@@ -71,14 +82,20 @@ def scaling_markdown(rows: list[dict[str, Any]]) -> str:
     times = time_scaling(rows)
     if times:
         parts += ["## Sequence-parallel time against one GPU\n\n", table(
-            ["Implementation", "Sequence", "GPUs", "Time (ms)", "Tokens/s", "Peak Memory/GPU", "Speedup",
-             "Efficiency", "Compute (ms)", "Comm Wait (ms)"],
+            ["Implementation", "Sequence", "GPUs", "Time (ms)", "Tokens/s", "Peak Memory/GPU", "Baseline", "Speedup",
+             "Efficiency", "Efficiency (same split)", "Sent/Call", "algbw (GB/s)", "Compute (ms)", "Comm Wait (ms)"],
             [[t["label"], format_tokens(t["seq_len"]), t["world_size"], _f(t["time_ms"], ",.2f"),
-              _f(t["tokens_per_s"], ",.0f"), format_bytes(t["peak_bytes_per_gpu"], "GB"), _f(t["speedup"], ".2f"),
-              _f(t["efficiency"], ".3f"), _f(t["compute_ms"], ",.2f"), _f(t["comm_wait_ms"], ",.2f")] for t in times])]
-        parts.append("\nEfficiency = T(1 GPU) / (GPUs x T(GPUs)) of the same implementation; compute and "
-                     "communication wait are the slowest rank's medians; memory is the fullest GPU's "
-                     "`max_memory_allocated` (CPU: resident-set growth).\n")
+              _f(t["tokens_per_s"], ",.0f"), format_bytes(t["peak_bytes_per_gpu"], "GB"), t["baseline"] or "-",
+              _f(t["speedup"], ".2f"), _f(t["efficiency"], ".3f"), _f(t["efficiency_same_split"], ".3f"),
+              format_bytes(t["sent_bytes"]), _f(t["algbw_gbps"], ",.2f"),
+              _f(t["compute_ms"], ",.2f"), _f(t["comm_wait_ms"], ",.2f")] for t in times])]
+        parts.append("\nEfficiency = T(baseline) / (GPUs x T(GPUs)). Baseline `equal work`: the single-device "
+                     "implementation of the same key sets over the whole sequence on one GPU (sdpa for ring, dilated "
+                     "for ring-dilated, block-sparse for block-sparse-ring), measured in the same results; `same split`: "
+                     "the same implementation on one rank, used only where no equal-work row exists, and shown as its "
+                     "own column. Sent/Call: bytes the busiest rank sends per call; algbw: those bytes over the call's "
+                     "time (as nccl-tests' algbw). Compute and communication wait are the slowest rank's medians; "
+                     "memory is the fullest GPU's `max_memory_allocated` (CPU: resident-set growth).\n")
     sizes = max_seq_scaling(rows)
     if sizes:
         parts += ["\n## Sequence-parallel largest sequence against one GPU\n\n", table(

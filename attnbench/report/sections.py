@@ -549,14 +549,19 @@ def seed_004(doc: Doc, m: Machine) -> None:
             "Ring Tokens/s": r.get("tokens_per_s") or (d.tokens(r) / (r["time_ms"] / 1e3) if r.get("time_ms") else None),
             "Memory per GPU": d.peak_per_gpu(r),
             "Overhead": r["time_ms"] / s["time_ms"] if s and s.get("time_ms") and r.get("time_ms") else None,
+            "Baseline": f"{p['baseline']}: {s['impl']}" if s else None,
+            "Sent per Call": r.get("sent_bytes"), "algbw (GB/s)": r.get("algbw_gbps"),
         })
     doc.table(Table("004-ring-vs-single", list(records[0]), records,
                     {"Sequence Length": tokens_cell, "Single GPU Time": ms, "Single GPU Tokens/s": tok_s,
                      "Single GPU Memory": gb, "Ring Time": ms, "Ring Tokens/s": tok_s, "Memory per GPU": gb,
-                     "Overhead": times}))
+                     "Overhead": times, "Sent per Call": format_bytes, "algbw (GB/s)": lambda v: f"{v:,.2f}"}))
     doc.add("\nOverhead = ring time / single-GPU time at the same length (below 1: the ring is faster). Ring time is "
-            "the slowest rank's; memory is `max_memory_allocated` of the fullest GPU. The single-GPU row is the same "
-            "implementation on one GPU where measured, else its single-device counterpart.\n")
+            "the slowest rank's; memory is `max_memory_allocated` of the fullest GPU. Baseline `equal work`: the "
+            "single-device implementation of the same key sets over the whole sequence on one GPU (sdpa for ring, "
+            "dilated for ring-dilated); `same split`: the same implementation on one rank, used only where no "
+            "equal-work row was measured. Sent per Call: bytes the busiest rank sends; algbw: those bytes over the "
+            "call's time (nccl-tests' algbw).\n")
     ranks = rank_breakdown(m.rows)
     if ranks:
         doc.heading(4, "Where the time goes, per rank")

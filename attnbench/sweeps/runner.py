@@ -43,7 +43,7 @@ def cuda_available() -> bool:
 def resolve(plan: Plan) -> Plan:
     """Resolve ``device = auto`` and check every series before anything runs."""
     have_cuda = None
-    resolved = []
+    resolved, clipped = [], []
     for s in plan.series:
         device = s.settings.device
         if device in ("auto", "cuda"):
@@ -52,9 +52,27 @@ def resolve(plan: Plan) -> Plan:
                 raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
             device = "cuda" if have_cuda else "cpu"
         s = replace(s, settings=replace(s.settings, device=device))
+        if plan.clip_ranks and s.distributed and device == "cuda" and s.world_size > _visible_gpus():
+            clipped.append(f"{s.name}: {s.world_size} GPUs asked, {_visible_gpus()} visible; not run")
+            continue
         check_series(s)
         resolved.append(s)
-    return replace(plan, series=tuple(resolved))
+    speedups = []
+    if plan.speedups:
+        from attnbench.sweeps import profile_speedup
+
+        have_cuda = cuda_available() if have_cuda is None else have_cuda
+        for sp in plan.speedups:
+            sp, note = profile_speedup.resolve(sp, have_cuda, _visible_gpus() if have_cuda else 0)
+            speedups.append(sp)
+            clipped += [note] if note else []
+    return replace(plan, series=tuple(resolved), speedups=tuple(speedups), clipped=tuple(clipped))
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_series(s: Series) -> None:
@@ -110,22 +128,48 @@ class SeriesOutcome:
 
 class SweepRunner(RunSession):
     def __init__(self, plan: Plan, out_dir: Path, env: dict[str, Any], resume: bool = False,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None, speedup_reporter=None) -> None:
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
+        self._searched: set[str] = set()  # series whose search result a resumed run already holds
+        self.speedups = [self._speedup_runner(sp, speedup_reporter) for sp in plan.speedups]
+        self.speedups_unverified: list[str] = []  # speedup runs whose reference check failed
+
+    def _speedup_runner(self, settings, reporter):
+        from attnbench.sweeps.speedup import SpeedupRunner
+
+        return SpeedupRunner(settings, self.out_dir, self.env, resume=self.resume, reporter=reporter)
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
         for r in self.resumed_rows():
             if r.get("kind") in ("max-seq", "points") and "series" in r:
                 self._done[(r["series"], r["seq_len"])] = r
+            elif r.get("kind") == "max-seq-result":
+                self._searched.add(r.get("series"))
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> list[SeriesOutcome]:
+        """Every reference check (sweeps, then speedup runs), then the sweeps' trials, then the
+        speedup runs' trials; a resumed run skips every trial it finds, of every kind."""
         self.prepare()
+        for sp in self.speedups:  # before anything is written: each refuses a directory it may not continue
+            sp.prepare()
         # each configuration against the float64 reference before any of its trials
-        verify_rows = self.check_against_reference(verify_cases(self.plan)) if self.plan.verify else []
+        verify_rows = self.run_checks(verify_cases(self.plan)) if self.plan.verify else []
+        speedup_checks = [None if sp.verified else sp.verify() for sp in self.speedups]  # bad input raises here
+        self.record_checks(verify_rows)
+        checked = [sp.verified or sp.record_verify(rows) for sp, rows in zip(self.speedups, speedup_checks)]
+        outcomes = self._run_sweeps(verify_rows)
+        for sp, ok in zip(self.speedups, checked):
+            if ok:
+                sp.run_cases()
+            else:
+                self.speedups_unverified.append(sp.s.impl)
+        return outcomes
+
+    def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
         failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
         outcomes = []
         for i, s in enumerate(self.plan.series):
@@ -149,6 +193,8 @@ class SweepRunner(RunSession):
             start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
+        if self._key(s) in self._searched:  # replayed to the end: its result row is there already
+            return result
         self.append({
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,

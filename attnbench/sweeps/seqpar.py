@@ -118,6 +118,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     if len(compiles) == world:
         row["compile_ms"] = max(compiles)
     row["ranks"] = [_rank_summary(r) for r in results]
+    row.update(traffic(row["ranks"], row.get("time_ms")))
     row["gpus"] = [r["gpu"] for r in results if r.get("gpu")]
     if any(r.get("nvml_note") for r in results):
         row["nvml_note"] = next(r["nvml_note"] for r in results if r.get("nvml_note"))
@@ -136,6 +137,18 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     impl = build(wl.impl, wl.config, world)
     row.update(_accounting(impl, wl, row.get("time_ms")))
     return row
+
+
+def traffic(ranks: list[dict[str, Any]], time_ms: float | None) -> dict[str, Any]:
+    """Bytes the busiest rank sends per call and its achieved bandwidth over the whole call,
+    nccl-tests' algbw (bytes / time, GB/s = 1e9 B/s): what the ring really moved, comparable
+    with the link's measured bandwidth. One rank sends nothing: 0 bytes, no bandwidth."""
+    sent = [r["sent_bytes"] for r in ranks if r.get("sent_bytes") is not None]
+    if not sent:
+        return {"sent_bytes": None, "algbw_gbps": None}
+    busiest = max(sent)
+    bandwidth = busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None
+    return {"sent_bytes": busiest, "algbw_gbps": bandwidth}
 
 
 def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:

@@ -38,13 +38,24 @@ class RunSession:
         """The rows a resumed run continues from; refuses a used directory without --resume."""
         return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
-    def check_against_reference(self, cases: list[VerifyCase]) -> list[dict[str, Any]]:
-        """Run the reference check, refuse a case that cannot run, record the rows."""
+    def run_checks(self, cases: list[VerifyCase]) -> list[dict[str, Any]]:
+        """Run the reference check and refuse a case that cannot run; writes nothing, so a
+        run with several parts can check all of them before its first row."""
         rows = run_reference_checks(cases)
         refuse_unrunnable(rows)
+        return rows
+
+    def record_checks(self, rows: list[dict[str, Any]]) -> bool:
+        """Append the check rows and report them; True when every case passed."""
         for row in rows:
             self.append({**row, "run": self.run_id, "env": self.env})
         self.reporter.verify_done(rows)
+        return all(r["status"] == "pass" for r in rows)
+
+    def check_against_reference(self, cases: list[VerifyCase]) -> list[dict[str, Any]]:
+        """Run the reference check, refuse a case that cannot run, record the rows."""
+        rows = self.run_checks(cases)
+        self.record_checks(rows)
         return rows
 
     def append(self, row: dict[str, Any]) -> None:

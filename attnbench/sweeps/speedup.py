@@ -314,15 +314,28 @@ class SpeedupRunner(RunSession):
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
         self.prepare()
-        if not self.verified:
-            # the configuration against the float64 reference at a small length first
-            rows = self.check_against_reference([self._verify_case()])
-            if any(r["status"] != "pass" for r in rows):
-                return False
+        if not self.check():
+            return False
+        self.run_cases()
+        return True
+
+    def verify(self) -> list[dict[str, Any]]:
+        """The configuration against the float64 reference at a small length; one that cannot
+        run at all is bad input. Writes nothing (a profile checks every part first)."""
+        return self.run_checks([self._verify_case()])
+
+    def check(self) -> bool:
+        """The reference check, unless a resumed run passed it already; False when it failed."""
+        return self.verified or self.record_verify(self.verify())
+
+    def record_verify(self, rows: list[dict[str, Any]]) -> bool:
+        self.verified = self.record_checks(rows)
+        return self.verified
+
+    def run_cases(self) -> None:
         for case in self.s.cases:
             with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
                 self._run_case(case, Path(scratch))
-        return True
 
     def _run_case(self, case: Case, reference: Path) -> None:
         have_reference = False

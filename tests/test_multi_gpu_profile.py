@@ -1,0 +1,224 @@
+"""The multi-gpu profile: speedup runs inside profiles, equal-work baselines, clipping to the
+visible GPUs, bytes and bandwidth per sequence-parallel row, and the whole CPU twin run end to
+end with gloo on two processes, interrupted, resumed and reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.plan import PROFILE_DIR, build_plan
+from attnbench.report.scaling import time_scaling
+from attnbench.sweeps import runner, seqpar
+from attnbench.sweeps.seqpar import traffic
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _profile(name: str) -> dict:
+    return tomllib.loads((PROFILE_DIR / f"{name}.toml").read_text())
+
+
+# --- the CPU twin holds what the GPU profile holds ------------------------------------------------
+
+def _parts(profile: dict) -> list[tuple]:
+    """What a profile measures, sizes aside."""
+    speedups = [("speedup", e["impl"], tuple(e.get("strategies", ())), e.get("module", "attention"),
+                 e.get("mode", profile.get("mode")), "grad_compression" in e) for e in profile.get("speedup", [])]
+    sweeps = [("sweep", e["impl"], e.get("kind", profile.get("kind")), e.get("label"), e.get("equal_work", False))
+              for e in profile.get("sweep", [])]
+    return speedups + sweeps
+
+
+def test_cpu_profile_has_every_part_of_the_gpu_profile():
+    assert _parts(_profile("multi-gpu-cpu")) == _parts(_profile("multi-gpu"))
+    assert _profile("multi-gpu-cpu")["device"] == "cpu" and _profile("multi-gpu")["device"] == "cuda"
+
+
+def test_gpu_profile_holds_the_seed_cases_and_the_communication_bound_ring():
+    p = _profile("multi-gpu")
+    sparse = next(e for e in p["speedup"] if e["impl"] == "block-sparse")
+    assert sparse["cases"] == ["2048x8", "4096x4", "8192x2", "16384x1", "131072x8"]
+    ring = next(e for e in p["sweep"] if e["impl"] == "ring")
+    assert ring["seq_lens"] == ["8K", "16K", "32K", "64K"] and ring["equal_work"]
+    # ring-dilated whose longest segment is longer than a shard on two GPUs, so K/V crosses ranks
+    crossing = p["sweep"][3]
+    assert crossing["impl"] == "ring-dilated"
+    lengths = {"1M": 1 << 20}
+    assert all(max(crossing["segment_lengths"]) > lengths[n] // 2 for n in crossing["seq_lens"])
+
+
+# --- plan: speedup tables and equal-work baselines ------------------------------------------------
+
+def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
+    plan = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
+    assert [(s.impl, s.module, s.mode, s.grad_compression) for s in plan.speedups] == [
+        ("block-sparse", "attention", "fwd", None), ("dilated", "multihead", "fwd_bwd", "fp16"),
+        ("sdpa", "attention", "fwd", None)]
+    assert plan.speedups[0].strategies == ("dp", "mp") and plan.speedups[0].timing["min_samples"] == 2
+    names = [(s.impl, s.world_size) for s in plan.series]
+    # each equal-work baseline right before the sequence-parallel series it serves
+    i = names.index(("ring", 1))
+    assert names[i - 1] == ("sdpa", 1)
+    crossing = next(s for s in plan.series if s.impl == "ring-dilated")
+    before = plan.series[plan.series.index(crossing) - 1]
+    assert before.impl == "dilated" and before.config["segment_lengths"] == crossing.config["segment_lengths"]
+    assert before.config["dilation_rates"] == crossing.config["dilation_rates"]
+    assert before.settings.seq_lens == crossing.settings.seq_lens and before.settings.gpus == ()
+    # the max-seq search gets no baseline: equal work is a points comparison
+    assert sum(1 for s in plan.series if s.impl == "block-sparse") == 1
+
+
+def test_unknown_key_in_a_speedup_table_names_it(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('device = "cpu"\n[[speedup]]\nimpl = "sdpa"\ncases = ["256x2"]\nstrategy = ["dp"]\n')
+    with pytest.raises(AttnbenchError, match="unknown key 'strategy'"):
+        build_plan("bad", [], {}, {}, str(bad))
+    bad.write_text('device = "cpu"\n[[speedup]]\nimpl = "sdpa"\n')
+    with pytest.raises(AttnbenchError, match="missing key 'cases'"):
+        build_plan("bad", [], {}, {}, str(bad))
+
+
+def test_bad_speedup_table_exits_2_with_one_line_and_no_results(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('device = "cpu"\n[[speedup]]\nimpl = "sdpa"\ncases = ["256x2"]\ngpus = 0\n')
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "attnbench", "run", "--profile", str(bad), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "'gpus' must be a positive number" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (out / "trials.jsonl").exists()
+
+
+# --- clipping to the visible GPUs -----------------------------------------------------------------
+
+def _fake_gpus(monkeypatch, n: int) -> None:
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "_visible_gpus", lambda: n)
+    monkeypatch.setattr(seqpar, "max_ranks", lambda device: n)
+
+
+def test_rank_lists_and_gpu_counts_are_clipped_to_the_visible_gpus(monkeypatch):
+    _fake_gpus(monkeypatch, 2)
+    plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
+    assert {s.world_size for s in plan.series} == {1, 2}
+    assert all(sp.gpus == 2 and sp.strategies for sp in plan.speedups)
+    # every dropped rank count is named: 4 and 8 of each of the six sequence-parallel entries
+    dropped = [c for c in plan.clipped if "not run" in c]
+    assert len(dropped) == 6 * 2 and all(" x4:" in c or " x8:" in c for c in dropped)
+    assert sum("8 GPUs asked, 2 visible" in c for c in plan.clipped) == 3 + 6
+
+
+def test_one_gpu_keeps_the_single_gpu_halves(monkeypatch):
+    _fake_gpus(monkeypatch, 1)
+    plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
+    assert {s.world_size for s in plan.series} == {1}
+    assert all(sp.gpus == 1 and sp.strategies == () and sp.grad_compression is None for sp in plan.speedups)
+    assert sum("only the single-GPU baseline ran" in c for c in plan.clipped) == 3
+
+
+def test_ranks_asked_on_the_command_line_are_not_clipped(monkeypatch):
+    _fake_gpus(monkeypatch, 2)
+    with pytest.raises(AttnbenchError, match="only 2 CUDA GPU"):
+        runner.resolve(build_plan("bench", ["ring"], {"kind": "points", "seq_lens": "8K", "gpus": "4",
+                                                      "device": "cuda"}, {}))
+
+
+# --- bytes and bandwidth; the equal-work efficiency ------------------------------------------------
+
+def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
+    ranks = [{"sent_bytes": 3_000_000}, {"sent_bytes": 5_000_000}]
+    assert traffic(ranks, 2.0) == {"sent_bytes": 5_000_000, "algbw_gbps": 5e6 / 2e-3 / 1e9}
+    assert traffic([{"sent_bytes": 0}], 2.0) == {"sent_bytes": 0, "algbw_gbps": None}
+    assert traffic([{}], 2.0) == {"sent_bytes": None, "algbw_gbps": None}
+
+
+def _row(impl, world, time_ms, config=None, **extra):
+    return {"kind": "points", "status": "ok", "impl": impl, "world_size": world, "time_ms": time_ms,
+            "strategy": "ring" if impl.startswith("ring") else "single", "seq_len": 8192, "config": config or {},
+            "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd", "causal": False,
+            "device": "cuda", **extra}
+
+
+def test_efficiency_is_against_equal_work_with_same_split_beside_it():
+    rows = [_row("sdpa", 1, 12.0, {"backend": "auto"}), _row("ring", 1, 15.0, {"backend": "auto"}),
+            _row("ring", 2, 10.0, {"backend": "auto"}, sent_bytes=4_000_000, algbw_gbps=0.4)]
+    two = next(t for t in time_scaling(rows) if t["world_size"] == 2)
+    assert two["baseline"] == "equal work: sdpa"
+    assert two["efficiency"] == pytest.approx(12.0 / (2 * 10.0))
+    assert two["efficiency_same_split"] == pytest.approx(15.0 / (2 * 10.0))
+    assert two["sent_bytes"] == 4_000_000 and two["algbw_gbps"] == 0.4
+    # without the sdpa row, the same split is the baseline and says so
+    alone = next(t for t in time_scaling(rows[1:]) if t["world_size"] == 2)
+    assert alone["baseline"] == "same split: ring" and alone["efficiency"] == pytest.approx(0.75)
+
+
+def test_dilated_baseline_matches_the_dilation_rates():
+    on, off = {"segment_lengths": [64, 128], "dilation_rates": [1, 2]}, {"segment_lengths": [64, 128], "dilation_rates": [1, 1]}
+    rows = [_row("dilated", 1, 8.0, on), _row("dilated", 1, 6.0, off), _row("ring-dilated", 2, 5.0, off)]
+    (t,) = time_scaling(rows)
+    assert t["baseline"] == "equal work: dilated" and t["efficiency"] == pytest.approx(6.0 / 10.0)
+
+
+# --- the whole CPU profile: gloo, two processes, interrupted, resumed, reported --------------------
+
+def _trial_key(r: dict) -> str:
+    if r["kind"] == "speedup":
+        return "speedup:" + r["key"]
+    return f"{r['kind']}:{r['series']}:{r['seq_len']}"
+
+
+def _attnbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
+    out = tmp_path / "run"
+    first = _attnbench("run", "--profile", "multi-gpu-cpu", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    trials = [r for r in rows if r["kind"] in ("points", "max-seq", "speedup")]
+    kinds = Counter(r["kind"] for r in trials)
+    assert kinds["points"] and kinds["max-seq"] and kinds["speedup"]
+    assert {r["kind"] for r in rows} >= {"verify", "max-seq-result"}
+    # every verify row comes before every trial
+    first_trial = next(i for i, r in enumerate(rows) if r["kind"] != "verify")
+    assert all(r["kind"] != "verify" for r in rows[first_trial:])
+    speedup = {(r["impl"], r["case"], r["strategy"]): r for r in trials if r["kind"] == "speedup"}
+    assert speedup[("block-sparse", "256x2", "mp")]["status"] == "ok"
+    assert speedup[("block-sparse", "256x2", "dp")]["status"] == "skipped"  # DataParallel needs CUDA
+    assert speedup[("block-sparse", "512x1", "mp")]["status"] == "skipped"  # one batch does not split
+    assert speedup[("dilated", "256x2", "mp")]["output_match"] is True
+    assert speedup[("dilated", "256x2", "mp")]["grad_compression"] == "fp16"
+    ring2 = [r for r in trials if r["kind"] == "points" and r["world_size"] == 2]
+    assert ring2 and all(r["sent_bytes"] is not None for r in ring2)
+    crossing = next(r for r in ring2 if r["impl"] == "ring-dilated" and r["config"]["segment_lengths"] == [256, 512])
+    assert crossing["sent_bytes"] > 0 and crossing["algbw_gbps"] > 0  # K/V really crossed ranks
+    assert len({_trial_key(r) for r in trials}) == len(trials)
+
+    # an interruption leaves the rows written so far: keep those up to the first speedup trial
+    cut = next(i for i, r in enumerate(rows) if r["kind"] == "speedup") + 1
+    (out / "trials.jsonl").write_text("".join(line + "\n" for line in lines[:cut]))
+    again = _attnbench("run", "--profile", "multi-gpu-cpu", "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert resumed[:cut] == rows[:cut]  # nothing rewritten
+    after = [r for r in resumed if r["kind"] in ("points", "max-seq", "speedup")]
+    assert sorted(_trial_key(r) for r in after) == sorted(_trial_key(r) for r in trials)  # none lost, none repeated
+    assert sum(r["kind"] == "max-seq-result" for r in resumed) == sum(r["kind"] == "max-seq-result" for r in rows)
+    redone = [r for r in resumed[cut:] if r["kind"] in ("points", "max-seq", "speedup")]
+    assert redone and all(r["kind"] == "speedup" for r in redone)
+
+    report = _attnbench("report", str(out), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "equal work: sdpa" in text and "equal work: dilated" in text
+    assert "no multi-GPU ring rows on this machine" not in text
+    assert "no block-sparse speedup rows on this machine" not in text
