@@ -8,13 +8,13 @@ or a wrong type is an error that names the key.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.units import parse_bytes, parse_int_list, parse_tokens
+from attnbench.units import parse_bytes, parse_gpus, parse_int_list, parse_tokens
 from attnbench.workload import DTYPES, MODES, Workload
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -82,8 +82,6 @@ def _str(v):
 
 def _gpus(v):
     """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
-    from attnbench.sweeps.seqpar import parse_gpus
-
     if isinstance(v, list):
         if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
             raise ValueError("a list of positive numbers of GPUs, e.g. [1, 2]")
@@ -136,9 +134,7 @@ class Series:
 
     def build(self):
         """The implementation, bound to this series' ranks."""
-        from attnbench.sweeps.seqpar import build
-
-        return build(self.impl, self.config, self.world_size)
+        return impls.build_for_ranks(self.impl, self.config, self.world_size)
 
     def workload(self, seq_len: int) -> Workload:
         s = self.settings

@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 import torch
+from test_block_patterns import kept_by_rule
 
 from attnbench import impls
 from attnbench.impls import block_sparse as bs
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
-from test_block_patterns import kept_by_rule
 
 CASES = default_cases("block-sparse", "cpu", ["fp32"])
 BF16_CASES = [c for c in default_cases("block-sparse", "cpu", ["bf16"])
@@ -55,7 +55,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
 
 
 def token_mask_by_rule(impl, n, causal):
-    """semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
+    """docs/semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
     p = impl.pattern(n, causal)
     b = impl.block_size
     mask = torch.zeros(n, n, dtype=torch.bool)

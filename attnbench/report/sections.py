@@ -1,4 +1,4 @@
-"""The report's sections: one per seed report (``shared/seeds/000..004``), an executive
+"""The report's sections: one per seed report (the five of ``docs/semantics.md``), an executive
 summary, the environment and commands, and capacity prediction. Each section function
 writes the part of one machine into a ``Doc``; every number comes from that machine's rows.
 
@@ -9,14 +9,23 @@ NVML readings, output match) come after them. A table whose rows are missing say
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.fit import (ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity,
-                                  capacities)
+from attnbench.report.fit import ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity, capacities
 from attnbench.report.markdown import Table, result_text
-from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
-                                       rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
+from attnbench.report.multigpu import (
+    STRATEGY_NAMES,
+    gpus_in,
+    max_seq_by_series,
+    memory_per_gpu_cells,
+    rank_breakdown,
+    ring_pairs,
+    scaling_families,
+    speedup_cases,
+    speedup_groups,
+)
 from attnbench.report.sweep_tables import max_seq_summary, memory_table, series_groups, summary_table, time_table
 from attnbench.units import format_bytes, format_tokens
 

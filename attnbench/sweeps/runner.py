@@ -20,6 +20,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
 from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
+from attnbench.runtime.supervise import pause_after_trials
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
 from attnbench.trial import TrialSpec, execute, run_isolated, run_verify_isolated
 
@@ -201,6 +202,7 @@ class SweepRunner:
             row = self._done[key]
             self.reporter.trial_done(s, row, True)
             return row["status"]
+        pause_after_trials(len(self._done))
         self.reporter.trial_started(s, seq_len, phase)
         st = s.settings
         spec = TrialSpec(
