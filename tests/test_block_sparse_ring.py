@@ -132,6 +132,7 @@ def test_only_the_kept_blocks_travel(tmp_path):
     assert [x["sent_bytes"] for x in sorted(two["ranks"], key=lambda x: x["rank"])] == expected
 
 
+@pytest.mark.slow
 def test_local_window_chunks_read_a_narrow_key_window():
     """At 8M tokens on one rank a chunk's keys are its neighbourhood, not the whole shard."""
     impl = impls.build("block-sparse-ring", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
