@@ -1,6 +1,7 @@
 # attnbench: two commands on a fresh machine.
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
-#   make test     set up, run the tests, then the CI gate (make ci-gate)
+#   make test     set up, lint (ruff check), run every test, then the CI gate (make ci-gate)
+#   make test-fast  the unit tests only (no slow, distributed or GPU test): under a minute
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ VENV_FLAGS ?=
 # where `make report` writes its run (trials.jsonl) and the report (RUN/report/report.md); OUT=DIR to choose
 RUN := $(or $(OUT),results/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
 
-.PHONY: setup report test ci-gate clean
+.PHONY: setup report test test-fast lint ci-gate clean
 
 setup: $(VENV)/.installed
 
@@ -25,9 +26,15 @@ report: setup
 	$(BIN)/attnbench run --profile auto --out $(RUN)
 	$(BIN)/attnbench report $(RUN)
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory ci-gate
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow and not distributed and not gpu"
+
+lint: setup
+	$(BIN)/ruff check attnbench tests
 
 # This project's own regression gate: run the ci profile (CPU, under a minute) and compare
 # what does not depend on the machine (reference checks, max-seq under a memory limit, byte

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench import impls
 from attnbench.errors import AttnbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -30,6 +29,8 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 @app.command("list")
 def list_impls() -> None:
     """Every registered implementation, its parameters with defaults, devices and dtypes."""
+    from attnbench import impls  # here, not at the top: `report` and `check` must not import torch
+
     for name in impls.names():
         s = impls.spec(name)
         console.print(f"[bold]{name}[/]  {s.summary}")
@@ -58,6 +59,7 @@ def verify(
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
+    from attnbench import impls
     from attnbench.reference import TOLERANCE, default_cases
     from attnbench.results import ResultsWriter, capture_env, clean_floats
     from attnbench.sweeps import seqpar
@@ -458,8 +460,14 @@ def speedup(
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
     from attnbench.report.speedup_tables import write_speedup_tables
     from attnbench.results import capture_env
-    from attnbench.sweeps.speedup import (SEED_CASES, SpeedupRunner, SpeedupSettings, check_settings, parse_cases,
-                                          parse_strategies)
+    from attnbench.sweeps.speedup import (
+        SEED_CASES,
+        SpeedupRunner,
+        SpeedupSettings,
+        check_settings,
+        parse_cases,
+        parse_strategies,
+    )
 
     device = _resolve_device(device)
     settings = check_settings(SpeedupSettings(
@@ -552,8 +560,9 @@ def pattern(
     """Build a block-sparse pattern from its block lists: print its kept fraction, build time and memory; draw it."""
     import time
 
+    from attnbench import impls
     from attnbench.measure.memory import current_rss_bytes
-    from attnbench.trial import _reset_rss_peak, _rss_hwm
+    from attnbench.measure.probe import reset_rss_peak, rss_high_water
     from attnbench.units import format_bytes, format_tokens, parse_tokens
 
     n = parse_tokens(seq_len)
@@ -561,12 +570,12 @@ def pattern(
     impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio,
                        **config)
     impl.check_length(n)
-    _reset_rss_peak()
+    reset_rss_peak()
     base = current_rss_bytes()
     t0 = time.perf_counter()
     p = impl.pattern(n, bool(causal))  # refuses a pattern that cannot keep the ratio
     seconds = time.perf_counter() - t0
-    grown = max(0, _rss_hwm() - base)
+    grown = max(0, rss_high_water() - base)
     counts = p.row_counts.float()
     console.print(f"{p.pattern_type}{' causal' if p.causal else ''}  N={format_tokens(n)}  block {block_size}  "
                   f"{p.num_blocks:,} query blocks  ({p.describe()})")

@@ -40,9 +40,10 @@ the integer ``c >= 1`` sized (for ``hierarchical`` ``r_0`` stays 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

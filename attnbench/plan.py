@@ -14,7 +14,7 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.units import parse_bytes, parse_int_list, parse_tokens
+from attnbench.units import parse_bytes, parse_gpus, parse_int_list, parse_tokens
 from attnbench.workload import DTYPES, MODES, Workload
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -83,8 +83,6 @@ def _str(v):
 
 def _gpus(v):
     """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
-    from attnbench.sweeps.seqpar import parse_gpus
-
     if isinstance(v, list):
         if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
             raise ValueError("a list of positive numbers of GPUs, e.g. [1, 2]")
@@ -138,9 +136,7 @@ class Series:
 
     def build(self):
         """The implementation, bound to this series' ranks."""
-        from attnbench.sweeps.seqpar import build
-
-        return build(self.impl, self.config, self.world_size)
+        return impls.build_for_ranks(self.impl, self.config, self.world_size)
 
     def workload(self, seq_len: int) -> Workload:
         s = self.settings
@@ -317,7 +313,7 @@ def build_plan(
     if speedups:
         from attnbench.sweeps.profile_speedup import parse_entries
 
-        speedups = parse_entries(speedups, {**base, **flags}, name)
+        speedups = parse_entries(speedups, {**base, **flags}, name, parse_settings)
     # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
     clip = bool(profile) and "gpus" not in flags
     return Plan(name=name, series=tuple(series), description=description, verify=verify, speedups=tuple(speedups),

@@ -16,8 +16,9 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
@@ -29,7 +30,7 @@ STATUSES = ("ok", "oom", "time-limit", "error")
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _git(*args: str) -> str | None:

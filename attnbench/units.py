@@ -48,6 +48,18 @@ def parse_int_list(text: str | list[int], what: str) -> list[int]:
         raise AttnbenchError(f"cannot read {what} {text!r}: write comma-separated integers, e.g. 2048,4096") from None
 
 
+def parse_gpus(value) -> tuple[int, ...]:
+    """``2`` -> (1, 2): P ranks and the one-GPU baseline in the same run; ``1,2,4`` as given."""
+    if isinstance(value, bool):
+        raise ValueError("a number of GPUs or a list")
+    counts = [value] if isinstance(value, int) else parse_int_list(value, "gpus")
+    if not counts or any(c < 1 for c in counts):
+        raise ValueError("positive numbers of GPUs, e.g. 2 or 1,2,4")
+    if len(counts) == 1 and counts[0] > 1:
+        counts = [1, counts[0]]
+    return tuple(sorted(set(counts)))
+
+
 def format_bytes(n: float | None, unit: str = "auto") -> str:
     """Decimal units, as the seed reports' 'GB' and 'MB' columns."""
     if n is None or n != n:

@@ -11,7 +11,7 @@ from attnbench.errors import AttnbenchError
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MODES = ("fwd", "fwd_bwd")
-# Backward of attention costs 2.5x the forward (semantics.md), so fwd+bwd is 3.5x.
+# Backward of attention costs 2.5x the forward (docs/semantics.md), so fwd+bwd is 3.5x.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd_bwd": 3.5}
 # Tensors the pass cannot avoid holding: q, k, v, out (+ dout, dq, dk, dv for the backward).
 MODE_FLOOR_TENSORS = {"fwd": 4, "fwd_bwd": 8}
@@ -30,7 +30,7 @@ class Workload:
     mode: str = "fwd"
     causal: bool = False
 
-    def with_seq_len(self, seq_len: int) -> "Workload":
+    def with_seq_len(self, seq_len: int) -> Workload:
         return Workload(**{**asdict(self), "seq_len": seq_len})
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,7 +51,7 @@ class Workload:
 
     @property
     def floor_bytes(self) -> int:
-        """The memory floor: inputs and outputs the pass must hold (semantics.md)."""
+        """The memory floor: inputs and outputs the pass must hold (docs/semantics.md)."""
         return MODE_FLOOR_TENSORS[self.mode] * self.tensor_bytes
 
     def flops(self, pairs: int) -> float:

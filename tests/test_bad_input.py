@@ -7,6 +7,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # each case is the real command in a fresh process
+
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16]
 
 

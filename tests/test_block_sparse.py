@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 import torch
+from test_block_patterns import kept_by_rule
 
 from attnbench import impls
 from attnbench.impls import block_sparse as bs
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
-from test_block_patterns import kept_by_rule
 
 CASES = default_cases("block-sparse", "cpu", ["fp32"])
 BF16_CASES = [c for c in default_cases("block-sparse", "cpu", ["bf16"])
@@ -29,6 +29,7 @@ def test_cases_cover_every_pattern_causal_block_size_and_ratio():
     assert seen == {(t, causal, b, r) for t in PATTERN_TYPES for causal in (False, True) for b in (16, 32) for r in (0.1, 0.25)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES + BF16_CASES, ids=case_id)
 def test_gather_kernel_matches_reference(case):
     row = run_case(case)
@@ -55,7 +56,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
 
 
 def token_mask_by_rule(impl, n, causal):
-    """semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
+    """docs/semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
     p = impl.pattern(n, causal)
     b = impl.block_size
     mask = torch.zeros(n, n, dtype=torch.bool)
@@ -137,6 +138,7 @@ def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
     assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks   # the backward gets full rows
 
 
+@pytest.mark.slow
 def test_local_window_chunks_read_their_neighbourhood_only():
     impl = impls.build("block-sparse", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
     p = impl.pattern(32 << 20, causal=False)                   # 32M tokens, 262,144 blocks
@@ -161,6 +163,7 @@ needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c+
                                     reason="torch.compile on the CPU needs a C++ compiler")
 
 
+@pytest.mark.slow
 @needs_compiler
 @pytest.mark.parametrize("pattern_type,causal,chunk_tokens", [
     ("global_local", True, 160),       # chunked, overlapping last chunk, global rows in the mask

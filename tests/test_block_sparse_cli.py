@@ -4,16 +4,17 @@ sparsity table computed from the rows of a real CPU run."""
 import re
 
 import pytest
-import torch
 
 from attnbench import impls
 from attnbench.report.sparsity import sparsity_table
 from attnbench.results import read_rows
+
 from conftest import run_cli
 
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "16"]
 
 
+@pytest.mark.slow
 def test_pattern_command_prints_the_kept_fraction_and_draws(tmp_path):
     png = tmp_path / "h.png"
     proc = run_cli("pattern", "--pattern-type", "hierarchical", "--seq-len", "16384", "--block-size", "128",
@@ -39,6 +40,7 @@ BAD = {  # one case per kind of mistake the issue names; the rest are checked in
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path):
     args, hint = BAD[name]
@@ -68,6 +70,7 @@ def test_more_bad_configurations_raise_config_errors(config, seq_len, hint):
     assert hint in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,hint", [
     (["--sparsity-ratio", "0"], "(0, 1]"),
     (["--pattern-type", "dilated_sparse", "--segment-lengths", "4096"], "multiple of 4096"),
@@ -82,6 +85,7 @@ def test_pattern_command_bad_input_draws_nothing(args, hint, tmp_path):
     assert not png.exists()
 
 
+@pytest.mark.slow
 def test_sparsity_table_from_a_real_run(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("bench", "--impl", "sdpa", "--impl", "block-sparse", "--seq-lens", "2048,4096", "--param",

@@ -10,7 +10,7 @@ from attnbench.impls import block_sparse as bs
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 @pytest.mark.parametrize("index_width", ["full", "compact"])

@@ -75,7 +75,7 @@ def test_flex_masks_of_every_step_hold_the_pattern(pattern_type, causal, chunk_t
     for rank in range(world):
         seen = torch.zeros(2048 // 16 // world, 2048 // 16, dtype=torch.bool)  # local rows x global key blocks
         merged = torch.zeros(world, 2048 // world, dtype=torch.int64)  # each row merged once per step
-        for p, schedule, sender, received, chunks in step_masks(world, rank, causal, pattern_type, chunk_tokens):
+        for p, schedule, sender, received, chunks in step_masks(world, rank, causal, pattern_type, chunk_tokens):  # noqa: B007 (p is read after the loop)
             m = schedule.m
             windows = {k1 - k0 for *_, k0, k1, _ in chunks}
             assert len(windows) <= 1  # one key length per step: one compiled shape
@@ -98,6 +98,7 @@ def test_flex_masks_of_every_step_hold_the_pattern(pattern_type, causal, chunk_t
         assert set(merged[merged > 0].tolist()) <= {1}
 
 
+@pytest.mark.slow
 def test_flex_on_the_cpu_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("bench", "--impl", "block-sparse-ring", "--param", "kernel=flex", "--param", "block_size=16",
@@ -108,6 +109,8 @@ def test_flex_on_the_cpu_is_refused_with_the_fix(tmp_path):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_only_the_kept_blocks_travel(tmp_path):
     """A 2-rank bench: each rank sends the other exactly the blocks the other's rows keep."""
     out = tmp_path / "run"
@@ -129,6 +132,7 @@ def test_only_the_kept_blocks_travel(tmp_path):
     assert [x["sent_bytes"] for x in sorted(two["ranks"], key=lambda x: x["rank"])] == expected
 
 
+@pytest.mark.slow
 def test_local_window_chunks_read_a_narrow_key_window():
     """At 8M tokens on one rank a chunk's keys are its neighbourhood, not the whole shard."""
     impl = impls.build("block-sparse-ring", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)

@@ -27,6 +27,8 @@ from attnbench.results import read_rows
 
 from conftest import ROOT, run_cli
 
+pytestmark = pytest.mark.slow  # every test reads real `attnbench run`s made by a module fixture
+
 # Timed calls of 0.06-0.2 ms: short enough that another process rarely preempts one, so the
 # samples stay tight on a loaded machine (longer calls there spread over 10x and more).
 # Scores and probabilities of naive attention: 2 * H * N^2 * 4 B = 16 N^2 bytes at H = 2.

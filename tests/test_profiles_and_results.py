@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.plan import PROFILE_DIR, build_plan
-from attnbench.results import read_rows, ResultsWriter
+from attnbench.results import ResultsWriter, read_rows
 
 PROFILES = sorted(PROFILE_DIR.glob("*.toml"))
 

@@ -13,12 +13,13 @@ import torch
 
 from attnbench import impls
 from attnbench.errors import ConfigError
-from attnbench.patterns import PATTERN_TYPES
 from attnbench.impls.ring import LseAccumulator, attend_with_lse, contiguous_positions, zigzag_positions
+from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, masked_reference, relative_error
 from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
 from attnbench.trial import TrialSpec
+from attnbench.units import parse_gpus
 
 from conftest import run_cli
 
@@ -115,6 +116,8 @@ def verified(request):
     return world, cases, seqpar.verify(cases)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_every_case_matches_the_reference_and_the_single_device_output(verified):
     world, cases, rows = verified
     assert len(rows) == len(cases)
@@ -125,6 +128,8 @@ def test_every_case_matches_the_reference_and_the_single_device_output(verified)
         assert r["rel_err"] <= TOLERANCE[r["dtype"]] and r["rel_err_single"] <= TOLERANCE[r["dtype"]]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
     world, cases, _ = verified
     for name in ("ring", "ring-dilated", "block-sparse-ring"):
@@ -137,6 +142,8 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
     assert any(c.batch > 1 for c in cases) and any(c.heads % len(c.config.get("segment_lengths", [1])) for c in cases)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_rank_that_raises_ends_the_run_with_its_error():
     case = seqpar.cases_for("ring", "cpu", ["fp32"], 2)[0]
     t0 = time.monotonic()
@@ -146,6 +153,8 @@ def test_a_rank_that_raises_ends_the_run_with_its_error():
     assert rows[0]["message"].startswith("rank 1:") and "asked to fail" in rows[0]["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
     workload = dict(impl="ring", config={"backend": "auto"}, batch=1, seq_len=1 << 18, heads=8, head_dim=64,
                     dtype="fp32", device="cpu", mode="fwd", causal=False)
@@ -160,6 +169,8 @@ def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("bench", "--impl", "ring", "--seq-lens", "1024", "--device", "cpu", "--dtype", "fp32",
@@ -238,6 +249,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys,
     check_bad(*run_in_process([*args, *(["--out", out] if args[0] != "verify" else [])], capsys, monkeypatch), hint, out)
 
 
+@pytest.mark.slow
 def test_bad_input_from_the_real_command(tmp_path):
     args, hint = BAD["ranks not dividing N"]
     out = tmp_path / "out"
@@ -246,11 +258,11 @@ def test_bad_input_from_the_real_command(tmp_path):
 
 
 def test_gpus_setting_reads_one_count_as_baseline_plus_p():
-    assert seqpar.parse_gpus(2) == (1, 2)
-    assert seqpar.parse_gpus("1,2,4") == (1, 2, 4)
-    assert seqpar.parse_gpus("1") == (1,)
+    assert parse_gpus(2) == (1, 2)
+    assert parse_gpus("1,2,4") == (1, 2, 4)
+    assert parse_gpus("1") == (1,)
     with pytest.raises(ValueError):
-        seqpar.parse_gpus("0")
+        parse_gpus("0")
 
 
 def test_scaling_readout_from_rows():

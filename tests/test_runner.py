@@ -2,7 +2,9 @@
 
 from dataclasses import replace
 
-from attnbench.plan import Settings, Series, Plan
+import pytest
+
+from attnbench.plan import Plan, Series, Settings
 from attnbench.results import read_rows
 from attnbench.sweeps.runner import SweepRunner, resolve
 
@@ -36,6 +38,7 @@ def test_each_configuration_is_verified_before_its_trials(tmp_path):
     assert check["status"] == "pass" and check["config"] == DILATED and check["dtype"] == "fp32"
 
 
+@pytest.mark.slow
 def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeypatch):
     from attnbench.impls.dilated import DilatedAttention
 

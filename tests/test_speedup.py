@@ -15,7 +15,14 @@ from attnbench.reference import TOLERANCE
 from attnbench.results import read_rows
 from attnbench.sweeps import strategies
 from attnbench.sweeps.speedup import (
-    Case, SpeedupRunner, SpeedupSettings, check_settings, gpu_rows, notes_for, parse_cases, slowest_per_iteration,
+    Case,
+    SpeedupRunner,
+    SpeedupSettings,
+    check_settings,
+    gpu_rows,
+    notes_for,
+    parse_cases,
+    slowest_per_iteration,
 )
 from attnbench.sweeps.speedup_job import context, measure
 
@@ -40,6 +47,8 @@ def cpu_run(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_mp_with_gloo_on_two_processes_equals_single_and_writes_timing_rows(cpu_run):
     out, _ = cpu_run
     rows = speedup_rows(out)
@@ -66,6 +75,8 @@ def test_mp_time_is_the_slowest_rank_per_iteration():
         slowest_per_iteration([[1.0, 2.0], [1.0]])
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_dataparallel_on_the_cpu_is_skipped_with_its_reason(cpu_run):
     out, proc = cpu_run
     for case in CASES.split(","):
@@ -75,6 +86,8 @@ def test_dataparallel_on_the_cpu_is_skipped_with_its_reason(cpu_run):
     assert "skipped" in proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
     out, _ = cpu_run
     rows = speedup_rows(out)
@@ -98,6 +111,8 @@ def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
     assert (out / "speedup_memory.csv").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu_run):
     out, _ = cpu_run
     before = (out / "trials.jsonl").read_bytes()
@@ -110,6 +125,8 @@ def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu
     assert (out / "trials.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_resumed_run_recomputes_the_single_output_it_compares_with(tmp_path):
     """The single output lives in a scratch directory of the run that measured it; a strategy
     added with --resume still gets its output checked."""
@@ -123,6 +140,8 @@ def test_a_resumed_run_recomputes_the_single_output_it_compares_with(tmp_path):
     assert rows[("256x2", "mp")]["output_match"] is True and rows[("256x2", "mp")]["output_rel_err"] <= TOLERANCE["fp32"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_ddp_gradients_of_the_multihead_module_equal_single_and_compression_is_applied(tmp_path):
     """Each rank's loss is the mean over its half of the batch and DDP averages the two: that
     is the single run's mean over the whole batch, so the gradients agree up to the fp16
@@ -151,6 +170,8 @@ def fault_strategies(monkeypatch):
         strategies.STRATEGIES.pop(name, None)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(tmp_path, fault_strategies):
     from attnbench.results import capture_env
 
@@ -247,6 +268,8 @@ def test_cases_parse_and_gpu_count_is_checked():
         check_settings(SpeedupSettings(**{**base.__dict__, "strategies": ("mp",)}), cuda_devices=2)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_seeds_default_cases_run_and_mp_skips_the_batch_it_cannot_split(tmp_path):
     """Without --cases the seeds' four cases run; 16384x1 cannot split over 2 ranks, so mp
     records it skipped with the reason (named explicitly, the same case is bad input, below)."""
@@ -305,6 +328,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, cli_in_
     assert "Traceback" not in stdout + stderr and not out.exists()
 
 
+@pytest.mark.slow
 def test_more_gpus_than_exist_is_one_line_exit_2(tmp_path):
     proc = run_cli("speedup", "--impl", "sdpa", "--device", "cuda", "--gpus", 2, "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1

@@ -59,6 +59,15 @@ def build(name: str, **config: Any) -> AttentionImpl:
     return impl
 
 
+def build_for_ranks(name: str, config: dict[str, Any], world: int) -> AttentionImpl:
+    """``build``, with a sequence-parallel implementation bound to ``world`` ranks (its shape
+    rules depend on it)."""
+    impl = build(name, **config)
+    if spec(name).distributed:
+        impl.world_size = world
+    return impl
+
+
 _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
@@ -98,9 +107,13 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    from attnbench.impls import dense, dilated  # noqa: F401
-    from attnbench.impls import block_sparse, ring  # noqa: F401
-    from attnbench.impls import block_sparse_ring  # noqa: F401  (after block_sparse: it takes its parameters)
+    from attnbench.impls import (  # noqa: F401  # noqa: F401
+        block_sparse,
+        block_sparse_ring,  # noqa: F401  (after block_sparse: it takes its parameters)
+        dense,
+        dilated,
+        ring,
+    )
 
 
-__all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]
+__all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "build_for_ranks", "names", "spec", "register", "normalize_config"]

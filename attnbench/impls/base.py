@@ -1,7 +1,7 @@
 """The contract every attention implementation follows.
 
 An implementation is a ``torch.nn.Module`` whose ``forward(q, k, v, is_causal=False)`` takes
-and returns ``(B, N, H, D)`` tensors, and which declares its key sets (semantics.md): for each
+and returns ``(B, N, H, D)`` tensors, and which declares its key sets (docs/semantics.md): for each
 head ``h`` and query ``t`` the keys ``M_h(t)`` that one softmax runs over. The declaration is
 what the float64 reference checks against and what FLOPs and sparsity are counted from.
 """
@@ -9,8 +9,9 @@ what the float64 reference checks against and what FLOPs and sparsity are counte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,7 +38,7 @@ class ImplSpec:
     """A registry entry: how to build an implementation and what it supports."""
 
     name: str
-    factory: Callable[..., "AttentionImpl"]
+    factory: Callable[..., AttentionImpl]
     summary: str
     params: tuple[Param, ...] = ()
     devices: tuple[str, ...] = ("cpu", "cuda")

@@ -1,4 +1,4 @@
-"""Block-sparse attention: one softmax over the key blocks a pattern keeps (semantics.md).
+"""Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
 
 The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
 progressions. Two kernels run the same math:
@@ -24,10 +24,8 @@ plain dense attention (SDPA), except in a full-width flex mask, which holds them
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -221,7 +219,7 @@ class BlockSparseAttention(AttentionImpl):
                 allowed = allowed & (key_pos <= query_pos)
             mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
 
-            def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
+            def heads_first(x, length, rows=rows):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
                 return x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
 
             qc = heads_first(q[:, r0 * b:r1 * b], b)
@@ -231,7 +229,7 @@ class BlockSparseAttention(AttentionImpl):
             yield slice(r0 * b, r1 * b), oc.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(
                 batch, rows * b, num_heads, head_dim)
 
-    def _flex_layout(self, p: BlockPattern, device, grad: bool) -> "FlexLayout":
+    def _flex_layout(self, p: BlockPattern, device, grad: bool) -> FlexLayout:
         """How the flex path cuts the pattern. Index rows have one column per key block (the
         layout create_block_mask makes) while that is small: every pattern and ratio at one
         length then shares one compiled kernel, global rows included. Longer sequences get
@@ -274,7 +272,7 @@ class BlockSparseAttention(AttentionImpl):
         width = 1 << (most - 1).bit_length() if compact else window
         return FlexLayout(first, width, rows, starts, window, key_starts)
 
-    def _chunk_masks(self, p: BlockPattern, layout: "FlexLayout", device, grad: bool):
+    def _chunk_masks(self, p: BlockPattern, layout: FlexLayout, device, grad: bool):
         key = (p.num_blocks, p.causal, str(device), grad)
         if key in self._masks:
             return self._masks[key]
@@ -299,11 +297,11 @@ class BlockSparseAttention(AttentionImpl):
         if p.causal:
             part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
         part_count = torch.full((rows,), int(p.causal), dtype=torch.int32, device=device)
-        extra = {"compute_q_blocks": grad} if _has_compute_q_blocks() else {}
+        extra = {"compute_q_blocks": grad} if has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
             part_count[None, None], part_idx[None, None],
             full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
-            BLOCK_SIZE=b, mask_mod=_diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, window * b), **extra,
+            BLOCK_SIZE=b, mask_mod=diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, window * b), **extra,
         )
 
     def _flex_options(self, q) -> dict[str, Any] | None:
@@ -408,7 +406,7 @@ def _flex_result(result, with_lse: bool):
 
 
 @functools.cache
-def _diagonal_causal(block_size: int):
+def diagonal_causal(block_size: int):
     """Causal mask inside a diagonal block. Partial blocks are only diagonal blocks and chunks
     start on block boundaries, so positions within the block decide."""
     def diagonal_causal(b, h, q_idx, kv_idx):
@@ -442,7 +440,7 @@ def parse_kernel_options(text: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _has_compute_q_blocks() -> bool:
+def has_compute_q_blocks() -> bool:
     """Forward-only masks skip the transposed (query-side) indices where torch allows it."""
     from torch.nn.attention.flex_attention import BlockMask
 

@@ -1,6 +1,6 @@
 """block-sparse-ring: block-sparse attention over a sequence split across ranks.
 
-The key sets are ``block-sparse``'s with the same configuration (semantics.md): the pattern
+The key sets are ``block-sparse``'s with the same configuration (docs/semantics.md): the pattern
 is built for the whole sequence, and rank r holds its contiguous blocks ``[r m, (r+1) m)``
 (``m`` = blocks per rank). Contiguous also when causal: a causal pattern keeps no block above
 the diagonal, so later ranks do more of the work (the price of receiving only what the
@@ -26,12 +26,26 @@ import torch
 from attnbench.errors import ConfigError
 from attnbench.impls import register, spec
 from attnbench.impls.base import ImplSpec, Param, lcm
-from attnbench.impls.block_sparse import (GATHER_BUDGET_BYTES, INDEX_BUDGET_BYTES, MASK_CACHE_BYTES, BlockSparseAttention,
-                                          _diagonal_causal, _has_compute_q_blocks, compiled_flex, flex_attend,
-                                          flex_options)
+from attnbench.impls.block_sparse import (
+    GATHER_BUDGET_BYTES,
+    INDEX_BUDGET_BYTES,
+    MASK_CACHE_BYTES,
+    BlockSparseAttention,
+    compiled_flex,
+    diagonal_causal,
+    flex_attend,
+    flex_options,
+    has_compute_q_blocks,
+)
 from attnbench.impls.ring import RingSchedule, Selection, SequenceParallelAttention, run_ring
-from attnbench.patterns import (PATTERN_TYPES, BlockPattern, clip_progressions, expand_progressions, progression_lengths,
-                                progression_spans)
+from attnbench.patterns import (
+    PATTERN_TYPES,
+    BlockPattern,
+    clip_progressions,
+    expand_progressions,
+    progression_lengths,
+    progression_spans,
+)
 
 # index elements one expansion of progressions may hold (the plan is made in such pieces)
 EXPAND_ELEMENTS = 1 << 24
@@ -297,11 +311,11 @@ class BlockSparseSchedule(RingSchedule):
         if diagonal:
             part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
         part_count = torch.full((rows,), int(diagonal), dtype=torch.int32, device=device)
-        extra = {"compute_q_blocks": False} if _has_compute_q_blocks() else {}
+        extra = {"compute_q_blocks": False} if has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
             part_count[None, None], part_idx[None, None],
             full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
-            BLOCK_SIZE=self.b, mask_mod=_diagonal_causal(self.b) if diagonal else None,
+            BLOCK_SIZE=self.b, mask_mod=diagonal_causal(self.b) if diagonal else None,
             seq_lengths=(rows * self.b, window * self.b), **extra,
         )
 

@@ -1,6 +1,6 @@
 """Sequence-parallel attention: one sequence split over the ranks of a process group.
 
-Contract (semantics.md, "ring variants"): inside an initialised process group of ``p``
+Contract (docs/semantics.md, "Sequence-parallel variants"): inside an initialised process group of ``p``
 ranks, ``forward(q, k, v, is_causal)`` takes the rank's shard ``(B, N/p, H, D)`` of q, k
 and v and returns the rank's shard of the output. Which global positions a rank holds, in
 which local order, is the implementation's declaration ``shard_positions(N, rank,
@@ -594,7 +594,11 @@ def context_parallel_support() -> str:
     """'' when this torch has context parallelism, else why not (imports it: ~1 s)."""
     try:
         from torch.distributed.tensor.experimental._attention import (  # noqa: F401
-            _cp_options, _enable_context_parallel_dispatcher, _disable_context_parallel_dispatcher, set_rotate_method)
+            _cp_options,
+            _disable_context_parallel_dispatcher,
+            _enable_context_parallel_dispatcher,
+            set_rotate_method,
+        )
     except Exception as exc:  # private API: absent or moved in this release
         return f"not in torch {torch.__version__} ({type(exc).__name__}: {exc})"
     return ""
@@ -629,7 +633,11 @@ class ContextParallelAttention(DenseSequenceParallel):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Shard
         from torch.distributed.tensor.experimental._attention import (
-            _cp_options, _disable_context_parallel_dispatcher, _enable_context_parallel_dispatcher, set_rotate_method)
+            _cp_options,
+            _disable_context_parallel_dispatcher,
+            _enable_context_parallel_dispatcher,
+            set_rotate_method,
+        )
         from torch.nn.attention import sdpa_kernel
 
         from attnbench.impls.dense import SDPA_BACKENDS

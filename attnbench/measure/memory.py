@@ -64,7 +64,7 @@ class NvmlSampler:
         while not self._stop.wait(self.interval_s):
             self._poll()
 
-    def __enter__(self) -> "NvmlSampler":
+    def __enter__(self) -> NvmlSampler:
         if self.backend is not None:
             self.baseline = [self.backend.used_bytes(i) for i in range(len(self.peak))]
             self.peak = list(self.baseline)
@@ -108,7 +108,7 @@ class CpuMemoryLimit:
         self.limit = limit
         self._old: tuple[int, int] | None = None
 
-    def __enter__(self) -> "CpuMemoryLimit":
+    def __enter__(self) -> CpuMemoryLimit:
         if self.limit:
             self._old = resource.getrlimit(resource.RLIMIT_AS)
             soft = current_vm_bytes() + self.limit

@@ -51,7 +51,7 @@ def render(results: Results) -> Doc:
     for title, seed, section in SECTIONS:
         doc.heading(2, title)
         if seed:
-            doc.add(f"Regenerates the tables of `shared/seeds/{seed}` from measurements.\n")
+            doc.add(f"Regenerates the tables of seed report `{seed}` (see docs/semantics.md) from measurements.\n")
         for m in machines:
             doc.heading(3, f"{m.name}")
             doc.machine_slug = m.slug

@@ -14,14 +14,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.report.data import (config_id, config_text, configs_agree, gpu_memory, ok, settings_key, trials,
-                                   world_size)
+from attnbench.report.data import (
+    config_id,
+    config_text,
+    configs_agree,
+    gpu_memory,
+    ok,
+    settings_key,
+    trials,
+    world_size,
+)
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 
 SPEEDUP_KIND = "speedup"
 STRATEGY_NAMES = {"single": "Single GPU", "dp": "DataParallel", "mp": "Multi-process data parallel (DDP)",
                   "ring": "Ring (sequence parallel)"}
-# A ring variant computes what its single-device counterpart computes (semantics.md).
+# A ring variant computes what its single-device counterpart computes (docs/semantics.md).
 RING_COUNTERPART = {"ring": "sdpa", "context-parallel": "sdpa", "ring-dilated": "dilated",
                     "ring-dilated-hilbert": "dilated", "block-sparse-ring": "block-sparse"}
 

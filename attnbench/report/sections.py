@@ -1,4 +1,4 @@
-"""The report's sections: one per seed report (``shared/seeds/000..004``), an executive
+"""The report's sections: one per seed report (the five of ``docs/semantics.md``), an executive
 summary, the environment and commands, and capacity prediction. Each section function
 writes the part of one machine into a ``Doc``; every number comes from that machine's rows.
 
@@ -9,7 +9,8 @@ NVML readings, output match) come after them. A table whose rows are missing say
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.fit import (

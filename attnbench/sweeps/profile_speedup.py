@@ -13,6 +13,7 @@ What was clipped is returned in words, for the run's env.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -26,14 +27,18 @@ TIMING = ("warmup", "min_samples", "max_samples", "target_ms")
 OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
 
 
-def parse_entries(entries: list[dict[str, Any]], base: dict[str, Any], profile: str) -> list[SpeedupSettings]:
-    """Each table as SpeedupSettings (``device`` may still be ``auto``); bad keys name the table."""
-    return [parse_entry(e, base, f"profile {profile}, speedup {i}") for i, e in enumerate(entries, 1)]
+SettingsParser = Callable[[dict[str, Any], str], dict[str, Any]]
 
 
-def parse_entry(entry: dict[str, Any], base: dict[str, Any], where: str) -> SpeedupSettings:
-    from attnbench.plan import parse_settings
+def parse_entries(entries: list[dict[str, Any]], base: dict[str, Any], profile: str,
+                  parse_settings: SettingsParser) -> list[SpeedupSettings]:
+    """Each table as SpeedupSettings (``device`` may still be ``auto``); bad keys name the table.
+    ``parse_settings`` is the plan's parser of shared keys (passed in: the plan imports this module)."""
+    return [parse_entry(e, base, f"profile {profile}, speedup {i}", parse_settings) for i, e in enumerate(entries, 1)]
 
+
+def parse_entry(entry: dict[str, Any], base: dict[str, Any], where: str,
+                parse_settings: SettingsParser) -> SpeedupSettings:
     if "impl" not in entry:
         raise AttnbenchError(f"{where}: missing key 'impl' (the implementation to run)")
     impl = entry["impl"]

@@ -20,6 +20,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
 from attnbench.results import now_utc, series_key
+from attnbench.runtime.supervise import pause_after_trials
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
@@ -214,6 +215,7 @@ class SweepRunner(RunSession):
             row = self._done[key]
             self.reporter.trial_done(s, row, True)
             return row["status"]
+        pause_after_trials(len(self._done))
         self.reporter.trial_started(s, seq_len, phase)
         st = s.settings
         spec = TrialSpec(

@@ -8,8 +8,8 @@ search is tested against an injected failure threshold.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # probe(seq_len, phase) -> status ("ok", "oom", "time-limit", "error")
 Probe = Callable[[int, str], str]

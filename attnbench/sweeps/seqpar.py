@@ -4,7 +4,7 @@ Parent side: ``run_trial(spec, world)`` measures a distributed implementation on
 ranks and returns the fields of one result row; ``verify(cases)`` checks cases gathered
 across ranks against the float64 reference and the single-device counterpart.
 
-Rank side (jobs registered with attnbench.distributed): every rank builds its own shard of
+Rank side (job functions that ``attnbench.runtime.distributed.launch`` runs): every rank builds its own shard of
 the inputs, takes a barrier before each timed call and times it; a call's time is the
 slowest rank's, the row's ``time_ms`` the median over calls. Ranks agree on the number of
 calls (from the slowest first call) so their collectives line up. A rank that runs out of
@@ -22,10 +22,14 @@ from dataclasses import asdict
 from typing import Any
 
 from attnbench import impls
-from attnbench.distributed import agreed_status, job, launch
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.impls import build_for_ranks as build
+from attnbench.measure.accounting import accounting
+from attnbench.measure.probe import MemoryProbe
 from attnbench.reference import TOLERANCE, VerifyCase
-from attnbench.trial import STARTUP_ALLOWANCE_S, TrialSpec
+from attnbench.runtime.distributed import agreed_status, launch
+from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
+from attnbench.trial import TrialSpec
 
 #: the ``strategy`` of rows measured by sequence-parallel implementations
 STRATEGY = "ring"
@@ -33,14 +37,6 @@ STRATEGY = "ring"
 
 def is_distributed(name: str) -> bool:
     return impls.spec(name).distributed
-
-
-def build(name: str, config: dict[str, Any], world: int):
-    """A registered implementation bound to ``world`` ranks (its shape rules depend on it)."""
-    impl = impls.build(name, **config)
-    if is_distributed(name):
-        impl.world_size = world
-    return impl
 
 
 def max_ranks(device: str) -> int:
@@ -73,20 +69,6 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
                              "(a 2-D grid has no causal order); drop --causal")
 
 
-def parse_gpus(value) -> tuple[int, ...]:
-    """``2`` -> (1, 2): P ranks and the one-GPU baseline in the same run; ``1,2,4`` as given."""
-    from attnbench.units import parse_int_list
-
-    if isinstance(value, bool):
-        raise ValueError("a number of GPUs or a list")
-    counts = [value] if isinstance(value, int) else parse_int_list(value, "gpus")
-    if not counts or any(c < 1 for c in counts):
-        raise ValueError("positive numbers of GPUs, e.g. 2 or 1,2,4")
-    if len(counts) == 1 and counts[0] > 1:
-        counts = [1, counts[0]]
-    return tuple(sorted(set(counts)))
-
-
 # ---------------------------------------------------------------------------------------
 # Parent side
 # ---------------------------------------------------------------------------------------
@@ -97,14 +79,13 @@ def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict
 
     wl = Workload(**spec.workload)
     payload = {"spec": asdict(spec), "fail_rank": fail_rank}
-    results = launch("seqpar-trial", payload, world, wl.device, phase_limit_s=spec.max_trial_seconds)
+    results = launch(trial_job, payload, world, wl.device, phase_limit_s=spec.max_trial_seconds)
     return combine(results, wl, world)
 
 
 def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     """One row from the ranks' results: each call's time is the slowest rank's."""
     from attnbench.measure.timing import summarize
-    from attnbench.trial import _accounting
 
     status, message = agreed_status(results)
     row: dict[str, Any] = {"status": status, "message": message, "times_ms": []}
@@ -135,7 +116,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     row["floor_bytes"] = wl.floor_bytes // world  # per GPU: the rank's shard of q, k, v and the output
     row["peak_over_floor"] = peak / row["floor_bytes"] if peak else None
     impl = build(wl.impl, wl.config, world)
-    row.update(_accounting(impl, wl, row.get("time_ms")))
+    row.update(accounting(impl, wl, row.get("time_ms")))
     return row
 
 
@@ -189,7 +170,7 @@ def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[dict[s
         check_world(device, world)
         payload = {"cases": [{"case": asdict(c), "seed": random.randrange(2**31 - 1)} for c in group],
                    "fail_rank": fail_rank}
-        results = launch("seqpar-verify", payload, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
+        results = launch(verify_job, payload, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
         status, message = agreed_status(results)
         if status == "ok":
             rows.extend(results[0]["rows"])
@@ -224,7 +205,6 @@ def _maybe_fail(payload: dict[str, Any], rank: int) -> None:
         raise RuntimeError(f"rank {rank} was asked to fail")
 
 
-@job("seqpar-verify")
 def verify_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
     rows = []
     for item in payload["cases"]:
@@ -274,7 +254,6 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
             "counterpart": counterpart.name, "backend": impl.last_backend, "message": why}
 
 
-@job("seqpar-trial")
 def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -402,10 +381,8 @@ class _RankMemory:
     """Allocator peaks of the rank's own GPU (reset per trial), resident set on the CPU."""
 
     def __init__(self, dev) -> None:
-        from attnbench.trial import _MemoryProbe
-
         self.dev = dev
-        self.cpu = _MemoryProbe(cuda=False) if dev.type == "cpu" else None
+        self.cpu = MemoryProbe(cuda=False) if dev.type == "cpu" else None
         self.base = 0
 
     def start(self, limit: int | None) -> None:

@@ -1,6 +1,6 @@
 """Does a second GPU help? One implementation at (sequence length x batch) cases, on one GPU
 and spread over P GPUs by each strategy (``attnbench.sweeps.strategies``), every trial in
-fresh processes under ``attnbench.distributed.launch``, one row per (case, strategy).
+fresh processes under ``attnbench.runtime.distributed.launch``, one row per (case, strategy).
 
 Per case, ``single`` runs first and leaves its output in a scratch directory; every other
 strategy's output is compared with it (relative L2 error within the dtype's tolerance, or
@@ -17,18 +17,19 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.results import now_utc
 from attnbench.sweeps import strategies
-from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
+from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.units import parse_tokens
 from attnbench.workload import Workload, check_workload_fields
 
@@ -204,11 +205,10 @@ def relative_error(parts: list[dict[str, Any] | None]) -> tuple[float | None, in
 
 def merge_ranks(results: list[dict[str, Any]], s: SpeedupSettings, case: Case, strategy: Strategy) -> dict[str, Any]:
     """The row fields of one trial from its ranks' results (pure: tests feed it by hand)."""
-    from attnbench.distributed import agreed_status
     from attnbench.measure.timing import summarize
+    from attnbench.runtime.distributed import agreed_status
 
     status, message = agreed_status(results)
-    world = strategy.world_size(s.gpus)
     row: dict[str, Any] = {"status": status, "message": message, "processes": len(results)}
     ok = status == "ok"
     row["times_ms"] = slowest_per_iteration([r["times_ms"] for r in results]) if ok else []
@@ -282,12 +282,14 @@ class Reporter(BaseReporter, Protocol):
 
 
 Launcher = Callable[..., list[dict[str, Any]]]
+# what every rank of a speedup trial runs (named, so this module need not import torch)
+RANK_JOB = "attnbench.sweeps.speedup_job:speedup_rank"
 
 
 class SpeedupRunner(RunSession):
     def __init__(self, settings: SpeedupSettings, out_dir: Path, env: dict[str, Any], resume: bool = False,
                  reporter: Reporter | None = None, launcher: Launcher | None = None) -> None:
-        from attnbench.distributed import launch
+        from attnbench.runtime.distributed import launch
 
         super().__init__(out_dir, env, resume, reporter)
         self.s = settings
@@ -383,7 +385,7 @@ class SpeedupRunner(RunSession):
                    "grad_compression": s.grad_compression if strategy.name == "mp" else None,
                    "seed": case.seq_len * 131 + case.batch, "timing": s.timing,
                    "max_trial_seconds": s.max_trial_seconds, "reference_dir": str(reference), "role": role}
-        return self.launch("speedup", payload, strategy.processes(s.gpus), s.device, phase_limit_s=s.max_trial_seconds)
+        return self.launch(RANK_JOB, payload, strategy.processes(s.gpus), s.device, phase_limit_s=s.max_trial_seconds)
 
     def _fields(self, case: Case, strategy: Strategy) -> dict[str, Any]:
         s = self.s

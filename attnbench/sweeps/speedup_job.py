@@ -1,7 +1,7 @@
 """What every rank of a speedup trial does, whatever the strategy: prepare its share, time
 it, read its memory, and check its output against the single-GPU output.
 
-Runs under ``attnbench.distributed.launch`` as job ``speedup`` (one process for single and
+Runs under ``attnbench.runtime.distributed.launch`` as ``speedup_rank`` (one process for single and
 DataParallel, one per GPU for mp). ``measure`` is the whole of it and also runs in-process.
 
 - Time: one untimed call, then (all ranks agreeing on the plan) warm-up and timed calls;
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from attnbench.distributed import job
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import Timer, TimingPolicy, collect
 from attnbench.sweeps import strategies
@@ -33,7 +33,6 @@ from attnbench.workload import Workload
 COMPARE_CHUNK = 1 << 24
 
 
-@job("speedup")
 def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
     importlib.import_module(payload["strategy_module"])  # registers strategies defined elsewhere
     strategy = strategies.get(payload["strategy"])

@@ -12,8 +12,9 @@ module; the rank processes import that module by name before they look the strat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

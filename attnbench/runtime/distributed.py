@@ -1,9 +1,10 @@
 """Multi-process jobs under ``torchrun``: one process per GPU (NCCL) or per CPU rank (gloo).
 
-``launch`` starts ``torchrun --standalone --nproc-per-node P -m attnbench.distributed JOB``
+``launch`` starts ``torchrun --standalone --nproc-per-node P -m attnbench.runtime.distributed JOB``
 and supervises it like a single-process trial (a single rank runs directly, with the
-environment torchrun would give it). Each rank runs the named job function and
-writes its own result file, success or failure. A rank that fails writes its error and exits
+environment torchrun would give it). Each rank imports the job function the job file names
+(``"module:function"``), calls ``function(payload, rank, world_size, device)`` and writes
+its own result file, success or failure. A rank that fails writes its error and exits
 at once: torchrun then stops every other rank, so no rank waits forever in a collective, and
 the caller reads which rank failed and why. A collective timeout and the parent's phase
 deadline are the last resorts.
@@ -17,48 +18,49 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-# name -> fn(payload, rank, world_size, device) -> dict; families register their jobs here
-JOBS: dict[str, Callable[[dict[str, Any], int, int, str], dict[str, Any]]] = {}
+import torch
+import torch.distributed as dist
+
+from attnbench.measure import oom
+from attnbench.runtime.supervise import python_module, supervise
+from attnbench.runtime.worker import function_ref, resolve, write_json_atomic
+
+# fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
+RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
 
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def job(name: str):
-    def register(fn):
-        JOBS[name] = fn
-        return fn
-    return register
-
-
-def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_limit_s: float,
+def launch(job: RankJob | str, payload: dict[str, Any], nprocs: int, device: str, phase_limit_s: float,
            collective_timeout_s: float = 300.0) -> list[dict[str, Any]]:
-    """Run job ``name`` on ``nprocs`` ranks; one result per rank, in rank order.
+    """Run ``job`` (a function or ``"module:function"``) on ``nprocs`` ranks; one result
+    per rank, in rank order.
 
     A rank that left no result (killed by torchrun after another rank failed, or by the
     deadline) gets ``{"status": "killed", ...}``; the failing rank's row says why.
     """
-    from attnbench.trial import _supervise
-
     with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps({"job": name, "payload": payload, "device": device,
+        job_path.write_text(json.dumps({"function": function_ref(job), "payload": payload, "device": device,
                                         "collective_timeout_s": collective_timeout_s}))
-        worker = ["-m", "attnbench.distributed", str(job_path), tmp]
+        worker = ["-m", "attnbench.runtime.distributed", str(job_path), tmp]
         if nprocs == 1:
             # one rank needs no agent: set torchrun's environment ourselves and save its start-up
             cmd, env = [sys.executable, *worker], {**MULTICAST_OFF, **_single_rank_env()}
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-                   "--max-restarts=0", *worker]
+            cmd = python_module("torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+                                "--max-restarts=0", *worker)
             env = MULTICAST_OFF
-        outcome = _supervise(cmd, phase_limit_s, extra_env=env)
+        outcome = supervise(cmd, phase_limit_s, extra_env=env)
         results = []
         for rank in range(nprocs):
             path = Path(tmp) / f"rank{rank}.json"
@@ -71,8 +73,6 @@ def launch(name: str, payload: dict[str, Any], nprocs: int, device: str, phase_l
 
 
 def _single_rank_env() -> dict[str, str]:
-    import socket
-
     with socket.socket() as s:  # a free port for the rank's own rendezvous store
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -95,10 +95,7 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
 
-def _main(job_path: str, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-
+def main(job_path: str, out_dir: str) -> None:
     spec = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -110,33 +107,16 @@ def _main(job_path: str, out_dir: str) -> None:
         dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                 timeout=dt.timedelta(seconds=spec["collective_timeout_s"]),
                                 **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}))
-        result = _jobs()[spec["job"]](spec["payload"], rank, world, device)
+        result = resolve(spec["function"])(spec["payload"], rank, world, device)
     except BaseException as exc:  # write why, then leave at once so torchrun stops the others
-        from attnbench.measure import oom
-
-        _write(result_path, {"status": oom.classify(exc) if isinstance(exc, Exception) else "error",
+        write_json_atomic(result_path, {"status": oom.classify(exc) if isinstance(exc, Exception) else "error",
                              "rank": rank, "message": oom.one_line(exc), "times_ms": [], "failed_at": time.time()})
         sys.stderr.write(f"attnbench rank {rank} failed: {oom.one_line(exc)}\n")
         sys.stderr.flush()
         os._exit(1)
-    _write(result_path, {"status": "ok", "rank": rank, **result})
+    write_json_atomic(result_path, {"status": "ok", "rank": rank, **result})
     dist.destroy_process_group()
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
-
-
-def _jobs() -> dict[str, Callable]:
-    """The registry as the importable module holds it (this file also runs as __main__)."""
-    import attnbench.distributed_jobs  # noqa: F401  (registers the jobs)
-    import attnbench.sweeps.speedup_job  # noqa: F401
-    from attnbench.distributed import JOBS as registry
-
-    return registry
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2])
