@@ -180,7 +180,7 @@ def test_sections_without_data_name_the_command_that_produces_it(report):
         assert "_No data: no block-sparse rows" in s002 and "`attnbench bench --impl block-sparse" in s002
     s003 = section(md, "Report 003")
     assert "_No data: no multi-GPU ring trials" in s003 and "_No data: no multi-GPU max-seq search" in s003
-    assert "_No data: no multi-GPU ring rows on this machine. `attnbench speedup --impl ring-dilated --strategy ring" in section(md, "Report 004")
+    assert "_No data: no multi-GPU ring rows on this machine. `attnbench bench --impl ring-dilated --gpus 2" in section(md, "Report 004")
     assert "Best speedup over one GPU: no speedup rows" in section(md, "Executive summary")
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from attnbench.report import plots as p
 from attnbench.report.data import Results, load, slug
-from attnbench.report.sections import SECTIONS, Doc, Machine
+from attnbench.report.findings import opening
+from attnbench.report.sections import SECTIONS, Doc, Machine, largest_records
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
 from attnbench.results import now_utc, write_text_atomic
 
@@ -40,11 +41,12 @@ def render(results: Results) -> Doc:
     runs = sorted({str(r.get("run")) for r in results.rows if r.get("run")})
     doc.add("# attnbench report\n")
     doc.add(f"Generated {now_utc()} by `attnbench report {results.source}` from {len(results.rows)} rows in "
-            f"{len(results.files)} result files (runs: {', '.join(runs) or '-'}). Nothing here ran a benchmark: "
+            f"{len(results.files)} result files ({len(runs)} runs, listed in the appendix). Nothing here ran a benchmark: "
             "every number is read or derived from those rows, grouped by the machine that measured them "
             "(never combined across machines). Tables hold raw values in `csv/` (times in ms, memory in bytes, "
             "throughput in tokens/s). GB = 10^9 bytes, GiB = 2^30.\n")
     doc.add("\nMachines: " + "; ".join(f"**{m.name}** ({len(m.rows)} rows)" for m in machines) + "\n")
+    opening(doc, machines, largest_records)
     if results.problems:
         doc.add(f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
                 + "".join(f"- `{line}`\n" for line in results.problems))
@@ -57,6 +59,7 @@ def render(results: Results) -> Doc:
             doc.machine_slug = m.slug
             section(doc, m)
             doc.machine_slug = ""
+    doc.add(f"\nRuns: {', '.join(runs) or '-'}.\n")
     return doc
 
 
