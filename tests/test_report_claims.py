@@ -207,7 +207,7 @@ def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
         build_plan(profile, [], {}, {}, "default-cpu" if profile == "auto" else profile)
         return
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "attnbench", *argv, "--out", str(out)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "attnbench", *argv, "--out", str(out)], check=False, capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "trials.jsonl").exists()

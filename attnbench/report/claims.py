@@ -16,7 +16,7 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.report import data as d
-from attnbench.report.fit import GIB
+from attnbench.report.fit import GIB, fit_miss_cause
 from attnbench.units import format_tokens
 
 CLAIMS_FILE = Path(__file__).with_name("seed_claims.toml")
@@ -94,10 +94,6 @@ def matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
     return True
 
 
-def _date(row: dict[str, Any]) -> str:
-    return str((row.get("env") or {}).get("date") or "")
-
-
 def spread(row: dict[str, Any]) -> tuple[float | None, float | None, int]:
     """(first quartile, third quartile, n) of a row's timed samples: the uncertainty shown beside
     every time-derived number. The one place to switch to bootstrap intervals."""
@@ -127,7 +123,7 @@ def _newest(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
     """The newest row and how many older ones it supersedes."""
     if not rows:
         return None, 0
-    rows = sorted(rows, key=_date)
+    rows = sorted(rows, key=d.row_date)
     return rows[-1], len(rows) - 1
 
 
@@ -140,7 +136,7 @@ def _speedup(m, match) -> Measured | None:
     s1, s3, ns = spread(c["single"])
     m1, m3, nm = spread(newest)
     low, high = (s1 / m3, s3 / m1) if None not in (s1, s3, m1, m3) and m1 and m3 else (None, None)
-    out = Measured(c["speedup"], low, high, f"{ns}/{nm}", m.name, short_label(newest), _date(newest))
+    out = Measured(c["speedup"], low, high, f"{ns}/{nm}", m.name, short_label(newest), d.row_date(newest))
     out.notes += replica_notes(newest)
     if c["efficiency"] and c["efficiency"] > 1:
         out.notes.append(f"anomaly: efficiency {c['efficiency']:.2f} above 1")
@@ -176,7 +172,7 @@ def _row_metric(m, metric, match) -> Measured | None:
         low, high = q1, q3
     elif metric == "tokens_per_s" and q1 and q3:
         low, high = value * row["time_ms"] / q3, value * row["time_ms"] / q1
-    out = Measured(value, low, high, str(n if metric in HARDWARE_BOUND else 1), m.name, short_label(row), _date(row))
+    out = Measured(value, low, high, str(n if metric in HARDWARE_BOUND else 1), m.name, short_label(row), d.row_date(row))
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
     if older:
@@ -192,8 +188,8 @@ def _max_seq(m, match) -> Measured | None:
     found = [s for s in m.summaries if s["max_seq_len"] and matches(s["head"], match)]
     if not found:
         return None
-    s = max(found, key=lambda s: _date(s["head"]))
-    return Measured(s["max_seq_len"], None, None, "1 search", m.name, short_label(s["head"]), _date(s["head"]),
+    s = max(found, key=lambda s: d.row_date(s["head"]))
+    return Measured(s["max_seq_len"], None, None, "1 search", m.name, short_label(s["head"]), d.row_date(s["head"]),
                     [f"stopped by {s['stopped_by']}"])
 
 
@@ -201,21 +197,14 @@ def _max_seq_8gb(m, match, device_bytes: float) -> Measured | None:
     found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(device_bytes)]
     if not found:
         return None
-    c = max(found, key=lambda c: (c.successful, _date(c.head)))
+    c = max(found, key=lambda c: (c.successful, d.row_date(c.head)))
     notes = [f"fit of {c.successful} trials solved for {device_bytes / GIB:g} GiB per GPU"]
     if c.measured_max:
         notes.append(f"measured max here {format_tokens(c.measured_max)} ({c.stopped_by})")
     if c.error is not None and abs(c.error) > 0.05:
         notes.append(f"fit misses that maximum by {c.error * 100:+.0f}%: {fit_miss_cause(c)}")
     return Measured(c.predict_for(device_bytes), None, None, f"{c.successful} trials", m.name, short_label(c.head),
-                    _date(c.head), notes)
-
-
-def fit_miss_cause(c) -> str:
-    """The likely reason a capacity fit misses a measured maximum."""
-    if c.error > 0:
-        return "the peak grows faster than the fit near the limit (fragmentation, workspace)"
-    return "the fitted points are small lengths, where fixed costs inflate the slope"
+                    d.row_date(c.head), notes)
 
 
 def measure_one(metric: str, m, match: dict[str, Any], device_bytes: float) -> Measured | None:
@@ -257,25 +246,10 @@ def replica_notes(row: dict[str, Any]) -> list[str]:
 # --- labels ---------------------------------------------------------------------------------------
 
 def short_label(row: dict[str, Any]) -> str:
-    """A series in a few characters: ``dilated[2048,4096/1,2]``, ``bs:local_window 5%/128``,
-    then dtype, batch, heads and head dim, mode, GPUs. LEGEND explains the notation."""
-    cfg = row.get("config") or {}
-    impl = str(row.get("impl"))
-    if impl.startswith("block-sparse"):
-        name = f"bs:{cfg.get('pattern_type', '?')} {float(cfg.get('sparsity_ratio') or 0) * 100:g}%/{cfg.get('block_size', '?')}"
-        if impl != "block-sparse":
-            name = impl.replace("block-sparse", "bs") + " " + name[3:]
-    else:
-        name = impl
-    if cfg.get("segment_lengths"):
-        segs = ",".join(map(str, cfg["segment_lengths"]))
-        rates = ",".join(map(str, cfg.get("dilation_rates") or []))
-        name += f"[{segs}/{rates}]"
-    if cfg.get("backend") not in (None, "auto"):
-        name += f"({cfg['backend']})"
+    """A series with its settings in a few characters (LEGEND explains the notation)."""
     p = d.world_size(row)
-    return (f"{name} {row.get('dtype')} B{row.get('batch') or 1} H{row.get('heads')} D{row.get('head_dim')} "
-            f"{row.get('mode') or 'fwd'}" + (f" x{p}" if p > 1 else ""))
+    return (f"{d.short_name(row)} {row.get('dtype')} B{row.get('batch') or 1} H{row.get('heads')} "
+            f"D{row.get('head_dim')} {row.get('mode') or 'fwd'}" + (f" x{p}" if p > 1 else ""))
 
 
 LEGEND = ("Labels: `impl[segment lengths/dilation rates]`; `bs:PATTERN S%/BLOCK` is block-sparse keeping S% of "

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from attnbench.report import data as d
 from attnbench.report.fit import (ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity,
-                                  capacities)
+                                  capacities, fit_miss_cause)
 from attnbench.report.markdown import Table, result_text
 from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
                                        rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
@@ -572,6 +572,7 @@ def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[d
             "Predicted Max": c.predicted, "Measured Max": c.measured_max, "Stopped By": c.stopped_by,
             "Prediction Error": c.error,
             "Within 5%": (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
+            "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
         })
         sizes.append({"Implementation": name, **{f"{g} GB": c.predict_for(g * GIB) for g in GPU_SIZES_GIB}})
     return fits, here, sizes
