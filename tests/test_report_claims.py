@@ -171,9 +171,9 @@ def test_an_efficiency_above_one_never_headlines():
 # Appended so a suggestion runs on this CPU in seconds: same command, smaller work.
 CPU_SMALL = {
     "bench": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--seq-lens", "2K"],
-    "max-seq": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--start", "1K",
-                "--max-seq-len", "2K", "--resolution", "1K"],
-    "speedup": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--cases", "2048x2"],
+    "max-seq": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--start", "2K",
+                "--max-seq-len", "4K", "--resolution", "2K"],
+    "speedup": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--cases", "4096x2"],
 }
 SMALL_SEGMENTS = ["--segment-lengths", "512,1024", "--dilation-rates", "1,2"]
 

@@ -54,13 +54,30 @@ def render(results: Results) -> Doc:
         doc.heading(2, title)
         if seed:
             doc.add(f"Regenerates the tables of `shared/seeds/{seed}` from measurements.\n")
+        without: dict[str, list[str]] = {}   # a "no data" line -> machines that only have that to say
         for m in machines:
-            doc.heading(3, f"{m.name}")
-            doc.machine_slug = m.slug
-            section(doc, m)
-            doc.machine_slug = ""
+            part = Doc()
+            part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: CSV names stay unique
+            before = (len(doc.tables), len(doc.figures))
+            section(part, m)
+            missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
+            if missing is None:
+                doc.heading(3, f"{m.name}")
+                doc.parts += part.parts
+            else:
+                without.setdefault(missing, []).append(m.name)
+        for lines, names in without.items():
+            doc.add(f"\nNot on {', '.join(names)}:\n\n{lines}")
     doc.add(f"\nRuns: {', '.join(runs) or '-'}.\n")
     return doc
+
+
+def only_missing(part: Doc, produced: bool) -> str | None:
+    """The "no data" lines of a machine that cannot produce a section, else None (show it)."""
+    said = [p for p in part.parts if p.strip() and not p.lstrip().startswith("#")]
+    if produced or not said or not all(p.startswith("_No data:") for p in said):
+        return None
+    return "".join(dict.fromkeys(said))
 
 
 def write_report(results_path: Path, out: Path | None = None) -> Written:

@@ -53,7 +53,9 @@ class Claim:
 
     @property
     def seed_text(self) -> str:
-        return f"{self.value:,g} {self.unit}" + (f" (of {self.per:,g})" if self.per else "")
+        def num(v: float) -> str:
+            return f"{int(v):,}" if float(v).is_integer() and abs(v) >= 1000 else f"{v:g}"
+        return f"{num(self.value)} {self.unit}" + (f" (of {num(self.per)})" if self.per else "")
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
