@@ -211,3 +211,16 @@ def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
                           text=True, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "trials.jsonl").exists()
+
+
+def test_speedup_tables_mark_anomalies_beside_the_number():
+    from attnbench.report.multigpu import speedup_cases
+    from attnbench.report.sections import speedup_notes
+
+    # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: quartiles 45..55 cross 1
+    rows = [speedup_row("single", [100.0] * 3, 1, batch=8), speedup_row("mp", [20.0] * 3, 2, batch=8),
+            speedup_row("single", [50.0] * 3, 1, batch=8, seq_len=8192),
+            speedup_row("mp", [40.0, 50.0, 60.0], 2, batch=8, seq_len=8192)]
+    notes = {c["seq_len"]: speedup_notes(c) for c in speedup_cases(rows)}
+    assert notes[16384] == "anomaly: efficiency 2.50 above 1"
+    assert notes[8192] == "anomaly: interval includes 1"

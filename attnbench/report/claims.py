@@ -135,15 +135,29 @@ def _speedup(m, match) -> Measured | None:
     if newest is None:
         return None
     c = next(c for c in cases if c["row"] is newest)
-    s1, s3, ns = spread(c["single"])
-    m1, m3, nm = spread(newest)
-    low, high = (s1 / m3, s3 / m1) if None not in (s1, s3, m1, m3) and m1 and m3 else (None, None)
-    out = Measured(c["speedup"], low, high, f"{ns}/{nm}", m.name, short_label(newest), d.row_date(newest))
-    out.notes += replica_notes(newest)
-    if c["efficiency"] and c["efficiency"] > 1:
-        out.notes.append(f"anomaly: efficiency {c['efficiency']:.2f} above 1")
+    low, high, n = speedup_interval(c)
+    out = Measured(c["speedup"], low, high, n, m.name, short_label(newest), d.row_date(newest))
+    out.notes += replica_notes(newest) + speedup_anomalies(c)[1:]   # "interval includes 1" is the verdict's
     if older:
         out.notes.append(f"supersedes {older} older row{'s' * (older > 1)}")
+    return out
+
+
+def speedup_interval(c: dict[str, Any]) -> tuple[float | None, float | None, str]:
+    """(low, high, n) of a speedup case: the quartiles of both times, crossed."""
+    s1, s3, ns = spread(c["single"] or {})
+    m1, m3, nm = spread(c["row"])
+    if None in (s1, s3, m1, m3) or not m1 or not m3:
+        return None, None, f"{ns}/{nm}"
+    return s1 / m3, s3 / m1, f"{ns}/{nm}"
+
+
+def speedup_anomalies(c: dict[str, Any]) -> list[str]:
+    """[interval note or "", efficiency note...]: what makes a speedup suspect."""
+    low, high, _ = speedup_interval(c)
+    out = ["anomaly: interval includes 1" if low is not None and low <= 1 <= high else ""]
+    if c["efficiency"] and c["efficiency"] > 1:
+        out.append(f"anomaly: efficiency {c['efficiency']:.2f} above 1")
     return out
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from attnbench.report import data as d
+from attnbench.report.claims import speedup_anomalies
 from attnbench.report.fit import (ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity,
                                   capacities, fit_miss_cause)
-from attnbench.report.markdown import Table, result_text
+from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
                                        rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
 from attnbench.report.sweep_tables import max_seq_summary, memory_table, series_groups, summary_table, time_table
@@ -286,7 +287,7 @@ def seed_000(doc: Doc, m: Machine) -> None:
         doc.table(Table("000-speedup", ["Sequence Length", "Batch Size", "Strategy", "GPUs", "Speedup", "Notes"],
                         [{"Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Strategy": c["strategy"],
                           "GPUs": c["world_size"], "Speedup": c["speedup"], "Notes": speedup_notes(c)} for c in sparse],
-                        {"Sequence Length": tokens_cell, "Speedup": times}))
+                        {"Sequence Length": tokens_cell, "Speedup": times, "Notes": short_message}))
         doc.heading(4, "Memory distribution")
         memory_distribution(doc, sparse, "000-memory-distribution")
     else:
@@ -313,6 +314,8 @@ def speedup_notes(c: dict[str, Any]) -> str:
         bits.append("no single-GPU row for this case")
     if c["output_match"] is False:
         bits.append("OUTPUT DIFFERS from single GPU")
+    if c["speedup"]:
+        bits += speedup_anomalies(c)
     return "; ".join(b for b in bits if b)
 
 
@@ -331,7 +334,7 @@ def seed_001(doc: Doc, m: Machine) -> None:
         doc.table(Table(f"001-{strategy}", ["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time",
                                             "Speedup", "Notes", "Efficiency", "Output Match"], records,
                         {"Sequence Length": tokens_cell, "Single GPU Time": ms, "Multi-GPU Time": ms, "Speedup": times,
-                         "Efficiency": lambda v: f"{v:.2f}", "Output Match": yes_no}))
+                         "Efficiency": lambda v: f"{v:.2f}", "Output Match": yes_no, "Notes": short_message}))
         memory_distribution(doc, cases, f"001-{strategy}-memory")
     doc.add("\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
             "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians.\n")
@@ -366,7 +369,8 @@ def multi_gpu_max_tables(doc: Doc, m: Machine) -> bool:
             records.append({"Sequence Length": r["seq_len"], **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
                             "Result": r["status"], "Notes": r.get("message") or ""})
         doc.table(Table("002-multi-gpu-max", headers, records,
-                        {"Sequence Length": tokens_cell, "Result": result_text, **{f"GPU{i} Memory": gb for i in range(n)}}))
+                        {"Sequence Length": tokens_cell, "Result": result_text, "Notes": short_message,
+                         **{f"GPU{i} Memory": gb for i in range(n)}}))
     return found
 
 
