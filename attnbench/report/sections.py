@@ -306,7 +306,8 @@ def seed_000(doc: Doc, m: Machine) -> None:
 # --- report 001: multi-GPU capabilities ------------------------------------------------------------
 
 def speedup_notes(c: dict[str, Any]) -> str:
-    bits = [c["note"]] if c["note"] else []
+    bits = speedup_anomalies(c) if c["speedup"] else []   # first: a cell is cut to one line
+    bits += [c["note"]] if c["note"] else []
     r = c["row"]
     if r.get("status", "ok") != "ok":
         bits.append(r.get("message") or "")
@@ -314,8 +315,6 @@ def speedup_notes(c: dict[str, Any]) -> str:
         bits.append("no single-GPU row for this case")
     if c["output_match"] is False:
         bits.append("OUTPUT DIFFERS from single GPU")
-    if c["speedup"]:
-        bits += speedup_anomalies(c)
     return "; ".join(b for b in bits if b)
 
 
