@@ -12,7 +12,8 @@ from pathlib import Path
 
 from attnbench.report import plots as p
 from attnbench.report.data import Results, load, slug
-from attnbench.report.sections import SECTIONS, Doc, Machine
+from attnbench.report.findings import opening
+from attnbench.report.sections import SECTIONS, Doc, Machine, largest_records
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
 from attnbench.results import now_utc, write_text_atomic
 
@@ -40,11 +41,12 @@ def render(results: Results) -> Doc:
     runs = sorted({str(r.get("run")) for r in results.rows if r.get("run")})
     doc.add("# attnbench report\n")
     doc.add(f"Generated {now_utc()} by `attnbench report {results.source}` from {len(results.rows)} rows in "
-            f"{len(results.files)} result files (runs: {', '.join(runs) or '-'}). Nothing here ran a benchmark: "
+            f"{len(results.files)} result files ({len(runs)} runs, listed in the appendix). Nothing here ran a benchmark: "
             "every number is read or derived from those rows, grouped by the machine that measured them "
             "(never combined across machines). Tables hold raw values in `csv/` (times in ms, memory in bytes, "
             "throughput in tokens/s). GB = 10^9 bytes, GiB = 2^30.\n")
     doc.add("\nMachines: " + "; ".join(f"**{m.name}** ({len(m.rows)} rows)" for m in machines) + "\n")
+    opening(doc, machines, largest_records)
     if results.problems:
         doc.add(f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
                 + "".join(f"- `{line}`\n" for line in results.problems))
@@ -52,12 +54,30 @@ def render(results: Results) -> Doc:
         doc.heading(2, title)
         if seed:
             doc.add(f"Regenerates the tables of seed report `{seed}` (see docs/semantics.md) from measurements.\n")
+        without: dict[str, list[str]] = {}   # a "no data" line -> machines that only have that to say
         for m in machines:
-            doc.heading(3, f"{m.name}")
-            doc.machine_slug = m.slug
-            section(doc, m)
-            doc.machine_slug = ""
+            part = Doc()
+            part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: CSV names stay unique
+            before = (len(doc.tables), len(doc.figures))
+            section(part, m)
+            missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
+            if missing is None:
+                doc.heading(3, f"{m.name}")
+                doc.parts += part.parts
+            else:
+                without.setdefault(missing, []).append(m.name)
+        for lines, names in without.items():
+            doc.add(f"\nNot on {', '.join(names)}:\n\n{lines}")
+    doc.add(f"\nRuns: {', '.join(runs) or '-'}.\n")
     return doc
+
+
+def only_missing(part: Doc, produced: bool) -> str | None:
+    """The "no data" lines of a machine that cannot produce a section, else None (show it)."""
+    said = [p for p in part.parts if p.strip() and not p.lstrip().startswith("#")]
+    if produced or not said or not all(p.startswith("_No data:") for p in said):
+        return None
+    return "".join(dict.fromkeys(said))
 
 
 def write_report(results_path: Path, out: Path | None = None) -> Written:

@@ -43,7 +43,7 @@ def load(path: Path) -> Results:
     if not rows:
         raise AttnbenchError(f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
                              f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR")
-    rows = separate_code_versions(rows)
+    rows = separate_code_versions([{**r, "label": compact_label(r)} if r.get("label") else r for r in rows])
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
@@ -61,16 +61,32 @@ def separate_code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     different code never pool into one search, one table or one fit (a before-and-after
     pair in one results tree stays a pair). Rows of such a series get the commit in their
     series key and label; series measured by one commit keep theirs."""
-    commits: dict[tuple[str, str], set[str]] = {}
+    commits: dict[tuple[str, str], dict[str, str]] = {}   # series -> commit -> its newest row's date
     for r in rows:
         if r.get("series"):
-            commits.setdefault((machine_of(r), r["series"]), set()).add(short_commit(r))
-    split = {key for key, seen in commits.items() if len(seen) > 1}
+            dates = commits.setdefault((machine_of(r), r["series"]), {})
+            dates[short_commit(r)] = max(dates.get(short_commit(r), ""), row_date(r))
+    split = {key: superseded_by(dates) for key, dates in commits.items() if len(dates) > 1}
     if not split:
         return rows
-    return [{**r, "series": f"{r['series']}@{short_commit(r)}",
-             "label": f"{r.get('label') or r.get('impl')} @ {short_commit(r)}"}
-            if (machine_of(r), r.get("series")) in split else r for r in rows]
+
+    def relabel(r: dict[str, Any]) -> dict[str, Any]:
+        newest = split[(machine_of(r), r["series"])]
+        mine = short_commit(r)
+        later = f" (superseded by {newest})" if newest and newest != mine else ""
+        return {**r, "series": f"{r['series']}@{mine}", "label": f"{r.get('label') or r.get('impl')} @ {mine}{later}"}
+
+    return [relabel(r) if (machine_of(r), r.get("series")) in split else r for r in rows]
+
+
+def row_date(row: dict[str, Any]) -> str:
+    return str((row.get("env") or {}).get("date") or "")
+
+
+def superseded_by(dates: dict[str, str]) -> str | None:
+    """The commit whose rows are strictly the newest: it supersedes the series' other commits."""
+    ranked = sorted(dates.items(), key=lambda kv: kv[1])
+    return ranked[-1][0] if ranked[-1][1] > ranked[-2][1] else None
 
 
 # --- row accessors ------------------------------------------------------------------------
@@ -121,9 +137,41 @@ def config_text(config: dict[str, Any] | None, sep: str = ", ") -> str:
 
 
 def describe(row: dict[str, Any]) -> str:
-    """What a series is, for a table cell: its label, else the implementation and its parameters."""
-    config = config_text(row.get("config"))
-    return row.get("label") or (f"{row.get('impl')}({config})" if config else str(row.get("impl")))
+    """What a series is, for a table cell: its label (implementation and parameters)."""
+    return row.get("label") or compact_label({**row, "label": f"{row.get('impl')}()"})
+
+
+# A label the runner derived from the configuration, `impl(k=v, ...)` and ` xP` on P ranks;
+# a profile's own label is kept as written.
+_AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)?$")
+_SHOWN_COMPACTLY = {"segment_lengths", "dilation_rates", "pattern_type", "sparsity_ratio", "block_size"}
+
+
+def short_name(row: dict[str, Any]) -> str:
+    """An implementation and its configuration in a few characters: `dilated[2048,4096/1,2]`,
+    `bs:local_window 5%/128` (block-sparse keeping 5% of blocks of 128 tokens)."""
+    cfg = row.get("config") or {}
+    impl = str(row.get("impl"))
+    name = impl
+    if impl.startswith("block-sparse"):
+        kept = f"{float(cfg.get('sparsity_ratio') or 0) * 100:g}%"
+        prefix = "bs" + impl[len("block-sparse"):]
+        name = f"{prefix}:{cfg.get('pattern_type', '?')} {kept}/{cfg.get('block_size', '?')}"
+    if cfg.get("segment_lengths"):
+        name += f"[{','.join(map(str, cfg['segment_lengths']))}/{','.join(map(str, cfg.get('dilation_rates') or []))}]"
+    return name
+
+
+def compact_label(row: dict[str, Any]) -> str:
+    """The row's label with a derived `impl(k=v, ...)` part written as ``short_name``; other
+    non-default parameters stay, as `(k=v)`."""
+    label = str(row.get("label") or "")
+    m = _AUTO_LABEL.match(label)
+    if not m or m["impl"] != row.get("impl"):
+        return label
+    rest = [a for a in re.split(r", (?=\w+=)", m["args"] or "") if a
+            and a.split("=")[0] not in _SHOWN_COMPACTLY and a != "backend=auto"]
+    return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "")
 
 
 def settings_key(row: dict[str, Any]) -> tuple:

@@ -142,6 +142,13 @@ class Capacity:
         return self.fit.max_seq(device_bytes - (self.overhead or 0))
 
 
+def fit_miss_cause(c: Capacity) -> str:
+    """The likely reason a capacity prediction misses the measured maximum (``c.error`` set)."""
+    if c.error > 0:
+        return "predicted high: the peak grows faster near the limit than over the fitted lengths (fragmentation, workspace)"
+    return "predicted low: the fitted lengths are small, where fixed costs steepen the slope"
+
+
 def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, str]:
     """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
     good = sorted(ok(rows), key=lambda r: r["seq_len"])

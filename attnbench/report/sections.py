@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnbench.report import data as d
+from attnbench.report.claims import speedup_anomalies
 from attnbench.report.fit import (
     ACCURACY_TARGET,
     GIB,
@@ -20,8 +21,9 @@ from attnbench.report.fit import (
     MIN_TRIALS_FOR_TARGET,
     Capacity,
     capacities,
+    fit_miss_cause,
 )
-from attnbench.report.markdown import Table, result_text
+from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.multigpu import (
     STRATEGY_NAMES,
     gpus_in,
@@ -60,7 +62,6 @@ PRODUCERS = {
     "ring-max-seq": "attnbench max-seq --impl ring-dilated --gpus 2 --segment-lengths 2048,4096 --dilation-rates 1,2",
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
                    "--dilation-rates 1,2",
-    "ring-speedup": "attnbench speedup --impl ring-dilated --strategy ring --gpus 2 --cases 1048576x1,4194304x1",
 }
 SPARSITY_MODULE = "attnbench.report.sparsity"
 
@@ -153,7 +154,7 @@ def largest_records(m: Machine) -> list[dict[str, Any]]:
         held = d.tokens(best) / s["world_size"] if best else None
         records.append({
             "Implementation": s["label"], "GPUs": s["world_size"], "Device": s["device"], "Dtype": s["dtype"],
-            "Max Sequence": s["max_seq_len"] or None, "Stopped By": s["stopped_by"],
+            "Mode": s["head"].get("mode") or "fwd", "Max Sequence": s["max_seq_len"] or None, "Stopped By": s["stopped_by"],
             "Peak Memory per GPU": peak, "Memory per Token": peak / held if peak and held else None,
             "Peak / Floor": best.get("peak_over_floor") if best else None,
         })
@@ -167,7 +168,7 @@ def executive_summary(doc: Doc, m: Machine) -> None:
     else:
         doc.add("Largest sequence per implementation and GPU count (memory per token: the peak of one GPU over "
                 "the tokens that GPU holds):\n")
-        doc.table(Table("summary-largest", ["Implementation", "GPUs", "Device", "Dtype", "Max Sequence", "Stopped By",
+        doc.table(Table("summary-largest", ["Implementation", "GPUs", "Device", "Dtype", "Mode", "Max Sequence", "Stopped By",
                                              "Peak Memory per GPU", "Memory per Token", "Peak / Floor"], records,
                         {"Max Sequence": tokens_cell, "Peak Memory per GPU": gb, "Memory per Token": per_token,
                          "Peak / Floor": times}))
@@ -185,8 +186,9 @@ def executive_summary(doc: Doc, m: Machine) -> None:
             bullets.append(f"- Peak-to-floor ratio at the largest sequence: from {times(lo['Peak / Floor'])} "
                            f"({lo['Implementation']}) to {times(hi['Peak / Floor'])} ({hi['Implementation']}).")
         doc.add("\n" + "\n".join(bullets) + "\n")
-    best = max((c for c in m.speedups if c["speedup"] and c["output_match"] is not False),
-               key=lambda c: c["speedup"], default=None)
+    # a speedup above the GPU count (efficiency > 1) is an anomaly, never the headline
+    best = max((c for c in m.speedups if c["speedup"] and c["output_match"] is not False
+                and (c["efficiency"] or 0) <= 1), key=lambda c: c["speedup"], default=None)
     if best:
         doc.add(f"- Best speedup over one GPU: **{times(best['speedup'])}** ({STRATEGY_NAMES.get(best['strategy'], best['strategy'])}, "
                 f"{best['world_size']} GPUs, {best['impl']}, N={best['seq_len']:,}, batch {best['batch']}; "
@@ -302,7 +304,7 @@ def seed_000(doc: Doc, m: Machine) -> None:
         doc.table(Table("000-speedup", ["Sequence Length", "Batch Size", "Strategy", "GPUs", "Speedup", "Notes"],
                         [{"Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Strategy": c["strategy"],
                           "GPUs": c["world_size"], "Speedup": c["speedup"], "Notes": speedup_notes(c)} for c in sparse],
-                        {"Sequence Length": tokens_cell, "Speedup": times}))
+                        {"Sequence Length": tokens_cell, "Speedup": times, "Notes": short_message}))
         doc.heading(4, "Memory distribution")
         memory_distribution(doc, sparse, "000-memory-distribution")
     else:
@@ -321,7 +323,8 @@ def seed_000(doc: Doc, m: Machine) -> None:
 # --- report 001: multi-GPU capabilities ------------------------------------------------------------
 
 def speedup_notes(c: dict[str, Any]) -> str:
-    bits = [c["note"]] if c["note"] else []
+    bits = speedup_anomalies(c) if c["speedup"] else []   # first: a cell is cut to one line
+    bits += [c["note"]] if c["note"] else []
     r = c["row"]
     if r.get("status", "ok") != "ok":
         bits.append(r.get("message") or "")
@@ -347,7 +350,7 @@ def seed_001(doc: Doc, m: Machine) -> None:
         doc.table(Table(f"001-{strategy}", ["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time",
                                             "Speedup", "Notes", "Efficiency", "Output Match"], records,
                         {"Sequence Length": tokens_cell, "Single GPU Time": ms, "Multi-GPU Time": ms, "Speedup": times,
-                         "Efficiency": lambda v: f"{v:.2f}", "Output Match": yes_no}))
+                         "Efficiency": lambda v: f"{v:.2f}", "Output Match": yes_no, "Notes": short_message}))
         memory_distribution(doc, cases, f"001-{strategy}-memory")
     doc.add("\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
             "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians.\n")
@@ -382,7 +385,8 @@ def multi_gpu_max_tables(doc: Doc, m: Machine) -> bool:
             records.append({"Sequence Length": r["seq_len"], **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
                             "Result": r["status"], "Notes": r.get("message") or ""})
         doc.table(Table("002-multi-gpu-max", headers, records,
-                        {"Sequence Length": tokens_cell, "Result": result_text, **{f"GPU{i} Memory": gb for i in range(n)}}))
+                        {"Sequence Length": tokens_cell, "Result": result_text, "Notes": short_message,
+                         **{f"GPU{i} Memory": gb for i in range(n)}}))
     return found
 
 
@@ -538,7 +542,7 @@ def seed_003(doc: Doc, m: Machine) -> None:
 def seed_004(doc: Doc, m: Machine) -> None:
     pairs = ring_pairs(m.rows)
     if not pairs:
-        doc.missing("no multi-GPU ring rows on this machine", "ring-speedup")
+        doc.missing("no multi-GPU ring rows on this machine", "ring-points")
         return
     records = []
     for p in pairs:
@@ -593,6 +597,7 @@ def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[d
             "Predicted Max": c.predicted, "Measured Max": c.measured_max, "Stopped By": c.stopped_by,
             "Prediction Error": c.error,
             "Within 5%": (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
+            "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
         })
         sizes.append({"Implementation": name, **{f"{g} GB": c.predict_for(g * GIB) for g in GPU_SIZES_GIB}})
     return fits, here, sizes
@@ -650,7 +655,6 @@ def plots(doc: Doc, m: Machine) -> None:
 # Sections in report order: (anchor title, seed file it regenerates or None, function).
 SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Executive summary", None, executive_summary),
-    ("Environment and commands", None, environment),
     ("Report 000: block-sparse multi-GPU analysis", "000_d442633bf7a6a946.txt", seed_000),
     ("Report 001: multi-GPU capabilities (single GPU vs data parallel)", "001_f351c47f35f6c2cf.txt", seed_001),
     ("Report 002: extreme sequence length", "002_eb8e9fa29ff73d94.txt", seed_002),
@@ -658,5 +662,6 @@ SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Report 004: ring attention, single GPU vs multi-GPU", "004_e2d2d58acab56c17.txt", seed_004),
     ("Capacity prediction", None, capacity),
     ("Plots", None, plots),
+    ("Environment and commands (appendix)", None, environment),
 ]
 
