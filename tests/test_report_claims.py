@@ -196,6 +196,7 @@ def small(command: str) -> list[str] | None:
     return words + CPU_SMALL[words[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.sections", fromlist=["PRODUCERS"]).PRODUCERS))
 def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
     from attnbench.report.sections import PRODUCERS
