@@ -82,7 +82,7 @@ def test_backward_graph_is_one_node_that_keeps_only_the_log_sum_exps():
 
 
 def test_training_chunks_are_a_sixteenth_of_the_sequence_at_most():
-    from attnbench.impls.dilated import training_chunk_tokens
+    from attnbench.impls.pieces import training_chunk_tokens
 
     assert training_chunk_tokens(1 << 20, 1 << 19) == 1 << 16
     assert training_chunk_tokens(1 << 24, 1 << 19) == 1 << 19

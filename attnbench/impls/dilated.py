@@ -27,6 +27,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import fused_sdpa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
+from attnbench.impls.pieces import training_chunk_tokens
 
 
 @dataclass(frozen=True)
@@ -206,13 +207,6 @@ def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: 
     tokens, folded into the batch of one SDPA call per chunk of segments."""
     for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, max_chunk_tokens // g.segment_length)):
         oc.copy_(F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
-
-
-def training_chunk_tokens(seq_len: int, max_chunk_tokens: int) -> int:
-    """Tokens per kernel call under autograd. The backward's temporaries (the kernel's dq, dk,
-    dv of a chunk and its float32 accumulators) are a few chunks' worth: at most a 16th of the
-    sequence keeps them to a few percent of the training floor at any length."""
-    return min(max_chunk_tokens, max(1, seq_len // 16))
 
 
 class DilatedTraining(torch.autograd.Function):
