@@ -18,6 +18,7 @@ from attnbench.report.markdown import Table, result_text
 from attnbench.report.multigpu import (STRATEGY_NAMES, gpus_in, max_seq_by_series, memory_per_gpu_cells,
                                        rank_breakdown, ring_pairs, scaling_families, speedup_cases, speedup_groups)
 from attnbench.report.sweep_tables import max_seq_summary, memory_table, series_groups, summary_table, time_table
+from attnbench.report.training import training_section
 from attnbench.units import format_bytes, format_tokens
 
 # The command that produces each kind of data, named where the data is missing.
@@ -32,6 +33,7 @@ PRODUCERS = {
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
                    "--dilation-rates 1,2",
     "ring-speedup": "attnbench speedup --impl ring-dilated --strategy ring --gpus 2 --cases 1048576x1,4194304x1",
+    "training": "attnbench run --profile gpu-fwd-bwd",
 }
 SPARSITY_MODULE = "attnbench.report.sparsity"
 
@@ -635,6 +637,7 @@ SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Report 002: extreme sequence length", "002_eb8e9fa29ff73d94.txt", seed_002),
     ("Report 003: dilated configurations and multi-GPU scaling", "003_44f2437c03de4e52.txt", seed_003),
     ("Report 004: ring attention, single GPU vs multi-GPU", "004_e2d2d58acab56c17.txt", seed_004),
+    ("Training: forward plus backward", None, training_section),
     ("Capacity prediction", None, capacity),
     ("Plots", None, plots),
 ]

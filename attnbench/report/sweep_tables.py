@@ -129,6 +129,9 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     summary = max_seq_summary(rows)
     if summary:
         parts += ["## Largest sequence per implementation\n", summary_table(summary)]
+    from attnbench.report.training import training_markdown  # it builds on this module's summaries
+
+    parts.append(("\n" if parts else "") + training_markdown(rows))
     for trials in series_groups(rows).values():
         head = trials[0]
         parts.append(
