@@ -30,6 +30,11 @@ from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
 
 
+# Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this, so
+# short sequences do not pay for many small kernel launches
+TRAINING_LEAST_TOKENS = 1 << 16
+
+
 @dataclass(frozen=True)
 class HeadGroup:
     heads: slice
@@ -145,7 +150,7 @@ class DilatedAttention(AttentionImpl):
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
             x = kept_tokens(q[:1, :groups[0].segment_length], groups[0])[0].transpose(1, 2)
             kernel = fused_sdpa.pick_kernel(x, x, x, is_causal, self.backend)
-            out = DilatedTraining.apply(q, k, v, groups, is_causal, training_chunk_tokens(seq_len, self.max_chunk_tokens),
+            out = DilatedTraining.apply(q, k, v, groups, is_causal, training_chunk_tokens(seq_len, self.max_chunk_tokens, TRAINING_LEAST_TOKENS),
                                         kernel)
             self.last_backend = "sdpa:" + kernel
         else:
