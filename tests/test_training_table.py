@@ -37,3 +37,7 @@ def test_sweep_markdown_has_the_training_table_only_with_training_rows():
     assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | 1.03x | 280.0 | 250.0 | 33,554,432 (32M) | 1.00x |" in text
     assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | 120.0 | - | - |" in text
     assert "Training: forward plus backward" not in sweep_markdown([r for r in ROWS if r["mode"] == "fwd"])
+
+
+def test_training_points_at_other_lengths_make_no_record():
+    assert training_records([_trial("s", "sdpa()", "fwd_bwd", "points", 8192, peak=1.2, tflops=1.0)]) == []

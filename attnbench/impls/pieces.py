@@ -10,8 +10,8 @@ dv into preallocated gradients, so what it holds beyond the floor is one piece's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 

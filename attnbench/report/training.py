@@ -15,7 +15,8 @@ COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throug
 
 
 def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per (configuration, dtype, machine) that has training trials."""
+    """One record per (configuration, dtype, machine) with a training max-seq search or a
+    training trial at 64K."""
     largest = {(s["label"], s["dtype"], s["machine"] or s["device"], _mode(s, rows)): s for s in max_seq_summary(rows)}
     records: dict[tuple, dict[str, Any]] = {}
     for trials in series_groups(rows).values():
@@ -37,7 +38,7 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fwd = largest.get((*where, "fwd"))
         if fwd and fwd["max_seq_len"]:
             rec.update(fwd_max_seq_len=fwd["max_seq_len"], fwd_peak_over_floor=fwd["peak_over_floor"])
-    return list(records.values())
+    return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
 
 
 def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
