@@ -56,11 +56,12 @@ def verify(
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="dtype (repeatable); default fp32 and bf16")] = None,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 [2; CUDA: 2 if there are 2 GPUs]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
+    mode: Annotated[str, typer.Option(help="fwd | fwd_bwd (also dq, dk, dv; single-device implementations)")] = "fwd",
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench import impls
-    from attnbench.reference import TOLERANCE, default_cases
+    from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE, default_cases
     from attnbench.results import ResultsWriter, capture_env, clean_floats
     from attnbench.sweeps import seqpar
     from attnbench.sweeps.verification import run_reference_checks
@@ -72,26 +73,31 @@ def verify(
     device = _resolve_device(device)
     dtypes = dtype or ["fp32", "bf16"]
     for d in dtypes:
-        check_workload_fields(d, "fwd", device)
+        check_workload_fields(d, mode, device)
+    if mode == "fwd_bwd":
+        names = _single_device_only(names, impl)
     runnable = [n for n in names if device in impls.spec(n).devices]
     single = [n for n in runnable if not impls.spec(n).distributed]
     distributed = [n for n in runnable if impls.spec(n).distributed]
     worlds = _verify_worlds(gpus, device) if distributed else []
-    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
+    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], mode)]
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_reference_checks(cases + ranked)
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
-    for col in ("impl", "config", "ranks", "B", "N", "H", "D", "causal", "dtype", "rel. error", "vs single", "tolerance", "result"):
+    grad_cols = ("dq err", "dk err", "dv err", "grad tol.") if mode == "fwd_bwd" else ()
+    for col in ("impl", "config", "ranks", "B", "N", "H", "D", "causal", "dtype", "rel. error", "vs single", "tolerance",
+                *grad_cols, "result"):
         t.add_column(col)
     for r in rows:
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
         vs_single = "-" if r.get("rel_err_single") is None else f"{r['rel_err_single']:.2e}"
+        grads = [_sci(r.get(f"rel_err_{g}")) for g in GRADIENTS] + [f"{GRAD_TOLERANCE[r['dtype']]:.0e}"] if grad_cols else []
         mark = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(r["status"], f"[red]{r['status']}[/] {escape(r['message'])}")
         t.add_row(r["impl"], _config_short(r["config"]), str(r.get("world_size", 1)), str(r["batch"]), str(r["seq_len"]),
                   str(r["heads"]), str(r["head_dim"]), "yes" if r["causal"] else "no", r["dtype"], err, vs_single,
-                  f"{TOLERANCE[r['dtype']]:.0e}", mark)
+                  f"{TOLERANCE[r['dtype']]:.0e}", *grads, mark)
     console.print(t)
     if out:
         env = capture_env()
@@ -102,6 +108,21 @@ def verify(
     console.print(f"{len(rows) - len(failed)} of {len(rows)} cases pass")
     if failed:
         raise typer.Exit(1)
+
+
+def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
+    """fwd_bwd checks single-device implementations; naming a sequence-parallel one is an error."""
+    from attnbench import impls
+
+    ranked = [n for n in names if impls.spec(n).distributed]
+    if asked and ranked:
+        raise AttnbenchError(f"verify --mode fwd_bwd checks single-device implementations; {', '.join(ranked)} "
+                             "runs forward only: drop --mode fwd_bwd or that --impl")
+    return [n for n in names if n not in ranked]
+
+
+def _sci(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
 
 
 def _verify_worlds(gpus: str | None, device: str) -> list[int]:
@@ -227,7 +248,7 @@ def run(
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     from attnbench.plan import build_plan
-    from attnbench.report.sweep_tables import write_sweep_tables
+    from attnbench.report.sweep_files import write_sweep_tables
     from attnbench.results import capture_env
     from attnbench.sweeps.runner import SweepRunner, resolve
 

@@ -19,14 +19,24 @@ from attnbench.workload import DTYPES
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
 # and outputs with float32 accumulation land at a few times their unit roundoff.
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1e-2}
+# Gradients (fwd_bwd): the backward reads the rounded output and rounds each gradient once
+# more after long float32 sums, so a few times the output's tolerance.
+GRAD_TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2}
+GRADIENTS = ("dq", "dk", "dv")
 
 
 def masked_reference(q, k, v, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """out[b,t,h] = sum_u softmax_u over M_h(t) of q.k * scale, times v; empty sets give 0."""
     q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
+    return masked_attention(q, k, v, mask, scale)
+
+
+def masked_attention(q, k, v, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """``masked_reference``'s arithmetic in the inputs' dtype and device, differentiable: an
+    empty key set's row and its gradients are zero."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.einsum("bthd,buhd->bhtu", q, k) * scale
-    mask = mask.to("cpu")[None]
+    mask = mask.to(q.device)[None]
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty key set: zero row
@@ -54,9 +64,10 @@ class VerifyCase:
     dtype: str
     device: str
     world_size: int = 1  # ranks a sequence-parallel implementation runs on
+    mode: str = "fwd"  # fwd_bwd: dq, dk, dv are checked too
 
 
-def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]:
+def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd") -> list[VerifyCase]:
     """Several small shapes per configuration: B > 1, causal and not, head counts that do
     not divide evenly into groups."""
     entry = impls.spec(name)
@@ -68,7 +79,8 @@ def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]
         for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
             for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
-                    cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device))
+                    cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device,
+                                            mode=mode))
     return cases
 
 
@@ -86,6 +98,9 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
     q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for _ in range(3))
     impl = impls.build(case.impl, **case.config)
+    if case.mode == "fwd_bwd":
+        row["mode"] = "fwd_bwd"
+        return {**row, **_check_gradients(impl, case, q, k, v, gen)}
     try:
         with torch.no_grad():
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
@@ -96,3 +111,29 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     ok = err == err and err <= TOLERANCE[case.dtype]
     return {**row, "status": "pass" if ok else "fail", "rel_err": err, "backend": impl.last_backend,
             "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance")}
+
+
+def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> dict[str, Any]:
+    """Forward and backward on the device against the float64 reference's output and its
+    dq, dk, dv for one random output gradient (rounded to the dtype, like the inputs)."""
+    grad_out = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(q.dtype)
+    try:
+        inputs = [x.to(case.device).requires_grad_(True) for x in (q, k, v)]
+        out = impl(*inputs, is_causal=case.causal)
+        grads = torch.autograd.grad(out, inputs, grad_out.to(case.device), allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
+    except Exception as exc:  # a case that cannot run is reported, never raised
+        return {"status": "error", "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype],
+                "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
+    ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))
+    result: dict[str, Any] = {"rel_err": relative_error(out, ref.detach()), "grad_tolerance": GRAD_TOLERANCE[case.dtype],
+                              "backend": impl.last_backend}
+    for name, got, want in zip(GRADIENTS, grads, ref_grads):
+        result[f"rel_err_{name}"] = relative_error(got, want)
+    errors = [result["rel_err"], *(result[f"rel_err_{n}"] for n in GRADIENTS)]
+    limits = [TOLERANCE[case.dtype], *[GRAD_TOLERANCE[case.dtype]] * len(GRADIENTS)]
+    bad = [name for name, err, limit in zip(("out", *GRADIENTS), errors, limits) if not err <= limit]  # NaN fails
+    message = "" if not bad else "relative error above tolerance: " + ", ".join(bad)
+    return {**result, "status": "fail" if bad else "pass", "message": message}

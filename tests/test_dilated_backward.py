@@ -1,10 +1,8 @@
 """dilated in training: its output and gradients against the float64 masked reference's, and
-a backward whose work grows with the batch, not with batch x chunks x N.
-
-Under autograd the forward must not write the groups' outputs into one shared tensor: every
-in-place write into a view makes the backward clone the whole output gradient (torch's
-CopySlices), once per write, so one training step of batch 8 took 2.9x one of batch 4 on an
-H100. The graph check below is what makes that visible on a CPU."""
+a backward at the training floor: one autograd node over the fused kernels that keeps only
+the log-sum-exps, not autograd through slices and concatenations (under which every in-place
+write into a view cloned the whole output gradient, and every strided slice built a
+full-size gradient per input)."""
 
 import math
 
@@ -67,22 +65,42 @@ def _graph_nodes(fn):
     return [type(n).__name__ for n in seen]
 
 
-def test_backward_graph_has_no_in_place_writes_into_a_shared_output():
-    impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], max_chunk_tokens=16)
-    q, k, v = _inputs(4, 64, 4, 2)
-    nodes = _graph_nodes(impl(q, k, v).grad_fn)
-    assert "CopySlices" not in nodes, sorted(set(nodes))
-    # several chunks and batch elements all reach the inputs through attention nodes
-    assert any("Attention" in n or "Softmax" in n or "Bmm" in n for n in nodes), sorted(set(nodes))
+def test_backward_graph_is_one_node_that_keeps_only_the_log_sum_exps():
+    """Between the output and the inputs there is one node (no per-chunk slices, copies or
+    concatenations whose backward builds full-size gradients), and what it keeps besides q, k,
+    v and the output is one log-sum-exp per kept query and head: N/r x Hg per group."""
+    batch, seq_len, heads = 2, 128, 5
+    impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], max_chunk_tokens=32)
+    q, k, v = _inputs(batch, seq_len, heads, 2)
+    out = impl(q, k, v)
+    assert sorted(_graph_nodes(out.grad_fn)) == ["AccumulateGrad"] * 3 + ["DilatedTrainingBackward"]
+    lse_elements = sum(call.lse.numel() for call in out.grad_fn.calls)
+    groups = impl.groups(heads)
+    assert lse_elements == sum(batch * seq_len // g.dilation_rate * (g.heads.stop - g.heads.start) for g in groups)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 4 and all(s.data_ptr() == x.data_ptr() for s, x in zip(saved, (q, k, v, out)))
 
 
-def test_backward_work_does_not_grow_with_the_number_of_chunks():
-    """Each slice of an input costs its backward a gradient as large as the input: the number
-    of slice nodes must not grow with the chunks (one chunk per segment here vs one in all)."""
-    q, k, v = _inputs(2, 128, 4, 3)
-    counts = []
-    for chunk_tokens in (1 << 19, 32):
-        impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], max_chunk_tokens=chunk_tokens)
-        nodes = _graph_nodes(impl(q, k, v).grad_fn)
-        counts.append(sum(n.startswith("Slice") or n.startswith("Index") for n in nodes))
-    assert counts[0] == counts[1], counts
+def test_training_chunks_are_a_sixteenth_of_the_sequence_at_most():
+    from attnbench.impls.pieces import training_chunk_tokens
+
+    assert training_chunk_tokens(1 << 20, 1 << 19) == 1 << 16
+    assert training_chunk_tokens(1 << 24, 1 << 19) == 1 << 19
+    impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], max_chunk_tokens=32)
+    q, k, v = _inputs(1, 512, 4, 4)
+    # 32 tokens a call: 2 segments of 16, 1 of 32, so 16 calls per group
+    assert len(impl(q, k, v).grad_fn.calls) == 16 + 16
+
+
+@pytest.mark.parametrize("backend", ["math", "flash"])
+def test_an_expanded_output_gradient_and_each_cpu_backend(backend):
+    """out.sum().backward() hands the backward an expanded (stride 0) gradient; the math backend
+    recomputes each chunk under autograd instead of calling a fused backward."""
+    impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], backend=backend)
+    q, k, v = _inputs(2, 64, 4, 5)
+    got = torch.autograd.grad(impl(q, k, v, is_causal=True).sum(), (q, k, v))
+    q2, k2, v2 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    want = torch.autograd.grad(differentiable_reference(q2, k2, v2, impl.key_mask(64, 4, True)).sum(), (q2, k2, v2))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert impl.last_backend == "sdpa:" + ("math" if backend == "math" else "flash-cpu")

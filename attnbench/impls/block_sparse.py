@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.impls.pieces import Piece, PiecewiseAttention, training_chunk_tokens, write_pieces
 from attnbench.patterns import MULTISCALE, PATTERN_TYPES, BlockPattern, build_pattern, check_scales, progression_spans
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -51,6 +52,9 @@ FULL_WIDTH_MASK_BYTES = 64 << 20
 # offset wraps and the output is silently wrong (flex vs the exact gather path on an H200);
 # flex_attend runs per (batch, head) there
 FLEX_MAX_OFFSET = 1 << 31
+# Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this: up
+# to 256K tokens one chunk runs under flex's own autograd (no recomputation)
+TRAINING_LEAST_TOKENS = 1 << 18
 
 
 class BlockSparseAttention(AttentionImpl):
@@ -176,65 +180,46 @@ class BlockSparseAttention(AttentionImpl):
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         if use_flex:
-            grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
             key = (seq_len, is_causal, str(q.device), grad)
             if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
                 self._layouts[key] = self._flex_layout(p, q.device, grad)
             layout = self._layouts[key]
-            chunks = _FlexChunks(self, q, k, v, p, layout, grad)
+            pieces = _flex_pieces(self, q, p, layout, grad)
             dense_rows = layout.first_row
         else:
-            chunks = self._gather_chunks(q, k, v, p)
+            pieces = self._gather_pieces(q, p)
             dense_rows = p.dense_rows
-        self.last_backend = ("flex" if use_flex else "gather") + ("+sdpa" if dense_rows else "")
-        if use_flex and len(layout.starts) == 1 and not dense_rows:
-            return next(chunks)[1]  # one chunk holds every row: its output is the output, no copy
-        out = torch.empty_like(q)
         if dense_rows:
-            out[:, :dense_rows * self.block_size] = _dense_rows(q, k, v, dense_rows * self.block_size, is_causal)
-        for chunk, chunk_out in chunks:
-            out[:, chunk] = chunk_out
-        return out
+            tokens = dense_rows * self.block_size
+            pieces.insert(0, Piece(slice(0, tokens), slice(0, tokens) if is_causal else slice(None),
+                                   functools.partial(_dense_rows, causal=is_causal)))
+        self.last_backend = ("flex" if use_flex else "gather") + ("+sdpa" if dense_rows else "")
+        if len(pieces) == 1 and pieces[0].rows == slice(0, seq_len):
+            return pieces[0].run(q, k, v)  # one piece holds every row: its output is the output, no copy
+        if grad:
+            return PiecewiseAttention.apply(q, k, v, pieces)
+        return write_pieces(q, k, v, pieces)
 
-    def _gather_chunks(self, q, k, v, p: BlockPattern):
-        """(token slice, output) per chunk of query blocks: gathered keys, one masked softmax."""
-        batch, seq_len, num_heads, head_dim = q.shape
+    def _gather_pieces(self, q, p: BlockPattern) -> list[Piece]:
+        """One piece per chunk of query blocks: gathered keys, one masked softmax."""
+        batch, _, num_heads, head_dim = q.shape
         b, nb, first = self.block_size, p.num_blocks, p.dense_rows
-        width = int(p.row_counts[first:].max())
+        width = int(p.row_counts[first:].max()) if first < nb else 1
         per_row = batch * width * b * (2 * num_heads * head_dim * q.element_size() + num_heads * b * 4 + b)
         rows_per_chunk = max(1, min(GATHER_BUDGET_BYTES // per_row, self.max_chunk_tokens // b))
-        key_blocks = k.view(batch, nb, b, num_heads, head_dim)
-        value_blocks = v.view(batch, nb, b, num_heads, head_dim)
-        offsets = torch.arange(b, device=q.device)
-        for r0 in range(first, nb, rows_per_chunk):
-            r1 = min(nb, r0 + rows_per_chunk)
-            rows = r1 - r0
-            idx, counts = p.expand(r0, r1, width, device=q.device)
-            kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]           # (rows, width)
-            allowed = kept[:, None, :, None].expand(rows, b, width, b)                        # (rows, t, block, u)
-            if p.causal:
-                key_pos = idx[:, None, :, None] * b + offsets
-                query_pos = (torch.arange(r0, r1, device=q.device)[:, None] * b + offsets)[:, :, None, None]
-                allowed = allowed & (key_pos <= query_pos)
-            mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
-
-            def heads_first(x, length, rows=rows):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
-                return x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
-
-            qc = heads_first(q[:, r0 * b:r1 * b], b)
-            kc = heads_first(key_blocks[:, idx], width * b)
-            vc = heads_first(value_blocks[:, idx], width * b)
-            oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask)
-            yield slice(r0 * b, r1 * b), oc.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(
-                batch, rows * b, num_heads, head_dim)
+        return [Piece(slice(r0 * b, min(nb, r0 + rows_per_chunk) * b), slice(None),
+                      functools.partial(_gather_attend, p, r0, min(nb, r0 + rows_per_chunk), width, b))
+                for r0 in range(first, nb, rows_per_chunk)]
 
     def _flex_layout(self, p: BlockPattern, device, grad: bool) -> FlexLayout:
         """How the flex path cuts the pattern. Index rows have one column per key block (the
         layout create_block_mask makes) while that is small: every pattern and ratio at one
         length then shares one compiled kernel, global rows included. Longer sequences get
         rows as narrow as the compiler allows (a power of two, so few shapes) where a release
-        takes them. Global rows always go to SDPA. The backward's transposed indices assume full rows in some releases."""
+        takes them. Global rows always go to SDPA. The backward's transposed indices assume full
+        rows in some releases: never compact under autograd."""
         nb = p.num_blocks
         narrow_ok = _compact_indices_ok(torch.device(device).type)
         if self.index_width == "compact" and not narrow_ok:
@@ -245,10 +230,10 @@ class BlockSparseAttention(AttentionImpl):
         first = p.dense_rows  # rows that keep every allowed block run as dense SDPA: no tail of long rows
         most = int(p.row_counts[first:].max())
         lo, hi = progression_spans(p.progressions[first:])
-        # forward chunks read a window of the keys, as long as the widest chunk's span
-        # (local_window: its neighbourhood, so offsets stay small and index rows short at any N);
-        # the backward's transposed indices want every key block
-        widest = nb if grad else int((hi - lo).max())
+        # chunks read a window of the keys, as long as the widest chunk's span (local_window:
+        # its neighbourhood, so offsets stay small, index rows short and a chunk's dk, dv in
+        # training small at any N); index rows stay full width over the window
+        widest = int((hi - lo).max())
         total = nb - first
 
         def window_for(rows: int) -> int:
@@ -257,7 +242,9 @@ class BlockSparseAttention(AttentionImpl):
         def index_width(rows: int) -> int:
             return 1 << (most - 1).bit_length() if compact else window_for(rows)
 
-        limit = max(1, min(total, self.max_chunk_tokens // self.block_size))
+        chunk_tokens = training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens, TRAINING_LEAST_TOKENS) \
+            if grad else self.max_chunk_tokens
+        limit = max(1, min(total, chunk_tokens // self.block_size))
         while limit > 1 and limit * (2 * index_width(limit) * 4 + most * 8 * 6) > INDEX_BUDGET_BYTES:
             limit //= 2  # two int32 index rows + the expansion's temporaries per query block
         count = -(-total // limit)
@@ -267,8 +254,8 @@ class BlockSparseAttention(AttentionImpl):
         starts = [first + min(c * rows, total - rows) for c in range(count)]
         spans = [(int(lo[r0 - first:r0 - first + rows].min()), int(hi[r0 - first:r0 - first + rows].max()))
                  for r0 in starts]
-        window = nb if grad else max(k1 - k0 for k0, k1 in spans)
-        key_starts = [0 if grad else min(k0, nb - window) for k0, _ in spans]
+        window = max(k1 - k0 for k0, k1 in spans)
+        key_starts = [min(k0, nb - window) for k0, _ in spans]
         width = 1 << (most - 1).bit_length() if compact else window
         return FlexLayout(first, width, rows, starts, window, key_starts)
 
@@ -320,27 +307,51 @@ class FlexLayout:
     key_starts: list[int]  # first key block of each chunk's window
 
 
-class _FlexChunks:
-    """(token slice, output) per chunk of query blocks: compiled FlexAttention."""
+def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
+    """One piece per chunk of query blocks: compiled FlexAttention over the chunk's key window."""
+    flex, options, b = compiled_flex(impl.compile_mode), impl._flex_options(q), impl.block_size
+    masks = impl._chunk_masks(p, layout, q.device, grad)
+    cached = masks if isinstance(masks, list) else None
+    tokens, keys = layout.rows * b, layout.window * b
+    pieces, fresh = [], 0
+    for i, (r0, k0) in enumerate(zip(layout.starts, layout.key_starts)):
+        if cached is not None:
+            mask = functools.partial(list.__getitem__, cached, i)
+        else:  # built when the piece runs (again in the backward), so masks do not pile up
+            mask = functools.partial(impl._block_mask, p, r0, layout.rows, layout.width, q.device, grad, k0, layout.window)
+        rows = slice(r0 * b, r0 * b + tokens)
+        pieces.append(Piece(rows, slice(k0 * b, k0 * b + keys), functools.partial(_flex_piece, flex, mask, options),
+                            fresh=max(fresh, rows.start)))
+        fresh = rows.stop
+    return pieces
 
-    def __init__(self, impl, q, k, v, p, layout, grad: bool) -> None:
-        self.flex = compiled_flex(impl.compile_mode)
-        self.masks = iter(zip(layout.starts, layout.key_starts, impl._chunk_masks(p, layout, q.device, grad)))
-        self.keys = layout.window * impl.block_size
-        self.options = impl._flex_options(q)
-        self.qh, self.kh, self.vh = (x.transpose(1, 2) for x in (q, k, v))
-        self.tokens = layout.rows * impl.block_size
-        self.block_size = impl.block_size
 
-    def __iter__(self):
-        return self
+def _flex_piece(flex, mask, options, q, k, v):
+    return flex_attend(flex, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask(), options).transpose(1, 2)
 
-    def __next__(self):
-        r0, k0, mask = next(self.masks)
-        chunk = slice(r0 * self.block_size, r0 * self.block_size + self.tokens)
-        keys = slice(k0 * self.block_size, k0 * self.block_size + self.keys)
-        out = flex_attend(self.flex, self.qh[:, :, chunk], self.kh[:, :, keys], self.vh[:, :, keys], mask, self.options)
-        return chunk, out.transpose(1, 2)
+
+def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, v):
+    """Query blocks [r0, r1) (q holds their rows) over their kept key blocks of k, v (all keys)."""
+    batch, _, num_heads, head_dim = q.shape
+    nb, rows = p.num_blocks, r1 - r0
+    key_blocks = k.view(batch, nb, b, num_heads, head_dim)
+    value_blocks = v.view(batch, nb, b, num_heads, head_dim)
+    offsets = torch.arange(b, device=q.device)
+    idx, counts = p.expand(r0, r1, width, device=q.device)
+    kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]           # (rows, width)
+    allowed = kept[:, None, :, None].expand(rows, b, width, b)                        # (rows, t, block, u)
+    if p.causal:
+        key_pos = idx[:, None, :, None] * b + offsets
+        query_pos = (torch.arange(r0, r1, device=q.device)[:, None] * b + offsets)[:, :, None, None]
+        allowed = allowed & (key_pos <= query_pos)
+    mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
+
+    def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
+        return x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
+
+    out = F.scaled_dot_product_attention(heads_first(q, b), heads_first(key_blocks[:, idx], width * b),
+                                         heads_first(value_blocks[:, idx], width * b), attn_mask=mask)
+    return out.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(batch, rows * b, num_heads, head_dim)
 
 
 def flex_options(q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False) -> dict[str, Any] | None:
@@ -414,10 +425,10 @@ def diagonal_causal(block_size: int):
     return diagonal_causal
 
 
-def _dense_rows(q, k, v, tokens: int, causal: bool) -> torch.Tensor:
-    """Queries [0, tokens) that keep every allowed key: dense attention (causal: the prefix)."""
-    keys = slice(0, tokens) if causal else slice(None)
-    qh, kh, vh = q[:, :tokens].transpose(1, 2), k[:, keys].transpose(1, 2), v[:, keys].transpose(1, 2)
+def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
+    """The queries that keep every allowed key (q holds them; k, v every key, or the prefix
+    when causal): dense attention."""
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 

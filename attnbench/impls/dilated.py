@@ -24,9 +24,14 @@ from torch.nn.attention import sdpa_kernel
 
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import fused_sdpa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
+from attnbench.impls.pieces import training_chunk_tokens
+
+# Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this, so
+# short sequences do not pay for many small kernel launches
+TRAINING_LEAST_TOKENS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,18 @@ class DilatedAttention(AttentionImpl):
             q, k, v = (x.index_select(1, order) for x in (q, k, v))
         groups = self.groups(num_heads)
         kernels = sdpa_kernel([SDPA_BACKENDS[self.backend]]) if self.backend != "auto" else contextlib.nullcontext()
-        with kernels:
-            if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-                out = torch.cat([group_output(q, k, v, g, is_causal, self.max_chunk_tokens) for g in groups], dim=2)
-            else:
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            x = kept_tokens(q[:1, :groups[0].segment_length], groups[0])[0].transpose(1, 2)
+            kernel = fused_sdpa.pick_kernel(x, x, x, is_causal, self.backend)
+            out = DilatedTraining.apply(q, k, v, groups, is_causal, training_chunk_tokens(seq_len, self.max_chunk_tokens, TRAINING_LEAST_TOKENS),
+                                        kernel)
+            self.last_backend = "sdpa:" + kernel
+        else:
+            with kernels:
                 out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
                 for g in groups:
                     attend_group(q, k, v, out, g, is_causal, self.max_chunk_tokens)
-            self.last_backend = "sdpa:" + (self.backend if self.backend != "auto" else _picked(q, groups[0], is_causal))
+                self.last_backend = "sdpa:" + (self.backend if self.backend != "auto" else _picked(q, groups[0], is_causal))
         if self.hilbert:
             out = torch.empty_like(out).index_copy_(1, order, out)  # back to the original order
         return out
@@ -187,43 +196,56 @@ def kept_tokens(x: torch.Tensor, g: HeadGroup) -> torch.Tensor:
     return x[:, :, g.heads].unflatten(1, (-1, g.segment_length))[:, :, g.offset::g.dilation_rate]
 
 
+def chunk_views(tensors, g: HeadGroup, per_chunk: int):
+    """Per batch element and chunk of ``per_chunk`` segments, group ``g``'s kept tokens of each
+    ``(B, N, H, D)`` tensor as a ``(segments, Hg, w/r, D)`` view (no copy): the batch of one
+    fused SDPA call. Needs a length that is a multiple of the segment length."""
+    views = [kept_tokens(x, g) for x in tensors]
+    for b in range(views[0].shape[0]):
+        for s0 in range(0, views[0].shape[1], per_chunk):
+            yield [x[b, s0:s0 + per_chunk].transpose(1, 2) for x in views]
+
+
 def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> None:
     """Write group ``g``'s heads of ``out``: each segment is a dense attention over its kept
-    tokens, taken as strided views (no copy) and folded into the batch of one SDPA call per
-    chunk of segments. Needs a length that is a multiple of the segment length."""
-    per_chunk = max(1, max_chunk_tokens // g.segment_length)
-    views = [kept_tokens(x, g) for x in (q, k, v, out)]
-    for b in range(q.shape[0]):
-        for s0 in range(0, views[0].shape[1], per_chunk):
-            # (segments, Hg, w/r, D) views of this batch element's chunk
-            qc, kc, vc, oc = (x[b, s0:s0 + per_chunk].transpose(1, 2) for x in views)
-            oc.copy_(F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
+    tokens, folded into the batch of one SDPA call per chunk of segments."""
+    for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, max_chunk_tokens // g.segment_length)):
+        oc.copy_(F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
 
 
-def group_output(q, k, v, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> torch.Tensor:
-    """Group ``g``'s heads of the output, ``(B, N, Hg, D)``, for the backward pass, whose work
-    must stay linear in N. It writes into no shared tensor: under autograd every in-place
-    write into a view of ``out`` makes the backward clone the whole output gradient once per
-    write, a cost that grows as batch x chunks x N (a 2.9x slower step for 2x the batch, seen
-    on an H100). Queries outside the dilation get zero rows by padding, not by writing."""
-    batch, seq_len, _, head_dim = q.shape
-    w, r, o = g.segment_length, g.dilation_rate, g.offset
-    heads, segments = g.heads.stop - g.heads.start, seq_len // w
-    per_chunk = max(1, max_chunk_tokens // w)
+class DilatedTraining(torch.autograd.Function):
+    """Forward and backward at the training floor. The forward writes each chunk's output into
+    one preallocated output and keeps only each call's log-sum-exp (and the kernel's rng
+    state); the backward writes each chunk's dq, dk, dv into preallocated gradients. Autograd
+    through strided slices and a concatenation would instead hold every chunk's output apart
+    from the concatenated one and build a full-size gradient per slice (1.31x the floor)."""
 
-    def chunks(x):  # (B, N, H, D) -> per chunk of segments (B * segments, Hg, w/r, D)
-        # one slice of x per group and one split into chunks: the backward of a slice builds a
-        # gradient as large as x, so slicing per chunk would cost chunks x N again
-        return [c.flatten(0, 1).transpose(1, 2) for c in kept_tokens(x, g).split(per_chunk, dim=1)]
+    @staticmethod
+    def forward(ctx, q, k, v, groups, is_causal, chunk_tokens, kernel):
+        out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
+        ctx.calls = []
+        for g in groups:
+            for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, chunk_tokens // g.segment_length)):
+                chunk_out, saved = fused_sdpa.forward(qc, kc, vc, is_causal, kernel)
+                oc.copy_(chunk_out)
+                ctx.calls.append(saved)
+        ctx.groups, ctx.chunk_tokens = groups, chunk_tokens
+        ctx.save_for_backward(q, k, v, out)
+        return out
 
-    parts = [F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal).transpose(1, 2).unflatten(0, (batch, -1))
-             for qc, kc, vc in zip(chunks(q), chunks(k), chunks(v))]  # each (B, segments, w/r, Hg, D)
-    kept = torch.cat(parts, dim=1).unsqueeze(3)                         # position j r + o of each segment
-    if r > 1:
-        def zeros(n):
-            return kept.new_zeros(batch, segments, w // r, n, heads, head_dim)
-        kept = torch.cat([zeros(o), kept, zeros(r - 1 - o)], dim=3)
-    return kept.reshape(batch, seq_len, heads, head_dim)
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out = ctx.saved_tensors
+        grad_out = grad_out.contiguous()  # e.g. an expanded gradient of a sum: the kernels want a dense last axis
+        grads = [torch.zeros_like(x) for x in (q, k, v)]  # tokens outside the dilation get none
+        calls = iter(ctx.calls)
+        for g in ctx.groups:
+            per_chunk = max(1, ctx.chunk_tokens // g.segment_length)
+            for qc, kc, vc, oc, gc, *dx in chunk_views((q, k, v, out, grad_out, *grads), g, per_chunk):
+                for target, got in zip(dx, fused_sdpa.backward(gc, qc, kc, vc, oc, next(calls))):
+                    target.copy_(got)
+        ctx.calls = None  # the log-sum-exps go as soon as they are used
+        return (*grads, None, None, None, None)
 
 
 def _picked(q, g: HeadGroup, is_causal: bool) -> str:

@@ -42,30 +42,15 @@ import torch
 
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
-from attnbench.impls import build, register
+from attnbench.impls import build, fused_sdpa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import DENSE_GRANULARITY
 from attnbench.impls.dilated import HeadGroup, attend_group, head_groups, validate_pattern
-
-aten = torch.ops.aten
+from attnbench.impls.fused_sdpa import CUDA_KERNELS, cuda_kernel
 
 # ---------------------------------------------------------------------------------------
 # One block of attention with its log-sum-exp, from a fused kernel
 # ---------------------------------------------------------------------------------------
-
-CUDA_KERNELS = ("flash", "efficient", "cudnn")
-
-
-def cuda_kernel(q, k, v, causal: bool, backend: str) -> str:
-    """The fused kernel to call on CUDA: the named one, or the one SDPA itself would pick."""
-    if backend != "auto":
-        return backend
-    from attnbench.impls.dense import sdpa_backend_in_use
-
-    choice = sdpa_backend_in_use(q, k, v, causal)
-    if choice in CUDA_KERNELS:
-        return choice
-    return "efficient" if q.dtype == torch.float32 else "flash"
 
 
 def attend_with_lse(q, k, v, causal: bool, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -75,20 +60,9 @@ def attend_with_lse(q, k, v, causal: bool, backend: str = "auto") -> tuple[torch
     scaled scores ``(B, H, Nq)`` in float32, and the kernel's name. ``causal`` is the
     top-left-aligned triangle of a square block.
     """
-    nq = q.shape[2]
-    if q.device.type != "cuda":
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
-        kernel = "flash-cpu"
-    else:
-        kernel = cuda_kernel(q, k, v, causal, backend)
-        if kernel == "flash":
-            out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
-        elif kernel == "efficient":
-            out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)[:2]
-        else:
-            out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal)[:2]
-    # efficient pads the query axis to a multiple of 32; cuDNN keeps a trailing axis of 1
-    return out, lse.flatten(2)[..., :nq].float(), kernel
+    kernel = "flash-cpu" if q.device.type != "cuda" else cuda_kernel(q, k, v, causal, backend)
+    out, saved = fused_sdpa.forward(q, k, v, causal, kernel)
+    return out, saved.natural_lse(q.shape[2]), kernel
 
 
 class LseAccumulator:

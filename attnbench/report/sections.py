@@ -42,6 +42,7 @@ from attnbench.report.sweep_tables import (
     summary_table,
     time_table,
 )
+from attnbench.report.training import training_section
 from attnbench.units import (
     format_bytes,
     format_bytes_per_token,
@@ -62,6 +63,7 @@ PRODUCERS = {
     "ring-max-seq": "attnbench max-seq --impl ring-dilated --gpus 2 --segment-lengths 2048,4096 --dilation-rates 1,2",
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
                    "--dilation-rates 1,2",
+    "training": "attnbench run --profile gpu-fwd-bwd",
 }
 SPARSITY_MODULE = "attnbench.report.sparsity"
 
@@ -660,6 +662,7 @@ SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Report 002: extreme sequence length", "002_eb8e9fa29ff73d94.txt", seed_002),
     ("Report 003: dilated configurations and multi-GPU scaling", "003_44f2437c03de4e52.txt", seed_003),
     ("Report 004: ring attention, single GPU vs multi-GPU", "004_e2d2d58acab56c17.txt", seed_004),
+    ("Training: forward plus backward", None, training_section),
     ("Capacity prediction", None, capacity),
     ("Plots", None, plots),
     ("Environment and commands (appendix)", None, environment),

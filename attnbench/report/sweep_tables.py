@@ -8,14 +8,11 @@ plus a summary of each series' largest length and what stopped it. Reads rows on
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from attnbench.report.markdown import result_text, short_message, table
-from attnbench.report.sparsity import sparsity_table
-from attnbench.results import read_rows, write_text_atomic
 from attnbench.units import format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
@@ -111,47 +108,8 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
     )
 
 
-def sweep_markdown(rows: list[dict[str, Any]]) -> str:
-    parts = []
-    summary = max_seq_summary(rows)
-    if summary:
-        parts += ["## Largest sequence per implementation\n", summary_table(summary)]
-    for trials in series_groups(rows).values():
-        head = trials[0]
-        parts.append(
-            f"\n## {head['label']}: {head['dtype']}, B={head['batch']}, H={head['heads']}, D={head['head_dim']}, "
-            f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
-        )
-        parts += ["\n", memory_table(trials), "\n", time_table(trials)]
-    sparse = sparsity_table(rows, level=3)
-    if sparse:
-        parts += ["\n## Block-sparse vs dense (report 002, Block-Sparse Base Implementation)\n", sparse]
-    parts.append(
-        "\nMemory columns: 'Memory After QKV' is what allocating q, k and v took; 'Peak Memory' and 'Memory (MB)' "
-        "are the trial's peak (`torch.cuda.max_memory_allocated` after a reset on GPU, resident-set growth on CPU). "
-        "GB = 10^9 bytes, MB = 10^6 bytes. The floor is q, k, v and the output.\n"
-    )
-    return "".join(parts)
-
-
 def trials_csv(rows: list[dict[str, Any]]) -> str:
     flat = []
     for r in trial_rows(rows):
         flat.append({c: (r.get("env") or {}).get("machine") if c == "machine" else r.get(c) for c in CSV_COLUMNS})
     return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
-
-
-def write_sweep_tables(out_dir: Path) -> list[Path]:
-    """Regenerate ``sweep.md``, ``trials.csv`` and ``max_seq.csv`` from ``trials.jsonl``."""
-    out_dir = Path(out_dir)
-    rows, _ = read_rows(out_dir)
-    written = []
-    if trial_rows(rows):
-        write_text_atomic(out_dir / "sweep.md", sweep_markdown(rows))
-        write_text_atomic(out_dir / "trials.csv", trials_csv(rows))
-        written += [out_dir / "sweep.md", out_dir / "trials.csv"]
-    summary = max_seq_summary(rows)
-    if summary:
-        write_text_atomic(out_dir / "max_seq.csv", pd.DataFrame(summary).to_csv(index=False))
-        written.append(out_dir / "max_seq.csv")
-    return written

@@ -114,8 +114,10 @@ def verify_cases(plan: Plan) -> list[VerifyCase]:
     for s in plan.series:
         impl = s.build()
         st = s.settings
+        # a training series checks its gradients too (sequence-parallel ones run forward only)
+        mode = st.mode if s.world_size == 1 and not impls.spec(s.impl).distributed else "fwd"
         cases.append(VerifyCase(s.impl, impl.config(), min(st.batch, 2), impl.verify_seq_len(), st.heads,
-                                st.head_dim, st.causal, st.dtype, st.device, s.world_size))
+                                st.head_dim, st.causal, st.dtype, st.device, s.world_size, mode))
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
     return list(unique.values())
 

@@ -1,0 +1,63 @@
+"""The files a results directory gets beside its trials.jsonl (`sweep.md`, `trials.csv`,
+`max_seq.csv`), assembled from the sweep tables and the training table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.report.sparsity import sparsity_table
+from attnbench.report.sweep_tables import (
+    max_seq_summary,
+    memory_table,
+    series_groups,
+    summary_table,
+    time_table,
+    trial_rows,
+    trials_csv,
+)
+from attnbench.report.training import training_markdown
+from attnbench.results import read_rows, write_text_atomic
+
+
+def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    summary = max_seq_summary(rows)
+    if summary:
+        parts += ["## Largest sequence per implementation\n", summary_table(summary)]
+    parts.append(("\n" if parts else "") + training_markdown(rows))
+    for trials in series_groups(rows).values():
+        head = trials[0]
+        parts.append(
+            f"\n## {head['label']}: {head['dtype']}, B={head['batch']}, H={head['heads']}, D={head['head_dim']}, "
+            f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
+        )
+        parts += ["\n", memory_table(trials), "\n", time_table(trials)]
+    sparse = sparsity_table(rows, level=3)
+    if sparse:
+        parts += ["\n## Block-sparse vs dense (report 002, Block-Sparse Base Implementation)\n", sparse]
+    parts.append(
+        "\nMemory columns: 'Memory After QKV' is what allocating q, k and v took; 'Peak Memory' and 'Memory (MB)' "
+        "are the trial's peak (`torch.cuda.max_memory_allocated` after a reset on GPU, resident-set growth on CPU). "
+        "GB = 10^9 bytes, MB = 10^6 bytes. The floor is q, k, v and the output.\n"
+    )
+    return "".join(parts)
+
+
+
+def write_sweep_tables(out_dir: Path) -> list[Path]:
+    """Regenerate ``sweep.md``, ``trials.csv`` and ``max_seq.csv`` from ``trials.jsonl``."""
+    out_dir = Path(out_dir)
+    rows, _ = read_rows(out_dir)
+    written = []
+    if trial_rows(rows):
+        write_text_atomic(out_dir / "sweep.md", sweep_markdown(rows))
+        write_text_atomic(out_dir / "trials.csv", trials_csv(rows))
+        written += [out_dir / "sweep.md", out_dir / "trials.csv"]
+    summary = max_seq_summary(rows)
+    if summary:
+        write_text_atomic(out_dir / "max_seq.csv", pd.DataFrame(summary).to_csv(index=False))
+        written.append(out_dir / "max_seq.csv")
+    return written

@@ -1,0 +1,89 @@
+"""The training table: per implementation configuration, the largest sequence a training step
+(forward plus backward) ran at, its peak over the training floor (q, k, v, out, dout, dq, dk,
+dv) and its useful training TFLOP/s (useful pairs x 4 D x 3.5), beside the same
+configuration's forward-only largest sequence when the rows hold one. Reads rows only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnbench.report.markdown import Table
+from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.units import format_tokens
+
+COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's
+
+
+def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (configuration, dtype, machine) with a training max-seq search or a
+    training trial at 64K."""
+    largest = {(s["label"], s["dtype"], s["machine"] or s["device"], _mode(s, rows)): s for s in max_seq_summary(rows)}
+    records: dict[tuple, dict[str, Any]] = {}
+    for trials in series_groups(rows).values():
+        head = trials[0]
+        if head.get("mode") != "fwd_bwd":
+            continue
+        where = (head["label"], head["dtype"], (head.get("env") or {}).get("machine") or head["device"])
+        rec = records.setdefault(where, {"label": where[0], "dtype": where[1], "machine": where[2], "max_seq_len": None,
+                                         "peak_over_floor": None, "tflops_at_max": None, "tflops_compare": None,
+                                         "fwd_max_seq_len": None, "fwd_peak_over_floor": None})
+        compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
+        if compare and compare.get("tflops_useful"):
+            rec["tflops_compare"] = compare["tflops_useful"]
+        train = largest.get((*where, "fwd_bwd"))
+        if train and train["max_seq_len"]:
+            best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
+            rec.update(max_seq_len=train["max_seq_len"], peak_over_floor=train["peak_over_floor"],
+                       tflops_at_max=best.get("tflops_useful"))
+        fwd = largest.get((*where, "fwd"))
+        if fwd and fwd["max_seq_len"]:
+            rec.update(fwd_max_seq_len=fwd["max_seq_len"], fwd_peak_over_floor=fwd["peak_over_floor"])
+    return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
+
+
+def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    return next((r.get("mode", "fwd") for r in rows if r.get("series") == summary["series"]), "fwd")
+
+
+HEADERS = {  # column: record field
+    "Implementation": "label", "Dtype": "dtype", "Device": "machine",
+    "Largest Training Sequence": "max_seq_len", "Peak / Training Floor": "peak_over_floor",
+    "Training TFLOP/s at Largest": "tflops_at_max", f"Training TFLOP/s at {COMPARE_LABEL}": "tflops_compare",
+    "Largest Forward Sequence": "fwd_max_seq_len", "Peak / Forward Floor": "fwd_peak_over_floor",
+}
+NOTE = ("The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
+        "and the output. Training TFLOP/s count useful pairs x 4 D x 3.5 (forward 1, backward 2.5) over the step's "
+        "measured time. '-': no such trial in these rows.\n")
+
+
+def training_table(records: list[dict[str, Any]]) -> Table:
+    def tokens(v):
+        return format_tokens(v) if v else "-"
+
+    def ratio(v):
+        return f"{v:.2f}x"
+
+    def tflops(v):
+        return f"{v:,.1f}"
+
+    formats = {"Largest Training Sequence": tokens, "Largest Forward Sequence": tokens,
+               "Peak / Training Floor": ratio, "Peak / Forward Floor": ratio,
+               "Training TFLOP/s at Largest": tflops, f"Training TFLOP/s at {COMPARE_LABEL}": tflops}
+    return Table("training", list(HEADERS), [{h: r[f] for h, f in HEADERS.items()} for r in records], formats)
+
+
+def training_markdown(rows: list[dict[str, Any]]) -> str:
+    records = training_records(rows)
+    if not records:
+        return ""
+    return "## Training: forward plus backward\n\n" + training_table(records).markdown() + "\n" + NOTE + "\n"
+
+
+def training_section(doc, m) -> None:
+    """The report's section: one machine's rows (``sections.Doc``, ``sections.Machine``)."""
+    records = training_records(m.rows)
+    if not records:
+        doc.missing("no forward-plus-backward trials", "training")
+        return
+    doc.table(training_table(records))
+    doc.add("\n" + NOTE)

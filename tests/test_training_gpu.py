@@ -1,0 +1,80 @@
+"""Training on a CUDA GPU: dq, dk, dv against the float64 reference through every fused SDPA
+kernel dilated calls and through FlexAttention for every block-sparse pattern (several
+pieces, the last overlapping, and per-(batch, head) calls past 2^31 offsets), and the peak
+memory of a training step against the floor. Skipped without a GPU; on one:
+`python -m pytest -q tests/test_training_gpu.py` (a few minutes, most of it compiling)."""
+
+import pytest
+import torch
+
+from attnbench import impls
+from attnbench.impls import block_sparse as bs
+from attnbench.patterns import PATTERN_TYPES
+from attnbench.reference import VerifyCase, run_case
+from attnbench.workload import Workload
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DILATED = {"segment_lengths": [256, 512], "dilation_rates": [1, 2]}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend, dtype", [("auto", "bf16"), ("flash", "bf16"), ("cudnn", "bf16"),
+                                            ("efficient", "bf16"), ("efficient", "fp32")])
+def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
+    cfg = impls.build("dilated", **DILATED, backend=backend).config()
+    row = run_case(VerifyCase("dilated", cfg, 2, 4096, 5, 64, causal, dtype, "cuda", mode="fwd_bwd"))
+    assert row["status"] == "pass", row
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
+def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal):
+    # 12 query blocks a piece over 64 blocks: six pieces, the last overlapping its neighbour
+    cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=64, sparsity_ratio=0.1, kernel="flex",
+                      max_chunk_tokens=64 * 12).config()
+    row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
+    assert row["status"] == "pass", row
+    assert row["backend"].startswith("flex")
+
+
+def test_block_sparse_flex_gradients_in_per_head_calls(monkeypatch):
+    monkeypatch.setattr(bs, "FLEX_MAX_OFFSET", 1 << 19)
+    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
+                      kernel="flex", max_chunk_tokens=64 * 12).config()
+    row = run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode="fwd_bwd"))
+    assert row["status"] == "pass", row
+
+
+def _training_peak_over_floor(name, seq_len, **config) -> float:
+    """One training step as a trial runs it (q, k, v and the output gradient allocated first):
+    the allocator's peak over the floor (q, k, v, out, dout, dq, dk, dv)."""
+    wl = Workload(name, batch=1, seq_len=seq_len, heads=8, head_dim=64, dtype="bf16", device="cuda", mode="fwd_bwd")
+    impl = impls.build(name, **config)
+    q, k, v = wl.make_inputs()
+    grad_out = torch.randn_like(q)
+    impl(q, k, v).backward(grad_out)  # compiles and warms the allocator
+    for x in (q, k, v):
+        x.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    impl(q, k, v).backward(grad_out)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / wl.floor_bytes
+
+
+def test_dilated_training_peak_is_within_ten_percent_of_the_floor():
+    assert _training_peak_over_floor("dilated", 1 << 20, segment_lengths=[2048, 4096], dilation_rates=[1, 2]) <= 1.10
+
+
+# local_window's pieces read a key window near their rows; the wider patterns' windows span
+# (nearly) every key, so one piece's dk and dv are two more full-size tensors: 8 + 2 of 8
+PEAK_LIMIT = {"local_window": 1.15, "dilated_sparse": 1.30, "global_local": 1.30, "hierarchical": 1.30}
+
+
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
+def test_block_sparse_training_peak_near_the_floor(pattern_type):
+    # 1M tokens in 64K-token pieces: the pieces' temporaries, not one piece's whole output
+    ratio = _training_peak_over_floor("block-sparse", 1 << 20, pattern_type=pattern_type, sparsity_ratio=0.05,
+                                      max_chunk_tokens=1 << 16)
+    assert ratio <= PEAK_LIMIT[pattern_type], f"{pattern_type}: {ratio:.3f}x the floor"

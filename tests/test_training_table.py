@@ -1,0 +1,43 @@
+"""The training table from hand-made rows: a configuration's largest training length, its
+peak over the training floor and useful TFLOP/s there and at 64K, beside its forward-only
+largest length; a configuration measured only at 64K has that column alone."""
+
+from attnbench.report.sweep_files import sweep_markdown
+from attnbench.report.training import training_records
+
+
+def _trial(series, label, mode, kind, seq_len, status="ok", peak=None, tflops=None):
+    return {"kind": kind, "series": series, "label": label, "impl": label.split("(")[0], "mode": mode,
+            "seq_len": seq_len, "status": status, "dtype": "bf16", "device": "cuda", "batch": 1, "heads": 8,
+            "head_dim": 64, "causal": False, "env": {"machine": "GPU x1"}, "peak_over_floor": peak,
+            "tflops_useful": tflops, "message": "out of memory" if status == "oom" else ""}
+
+
+ROWS = [
+    _trial("d-train", "dilated(a)", "fwd_bwd", "max-seq", 65536, peak=1.05, tflops=250.0),
+    _trial("d-train", "dilated(a)", "fwd_bwd", "max-seq", 1 << 23, peak=1.03, tflops=280.0),
+    _trial("d-train", "dilated(a)", "fwd_bwd", "max-seq", 1 << 24, status="oom"),
+    _trial("d-fwd", "dilated(a)", "fwd", "max-seq", 1 << 25, peak=1.0, tflops=300.0),
+    _trial("d-fwd", "dilated(a)", "fwd", "max-seq", 1 << 26, status="oom"),
+    _trial("b-64k", "block-sparse(b)", "fwd_bwd", "points", 65536, peak=1.2, tflops=120.0),
+]
+
+
+def test_records_hold_the_largest_training_and_forward_lengths():
+    dilated, block = training_records(ROWS)
+    assert dilated == {"label": "dilated(a)", "dtype": "bf16", "machine": "GPU x1", "max_seq_len": 1 << 23,
+                       "peak_over_floor": 1.03, "tflops_at_max": 280.0, "tflops_compare": 250.0,
+                       "fwd_max_seq_len": 1 << 25, "fwd_peak_over_floor": 1.0}
+    assert block["max_seq_len"] is None and block["tflops_compare"] == 120.0 and block["fwd_max_seq_len"] is None
+
+
+def test_sweep_markdown_has_the_training_table_only_with_training_rows():
+    text = sweep_markdown(ROWS)
+    assert "## Training: forward plus backward" in text
+    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | 1.03x | 280.0 | 250.0 | 33,554,432 (32M) | 1.00x |" in text
+    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | 120.0 | - | - |" in text
+    assert "Training: forward plus backward" not in sweep_markdown([r for r in ROWS if r["mode"] == "fwd"])
+
+
+def test_training_points_at_other_lengths_make_no_record():
+    assert training_records([_trial("s", "sdpa()", "fwd_bwd", "points", 8192, peak=1.2, tflops=1.0)]) == []
