@@ -410,7 +410,7 @@ def check(
     current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],
     time_factor: Annotated[float, typer.Option("--time-factor", help="a median slower than this factor may be a regression")] = 1.10,
     memory_factor: Annotated[float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")] = 1.02,
-    alpha: Annotated[float, typer.Option("--alpha", help="significance level of the Mann-Whitney U test on the raw samples")] = 0.002,
+    alpha: Annotated[float, typer.Option("--alpha", help="family-wise significance level of the time test (Holm-corrected across comparisons)")] = 0.05,
     only: Annotated[Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")] = None,
     deterministic: Annotated[bool, typer.Option("--deterministic", help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text | markdown (a pull-request comment) | json")] = "text",
