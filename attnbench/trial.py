@@ -49,21 +49,23 @@ class TrialSpec:
     seed: int = 0
 
     def policy(self) -> TimingPolicy:
-        return TimingPolicy(**{**self.timing, "budget_s": self.max_trial_seconds})
+        """The timing plan; its budget is the ``timing_budget_s`` setting where one was given,
+        else the per-call limit (callers that set no budget keep their old behaviour)."""
+        return TimingPolicy(**{"budget_s": self.max_trial_seconds, **self.timing})
 
 
 # ---------------------------------------------------------------------------------------
 # In-process execution
 # ---------------------------------------------------------------------------------------
 
-def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
+def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> dict[str, Any]:
     """Run one trial here; never raises for a failing trial, returns its row fields."""
     import torch
 
     from attnbench import impls
     from attnbench.measure import oom
     from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
-    from attnbench.measure.timing import Timer, collect, summarize
+    from attnbench.measure.timing import Timer, summarize
     from attnbench.workload import Workload
 
     wl = Workload(**spec.workload)
@@ -86,20 +88,17 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
             row["inputs_bytes"] = mem.in_use()
             step = _step(impl, wl, q, k, v)
             if impl.compiles:
-                # a compiled kernel's first call pays for compilation: record it apart
+                # a compiled kernel's first call pays for compilation: its time and memory apart
                 phase("compile")
                 row["compile_ms"] = timer(step)
+                row.update(mem.restart_peak("compile_peak_bytes"))
             phase("first-call")
             first_ms = timer(step)
             row["first_call_ms"] = first_ms
-            if first_ms > spec.max_trial_seconds * 1e3:
-                row.update(status="time-limit", message=f"one call took {first_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
-            else:
-                phase("timing")
-                row["times_ms"] = collect(step, timer, first_ms, spec.policy())
-                row.update(status="ok")
+            row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
+        row.update(_gpu_summary(row))
         row.update(_accounting(impl, wl, row.get("time_ms")))
     except Exception as exc:  # a failing trial is data, not a crash
         row.update(status=oom.classify(exc), message=oom.one_line(exc))
@@ -111,6 +110,70 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
     row["peak_counter"] = "cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta"
     row["peak_over_floor"] = peak / wl.floor_bytes if peak else None
     return row
+
+
+def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, first_ms: float) -> dict[str, Any]:
+    """Warm-up by time, eager samples planned from warm calls, then GPU time; the time
+    limit is judged on a warm call (a cold one may carry seconds of library setup)."""
+    from attnbench.measure.timing import timed_samples, warm_up
+
+    out: dict[str, Any] = {}
+    limit_s, policy = spec.max_trial_seconds, spec.policy()
+    if first_ms > limit_s * 1e3:
+        phase("warm-call")
+        out["warm_call_ms"] = warm_ms = timer(step)
+        if warm_ms > limit_s * 1e3:
+            out.update(status="time-limit", message=f"a warm call took {warm_ms / 1e3:.1f} s > {limit_s:g} s")
+            return out
+    cap_s = max(policy.budget_s / 2, policy.warmup_seconds(cuda))
+    phase("warm-up", cap_s + limit_s)
+    warm = warm_up(step, timer, policy, cuda, sampler.clocks_settled, cap_s)
+    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm.last_ms)
+    phase("timing", policy.budget_s + limit_s)
+    with sampler.recording():
+        out["times_ms"] = timed_samples(step, timer, warm.last_ms, policy)
+        out["status"] = "ok"
+        if cuda:
+            # CUDA-graph pools and the flush buffer stay out of the measured peak
+            mem.freeze()
+            phase("gpu-timing", policy.budget_s + limit_s)
+            out.update(_gpu_time(step, out["times_ms"]))
+    out.update(sampler.clock_summary())
+    return out
+
+
+def _gpu_time(step, eager: list[float]) -> dict[str, Any]:
+    import statistics
+
+    import torch
+
+    from attnbench.measure import oom
+    from attnbench.measure.timing import gpu_samples
+
+    try:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0
+        samples, how = gpu_samples(step, statistics.median(eager), len(eager), 2 * l2)
+        return {"gpu_times_ms": samples, "gpu_timer": how}
+    except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
+        torch.cuda.synchronize()
+        return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
+
+
+def _gpu_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """GPU time, the host's share of an eager call, intervals of both medians."""
+    from attnbench.measure import stats
+    from attnbench.measure.timing import host_bound
+
+    out: dict[str, Any] = {}
+    eager = stats.median_interval(row.get("times_ms") or [])
+    if eager:
+        out.update(eager.to_row("time"))
+    gpu = stats.median_interval(row.get("gpu_times_ms") or [])
+    if gpu:
+        out.update(gpu_time_ms=gpu.value, **gpu.to_row("gpu_time"))
+        if eager and eager.value > 0:
+            out.update(host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value))
+    return out
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
@@ -151,6 +214,21 @@ class _MemoryProbe:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.base = 0
+        self.frozen: dict[str, Any] | None = None
+
+    def restart_peak(self, name: str) -> dict[str, Any]:
+        """The peak so far under ``name`` (compilation, autotuning), then a fresh peak."""
+        import torch
+
+        if not self.cuda:
+            return {}
+        peak = torch.cuda.max_memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        return {name: peak}
+
+    def freeze(self) -> None:
+        """Report the peaks as they are now; later allocations are not the trial's."""
+        self.frozen = self.peaks()
 
     def start(self, limit: int | None) -> None:
         import torch
@@ -183,6 +261,8 @@ class _MemoryProbe:
         import torch
 
         if self.cuda:
+            if self.frozen is not None:
+                return self.frozen
             if not torch.cuda.is_initialized():
                 return {}
             return {
@@ -266,13 +346,15 @@ def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] |
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(extra_env), start_new_session=True)
-    state = {"phase": "startup", "since": time.monotonic()}
+    state = {"phase": "startup", "since": time.monotonic(), "limit": None}
     stderr_tail: deque[str] = deque(maxlen=40)
 
     def read_phases():
         for line in proc.stdout:
-            if line.startswith("phase "):
-                state.update(phase=line.split()[1], since=time.monotonic())
+            if line.startswith("phase "):  # "phase NAME [LIMIT_S]"
+                parts = line.split()
+                limit = float(parts[2]) if len(parts) > 2 else None
+                state.update(phase=parts[1], since=time.monotonic(), limit=limit)
 
     def read_stderr():
         for line in proc.stderr:
@@ -284,7 +366,8 @@ def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] |
     killed = None
     try:
         while proc.poll() is None:
-            limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else phase_limit_s + phase_grace_s(phase_limit_s)
+            own = state["limit"] or phase_limit_s
+            limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else own + phase_grace_s(own)
             elapsed = time.monotonic() - state["since"]
             if elapsed > limit:
                 killed = f"killed in phase {state['phase']} after {elapsed:.0f} s (limit {limit:.0f} s)"
@@ -329,8 +412,8 @@ def _worker(job_path: str, result_path: str) -> None:
 
         result: dict[str, Any] = {"rows": [run_case(VerifyCase(**c)) for c in job["cases"]]}
     else:
-        def phase(name: str) -> None:
-            print(f"phase {name}", flush=True)
+        def phase(name: str, limit_s: float | None = None) -> None:
+            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
 
         result = execute(TrialSpec(**job["spec"]), phase)
     tmp = Path(result_path).with_suffix(".tmp")
