@@ -1,5 +1,6 @@
 """OOM classification, timing plans, the NVML sampler (fake backend), units."""
 
+import json
 import threading
 import time
 
@@ -170,3 +171,19 @@ def test_host_bound_threshold():
     assert host_bound(3.0, 1.0) is True      # two thirds of an eager call is the host's
     assert host_bound(1.2, 1.0) is False
     assert host_bound(1.0, None) is None
+
+
+def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "r"
+    done = run_cli("bench", "--impl", "naive", "--seq-lens", "128", "--device", "cpu", "--dtype", "fp32",
+                   "--heads", "2", "--head-dim", "16", "--repeat", "2", "--timing-budget", "2", "--out", out)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r.get("kind") == "points"]
+    assert [r["process"] for r in timed] == [0, 1]
+    for r in timed:
+        assert r["status"] == "ok" and len(r["times_ms"]) >= 10 and r["time_n"] == len(r["times_ms"])
+        assert r["time_ci_low"] <= r["time_ms"] <= r["time_ci_high"]
+        assert r["warmup_calls"] >= 1 and r.get("gpu_time_ms") is None  # no GPU time on the CPU
