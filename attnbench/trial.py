@@ -65,7 +65,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     from attnbench import impls
     from attnbench.measure import oom
     from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
-    from attnbench.measure.timing import Timer, summarize
+    from attnbench.measure.timing import Timer, summarize, time_intervals
     from attnbench.workload import Workload
 
     wl = Workload(**spec.workload)
@@ -98,7 +98,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
             row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
-        row.update(_gpu_summary(row))
+        row.update(time_intervals(row))
         row.update(_accounting(impl, wl, row.get("time_ms")))
     except Exception as exc:  # a failing trial is data, not a crash
         row.update(status=oom.classify(exc), message=oom.one_line(exc))
@@ -115,7 +115,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
 def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, first_ms: float) -> dict[str, Any]:
     """Warm-up by time, eager samples planned from warm calls, then GPU time; the time
     limit is judged on a warm call (a cold one may carry seconds of library setup)."""
-    from attnbench.measure.timing import timed_samples, warm_up
+    from attnbench.measure.timing import gpu_time, timed_samples, warm_up
 
     out: dict[str, Any] = {}
     limit_s, policy = spec.max_trial_seconds, spec.policy()
@@ -137,42 +137,8 @@ def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, 
             # CUDA-graph pools and the flush buffer stay out of the measured peak
             mem.freeze()
             phase("gpu-timing", policy.budget_s + limit_s)
-            out.update(_gpu_time(step, out["times_ms"]))
+            out.update(gpu_time(step, out["times_ms"]))
     out.update(sampler.clock_summary())
-    return out
-
-
-def _gpu_time(step, eager: list[float]) -> dict[str, Any]:
-    import statistics
-
-    import torch
-
-    from attnbench.measure import oom
-    from attnbench.measure.timing import gpu_samples
-
-    try:
-        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0
-        samples, how = gpu_samples(step, statistics.median(eager), len(eager), 2 * l2)
-        return {"gpu_times_ms": samples, "gpu_timer": how}
-    except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
-        torch.cuda.synchronize()
-        return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
-
-
-def _gpu_summary(row: dict[str, Any]) -> dict[str, Any]:
-    """GPU time, the host's share of an eager call, intervals of both medians."""
-    from attnbench.measure import stats
-    from attnbench.measure.timing import host_bound
-
-    out: dict[str, Any] = {}
-    eager = stats.median_interval(row.get("times_ms") or [])
-    if eager:
-        out.update(eager.to_row("time"))
-    gpu = stats.median_interval(row.get("gpu_times_ms") or [])
-    if gpu:
-        out.update(gpu_time_ms=gpu.value, **gpu.to_row("gpu_time"))
-        if eager and eager.value > 0:
-            out.update(host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value))
     return out
 
 

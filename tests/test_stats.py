@@ -85,4 +85,6 @@ def test_anomalous_efficiency_is_above_one_beyond_its_interval():
 def test_plus_minus():
     assert plus_minus(Interval(19.1, 18.8, 19.4, 20), unit="ms") == "19.1 ms ±0.3 (n=20)"
     assert plus_minus(Interval(1.48, 0.91, 2.05, 6), with_n=False) == "1.48 ±0.57"
+    assert plus_minus(Interval(111.0, 110.6, 111.4, 5), lambda x: f"{x:.3g}", "ms") == "111 ms ±0.4 (n=5)"
+    assert plus_minus(Interval(4689.0, 4689.0, 4689.0, 1), lambda x: f"{x:,.0f}", "ms") == "4,689 ms (n=1)"
     assert plus_minus(None) == "–"

@@ -137,6 +137,11 @@ def plus_minus(iv: Interval | None, fmt=lambda x: f"{x:.3g}", unit: str = "", wi
     if iv is None:
         return "–"
     value = fmt(iv.value)
-    decimals = len(value.split(".")[1]) if "." in value else 0
-    text = f"{value}{' ' + unit if unit else ''} ±{iv.half_width:.{decimals}f}"
+    text = f"{value}{' ' + unit if unit else ''}"
+    if iv.n >= 2:  # one sample has no interval
+        decimals = len(value.split(".")[1]) if "." in value else 0
+        spread = f"{iv.half_width:.{decimals}f}"
+        if iv.half_width > 0 and float(spread) == 0:
+            spread = f"{iv.half_width:.1g}"  # a spread below the value's last digit still shows
+        text += f" ±{spread}"
     return f"{text} (n={iv.n})" if with_n else text

@@ -170,6 +170,36 @@ def _capture(fn: Callable[[], object]):
         return None
 
 
+def gpu_time(fn: Callable[[], object], eager: list[float]) -> dict[str, object]:
+    """Row fields of GPU time for a step whose eager samples are ``eager``; a failure (capture
+    or flush out of memory, say) leaves the eager row intact and says why."""
+    from attnbench.measure import oom
+
+    try:
+        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
+        samples, how = gpu_samples(fn, statistics.median(eager), len(eager), 2 * l2)
+        return {"gpu_times_ms": samples, "gpu_timer": how}
+    except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
+        torch.cuda.synchronize()
+        return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
+
+
+def time_intervals(row: dict[str, object]) -> dict[str, object]:
+    """Intervals of the eager and GPU medians, GPU time, the host's share of an eager call."""
+    from attnbench.measure import stats
+
+    out: dict[str, object] = {}
+    eager = stats.median_interval(row.get("times_ms") or [])
+    if eager:
+        out.update(eager.to_row("time"))
+    gpu = stats.median_interval(row.get("gpu_times_ms") or [])
+    if gpu:
+        out.update(gpu_time_ms=gpu.value, **gpu.to_row("gpu_time"))
+        if eager and eager.value > 0:
+            out.update(host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value))
+    return out
+
+
 def host_bound(eager_ms: float | None, gpu_ms: float | None) -> bool | None:
     """Eager time well above GPU time: the call waits on the host, not the kernel."""
     if not eager_ms or not gpu_ms:

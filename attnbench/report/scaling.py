@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval
 from attnbench.report.markdown import table
 from attnbench.units import format_bytes, format_tokens
 
@@ -37,13 +38,15 @@ def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = single.get((_ident(r), r["seq_len"]))
         p = r["world_size"]
         slowest = max(r.get("ranks") or [{}], key=lambda x: x.get("time_ms") or 0)
-        speedup = base["time_ms"] / r["time_ms"] if base else None
+        speedup_ci, timer = speedup_interval(base, r)
+        speedup = speedup_ci.value if speedup_ci else None
         out.append({
             "impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "seq_len": r["seq_len"],
             "world_size": p, "time_ms": r["time_ms"], "tokens_per_s": r.get("tokens_per_s"),
             "peak_bytes_per_gpu": r.get("peak_bytes"), "peak_counter": r.get("peak_counter"),
-            "speedup": speedup, "efficiency": speedup / p if speedup else None,
-            "overhead": (p * r["time_ms"] / base["time_ms"] - 1) if base else None,
+            "speedup": speedup, "efficiency": speedup / p if speedup else None, "timer": timer,
+            "time_ci": time_interval(r, timer), "efficiency_ci": divided(speedup_ci, p),
+            "overhead": (p / speedup - 1) if speedup else None,
             "compute_ms": slowest.get("compute_ms"), "comm_wait_ms": slowest.get("comm_wait_ms"),
             "sent_bytes": slowest.get("sent_bytes"), "backend": r.get("backend"),
         })
@@ -71,13 +74,15 @@ def scaling_markdown(rows: list[dict[str, Any]]) -> str:
     times = time_scaling(rows)
     if times:
         parts += ["## Sequence-parallel time against one GPU\n\n", table(
-            ["Implementation", "Sequence", "GPUs", "Time (ms)", "Tokens/s", "Peak Memory/GPU", "Speedup",
-             "Efficiency", "Compute (ms)", "Comm Wait (ms)"],
-            [[t["label"], format_tokens(t["seq_len"]), t["world_size"], _f(t["time_ms"], ",.2f"),
+            ["Implementation", "Sequence", "GPUs", "Time", "Tokens/s", "Peak Memory/GPU", "Speedup",
+             "Efficiency", "Compute (ms)", "Comm Wait (ms)", "Timer"],
+            [[t["label"], format_tokens(t["seq_len"]), t["world_size"], ms_cell(t["time_ci"]),
               _f(t["tokens_per_s"], ",.0f"), format_bytes(t["peak_bytes_per_gpu"], "GB"), _f(t["speedup"], ".2f"),
-              _f(t["efficiency"], ".3f"), _f(t["compute_ms"], ",.2f"), _f(t["comm_wait_ms"], ",.2f")] for t in times])]
-        parts.append("\nEfficiency = T(1 GPU) / (GPUs x T(GPUs)) of the same implementation; compute and "
-                     "communication wait are the slowest rank's medians; memory is the fullest GPU's "
+              ratio_cell(t["efficiency_ci"], anomaly_above_one=True), _f(t["compute_ms"], ",.2f"),
+              _f(t["comm_wait_ms"], ",.2f"), t["timer"]] for t in times])]
+        parts.append("\nEfficiency = T(1 GPU) / (GPUs x T(GPUs)) of the same implementation, ±half its 95% "
+                     "bootstrap interval (n samples); timer `gpu` where both rows have GPU time, else `eager`; "
+                     "compute and communication wait are the slowest rank's medians; memory is the fullest GPU's "
                      "`max_memory_allocated` (CPU: resident-set growth).\n")
     sizes = max_seq_scaling(rows)
     if sizes:
