@@ -137,7 +137,7 @@ def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, 
             # CUDA-graph pools and the flush buffer stay out of the measured peak
             mem.freeze()
             phase("gpu-timing", policy.budget_s + limit_s)
-            out.update(gpu_time(step, out["times_ms"]))
+            out.update(gpu_time(step, out["times_ms"], policy.budget_s))
     out.update(sampler.clock_summary())
     return out
 

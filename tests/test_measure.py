@@ -187,3 +187,17 @@ def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(
         assert r["status"] == "ok" and len(r["times_ms"]) >= 10 and r["time_n"] == len(r["times_ms"])
         assert r["time_ci_low"] <= r["time_ms"] <= r["time_ci_high"]
         assert r["warmup_calls"] >= 1 and r.get("gpu_time_ms") is None  # no GPU time on the CPU
+
+
+def test_a_gpu_without_clock_counters_keeps_its_memory_sampling():
+    class NoClocks(FakeNvml):
+        def clocks(self, index):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml = NoClocks()
+    sampler = NvmlSampler(nvml)
+    with sampler.recording():
+        sampler._poll()
+        nvml.used = [5000, 500]
+        sampler._poll()
+    assert sampler.clock_summary() == {} and sampler.peak == [5000, 500]

@@ -18,8 +18,9 @@ from typing import Protocol
 
 # A clock that moved more than this share of its median during the timed calls flags the row.
 CLOCK_MOVE_FRACTION = 0.03
-# Warm-up waits until the SM clock stayed within this share over the last SETTLE_S seconds.
-SETTLE_FRACTION = 0.02
+# Warm-up waits until the SM clock stayed within this share over the last SETTLE_S seconds
+# (the same share that flags a row: a settled clock is one that would not be flagged).
+SETTLE_FRACTION = CLOCK_MOVE_FRACTION
 SETTLE_S = 0.25
 # NVML's clock event (throttle) reason bits; stable across driver versions.
 THROTTLE_REASONS = {
@@ -100,7 +101,11 @@ class NvmlSampler:
             for i in range(len(self.peak)):
                 if i > 0 and not self._recording:
                     break
-                reading = self.backend.clocks(i)
+                try:
+                    reading = self.backend.clocks(i)
+                except Exception:  # a GPU or driver without these counters: memory only
+                    self._has_clocks = False
+                    return
                 if i == 0:
                     self._recent.append((now, reading["sm_mhz"]))
                     while self._recent and self._recent[0][0] < now - SETTLE_S:

@@ -170,14 +170,19 @@ def _capture(fn: Callable[[], object]):
         return None
 
 
-def gpu_time(fn: Callable[[], object], eager: list[float]) -> dict[str, object]:
-    """Row fields of GPU time for a step whose eager samples are ``eager``; a failure (capture
-    or flush out of memory, say) leaves the eager row intact and says why."""
+def gpu_time(fn: Callable[[], object], eager: list[float], budget_s: float | None = None) -> dict[str, object]:
+    """Row fields of GPU time for a step whose eager samples are ``eager``, in at most half
+    of ``budget_s`` (at least 3 samples); a failure (capture or flush out of memory, say)
+    leaves the eager row intact and says why."""
     from attnbench.measure import oom
 
+    warm_ms = statistics.median(eager)
+    n = len(eager)
+    if budget_s:
+        n = min(n, max(3, int(budget_s * 1e3 / 2 / max(warm_ms, GPU_SAMPLE_MS))))
     try:
         l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-        samples, how = gpu_samples(fn, statistics.median(eager), len(eager), 2 * l2)
+        samples, how = gpu_samples(fn, warm_ms, n, 2 * l2)
         return {"gpu_times_ms": samples, "gpu_timer": how}
     except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
         torch.cuda.synchronize()

@@ -215,7 +215,9 @@ class SweepRunner:
             workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
             timing={"warmup": st.warmup, "warmup_s": st.warmup_s, "min_samples": st.min_samples,
-                    "max_samples": st.max_samples, "target_ms": st.target_ms, "budget_s": st.timing_budget_s},
+                    "max_samples": st.max_samples, "target_ms": st.target_ms,
+                    # sequence-parallel ranks are supervised per phase at the per-call limit
+                    "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s},
             seed=seq_len,
         )
         # a timed point in several fresh processes: the gate's unit is the process
