@@ -412,3 +412,25 @@ def test_nothing_in_common(runs, tmp_path, capsys):
 ])
 def test_bad_options(runs, args, hint, capsys):
     one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", runs["base"], *args), hint)
+
+
+def test_a_time_limited_capacity_compares_within_one_bisection_step():
+    from attnbench.check import _Comparison
+
+    row = {"impl": "sdpa", "config": {}, "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd"}
+
+    def search(largest, first_failure, stopped_by="time"):
+        return {"complete": True, "stopped_by": stopped_by, "max_seq_len": largest, "first_failure": first_failure,
+                "row": row}
+
+    def verdict(b, c):
+        comparison = _Comparison(None, None, Thresholds())
+        comparison._capacity(b, c, "H100")
+        return comparison.findings[0].verdict
+
+    # the clock moved the time limit by one step of 64K: not a regression
+    assert verdict(search(983040, 1048576), search(917504, 983040)) == "unchanged"
+    # two steps is
+    assert verdict(search(983040, 1048576), search(851968, 917504)) == "regression"
+    # a memory limit is exact: one step is a regression
+    assert verdict(search(983040, 1048576, "memory"), search(917504, 983040, "memory")) == "regression"
