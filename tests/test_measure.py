@@ -201,3 +201,34 @@ def test_a_gpu_without_clock_counters_keeps_its_memory_sampling():
         nvml.used = [5000, 500]
         sampler._poll()
     assert sampler.clock_summary() == {} and sampler.peak == [5000, 500]
+
+
+@pytest.mark.parametrize("slow_calls,status", [(1, "ok"), (99, "time-limit")])
+def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status):
+    """A cold first call over the limit (library setup) is not a time-limit; a warm one is."""
+    from attnbench import impls
+    from attnbench.trial import TrialSpec, execute
+
+    real_build = impls.build
+    calls = []
+
+    def build(name, **config):
+        impl = real_build(name, **config)
+        forward = impl.forward
+
+        def slow_first(q, k, v, is_causal=False):
+            calls.append(1)
+            if len(calls) <= slow_calls:
+                time.sleep(1.2)  # longer than the 1 s limit, however busy the machine
+            return forward(q, k, v, is_causal)
+
+        impl.forward = slow_first
+        return impl
+
+    monkeypatch.setattr(impls, "build", build)
+    wl = dict(impl="naive", config={}, batch=1, seq_len=128, heads=2, head_dim=16, dtype="fp32", device="cpu",
+              mode="fwd", causal=False)
+    row = execute(TrialSpec(workload=wl, max_trial_seconds=1.0, timing={"budget_s": 30, "min_samples": 2,
+                                                                       "max_samples": 2, "target_ms": 0}))
+    assert row["status"] == status, row["message"]
+    assert row["first_call_ms"] > 1000 and ("warm_call_ms" in row)
