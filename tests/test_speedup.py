@@ -87,7 +87,8 @@ def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
         n, b = case.split("x")
         ratio = rows[(case, "single")]["time_ms"] / rows[(case, "mp")]["time_ms"]
         line = next(line for line in mp_section.splitlines() if line.startswith(f"| {int(n):,} tokens | {b} |"))
-        assert f"| {ratio:.2f}x |" in line and f"efficiency {ratio / 2:.2f}" in line
+        # the ratio of the medians ± its interval, and efficiency the same / GPUs
+        assert f"| {ratio:.3g} ±" in line and f"efficiency {ratio / 2:.3g} ±" in line
         assert f"| {int(n):,} tokens | {b} |" in dp_section and "skipped" in dp_section
     csv = pd.read_csv(out / "speedup.csv")
     mp = csv[csv.strategy == "mp"].set_index("seq_len")

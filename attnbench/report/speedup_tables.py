@@ -84,6 +84,8 @@ def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
             notes.append(f"efficiency {eff} on {_units(r, r['world_size'])}; {r['timer']} time")
         elif r["status"] != "ok":
             notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
+        if r.get("dispatch_share") is not None:
+            notes.append(f"dispatch {r['dispatch_share']:.0%} of eager time{' (host-bound)' if r.get('host_bound') else ''}")
         if r.get("note") and r["status"] != "skipped":
             notes.append(r["note"])
         body.append([f"{r['seq_len']:,} tokens", r["batch"], ms_cell(time_interval(r["_single"], r["timer"])),

@@ -75,6 +75,16 @@ def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _gpu_cell(r: dict[str, Any]) -> str:
+    """GPU time ± interval; where the host dominates, its share of an eager call."""
+    if not r.get("gpu_times_ms"):
+        return "-"
+    cell = ms_cell(time_interval(r, "gpu"))
+    if r.get("host_bound"):
+        cell += f"; host-bound, dispatch {r['dispatch_share']:.0%}"
+    return cell
+
+
 def _time_ci(row: dict[str, Any] | None) -> dict[str, Any]:
     iv = time_interval(row)
     return iv.to_row("time") if iv else {"time_ci_low": None, "time_ci_high": None, "time_n": None}
@@ -119,7 +129,7 @@ def time_table(trials: list[dict[str, Any]]) -> str:
     return table(
         ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
         [[format_tokens(r["seq_len"]), ms_cell(time_interval(r)) if r.get("time_ms") else "-",
-          ms_cell(time_interval(r, "gpu")) if r.get("gpu_times_ms") else "-",
+          _gpu_cell(r),
           f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
           result_text(r["status"]), sparsity_text(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
     )
