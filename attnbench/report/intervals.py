@@ -69,11 +69,16 @@ def ms_cell(iv: Interval | None) -> str:
     return stats.plus_minus(iv, lambda x: f"{x:,.3g}" if x < 1000 else f"{x:,.0f}", "ms")
 
 
+def ratio_text(x: float) -> str:
+    """Two decimals (1.00, 2.82); two significant digits below 0.1 (0.0069)."""
+    return f"{x:.2f}" if abs(x) >= 0.1 else f"{x:.2g}"
+
+
 def ratio_cell(iv: Interval | None, anomaly_above_one: bool = False) -> str:
     """``1.48 ±0.57 (n=6)``; an efficiency above 1 beyond its interval is marked, never a headline."""
     if iv is None:
         return "-"
-    text = stats.plus_minus(iv, lambda x: f"{x:.3g}")
+    text = stats.plus_minus(iv, ratio_text)
     if anomaly_above_one and stats.anomalous_efficiency(iv):
         text += " ⚠ above 1: unequal work or a warmer baseline, not super-linear scaling"
     return text
