@@ -17,6 +17,7 @@ flush, many samples) are followed here.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -166,7 +167,8 @@ def _capture(fn: Callable[[], object]):
         torch.cuda.synchronize()
         return graph
     except Exception:  # anything capture rejects means "time it eagerly, back to back"
-        torch.cuda.synchronize()
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
         return None
 
 
@@ -185,7 +187,8 @@ def gpu_time(fn: Callable[[], object], eager: list[float], budget_s: float | Non
         samples, how = gpu_samples(fn, warm_ms, n, 2 * l2)
         return {"gpu_times_ms": samples, "gpu_timer": how}
     except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
-        torch.cuda.synchronize()
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
         return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
 
 
