@@ -100,6 +100,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
         row.update(summarize(row["times_ms"]))
         row.update(time_intervals(row))
         row.update(_accounting(impl, wl, row.get("time_ms")))
+        row.update(_tflops_interval(row))
     except Exception as exc:  # a failing trial is data, not a crash
         row.update(status=oom.classify(exc), message=oom.one_line(exc))
     row.update(mem.peaks())
@@ -172,6 +173,17 @@ def _accounting(impl, wl, time_ms: float | None) -> dict[str, Any]:
             tflops_executed=executed / (time_ms / 1e3) / 1e12,
         )
     return out
+
+
+def _tflops_interval(row: dict[str, Any]) -> dict[str, Any]:
+    """Executed TFLOP/s over the eager time interval (the bounds swap: slower is fewer)."""
+    from attnbench.measure.stats import Interval, scaled
+
+    if row.get("time_ci_low") is None or not row.get("flops_executed"):
+        return {}
+    time = Interval(row["time_ms"], row["time_ci_low"], row["time_ci_high"], row["time_n"])
+    iv = scaled(time, row["flops_executed"] / 1e9)  # FLOPs / ms / 1e9 = TFLOP/s
+    return {"tflops_executed_ci_low": iv.low, "tflops_executed_ci_high": iv.high} if iv else {}
 
 
 class _MemoryProbe:

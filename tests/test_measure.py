@@ -186,6 +186,9 @@ def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(
     for r in timed:
         assert r["status"] == "ok" and len(r["times_ms"]) >= 10 and r["time_n"] == len(r["times_ms"])
         assert r["time_ci_low"] <= r["time_ms"] <= r["time_ci_high"]
+        # executed FLOPs over the time bounds, by hand: the slower bound gives the lower rate
+        assert r["tflops_executed_ci_low"] == pytest.approx(r["flops_executed"] / (r["time_ci_high"] / 1e3) / 1e12)
+        assert r["tflops_executed_ci_high"] == pytest.approx(r["flops_executed"] / (r["time_ci_low"] / 1e3) / 1e12)
         assert r["warmup_calls"] >= 1 and r.get("gpu_time_ms") is None  # no GPU time on the CPU
 
 

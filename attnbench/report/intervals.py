@@ -40,11 +40,6 @@ def time_interval(row: dict[str, Any] | None, timer: str = "eager") -> Interval 
     return iv
 
 
-def rate_interval(row: dict[str, Any], numerator_per_ms: float, timer: str = "eager") -> Interval | None:
-    """A rate (TFLOP/s, tokens/s) from the time interval: ``numerator_per_ms / time``."""
-    return stats.scaled(time_interval(row, timer), numerator_per_ms)
-
-
 def speedup_interval(base: dict[str, Any] | None, row: dict[str, Any] | None) -> tuple[Interval | None, str]:
     """base time / row time with its interval, and the timer both sides were read with."""
     if not base or not row:
