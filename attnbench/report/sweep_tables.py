@@ -1,7 +1,7 @@
 """The single-GPU maximum tables of the seed reports (report 002's layout), per series:
 
     Sequence Length | Memory After QKV | Peak Memory | Result | Notes
-    Sequence Length | Time (ms) | Memory (MB) | Result | Sparsity
+    Sequence Length | Eager Time | GPU Time | Memory (MB) | Result | Sparsity
 
 plus a summary of each series' largest length and what stopped it. Reads rows only.
 """
