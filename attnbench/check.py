@@ -5,11 +5,14 @@ causality, world size and strategy, and the device model they ran on (results of
 device models are never compared). Each matched pair is judged on
 
 - time: a regression only when the current median is slower than ``time_factor`` times the
-  baseline's *and* a Mann-Whitney U test on the stored raw samples is significant at
-  ``alpha`` (asv's rule); improvements the same way. Samples too few for the test ever to
-  reach ``alpha`` make a moved median *inconclusive*, which fails the gate, never a pass;
+  baseline's *and* the bootstrap interval of the ratio of medians excludes 1, with the
+  processes a trial ran in (``--repeat``) as the resampled unit and Holm's correction across
+  all time comparisons at family-wise ``alpha`` (asv's rule on the right unit); improvements
+  the same way. Fewer than ``MIN_SAMPLES`` samples make a moved median *inconclusive*, which
+  fails the gate, never a pass;
 - memory: peak allocated memory above ``memory_factor`` times the baseline's;
-- capacity: a lower max-seq for the same series, or a trial that ran and now fails;
+- capacity: a lower max-seq for the same series (one stopped by the time limit only beyond
+  one bisection step), or a trial that ran and now fails;
 - correctness: any reference check (``verify`` row) in the current results that does not pass;
 - bytes: exact accounting (floor bytes, FLOPs; q, k, v bytes where the allocator counts them).
 
@@ -28,10 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import mannwhitneyu
-
 from attnbench import units
 from attnbench.errors import AttnbenchError
+from attnbench.measure import stats
 from attnbench.report.data import config_text, describe
 from attnbench.report.markdown import table
 from attnbench.report.sweep_tables import TRIAL_KINDS, max_seq_summary
@@ -54,7 +56,7 @@ ANY_CPU = "cpu (any model)"
 class Thresholds:
     time_factor: float = 1.10
     memory_factor: float = 1.02
-    alpha: float = 0.002
+    alpha: float = 0.05      # family-wise, across all time comparisons (Holm)
     aspects: tuple[str, ...] = ASPECTS
     deterministic: bool = False
 
@@ -62,7 +64,7 @@ class Thresholds:
         if not self.time_factor >= 1.0 or not self.memory_factor >= 1.0:
             raise AttnbenchError("--time-factor and --memory-factor must be at least 1.0, e.g. --time-factor 1.10")
         if not 0.0 < self.alpha < 1.0:
-            raise AttnbenchError(f"--alpha must be between 0 and 1, e.g. 0.002; got {self.alpha}")
+            raise AttnbenchError(f"--alpha must be between 0 and 1, e.g. 0.05; got {self.alpha}")
         unknown = [a for a in self.aspects if a not in ASPECTS]
         if unknown or not self.aspects:
             raise AttnbenchError(f"--only {','.join(self.aspects)}: choose from {','.join(ASPECTS)}")
@@ -77,19 +79,8 @@ class Thresholds:
 # The time test
 # ---------------------------------------------------------------------------------------
 
-def smallest_p_value(n1: int, n2: int) -> float:
-    """The smallest two-sided Mann-Whitney U p-value that n1 and n2 samples can give: every
-    sample of one side below every sample of the other, one ordering out of C(n1+n2, n1),
-    counted in both directions."""
-    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
-
-
-def min_samples_per_side(alpha: float) -> int:
-    """Fewest samples per side (equal counts) with which significance at ``alpha`` is possible."""
-    n = 1
-    while smallest_p_value(n, n) > alpha:
-        n += 1
-    return n
+# Fewest samples per side for a bootstrap interval of a median to mean anything.
+MIN_SAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -100,29 +91,39 @@ class TimeVerdict:
     evidence: str
 
 
-def compare_times(baseline: list[float], current: list[float], factor: float, alpha: float) -> TimeVerdict:
-    """asv's rule: the median moved beyond ``factor`` and the samples differ significantly.
+def resamples_for(tests: int, alpha: float) -> int:
+    """Enough bootstrap resamples that the smallest p-value, 2 / (B + 1), can pass Holm's
+    strictest threshold, alpha / tests."""
+    return max(stats.RESAMPLES, math.ceil(4 * max(tests, 1) / alpha))
 
-    Two-sided test: the same test decides both "slower" and "faster", so ``alpha`` bounds the
-    chance of any false verdict on a trial (one-sided tests for each direction would double it).
+
+def compare_times(baseline: list[list[float]], current: list[list[float]], factor: float, alpha: float,
+                  resamples: int = stats.RESAMPLES) -> TimeVerdict:
+    """asv's rule on the right unit: the median moved beyond ``factor`` and the bootstrap
+    interval of the ratio of medians excludes 1 (p <= ``alpha`` before Holm's correction,
+    which the comparison applies across all trials).
+
+    Each side is a list of processes, each a list of samples. Samples of one process are
+    not independent (clocks, allocator and kernel choice are shared), so the bootstrap
+    resamples processes first: with several processes (``--repeat``) the process-to-process
+    spread is in the test; with one process per side only the factor guards against it.
     """
-    base_med, cur_med = statistics.median(baseline), statistics.median(current)
-    ratio = cur_med / base_med if base_med > 0 else math.inf
-    n = f"{len(baseline)} vs {len(current)} samples"
+    b_all = [x for g in baseline for x in g]
+    c_all = [x for g in current for x in g]
+    ratio = statistics.median(c_all) / statistics.median(b_all) if statistics.median(b_all) > 0 else math.inf
+    n = f"{len(b_all)} vs {len(c_all)} samples in {len(baseline)} vs {len(current)} processes"
     slower, faster = ratio > factor, ratio < 1.0 / factor
     if not (slower or faster):
         return TimeVerdict("unchanged", ratio, None, f"within x{factor:g} ({n})")
-    floor = smallest_p_value(len(baseline), len(current))
-    if floor > alpha:
-        need = min_samples_per_side(alpha)
+    if min(len(b_all), len(c_all)) < MIN_SAMPLES:
         return TimeVerdict("inconclusive", ratio, None,
-                           f"{n}: Mann-Whitney U cannot reach p <= {alpha:g} (smallest possible p {floor:.2g}); "
-                           f"record at least {need} samples per trial (min_samples)")
-    p = float(mannwhitneyu(current, baseline, alternative="two-sided").pvalue)
-    p = 1.0 if math.isnan(p) else p  # all samples equal
+                           f"{n}: too few for an interval; record at least {MIN_SAMPLES} samples per trial (min_samples)")
+    p = stats.ratio_p_value(current, baseline, resamples)
+    iv = stats.ratio_interval(current, baseline, resamples)
+    where = f"ratio 95% interval [{iv.low:.3f}, {iv.high:.3f}], p = {p:.2g}, {n}"
     if p > alpha:
-        return TimeVerdict("unchanged", ratio, p, f"not significant: p = {p:.2g} > {alpha:g} ({n})")
-    return TimeVerdict("regression" if slower else "improvement", ratio, p, f"p = {p:.2g} ({n})")
+        return TimeVerdict("unchanged", ratio, p, f"not significant: {where}")
+    return TimeVerdict("regression" if slower else "improvement", ratio, p, where)
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ class CheckReport:
         return clean_floats({
             "result": "fail" if self.exit_code else "pass", "exit_code": self.exit_code,
             "baseline": self.baseline, "current": self.current, "thresholds": asdict(self.thresholds),
-            "min_samples_per_side": min_samples_per_side(self.thresholds.alpha),
+            "min_samples_per_side": MIN_SAMPLES,
             "counts": {v: len(self.of(v)) for v in ("regression", "improvement", "inconclusive", "unchanged")},
             "findings": [{**asdict(f), "blocking": f.blocking} for f in self.findings],
             "added": self.added, "missing": self.missing, "not_compared": self.not_compared,
@@ -328,7 +329,10 @@ class _Comparison:
         return aspect in self.t.aspects
 
     def run(self) -> None:
+        tests = len(self.base.trials.keys() & self.cur.trials.keys())
+        self.resamples = stats.RESAMPLES if not self.wants("time") else resamples_for(tests, self.t.alpha)
         self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
+        self._holm()
         self._match(self.base.capacity, self.cur.capacity, self._capacity,
                     lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}")
         self._verify()
@@ -372,15 +376,28 @@ class _Comparison:
             if self.wants("bytes"):
                 self._exact(base_rows[0], cur_rows[0], cur_rows, model)
             return
-        if self.wants("time") and b["samples"] and c["samples"]:
-            v = compare_times(b["samples"], c["samples"], self.t.time_factor, self.t.alpha)
-            self._add("time", v.verdict, cur_rows, model, format_ms(statistics.median(b["samples"]), adaptive=True),
-                      format_ms(statistics.median(c["samples"]), adaptive=True), format_ratio(v.ratio), v.evidence,
-                      ratio=v.ratio, p_value=v.p_value, n_baseline=len(b["samples"]), n_current=len(c["samples"]))
+        if self.wants("time") and b["processes"] and c["processes"]:
+            v = compare_times(b["processes"], c["processes"], self.t.time_factor, self.t.alpha, self.resamples)
+            b_all = [x for g in b["processes"] for x in g]
+            c_all = [x for g in c["processes"] for x in g]
+            self._add("time", v.verdict, cur_rows, model, format_ms(statistics.median(b_all), adaptive=True),
+                      format_ms(statistics.median(c_all), adaptive=True), format_ratio(v.ratio), v.evidence,
+                      ratio=v.ratio, p_value=v.p_value, n_baseline=len(b_all), n_current=len(c_all),
+                      processes_baseline=len(b["processes"]), processes_current=len(c["processes"]))
         if self.wants("memory"):
             self._memory(b, c, cur_rows, model)
         if self.wants("bytes"):
             self._exact(base_rows[0], cur_rows[0], cur_rows, model)
+
+    def _holm(self) -> None:
+        """Holm's correction across every time comparison: a moved median stays a verdict only
+        if its p-value survives; comparisons within the factor count as p = 1."""
+        timed = [f for f in self.findings if f.aspect == "time" and f.verdict != "inconclusive"]
+        kept = stats.holm([f.numbers.get("p_value") or 1.0 for f in timed], self.t.alpha)
+        for f, significant in zip(timed, kept):
+            if f.verdict in ("regression", "improvement") and not significant:
+                f.verdict = "unchanged"
+                f.evidence = f"not significant after Holm's correction over {len(timed)} comparisons: {f.evidence}"
 
     def _status(self, b, c, cur_rows, model) -> None:
         if b["status"] == c["status"] or (b["status"] != "ok" and c["status"] != "ok"):
@@ -431,6 +448,8 @@ class _Comparison:
             return
         lo, hi = b["max_seq_len"], c["max_seq_len"]
         verdict = "regression" if hi < lo else "improvement" if hi > lo else "unchanged"
+        if "time" in (b["stopped_by"], c["stopped_by"]) and abs(hi - lo) <= _resolution_step(b, c):
+            verdict = "unchanged"  # a time limit moves with the clock by one bisection step
         self._add("capacity", verdict, name, model, f"{short_tokens(lo)} (stopped by {b['stopped_by']})",
                   f"{short_tokens(hi)} (stopped by {c['stopped_by']})",
                   "" if hi == lo else f"{short_tokens(lo)} -> {short_tokens(hi)}",
@@ -482,17 +501,24 @@ def _order(key: tuple[str, str]) -> tuple:
 
 
 def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several rows of one trial on one side (repeated runs): pool the samples of those that ran."""
+    """Several rows of one trial on one side (``--repeat``, repeated runs): the samples of
+    those that ran, grouped by process."""
     ok = [r for r in rows if r["status"] == "ok"]
     peaks = [r["peak_bytes"] for r in ok if r.get("peak_bytes")]
     first = ok[0] if ok else rows[0]
     return {
         "status": "ok" if ok else rows[0]["status"],
         "message": first.get("message") or "",
-        "samples": [float(x) for r in ok for x in r.get("times_ms") or []],
+        # one group of samples per process (each row ran in its own process)
+        "processes": [[float(x) for x in r["times_ms"]] for r in ok if r.get("times_ms")],
         "peak": statistics.median(peaks) if peaks else None,
         "counter": first.get("peak_counter"),
     }
+
+
+def _resolution_step(b: dict[str, Any], c: dict[str, Any]) -> int:
+    """The wider final bracket (first failure minus largest that ran) of two searches."""
+    return max((x["first_failure"] - x["max_seq_len"] for x in (b, c) if x.get("first_failure")), default=0)
 
 
 def _verify_name(r: dict[str, Any]) -> str:
@@ -518,12 +544,13 @@ MARK = {"regression": "❌ regression", "inconclusive": "⚠️ inconclusive", "
 def rules_text(t: Thresholds) -> str:
     bits = []
     if "time" in t.aspects:
-        bits.append(f"time: median beyond x{t.time_factor:g} and Mann-Whitney U two-sided p <= {t.alpha:g} on the raw "
-                    f"samples (possible from {min_samples_per_side(t.alpha)} samples per side)")
+        bits.append(f"time: median beyond x{t.time_factor:g} and the bootstrap interval of the ratio excludes 1, "
+                    f"processes resampled as units, Holm-corrected p <= {t.alpha:g} across the comparisons "
+                    f"(at least {MIN_SAMPLES} samples per side)")
     if "memory" in t.aspects:
         bits.append(f"memory: peak beyond x{t.memory_factor:g}")
     if "capacity" in t.aspects:
-        bits.append("capacity: lower max-seq, or a trial that ran and now fails")
+        bits.append("capacity: lower max-seq (a time-limited one beyond one bisection step), or a trial that ran and now fails")
     if "correctness" in t.aspects:
         bits.append("correctness: every reference check passes")
     if "bytes" in t.aspects:

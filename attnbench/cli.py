@@ -179,6 +179,8 @@ OutOpt = Annotated[Optional[Path], typer.Option("--out", help="results directory
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
 GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4")]
 InProcOpt = Annotated[Optional[bool], typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each")]
+BudgetOpt = Annotated[Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial [30]")]
+RepeatOpt = Annotated[Optional[int], typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) [1]")]
 
 
 def _params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:
@@ -207,11 +209,13 @@ def max_seq(
     resolution: Annotated[Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")] = None,
     max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
     profile: ProfileOpt = None, out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+    timing_budget: BudgetOpt = None,
 ) -> None:
     """Largest sequence length each implementation runs: double until the first failure, then bisect."""
     flags = _flags(kind="max-seq", heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, device=device, mode=mode,
                    causal=causal, start=start, max_seq_len=max_seq_len, resolution=resolution,
-                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process, gpus=gpus)
+                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process, gpus=gpus,
+                   timing_budget_s=timing_budget)
     if profile:
         flags.pop("kind")
     _run_plan("max-seq", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), profile, out, resume)
@@ -225,25 +229,27 @@ def bench(
     segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
     max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
     out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+    timing_budget: BudgetOpt = None, repeat: RepeatOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     flags = _flags(kind="points", seq_lens=seq_lens, heads=heads, head_dim=head_dim, batch=batch, dtype=dtype,
                    device=device, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
-                   memory_limit=memory_limit, isolate=in_process, gpus=gpus)
+                   memory_limit=memory_limit, isolate=in_process, gpus=gpus, timing_budget_s=timing_budget,
+                   repeat=repeat)
     _run_plan("bench", impl or [], flags, _params(segment_lengths, dilation_rates, backend, param), None, out, resume)
 
 
 @app.command()
 def run(
     profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")] = "auto",
-    out: OutOpt = None, resume: ResumeOpt = False,
+    out: OutOpt = None, resume: ResumeOpt = False, repeat: RepeatOpt = None,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
         from attnbench.sweeps.runner import cuda_available
 
         profile = "default" if cuda_available() else "default-cpu"
-    _run_plan(profile, [], {}, {}, profile, out, resume)
+    _run_plan(profile, [], _flags(repeat=repeat), {}, profile, out, resume)
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
@@ -434,7 +440,7 @@ def check(
     current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],
     time_factor: Annotated[float, typer.Option("--time-factor", help="a median slower than this factor may be a regression")] = 1.10,
     memory_factor: Annotated[float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")] = 1.02,
-    alpha: Annotated[float, typer.Option("--alpha", help="significance level of the Mann-Whitney U test on the raw samples")] = 0.002,
+    alpha: Annotated[float, typer.Option("--alpha", help="family-wise significance level of the time test (Holm-corrected across comparisons)")] = 0.05,
     only: Annotated[Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")] = None,
     deterministic: Annotated[bool, typer.Option("--deterministic", help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text | markdown (a pull-request comment) | json")] = "text",

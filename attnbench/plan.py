@@ -39,10 +39,13 @@ class Settings:
     max_trial_seconds: float = 60.0
     memory_limit: int | None = None
     isolate: bool = True           # one fresh process per trial
-    warmup: int = 1
-    min_samples: int = 5
+    warmup: int = 1                # warm-up calls, at least
+    warmup_s: float | None = None  # warm-up seconds, at least (None: 1 s on a GPU, 0 on the CPU)
+    min_samples: int = 10
     max_samples: int = 50
     target_ms: float = 1000.0
+    timing_budget_s: float = 30.0  # timed calls of one trial (the per-call limit is max_trial_seconds)
+    repeat: int = 1                # a points sweep times each point in this many fresh processes
     label: str = ""
     gpus: tuple[int, ...] = ()     # sequence-parallel implementations: ranks to run on (one series each)
     equal_work: bool = False       # sequence-parallel points: also time the single-device counterpart (same total work)
@@ -103,6 +106,7 @@ SETTING_PARSERS = {
     "memory_limit": lambda v: None if v in (None, "", 0, "none") else parse_bytes(v),
     "isolate": _bool,
     "warmup": _int, "min_samples": _int, "max_samples": _int,
+    "warmup_s": _float, "timing_budget_s": _float, "repeat": _int,
     "target_ms": _float,
     "label": _str,
     "gpus": _gpus,

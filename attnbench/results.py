@@ -134,6 +134,8 @@ def gpu_links(pynvml) -> list[dict[str, Any]]:
 def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
+    from attnbench.measure.memory import nvml_settings
+
     gpus, gpu_info = gpu_inventory()
     env = {
         "attnbench": __version__,
@@ -151,6 +153,9 @@ def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
         "nccl": _nccl_version(),
         "gpus": gpus,
         **gpu_info,
+        # the allocator's settings change peaks and times; NVML settings change clocks
+        "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        **(nvml_settings() if gpus else {}),
     }
     env["machine"] = machine_key(env)
     return env

@@ -18,7 +18,7 @@ from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.probe import MemoryProbe
-from attnbench.measure.timing import Timer, TimingPolicy, collect, summarize
+from attnbench.measure.timing import Timer, TimingPolicy, summarize, time_intervals
 from attnbench.reference import VerifyCase, run_case
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S, announce_phase
 from attnbench.runtime.worker import run_in_child
@@ -34,14 +34,16 @@ class TrialSpec:
     seed: int = 0
 
     def policy(self) -> TimingPolicy:
-        return TimingPolicy(**{**self.timing, "budget_s": self.max_trial_seconds})
+        """The timing plan; its budget is the ``timing_budget_s`` setting where one was given,
+        else the per-call limit (callers that set no budget keep their old behaviour)."""
+        return TimingPolicy(**{"budget_s": self.max_trial_seconds, **self.timing})
 
 
 # ---------------------------------------------------------------------------------------
 # In-process execution
 # ---------------------------------------------------------------------------------------
 
-def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
+def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> dict[str, Any]:
     """Run one trial here; never raises for a failing trial, returns its row fields."""
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
@@ -63,21 +65,19 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
             row["inputs_bytes"] = mem.in_use()
             step = _step(impl, wl, q, k, v)
             if impl.compiles:
-                # a compiled kernel's first call pays for compilation: record it apart
+                # a compiled kernel's first call pays for compilation: its time and memory apart
                 phase("compile")
                 row["compile_ms"] = timer(step)
+                row.update(mem.restart_peak("compile_peak_bytes"))
             phase("first-call")
             first_ms = timer(step)
             row["first_call_ms"] = first_ms
-            if first_ms > spec.max_trial_seconds * 1e3:
-                row.update(status="time-limit", message=f"one call took {first_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
-            else:
-                phase("timing")
-                row["times_ms"] = collect(step, timer, first_ms, spec.policy())
-                row.update(status="ok")
+            row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
+        row.update(time_intervals(row))
         row.update(accounting(impl, wl, row.get("time_ms")))
+        row.update(_tflops_interval(row))
     except Exception as exc:  # a failing trial is data, not a crash
         row.update(status=oom.classify(exc), message=oom.one_line(exc))
     row.update(mem.peaks())
@@ -88,6 +88,36 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
     row["peak_counter"] = "cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta"
     row["peak_over_floor"] = peak / wl.floor_bytes if peak else None
     return row
+
+
+def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, first_ms: float) -> dict[str, Any]:
+    """Warm-up by time, eager samples planned from warm calls, then GPU time; the time
+    limit is judged on a warm call (a cold one may carry seconds of library setup)."""
+    from attnbench.measure.timing import gpu_time, timed_samples, warm_up
+
+    out: dict[str, Any] = {}
+    limit_s, policy = spec.max_trial_seconds, spec.policy()
+    if first_ms > limit_s * 1e3:
+        phase("warm-call")
+        out["warm_call_ms"] = warm_ms = timer(step)
+        if warm_ms > limit_s * 1e3:
+            out.update(status="time-limit", message=f"a warm call took {warm_ms / 1e3:.1f} s > {limit_s:g} s")
+            return out
+    cap_s = max(policy.budget_s / 2, policy.warmup_seconds(cuda))
+    phase("warm-up", cap_s + limit_s)
+    warm = warm_up(step, timer, policy, cuda, sampler.clocks_settled, cap_s)
+    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm.last_ms)
+    phase("timing", policy.budget_s + limit_s)
+    with sampler.recording():
+        out["times_ms"] = timed_samples(step, timer, warm.last_ms, policy)
+        out["status"] = "ok"
+        if cuda:
+            # CUDA-graph pools and the flush buffer stay out of the measured peak
+            mem.freeze()
+            phase("gpu-timing", policy.budget_s + limit_s)
+            out.update(gpu_time(step, out["times_ms"], policy.budget_s))
+    out.update(sampler.clock_summary())
+    return out
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
@@ -104,6 +134,17 @@ def _step(impl, wl, q, k, v) -> Callable[[], None]:
             t.grad = None
         impl(q, k, v, is_causal=wl.causal).backward(grad_out)
     return forward_backward
+
+
+def _tflops_interval(row: dict[str, Any]) -> dict[str, Any]:
+    """Executed TFLOP/s over the eager time interval (the bounds swap: slower is fewer)."""
+    from attnbench.measure.stats import Interval, scaled
+
+    if row.get("time_ci_low") is None or not row.get("flops_executed"):
+        return {}
+    time = Interval(row["time_ms"], row["time_ci_low"], row["time_ci_high"], row["time_n"])
+    iv = scaled(time, row["flops_executed"] / 1e9)  # FLOPs / ms / 1e9 = TFLOP/s
+    return {"tflops_executed_ci_low": iv.low, "tflops_executed_ci_high": iv.high} if iv else {}
 
 
 def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:

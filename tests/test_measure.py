@@ -1,5 +1,6 @@
 """OOM classification, timing plans, the NVML sampler (fake backend), units."""
 
+import json
 import threading
 import time
 
@@ -9,7 +10,13 @@ import torch
 from attnbench.errors import AttnbenchError
 from attnbench.measure.memory import NvmlSampler
 from attnbench.measure.oom import classify
-from attnbench.measure.timing import TimingPolicy, plan_calls, summarize
+from attnbench.measure.timing import (
+    TimingPolicy,
+    host_bound,
+    plan_calls,
+    summarize,
+    warm_up,
+)
 from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens
 
 
@@ -97,3 +104,134 @@ def test_units():
     for bad in ("2 parsecs", "", "GiB"):
         with pytest.raises(AttnbenchError):
             parse_bytes(bad)
+
+
+class FakeClockedNvml(FakeNvml):
+    """FakeNvml with clocks, power and throttle reasons that follow a script."""
+
+    def __init__(self):
+        super().__init__()
+        self.sm = [1980, 1410]
+        self.throttle = 0
+
+    def clocks(self, index):
+        with self.lock:
+            return {"sm_mhz": self.sm[index], "mem_mhz": 2619, "power_w": 300.0 + index, "throttle": self.throttle}
+
+
+def test_nvml_sampler_records_clocks_power_and_throttle_reasons_while_recording():
+    nvml = FakeClockedNvml()
+    sampler = NvmlSampler(nvml)
+    sampler._poll()  # outside recording(): no readings kept
+    with sampler.recording():
+        sampler._poll()
+        nvml.sm = [1650, 1410]
+        nvml.throttle = 0x4 | 0x20  # power cap, thermal
+        sampler._poll()
+        sampler._poll()
+    summary = sampler.clock_summary()
+    gpu0, gpu1 = summary["clocks"]
+    assert gpu0["readings"] == 3 and gpu0["sm_mhz"] == {"min": 1650, "median": 1650, "max": 1980}
+    assert gpu0["throttle_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert gpu1["sm_mhz"] == {"min": 1410, "median": 1410, "max": 1410} and gpu1["power_w"]["median"] == 301.0
+    assert summary["clocks_moved"]  # 330 MHz of 1650 is 20%, beyond 3%
+
+
+def test_steady_clocks_are_not_flagged_and_memory_only_backends_have_no_clocks():
+    nvml = FakeClockedNvml()
+    sampler = NvmlSampler(nvml)
+    with sampler.recording():
+        for mhz in (1980, 1975, 1980):
+            nvml.sm = [mhz, 1410]
+            sampler._poll()
+    assert sampler.clock_summary()["clocks_moved"] is False
+    plain = NvmlSampler(FakeNvml())
+    with plain.recording():
+        plain._poll()
+    assert plain.clock_summary() == {} and plain.clocks_settled()
+
+
+def test_warm_up_runs_until_the_clocks_settle_and_plans_from_warm_calls():
+    calls = iter([50.0, 30.0, 12.0, 10.0, 11.0, 10.5, 10.2])  # ms: cold, then settling
+    made = []
+
+    def timer(fn):
+        made.append(1)
+        return next(calls)
+
+    policy = TimingPolicy(warmup=3, warmup_s=0.0, budget_s=1e6)
+    w = warm_up(lambda: None, timer, policy, cuda=True, settled=lambda: len(made) >= 6)
+    assert w.calls == 6 and w.last_ms == 10.5  # median of 10.0, 11.0, 10.5
+    warmup, n = plan_calls(w.last_ms, TimingPolicy(warmup=0, min_samples=10, max_samples=50, target_ms=1000, budget_s=1e6))
+    assert (warmup, n) == (0, 50)  # 1000 ms / 10.5 ms = 95 calls, capped at 50; the cold 50 ms would give 20
+    assert TimingPolicy().warmup_seconds(cuda=True) == 1.0 and TimingPolicy().warmup_seconds(cuda=False) == 0.0
+
+
+def test_host_bound_threshold():
+    assert host_bound(3.0, 1.0) is True      # two thirds of an eager call is the host's
+    assert host_bound(1.2, 1.0) is False
+    assert host_bound(1.0, None) is None
+
+
+def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "r"
+    done = run_cli("bench", "--impl", "naive", "--seq-lens", "128", "--device", "cpu", "--dtype", "fp32",
+                   "--heads", "2", "--head-dim", "16", "--repeat", "2", "--timing-budget", "2", "--out", out)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r.get("kind") == "points"]
+    assert [r["process"] for r in timed] == [0, 1]
+    for r in timed:
+        assert r["status"] == "ok" and len(r["times_ms"]) >= 10 and r["time_n"] == len(r["times_ms"])
+        assert r["time_ci_low"] <= r["time_ms"] <= r["time_ci_high"]
+        # executed FLOPs over the time bounds, by hand: the slower bound gives the lower rate
+        assert r["tflops_executed_ci_low"] == pytest.approx(r["flops_executed"] / (r["time_ci_high"] / 1e3) / 1e12)
+        assert r["tflops_executed_ci_high"] == pytest.approx(r["flops_executed"] / (r["time_ci_low"] / 1e3) / 1e12)
+        assert r["warmup_calls"] >= 1 and r.get("gpu_time_ms") is None  # no GPU time on the CPU
+
+
+def test_a_gpu_without_clock_counters_keeps_its_memory_sampling():
+    class NoClocks(FakeNvml):
+        def clocks(self, index):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml = NoClocks()
+    sampler = NvmlSampler(nvml)
+    with sampler.recording():
+        sampler._poll()
+        nvml.used = [5000, 500]
+        sampler._poll()
+    assert sampler.clock_summary() == {} and sampler.peak == [5000, 500]
+
+
+@pytest.mark.parametrize("slow_calls,status", [(1, "ok"), (99, "time-limit")])
+def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status):
+    """A cold first call over the limit (library setup) is not a time-limit; a warm one is."""
+    from attnbench import impls
+    from attnbench.trial import TrialSpec, execute
+
+    real_build = impls.build
+    calls = []
+
+    def build(name, **config):
+        impl = real_build(name, **config)
+        forward = impl.forward
+
+        def slow_first(q, k, v, is_causal=False):
+            calls.append(1)
+            if len(calls) <= slow_calls:
+                time.sleep(1.2)  # longer than the 1 s limit, however busy the machine
+            return forward(q, k, v, is_causal)
+
+        impl.forward = slow_first
+        return impl
+
+    monkeypatch.setattr(impls, "build", build)
+    wl = dict(impl="naive", config={}, batch=1, seq_len=128, heads=2, head_dim=16, dtype="fp32", device="cpu",
+              mode="fwd", causal=False)
+    row = execute(TrialSpec(workload=wl, max_trial_seconds=1.0, timing={"budget_s": 30, "min_samples": 2,
+                                                                       "max_samples": 2, "target_ms": 0}))
+    assert row["status"] == status, row["message"]
+    assert row["first_call_ms"] > 1000 and ("warm_call_ms" in row)

@@ -12,6 +12,7 @@ import csv
 import json
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -258,9 +259,13 @@ def test_002_fixed_length_measurements(report):
     text = section((out / "report.md").read_text(), "Report 002")
     part = text[text.index("#### Fixed-length measurements"):]
     headers, body = md_table(part[part.index(f"##### {points[0]['label']}:"):], "Sequence Length")
-    assert headers == ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"]
-    assert body == [[tokens_text(r["seq_len"]), f"{r['time_ms']:,.2f}", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"]
-                    for r in points]
+    assert headers == ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"]
+    assert [[row[0], row[2], row[3], row[4], row[5]] for row in body] == [
+        [tokens_text(r["seq_len"]), "-", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"] for r in points]
+    # eager time: the median of the raw samples, ± its interval, and how many samples
+    for row, r in zip(body, points):
+        assert row[1].startswith(f"{statistics.median(r['times_ms']):,.3g} ms ±"), row[1]
+        assert row[1].endswith(f"(n={len(r['times_ms'])})"), row[1]
 
 
 def test_002_memory_efficiency_at_the_largest_sequence(report):

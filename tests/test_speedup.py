@@ -89,6 +89,8 @@ def test_dataparallel_on_the_cpu_is_skipped_with_its_reason(cpu_run):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
+    from attnbench.report.intervals import ratio_text
+
     out, _ = cpu_run
     rows = speedup_rows(out)
     md = (out / "speedup.md").read_text()
@@ -100,7 +102,8 @@ def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
         n, b = case.split("x")
         ratio = rows[(case, "single")]["time_ms"] / rows[(case, "mp")]["time_ms"]
         line = next(line for line in mp_section.splitlines() if line.startswith(f"| {int(n):,} tokens | {b} |"))
-        assert f"| {ratio:.2f}x |" in line and f"efficiency {ratio / 2:.2f}" in line
+        # the ratio of the medians ± its interval, and efficiency the same / GPUs
+        assert f"| {ratio_text(ratio)} ±" in line and f"efficiency {ratio_text(ratio / 2)} ±" in line
         assert f"| {int(n):,} tokens | {b} |" in dp_section and "skipped" in dp_section
     csv = pd.read_csv(out / "speedup.csv")
     mp = csv[csv.strategy == "mp"].set_index("seq_len")

@@ -2,18 +2,39 @@
 
 NVML counts everything on a GPU (the CUDA context, library workspaces, other processes), so
 it complements the allocator's ``max_memory_allocated``; a table says which one it shows.
+The same sampler reads SM and memory clocks, power and throttle reasons, which explain a
+time that moved: a GPU boosts for the first second after idle and slows when hot or capped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
+import statistics
 import threading
+import time
+from collections import deque
 from typing import Protocol
+
+# A clock that moved more than this share of its median during the timed calls flags the row.
+CLOCK_MOVE_FRACTION = 0.03
+# Warm-up waits until the SM clock stayed within this share over the last SETTLE_S seconds
+# (the same share that flags a row: a settled clock is one that would not be flagged).
+SETTLE_FRACTION = CLOCK_MOVE_FRACTION
+SETTLE_S = 0.25
+# NVML's clock event (throttle) reason bits; stable across driver versions.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
 
 
 class NvmlBackend(Protocol):
     def device_count(self) -> int: ...
     def used_bytes(self, index: int) -> int: ...
+    # optional: clocks(index) -> {"sm_mhz", "mem_mhz", "power_w", "throttle"} (a backend
+    # without it records memory only)
 
 
 class PynvmlBackend:
@@ -32,6 +53,14 @@ class PynvmlBackend:
     def used_bytes(self, index: int) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used)
 
+    def clocks(self, index: int) -> dict[str, float]:
+        nv, h = self._nvml, self._handles[index]
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        return {"sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                "mem_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+                "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "throttle": int(reasons(h))}
+
 
 def open_nvml() -> tuple[NvmlBackend | None, str]:
     """The NVML backend, or None and the reason it is unavailable."""
@@ -45,7 +74,8 @@ def open_nvml() -> tuple[NvmlBackend | None, str]:
 
 
 class NvmlSampler:
-    """Polls every GPU's used memory on a thread; keeps the baseline and the peak per GPU."""
+    """Polls every GPU's used memory on a thread; keeps the baseline and the peak per GPU,
+    and, inside ``recording()``, every GPU's clocks, power and throttle reasons."""
 
     def __init__(self, backend: NvmlBackend | None, interval_s: float = 0.005) -> None:
         self.backend = backend
@@ -53,12 +83,35 @@ class NvmlSampler:
         n = backend.device_count() if backend else 0
         self.baseline = [0] * n
         self.peak = [0] * n
+        self._has_clocks = backend is not None and hasattr(backend, "clocks")
+        self._recent: deque[tuple[float, float]] = deque()  # (time, SM MHz of GPU 0)
+        self._readings: list[list[dict[str, float]]] = [[] for _ in range(n)]
+        self._recording = False
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _poll(self) -> None:
         for i in range(len(self.peak)):
             self.peak[i] = max(self.peak[i], self.backend.used_bytes(i))
+        if not self._has_clocks:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for i in range(len(self.peak)):
+                if i > 0 and not self._recording:
+                    break
+                try:
+                    reading = self.backend.clocks(i)
+                except Exception:  # a GPU or driver without these counters: memory only
+                    self._has_clocks = False
+                    return
+                if i == 0:
+                    self._recent.append((now, reading["sm_mhz"]))
+                    while self._recent and self._recent[0][0] < now - SETTLE_S:
+                        self._recent.popleft()
+                if self._recording:
+                    self._readings[i].append(reading)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -78,11 +131,88 @@ class NvmlSampler:
             self._thread.join()
             self._poll()  # a last reading, so a peak right before exit is not missed
 
+    def clocks_settled(self) -> bool:
+        """The SM clock of GPU 0 stayed within SETTLE_FRACTION over the last SETTLE_S (true
+        without clock readings: nothing to wait for)."""
+        if not self._has_clocks or self._thread is None:
+            return True
+        with self._lock:
+            mhz = [m for _, m in self._recent]
+        if len(mhz) < 5:
+            return False
+        return max(mhz) <= (1 + SETTLE_FRACTION) * min(mhz)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Keep clock readings of every GPU while the block runs (the timed calls)."""
+        with self._lock:
+            self._readings = [[] for _ in self.peak]
+            self._recording = True
+        try:
+            yield self
+        finally:
+            if self._has_clocks and self._thread is not None:
+                self._poll()  # at least one reading, however short the block
+            with self._lock:
+                self._recording = False
+
+    def clock_summary(self) -> dict[str, object]:
+        """Per GPU: min / median / max of SM and memory clocks and power, the throttle reasons
+        seen; ``clocks_moved`` when a clock of a GPU this trial used moved beyond
+        CLOCK_MOVE_FRACTION of its median."""
+        per_gpu, moved = [], False
+        used = [i for i in range(len(self.peak)) if self.peak[i] > self.baseline[i]] or list(range(len(self.peak)))
+        for i, readings in enumerate(self._readings):
+            if not readings:
+                continue
+            entry: dict[str, object] = {"index": i, "readings": len(readings)}
+            for key in ("sm_mhz", "mem_mhz", "power_w"):
+                values = [r[key] for r in readings]
+                med = statistics.median(values)
+                entry[key] = {"min": min(values), "median": med, "max": max(values)}
+                if key != "power_w" and i in used and med and (max(values) - min(values)) / med > CLOCK_MOVE_FRACTION:
+                    moved = True
+            mask = 0
+            for r in readings:
+                mask |= int(r["throttle"])
+            entry["throttle_reasons"] = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+            per_gpu.append(entry)
+        return {"clocks": per_gpu, "clocks_moved": moved} if per_gpu else {}
+
     def per_gpu(self) -> list[dict[str, int]]:
         return [
             {"index": i, "nvml_used_before": b, "nvml_used_peak": p}
             for i, (b, p) in enumerate(zip(self.baseline, self.peak))
         ]
+
+
+def nvml_settings() -> dict[str, object]:
+    """What a GPU's settings do to timings: persistence mode and application clocks per GPU
+    (empty without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no NVML: the environment says so elsewhere
+        return {}
+    sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
+    reads = {
+        "persistence_mode": lambda h: pynvml.nvmlDeviceGetPersistenceMode(h),
+        "applications_sm_mhz": lambda h: pynvml.nvmlDeviceGetApplicationsClock(h, sm),
+        "applications_mem_mhz": lambda h: pynvml.nvmlDeviceGetApplicationsClock(h, mem),
+        "max_sm_mhz": lambda h: pynvml.nvmlDeviceGetMaxClockInfo(h, sm),
+    }
+    return {"gpu_settings": [{"index": i, **_readable(reads, h)} for i, h in enumerate(handles)]}
+
+
+def _readable(reads, handle) -> dict[str, int]:
+    """The settings this GPU and driver report; one not supported is left out."""
+    out = {}
+    for key, read in reads.items():
+        with contextlib.suppress(Exception):
+            out[key] = int(read(handle))
+    return out
 
 
 def rss_peak_bytes() -> int:

@@ -16,6 +16,19 @@ class MemoryProbe:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.base = 0
+        self.frozen: dict[str, Any] | None = None
+
+    def restart_peak(self, name: str) -> dict[str, Any]:
+        """The peak so far under ``name`` (compilation, autotuning), then a fresh peak."""
+        if not self.cuda:
+            return {}
+        peak = torch.cuda.max_memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        return {name: peak}
+
+    def freeze(self) -> None:
+        """Report the peaks as they are now; later allocations are not the trial's."""
+        self.frozen = self.peaks()
 
     def start(self, limit: int | None) -> None:
         if self.cuda:
@@ -38,6 +51,8 @@ class MemoryProbe:
 
     def peaks(self) -> dict[str, Any]:
         if self.cuda:
+            if self.frozen is not None:
+                return self.frozen
             if not torch.cuda.is_initialized():
                 return {}
             return {

@@ -59,4 +59,18 @@ class Table:
     def csv(self) -> str:
         import pandas as pd
 
-        return pd.DataFrame(self.records, columns=self.headers).to_csv(index=False)
+        from attnbench.measure.stats import Interval
+
+        # an interval is three numbers in the CSV: the value, then its bounds and n
+        headers, records = list(self.headers), []
+        for h in self.headers:
+            if any(isinstance(rec.get(h), Interval) for rec in self.records):
+                at = headers.index(h) + 1
+                headers[at:at] = [f"{h} CI Low", f"{h} CI High", f"{h} n"]
+        for rec in self.records:
+            flat = dict(rec)
+            for h, v in rec.items():
+                if isinstance(v, Interval):
+                    flat.update({h: v.value, f"{h} CI Low": v.low, f"{h} CI High": v.high, f"{h} n": v.n})
+            records.append(flat)
+        return pd.DataFrame(records, columns=headers).to_csv(index=False)

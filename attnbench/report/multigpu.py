@@ -24,6 +24,7 @@ from attnbench.report.data import (
     trials,
     world_size,
 )
+from attnbench.report.intervals import divided, speedup_interval, time_interval, timer_for
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 
 SPEEDUP_KIND = "speedup"
@@ -63,14 +64,16 @@ def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("strategy") == "single":
             continue
         base = _pick(singles.get(_case_key(r), []), r)
-        speedup = None
-        if base and base.get("status", "ok") == "ok" and r.get("status", "ok") == "ok" and base.get("time_ms") and r.get("time_ms"):
-            speedup = base["time_ms"] / r["time_ms"]
+        ran = base and base.get("status", "ok") == "ok" and r.get("status", "ok") == "ok"
+        # GPU time where both sides have it, else eager time; the interval from both sample sets
+        speedup_ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
+        efficiency_ci = divided(speedup_ci, world_size(r))
         cases.append({
             "row": r, "single": base, "strategy": r.get("strategy"), "world_size": world_size(r),
-            "impl": r.get("impl"), "seq_len": r.get("seq_len"), "batch": r.get("batch"),
-            "single_ms": base.get("time_ms") if base else None, "multi_ms": r.get("time_ms"),
-            "speedup": speedup, "efficiency": speedup / world_size(r) if speedup else None,
+            "impl": r.get("impl"), "seq_len": r.get("seq_len"), "batch": r.get("batch"), "timer": timer,
+            "single_ms": time_interval(base, timer), "multi_ms": time_interval(r, timer),
+            "speedup": speedup_ci.value if speedup_ci else None, "speedup_ci": speedup_ci,
+            "efficiency": efficiency_ci.value if efficiency_ci else None, "efficiency_ci": efficiency_ci,
             "output_match": r.get("output_match"), "note": r.get("note") or "",
         })
     return cases

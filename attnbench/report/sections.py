@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from attnbench.measure.stats import anomalous_efficiency
 from attnbench.report import data as d
 from attnbench.report.claims import speedup_anomalies
 from attnbench.report.fit import (
@@ -23,6 +24,7 @@ from attnbench.report.fit import (
     capacities,
     fit_miss_cause,
 )
+from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.multigpu import (
     STRATEGY_NAMES,
@@ -188,13 +190,13 @@ def executive_summary(doc: Doc, m: Machine) -> None:
             bullets.append(f"- Peak-to-floor ratio at the largest sequence: from {times(lo['Peak / Floor'])} "
                            f"({lo['Implementation']}) to {times(hi['Peak / Floor'])} ({hi['Implementation']}).")
         doc.add("\n" + "\n".join(bullets) + "\n")
-    # a speedup above the GPU count (efficiency > 1) is an anomaly, never the headline
+    # an efficiency above 1 beyond its interval is an anomaly to explain, never the headline
     best = max((c for c in m.speedups if c["speedup"] and c["output_match"] is not False
-                and (c["efficiency"] or 0) <= 1), key=lambda c: c["speedup"], default=None)
+                and not anomalous_efficiency(c["efficiency_ci"])), key=lambda c: c["speedup"], default=None)
     if best:
-        doc.add(f"- Best speedup over one GPU: **{times(best['speedup'])}** ({STRATEGY_NAMES.get(best['strategy'], best['strategy'])}, "
+        doc.add(f"- Best speedup over one GPU: **{ratio_cell(best['speedup_ci'])}** ({STRATEGY_NAMES.get(best['strategy'], best['strategy'])}, "
                 f"{best['world_size']} GPUs, {best['impl']}, N={best['seq_len']:,}, batch {best['batch']}; "
-                f"efficiency {best['efficiency']:.2f}).\n")
+                f"efficiency {best['efficiency']:.2f}; {best['timer']} time).\n")
     else:
         doc.add(f"- Best speedup over one GPU: no speedup rows on this machine; `{PRODUCERS['speedup']}` produces them.\n")
     checked = [c for c in m.capacities if c.target_applies and c.error is not None]
@@ -305,8 +307,8 @@ def seed_000(doc: Doc, m: Machine) -> None:
     if sparse:
         doc.table(Table("000-speedup", ["Sequence Length", "Batch Size", "Strategy", "GPUs", "Speedup", "Notes"],
                         [{"Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Strategy": c["strategy"],
-                          "GPUs": c["world_size"], "Speedup": c["speedup"], "Notes": speedup_notes(c)} for c in sparse],
-                        {"Sequence Length": tokens_cell, "Speedup": times, "Notes": short_message}))
+                          "GPUs": c["world_size"], "Speedup": c["speedup_ci"], "Notes": speedup_notes(c)} for c in sparse],
+                        {"Sequence Length": tokens_cell, "Speedup": ratio_cell, "Notes": short_message}))
         doc.heading(4, "Memory distribution")
         memory_distribution(doc, sparse, "000-memory-distribution")
     else:
@@ -346,16 +348,20 @@ def seed_001(doc: Doc, m: Machine) -> None:
         records = [{
             "Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Single GPU Time": c["single_ms"],
             "Multi-GPU Time": c["multi_ms"] if c["row"].get("status", "ok") == "ok" else None,
-            "Speedup": c["speedup"], "Notes": speedup_notes(c), "Efficiency": c["efficiency"],
-            "Output Match": c["output_match"],
+            "Speedup": c["speedup_ci"], "Notes": speedup_notes(c), "Efficiency": c["efficiency_ci"],
+            "Output Match": c["output_match"], "Timer": c["timer"],
         } for c in cases]
         doc.table(Table(f"001-{strategy}", ["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time",
-                                            "Speedup", "Notes", "Efficiency", "Output Match"], records,
-                        {"Sequence Length": tokens_cell, "Single GPU Time": ms, "Multi-GPU Time": ms, "Speedup": times,
-                         "Efficiency": lambda v: f"{v:.2f}", "Output Match": yes_no, "Notes": short_message}))
+                                            "Speedup", "Notes", "Efficiency", "Output Match", "Timer"], records,
+                        {"Sequence Length": tokens_cell, "Single GPU Time": ms_cell, "Multi-GPU Time": ms_cell,
+                         "Speedup": ratio_cell, "Efficiency": lambda v: ratio_cell(v, anomaly_above_one=True),
+                         "Output Match": yes_no, "Notes": short_message}))
         memory_distribution(doc, cases, f"001-{strategy}-memory")
     doc.add("\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
-            "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians.\n")
+            "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians "
+            "±half their 95% bootstrap interval (n samples); a ratio's interval resamples both sides. Timer: "
+            "`gpu` where both rows have GPU time (CUDA graph or back-to-back calls), else `eager` (one "
+            "synchronised call, dispatch included).\n")
 
 
 # --- report 002: extreme sequence length ------------------------------------------------------------

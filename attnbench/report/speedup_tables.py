@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval, timer_for
 from attnbench.report.markdown import result_text, table
 from attnbench.results import read_rows, write_text_atomic
-from attnbench.units import format_bytes, format_ms, format_ratio
+from attnbench.units import format_bytes
 
 KIND = "speedup"
 # a single row and a multi-GPU row answer the same question when these agree
@@ -27,7 +28,7 @@ GROUP_FIELDS = ("run", "impl", "config", "heads", "head_dim", "dtype", "device",
 CSV_COLUMNS = [
     "run", "machine", "impl", "config", "module", "grad_compression", "strategy", "world_size", "seq_len", "batch",
     "heads", "head_dim", "dtype", "device", "mode", "causal", "status", "time_ms", "time_iqr_ms", "time_min_ms",
-    "time_max_ms", "samples", "single_time_ms", "speedup", "efficiency", "output_match", "output_rel_err",
+    "time_max_ms", "samples", "single_time_ms", "speedup", "speedup_ci_low", "speedup_ci_high", "timer", "efficiency", "output_match", "output_rel_err",
     "grad_rel_err", "backend", "note", "message",
 ]
 MEMORY_COLUMNS = ["run", "machine", "impl", "strategy", "world_size", "seq_len", "batch", "gpu", "nvml_index",
@@ -52,11 +53,14 @@ def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in found:
         base = single.get(_ident(r, MATCH_FIELDS))
-        t1 = base.get("time_ms") if base and base.get("status") == "ok" else None
-        tp = r.get("time_ms") if r.get("status") == "ok" else None
-        speedup = t1 / tp if t1 and tp else None
-        out.append({**r, "single_time_ms": t1, "speedup": speedup,
-                    "efficiency": speedup / r["world_size"] if speedup else None})
+        ran = base is not None and base.get("status") == "ok" and r.get("status") == "ok"
+        # GPU time where both sides have it, else eager; the interval resamples both sides
+        ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
+        speedup = ci.value if ci else None
+        out.append({**r, "single_time_ms": base.get("time_ms") if ran else None, "speedup": speedup,
+                    "efficiency": speedup / r["world_size"] if speedup else None, "timer": timer,
+                    "speedup_ci_low": ci.low if ci else None, "speedup_ci_high": ci.high if ci else None,
+                    "_single": base if ran else None, "_speedup_ci": ci})
     return out
 
 
@@ -76,14 +80,17 @@ def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
             continue
         notes = []
         if r["status"] == "ok" and r.get("efficiency"):
-            notes.append(f"efficiency {r['efficiency']:.2f} on {_units(r, r['world_size'])}")
+            eff = ratio_cell(divided(r["_speedup_ci"], r["world_size"]), anomaly_above_one=True)
+            notes.append(f"efficiency {eff} on {_units(r, r['world_size'])}; {r['timer']} time")
         elif r["status"] != "ok":
             notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
+        if r.get("dispatch_share") is not None:
+            notes.append(f"dispatch {r['dispatch_share']:.0%} of eager time{' (host-bound)' if r.get('host_bound') else ''}")
         if r.get("note") and r["status"] != "skipped":
             notes.append(r["note"])
-        body.append([f"{r['seq_len']:,} tokens", r["batch"], format_ms(r.get("single_time_ms"), adaptive=True, space=False),
-                     format_ms(r.get("time_ms"), adaptive=True, space=False) if r["status"] == "ok" else result_text(r["status"]),
-                     format_ratio(r.get("speedup")), "; ".join(notes)])
+        body.append([f"{r['seq_len']:,} tokens", r["batch"], ms_cell(time_interval(r["_single"], r["timer"])),
+                     ms_cell(time_interval(r, r["timer"])) if r["status"] == "ok" else result_text(r["status"]),
+                     ratio_cell(r["_speedup_ci"]), "; ".join(notes)])
     return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
 
 

@@ -41,7 +41,10 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     parts.append(
         "\nMemory columns: 'Memory After QKV' is what allocating q, k and v took; 'Peak Memory' and 'Memory (MB)' "
         "are the trial's peak (`torch.cuda.max_memory_allocated` after a reset on GPU, resident-set growth on CPU). "
-        "GB = 10^9 bytes, MB = 10^6 bytes. The floor is q, k, v and the output.\n"
+        "GB = 10^9 bytes, MB = 10^6 bytes. The floor is q, k, v and the output. "
+        "Times are medians ±half their 95% bootstrap interval, n samples: eager time is one synchronised call "
+        "(dispatch included), GPU time the device's own (CUDA graph replays or back-to-back calls). "
+        "A max-seq is the bracket of its search: the largest length that ran – the first that failed.\n"
     )
     return "".join(parts)
 

@@ -1,7 +1,7 @@
 """The single-GPU maximum tables of the seed reports (report 002's layout), per series:
 
     Sequence Length | Memory After QKV | Peak Memory | Result | Notes
-    Sequence Length | Time (ms) | Memory (MB) | Result | Sparsity
+    Sequence Length | Eager Time | GPU Time | Memory (MB) | Result | Sparsity
 
 plus a summary of each series' largest length and what stopped it. Reads rows only.
 """
@@ -12,13 +12,16 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
 from attnbench.units import format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
 CSV_COLUMNS = [
     "run", "label", "impl", "kind", "phase", "seq_len", "status", "message", "batch", "heads", "head_dim",
-    "dtype", "device", "mode", "causal", "time_ms", "time_iqr_ms", "time_min_ms", "time_max_ms", "tokens_per_s",
+    "dtype", "device", "mode", "causal", "time_ms", "time_iqr_ms", "time_min_ms", "time_max_ms", "time_ci_low",
+    "time_ci_high", "time_n", "gpu_time_ms", "gpu_time_ci_low", "gpu_time_ci_high", "gpu_timer", "host_bound",
+    "dispatch_share", "warmup_calls", "warmup_s", "clocks_moved", "process", "tokens_per_s",
     "tflops_executed", "tflops_useful", "kept_fraction", "inputs_bytes", "peak_bytes", "peak_counter",
     "max_memory_allocated", "max_memory_reserved", "floor_bytes", "peak_over_floor", "backend", "machine",
 ]
@@ -61,10 +64,26 @@ def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "peak_bytes": best_row.get("peak_bytes") if best_row else None,
             "peak_over_floor": best_row.get("peak_over_floor") if best_row else None,
             "time_ms": best_row.get("time_ms") if best_row else None,
+            **_time_ci(best_row),
             "tokens_per_s": best_row.get("tokens_per_s") if best_row else None,
             "trials": len(trials),
         })
     return out
+
+
+def _gpu_cell(r: dict[str, Any]) -> str:
+    """GPU time ± interval; where the host dominates, its share of an eager call."""
+    if not r.get("gpu_times_ms"):
+        return "-"
+    cell = ms_cell(time_interval(r, "gpu"))
+    if r.get("host_bound"):
+        cell += f"; host-bound, dispatch {r['dispatch_share']:.0%}"
+    return cell
+
+
+def _time_ci(row: dict[str, Any] | None) -> dict[str, Any]:
+    iv = time_interval(row)
+    return iv.to_row("time") if iv else {"time_ci_low": None, "time_ci_high": None, "time_n": None}
 
 
 def _notes(r: dict[str, Any]) -> str:
@@ -90,9 +109,11 @@ def memory_table(trials: list[dict[str, Any]]) -> str:
 
 
 def time_table(trials: list[dict[str, Any]]) -> str:
+    """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
     return table(
-        ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity"],
-        [[format_tokens(r["seq_len"]), f"{r['time_ms']:,.2f}" if r.get("time_ms") else "-",
+        ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
+        [[format_tokens(r["seq_len"]), ms_cell(time_interval(r)) if r.get("time_ms") else "-",
+          _gpu_cell(r),
           f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
           result_text(r["status"]), format_sparsity(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
     )
@@ -100,11 +121,11 @@ def time_table(trials: list[dict[str, Any]]) -> str:
 
 def summary_table(summary: list[dict[str, Any]]) -> str:
     return table(
-        ["Implementation", "Dtype", "Device", "Max Sequence", "Stopped By", "Peak at Max", "Peak / Floor", "Time at Max (ms)"],
-        [[s["label"], s["dtype"], s["machine"] or s["device"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+        ["Implementation", "Dtype", "Device", "Max Sequence (ran – failed)", "Stopped By", "Peak at Max", "Peak / Floor", "Eager Time at Max"],
+        [[s["label"], s["dtype"], s["machine"] or s["device"], bracket(s["max_seq_len"], s["first_failure"], format_tokens),
           s["stopped_by"], format_bytes(s["peak_bytes"], "GB"),
           f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
-          f"{s['time_ms']:,.1f}" if s["time_ms"] else "-"] for s in summary],
+          ms_cell(time_interval(s)) if s["time_ms"] else "-"] for s in summary],
     )
 
 

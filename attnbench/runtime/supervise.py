@@ -1,7 +1,8 @@
 """Run a child process under a phase deadline and classify how it ended.
 
-The child speaks a tiny protocol: ``phase NAME`` lines on stdout (``announce_phase``), so the
-parent knows when the timed work starts; its result travels as a JSON file.
+The child speaks a tiny protocol: ``phase NAME [LIMIT_S]`` lines on stdout (``announce_phase``),
+so the parent knows when the timed work starts and how long a phase may take (a warm-up or a
+timing budget can be longer than one call's limit); its result travels as a JSON file.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def phase_grace_s(limit_s: float) -> float:
     return 2.0 + 0.1 * limit_s
 
 
-def announce_phase(name: str) -> None:
-    """Tell the supervising parent (reading our stdout) that phase ``name`` starts now."""
-    print(f"{PHASE_PREFIX}{name}", flush=True)
+def announce_phase(name: str, limit_s: float | None = None) -> None:
+    """Tell the supervising parent (reading our stdout) that phase ``name`` starts now and,
+    when given, that it may last ``limit_s`` (else the per-call limit applies)."""
+    print(f"{PHASE_PREFIX}{name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
 
 
 def pause_after_trials(recorded: int) -> None:
@@ -69,13 +71,15 @@ def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | 
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(extra_env), start_new_session=True)
-    state = {"phase": "startup", "since": time.monotonic()}
+    state = {"phase": "startup", "since": time.monotonic(), "limit": None}
     stderr_tail: deque[str] = deque(maxlen=40)
 
     def read_phases():
         for line in proc.stdout:
-            if line.startswith(PHASE_PREFIX):
-                state.update(phase=line.split()[1], since=time.monotonic())
+            if line.startswith(PHASE_PREFIX):  # "phase NAME [LIMIT_S]"
+                parts = line.split()
+                limit = float(parts[2]) if len(parts) > 2 else None
+                state.update(phase=parts[1], since=time.monotonic(), limit=limit)
 
     def read_stderr():
         for line in proc.stderr:
@@ -87,7 +91,8 @@ def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | 
     killed = None
     try:
         while proc.poll() is None:
-            limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else phase_limit_s + phase_grace_s(phase_limit_s)
+            own = state["limit"] or phase_limit_s
+            limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else own + phase_grace_s(own)
             elapsed = time.monotonic() - state["since"]
             if elapsed > limit:
                 killed = f"killed in phase {state['phase']} after {elapsed:.0f} s (limit {limit:.0f} s)"

@@ -88,6 +88,14 @@ def check_series(s: Series) -> None:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
     if st.max_trial_seconds <= 0:
         raise AttnbenchError("--max-trial-seconds must be positive")
+    if st.timing_budget_s <= 0:
+        raise AttnbenchError("--timing-budget must be positive seconds, e.g. --timing-budget 30")
+    if st.warmup_s is not None and st.warmup_s < 0:
+        raise AttnbenchError("warmup_s must be zero or more seconds, e.g. warmup_s = 1.0")
+    if st.repeat < 1:
+        raise AttnbenchError("--repeat must be at least 1 (fresh processes per timed point), e.g. --repeat 3")
+    if min(st.warmup, st.min_samples) < 0 or st.max_samples < max(1, st.min_samples):
+        raise AttnbenchError("warmup and min_samples must be zero or more and max_samples at least min_samples (and 1)")
     impl = s.build()
     if s.distributed:
         from attnbench.sweeps import seqpar
@@ -223,10 +231,22 @@ class SweepRunner(RunSession):
         spec = TrialSpec(
             workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
-            timing={"warmup": st.warmup, "min_samples": st.min_samples, "max_samples": st.max_samples,
-                    "target_ms": st.target_ms},
+            timing={"warmup": st.warmup, "warmup_s": st.warmup_s, "min_samples": st.min_samples,
+                    "max_samples": st.max_samples, "target_ms": st.target_ms,
+                    # sequence-parallel ranks are supervised per phase at the per-call limit
+                    "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s},
             seed=seq_len,
         )
+        # a timed point in several fresh processes: the gate's unit is the process
+        repeats = st.repeat if st.kind == "points" else 1
+        for process in range(repeats):
+            row = self._measure(s, spec, seq_len, phase, key, process if repeats > 1 else None)
+            if row["status"] != "ok":
+                break
+        return row["status"]
+
+    def _measure(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, process: int | None) -> dict[str, Any]:
+        st = s.settings
         started, t0 = now_utc(), time.monotonic()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
             from attnbench.sweeps import seqpar
@@ -239,12 +259,13 @@ class SweepRunner(RunSession):
             "label": s.name, "phase": phase, **_workload_fields(s.workload(seq_len)),
             **_parallelism(s), "isolate": st.isolate or s.distributed,
             "max_trial_seconds": st.max_trial_seconds, "memory_limit": st.memory_limit,
+            **({"process": process} if process is not None else {}),
             **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
         }
         self.append(row)
         self._done[key] = row
         self.reporter.trial_done(s, row, False)
-        return row["status"]
+        return row
 
 
 def _workload_fields(wl) -> dict[str, Any]:

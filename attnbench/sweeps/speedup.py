@@ -205,7 +205,7 @@ def relative_error(parts: list[dict[str, Any] | None]) -> tuple[float | None, in
 
 def merge_ranks(results: list[dict[str, Any]], s: SpeedupSettings, case: Case, strategy: Strategy) -> dict[str, Any]:
     """The row fields of one trial from its ranks' results (pure: tests feed it by hand)."""
-    from attnbench.measure.timing import summarize
+    from attnbench.measure.timing import summarize, time_intervals
     from attnbench.runtime.distributed import agreed_status
 
     status, message = agreed_status(results)
@@ -223,6 +223,9 @@ def merge_ranks(results: list[dict[str, Any]], s: SpeedupSettings, case: Case, s
                     | {"first_call_ms": r.get("rank_first_call_ms"), "time_ms": summarize(r.get("times_ms") or [])["time_ms"]}
                     for r in results]
     row["backend"] = lead.get("backend")
+    if ok and len(results) == 1 and lead.get("gpu_times_ms") is not None:
+        row.update(gpu_times_ms=lead["gpu_times_ms"], gpu_timer=lead.get("gpu_timer"))
+    row.update(time_intervals(row))
     for key in ("replica_batches", "nvml_note"):
         if lead.get(key) is not None:
             row[key] = lead[key]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
-from attnbench.measure.timing import Timer, TimingPolicy, collect
+from attnbench.measure.timing import Timer, TimingPolicy, collect, gpu_time
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
 from attnbench.workload import Workload
@@ -116,8 +116,12 @@ def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, phase) -> 
         _barrier(ctx)
         return timer(fn)
 
-    return {"first_call_ms": first_ms, "rank_first_call_ms": own_first_ms,
-            "times_ms": collect(prepared.step, after_barrier, first_ms, policy)}
+    out = {"first_call_ms": first_ms, "rank_first_call_ms": own_first_ms,
+           "times_ms": collect(prepared.step, after_barrier, first_ms, policy)}
+    if ctx.cuda and ctx.world == 1:  # one process: its GPU time beside the eager time
+        phase("gpu-timing")
+        out.update(gpu_time(prepared.step, out["times_ms"]))
+    return out
 
 
 def _barrier(ctx: RankContext) -> None:

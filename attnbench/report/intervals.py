@@ -1,0 +1,86 @@
+"""Intervals of what a table shows, from rows: a median time, a rate, a ratio of two rows.
+
+Rows written since intervals were added carry ``time_ci_low``/``time_ci_high``/``time_n``
+(and the ``gpu_time_`` ones); older rows get theirs computed from ``times_ms`` with the
+same seeded bootstrap, so every committed row renders the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnbench.measure import stats
+from attnbench.measure.stats import Interval
+
+TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
+TIMER_NAMES = {"gpu": "GPU time (CUDA graph or back-to-back calls)", "eager": "eager time (one synchronised call, dispatch included)"}
+
+
+def timer_for(*rows: dict[str, Any] | None) -> str:
+    """GPU time where every row has it, else eager time: a ratio compares like with like."""
+    present = [r for r in rows if r]
+    return "gpu" if present and all(r.get("gpu_times_ms") for r in present) else "eager"
+
+
+def samples(row: dict[str, Any], timer: str = "eager") -> list[float]:
+    return [float(x) for x in row.get(TIMERS[timer]) or []]
+
+
+def time_interval(row: dict[str, Any] | None, timer: str = "eager") -> Interval | None:
+    """The median time of ``row`` and its 95% interval, in ms."""
+    if not row:
+        return None
+    prefix = "gpu_time" if timer == "gpu" else "time"
+    value = row.get("gpu_time_ms" if timer == "gpu" else "time_ms")
+    if value is not None and row.get(f"{prefix}_ci_low") is not None:
+        return Interval(value, row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"], row[f"{prefix}_n"])
+    iv = stats.median_interval(samples(row, timer))
+    if iv is None and value is not None:
+        return Interval(value, value, value, 1)  # a median without its samples: no spread known
+    return iv
+
+
+def speedup_interval(base: dict[str, Any] | None, row: dict[str, Any] | None) -> tuple[Interval | None, str]:
+    """base time / row time with its interval, and the timer both sides were read with."""
+    if not base or not row:
+        return None, "eager"
+    timer = timer_for(base, row)
+    b, r = samples(base, timer), samples(row, timer)
+    if b and r:
+        return stats.ratio_interval(b, r), timer
+    if base.get("time_ms") and row.get("time_ms"):
+        v = base["time_ms"] / row["time_ms"]
+        return Interval(v, v, v, 1), timer
+    return None, timer
+
+
+def divided(iv: Interval | None, by: float) -> Interval | None:
+    """An interval divided by an exact number (a speedup by the GPU count: efficiency)."""
+    return None if iv is None else Interval(iv.value / by, iv.low / by, iv.high / by, iv.n)
+
+
+def ms_cell(iv: Interval | None) -> str:
+    """``19.1 ms ±0.3 (n=20)``, three significant digits."""
+    return stats.plus_minus(iv, lambda x: f"{x:,.3g}" if x < 1000 else f"{x:,.0f}", "ms")
+
+
+def ratio_text(x: float) -> str:
+    """Two decimals (1.00, 2.82); two significant digits below 0.1 (0.0069)."""
+    return f"{x:.2f}" if abs(x) >= 0.1 else f"{x:.2g}"
+
+
+def ratio_cell(iv: Interval | None, anomaly_above_one: bool = False) -> str:
+    """``1.48 ±0.57 (n=6)``; an efficiency above 1 beyond its interval is marked, never a headline."""
+    if iv is None:
+        return "-"
+    text = stats.plus_minus(iv, ratio_text)
+    if anomaly_above_one and stats.anomalous_efficiency(iv):
+        text += " ⚠ above 1: unequal work or a warmer baseline, not super-linear scaling"
+    return text
+
+
+def bracket(largest: int | None, first_failure: int | None, fmt) -> str:
+    """A max-seq as the search found it: the largest length that ran and the first that failed."""
+    if not largest:
+        return f"none (fails {fmt(first_failure)})" if first_failure else "none"
+    return f"{fmt(largest)} – {fmt(first_failure)}" if first_failure else f"≥ {fmt(largest)}"
