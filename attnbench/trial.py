@@ -76,6 +76,7 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
     mem = _MemoryProbe(cuda)
     try:
         impl = impls.build(wl.impl, **wl.config)
+        row.update(impls.recorded_metadata(wl.impl))
         impl.check_shape(wl.seq_len, wl.heads)
         timer = Timer(wl.device)
         row["timer"] = timer.name
@@ -136,6 +137,8 @@ def _accounting(impl, wl, time_ms: float | None) -> dict[str, Any]:
     executed = wl.flops(impl.executed_pairs(wl.seq_len, wl.heads, wl.causal))
     out = {"flops_useful": useful, "flops_executed": executed,
            "kept_fraction": impl.useful_pairs(wl.seq_len, wl.heads, wl.causal) / (wl.heads * wl.seq_len**2)}
+    if getattr(impl, "pairs_counted", None):  # counted from a declared mask: exact or by blocks
+        out["pairs_counted"] = impl.pairs_counted
     if time_ms:
         out.update(
             tokens_per_s=wl.batch * wl.seq_len / (time_ms / 1e3),

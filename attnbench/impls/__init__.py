@@ -12,6 +12,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 _REGISTRY: dict[str, ImplSpec] = {}
+_OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
 
 
 def register(spec: ImplSpec) -> ImplSpec:
@@ -22,17 +23,30 @@ def register(spec: ImplSpec) -> ImplSpec:
 
 
 def names() -> list[str]:
+    """Built-in implementations, then installed ones (entry points; nothing imported)."""
+    from attnbench.impls import outside
+
     _load()
-    return list(_REGISTRY)
+    return list(_REGISTRY) + [n for n in outside.entry_points() if n not in _REGISTRY]
 
 
 def spec(name: str) -> ImplSpec:
+    """A built-in by name; else an import path ``pkg.module:factory`` or an installed entry
+    point, imported on first use (the only way user code is imported)."""
+    from attnbench.impls import outside
+
     _load()
-    if name not in _REGISTRY:
-        raise AttnbenchError(
-            f"unknown implementation {name!r}: choose one of {', '.join(_REGISTRY)} (see `attnbench list`)"
-        )
-    return _REGISTRY[name]
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name not in _OUTSIDE:
+        found = outside.find_spec(name)
+        if found is None:
+            raise AttnbenchError(
+                f"unknown implementation {name!r}: choose one of {', '.join(names())} (see `attnbench list`) "
+                "or name your own as pkg.module:factory"
+            )
+        _OUTSIDE[name] = found
+    return _OUTSIDE[name]
 
 
 def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +73,33 @@ def build(name: str, **config: Any) -> AttentionImpl:
     return impl
 
 
+
+def recorded_metadata(name: str) -> dict[str, Any]:
+    """What a result row records of an outside implementation, so the report never imports
+    it: where it came from (import path, package, version) and its memory order."""
+    entry = spec(name)
+    if not entry.source:
+        return {}
+    return {"impl_source": {**entry.source, "memory_order": entry.memory_order}}
+
+
+def counterpart(name: str) -> str | None:
+    """The single-device counterpart of a built-in sequence-parallel implementation (the
+    report's baseline for it); None for others. Never imports user code."""
+    _load()
+    return _REGISTRY[name].counterpart if name in _REGISTRY else None
+
+
+def memory_order(name: str, row: dict[str, Any] | None = None) -> int:
+    """Memory order of a measured implementation: as recorded in its row (outside ones),
+    else from the built-in's spec; never imports user code."""
+    recorded = (row or {}).get("impl_source") or {}
+    if "memory_order" in recorded:
+        return int(recorded["memory_order"])
+    _load()
+    return _REGISTRY[name].memory_order if name in _REGISTRY else 1
+
+
 _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
@@ -81,7 +122,7 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
             if not isinstance(value, bool):
                 raise ValueError
         elif p.kind == "str":
-            value = str(value)
+            value = None if value is None else str(value)
     except (TypeError, ValueError, AttnbenchError):
         raise ConfigError(f"{where} must be of type {p.kind}, got {value!r}") from None
     if p.choices is not None and value not in p.choices:

@@ -21,9 +21,6 @@ from attnbench.report.sweep_tables import max_seq_summary, series_groups
 SPEEDUP_KIND = "speedup"
 STRATEGY_NAMES = {"single": "Single GPU", "dp": "DataParallel", "mp": "Multi-process data parallel (DDP)",
                   "ring": "Ring (sequence parallel)"}
-# A ring variant computes what its single-device counterpart computes (semantics.md).
-RING_COUNTERPART = {"ring": "sdpa", "context-parallel": "sdpa", "ring-dilated": "dilated",
-                    "ring-dilated-hilbert": "dilated", "block-sparse-ring": "block-sparse"}
 
 
 def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,7 +91,10 @@ def is_ring_trial(r: dict[str, Any]) -> bool:
 
 def counterparts(impl: str) -> tuple[str, ...]:
     """Single-device implementations that compute what ``impl`` computes, preferred first."""
-    return (impl, RING_COUNTERPART[impl]) if impl in RING_COUNTERPART else (impl,)
+    from attnbench import impls
+
+    counterpart = impls.counterpart(impl)
+    return (impl, counterpart) if counterpart else (impl,)
 
 
 def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
