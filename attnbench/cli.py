@@ -20,7 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.")
 # Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "pkg.mod:x:" stays text
 
 
 # ---------------------------------------------------------------------------------------
@@ -78,6 +78,7 @@ def verify(
     cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
+    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes)
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_verify_isolated(cases) if device == "cuda" and cases else [_run(c) for c in cases]
         rows += seqpar.verify(ranked) if ranked else []
@@ -99,8 +100,18 @@ def verify(
             writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
     failed = [r for r in rows if r["status"] != "pass"]
     console.print(f"{len(rows) - len(failed)} of {len(rows)} cases pass")
-    if failed:
+    for line in broken:
+        console.print(f"[red]contract violated[/] {escape(line)}")
+    if failed or broken:
         raise typer.Exit(1)
+
+
+def _contract_violations(names: list[str], device: str, dtypes: list[str]) -> list[str]:
+    """The contract checks of outside implementations (attnbench/contract.py), one line each."""
+    from attnbench.contract import violations
+
+    return [f"{n} [{dtype}]: {v}" for n in names for dtype in dtypes if dtype in impls.spec(n).dtypes
+            for v in violations(n, {}, device, dtype)]
 
 
 def _verify_worlds(gpus: str | None, device: str) -> list[int]:

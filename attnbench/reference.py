@@ -91,6 +91,9 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**row, "status": "error", "rel_err": None, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return {**row, "status": "error", "rel_err": None, "message": f"output {got} is not (B, N, H, D) {tuple(q.shape)}"}
     ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     err = relative_error(out, ref)
     ok = err == err and err <= TOLERANCE[case.dtype]

@@ -134,14 +134,19 @@ _loaded = False
 
 
 def _load() -> None:
-    """Import the implementation families once; each registers itself."""
+    """Import every module of this package once; each implementation family registers
+    itself, so a new built-in is one new file here. Listed in registration order: dense
+    first, then by module name."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    from attnbench.impls import dense, dilated  # noqa: F401
-    from attnbench.impls import block_sparse, ring  # noqa: F401
-    from attnbench.impls import block_sparse_ring  # noqa: F401  (after block_sparse: it takes its parameters)
+    import importlib
+    import pkgutil
+
+    modules = sorted(m.name for m in pkgutil.iter_modules(__path__))
+    for name in ["dense", *(m for m in modules if m != "dense")]:
+        importlib.import_module(f"{__name__}.{name}")
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "names", "spec", "register", "normalize_config"]
