@@ -35,6 +35,9 @@ def list_impls() -> None:
         console.print(f"[bold]{name}[/]  {s.summary}")
         console.print(f"    devices: {', '.join(s.devices)}   dtypes: {', '.join(s.dtypes)}"
                       + ("   (multi-GPU, launched by torchrun)" if s.distributed else ""))
+        if s.source:
+            package = f" (package {s.source['package']} {s.source['version']})" if s.source.get("package") else ""
+            console.print(f"    from {s.source['import_path']}{package}")
         if "availability" in s.extra:
             console.print(f"    {s.extra['availability']()}")
         if not s.params:
@@ -55,6 +58,7 @@ def verify(
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="dtype (repeatable); default fp32 and bf16")] = None,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 [2; CUDA: 2 if there are 2 GPUs]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="KEY=VALUE: verify the implementations that have this parameter at this value instead of their verify configurations (repeatable)")] = None,
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
@@ -75,10 +79,13 @@ def verify(
     single = [n for n in runnable if not impls.spec(n).distributed]
     distributed = [n for n in runnable if impls.spec(n).distributed]
     worlds = _verify_worlds(gpus, device) if distributed else []
-    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
-    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes)
+    given = _params(None, None, None, param)
+    configs = {n: [impls.normalize_config(n, {k: v for k, v in given.items() if k in {p.name for p in impls.spec(n).params}})]
+               for n in names if given}
+    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], configs.get(n))]
+    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_verify_isolated(cases) if device == "cuda" and cases else [_run(c) for c in cases]
         rows += seqpar.verify(ranked) if ranked else []
@@ -106,12 +113,12 @@ def verify(
         raise typer.Exit(1)
 
 
-def _contract_violations(names: list[str], device: str, dtypes: list[str]) -> list[str]:
+def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
     """The contract checks of outside implementations (attnbench/contract.py), one line each."""
     from attnbench.contract import violations
 
-    return [f"{n} [{dtype}]: {v}" for n in names for dtype in dtypes if dtype in impls.spec(n).dtypes
-            for v in violations(n, {}, device, dtype)]
+    return [f"{n} [{dtype}]: {v}" for n in names for config in configs.get(n, [{}]) for dtype in dtypes
+            if dtype in impls.spec(n).dtypes for v in violations(n, config, device, dtype)]
 
 
 def _verify_worlds(gpus: str | None, device: str) -> list[int]:

@@ -56,11 +56,13 @@ class VerifyCase:
     world_size: int = 1  # ranks a sequence-parallel implementation runs on
 
 
-def default_cases(name: str, device: str, dtypes: list[str]) -> list[VerifyCase]:
-    """Several small shapes per configuration: B > 1, causal and not, head counts that do
-    not divide evenly into groups."""
+def default_cases(name: str, device: str, dtypes: list[str], configs=None) -> list[VerifyCase]:
+    """Several small shapes per configuration (``configs``, default the implementation's
+    verify configurations): B > 1, causal and not, head counts that do not divide evenly
+    into groups."""
     entry = impls.spec(name)
-    configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
+    if configs is None:
+        configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
     for config in configs:
         impl = impls.build(name, **config)
