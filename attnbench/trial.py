@@ -101,6 +101,8 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
                 row.update(status="ok")
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
+        mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
+        del step, q, k, v  # and gets the inputs' memory for it
         row.update(_accounting(impl, wl, row.get("time_ms")))
     except Exception as exc:  # a failing trial is data, not a crash
         row.update(status=oom.classify(exc), message=oom.one_line(exc))
@@ -154,6 +156,11 @@ class _MemoryProbe:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.base = 0
+        self.frozen: dict[str, Any] | None = None
+
+    def freeze(self) -> None:
+        """Peaks from now on are the ones measured so far."""
+        self.frozen = self.peaks()
 
     def start(self, limit: int | None) -> None:
         import torch
@@ -185,6 +192,8 @@ class _MemoryProbe:
     def peaks(self) -> dict[str, Any]:
         import torch
 
+        if self.frozen is not None:
+            return self.frozen
         if self.cuda:
             if not torch.cuda.is_initialized():
                 return {}

@@ -9,11 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-import torch
-
 from conftest import ROOT, run_cli
 
 from attnbench import impls

@@ -15,14 +15,12 @@ from typing import Any
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import register
 from attnbench.impls import mask_mod as masks
+from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.
 FLEX_GRANULARITY = masks.BLOCK
-# Heads compared (at this length) to decide whether the mask_mod depends on the head.
-_HEAD_PROBE_LEN = 256
 
 _compiled_flex = None
 
@@ -100,11 +98,7 @@ class FlexAttention(AttentionImpl):
         except Exception as exc:
             raise ConfigError(f"flex: mask {self.mask} fails on index tensors ({type(exc).__name__}: {exc}); "
                               "a mask_mod takes (b, h, q_idx, kv_idx) tensors and returns booleans") from None
-        self.per_head = self._heads_differ() if probe.shape == (2, 8, 8) else True
-
-    def _heads_differ(self) -> bool:
-        sets = masks.key_mask(self.mask_mod, _HEAD_PROBE_LEN, 2)
-        return not torch.equal(sets[0], sets[1])
+        self.per_head = masks.heads_differ(self.mask_mod) if probe.shape == (2, 8, 8) else True
 
     def config(self) -> dict[str, Any]:
         return {"mask": self.mask, **({"mask_args": self.mask_args} if self.mask_args else {})}

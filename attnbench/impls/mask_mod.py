@@ -16,7 +16,7 @@ Pairs are counted from the mask_mod in one of two ways, and the count says which
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -61,24 +61,39 @@ def count_exact(mask_mod: MaskMod, seq_len: int, num_heads: int, device: str = "
     return total
 
 
+def heads_differ(mask_mod: MaskMod, seq_len: int = 256) -> bool:
+    """Whether the key sets depend on the head (heads 0 and 1 compared at a small length)."""
+    sets = key_mask(mask_mod, seq_len, 2)
+    return not torch.equal(sets[0], sets[1])
+
+
 def count_blocks(mask_mod: MaskMod, seq_len: int, num_heads: int, device: str = "cpu") -> int:
-    """Pairs from FlexAttention's block mask: full tiles counted, partial tiles evaluated."""
+    """Pairs from FlexAttention's block mask: full tiles counted, partial tiles evaluated.
+    One head's block mask at a time (``N/BLOCK`` squared indices each), one for all heads when
+    the mask does not depend on the head."""
+    if num_heads > 1 and not heads_differ(mask_mod):
+        return num_heads * count_blocks(mask_mod, seq_len, 1, device)
+    return sum(_head_block_pairs(mask_mod, h, seq_len, device) for h in range(num_heads))
+
+
+def _head_block_pairs(mask_mod: MaskMod, h: int, seq_len: int, device: str) -> int:
     from torch.nn.attention.flex_attention import create_block_mask
 
-    block_mask = create_block_mask(mask_mod, 1, num_heads, seq_len, seq_len, device=device, BLOCK_SIZE=BLOCK,
+    def head_mask_mod(b, _h, q_idx, kv_idx):
+        return mask_mod(b, torch.full_like(q_idx, h), q_idx, kv_idx)
+
+    block_mask = create_block_mask(head_mask_mod, 1, 1, seq_len, seq_len, device=device, BLOCK_SIZE=BLOCK,
                                    _compile=device == "cuda")
     idx = torch.arange(seq_len, device=device)
     # tile extents: the last tile is short when BLOCK does not divide N
     extent = (idx[::BLOCK] + BLOCK).clamp(max=seq_len) - idx[::BLOCK]
     total = 0
-    for h in range(num_heads):
-        if block_mask.full_kv_num_blocks is not None:
-            num, cols = block_mask.full_kv_num_blocks[0, h], block_mask.full_kv_indices[0, h]
-            used = torch.arange(cols.shape[1], device=device)[None, :] < num[:, None]
-            sizes = extent[: num.shape[0], None] * extent[cols.clamp(max=len(extent) - 1)]
-            total += int((sizes * used).sum())
-        total += _partial_pairs(mask_mod, h, block_mask.kv_num_blocks[0, h], block_mask.kv_indices[0, h], seq_len)
-    return total
+    if block_mask.full_kv_num_blocks is not None:
+        num, cols = block_mask.full_kv_num_blocks[0, 0], block_mask.full_kv_indices[0, 0]
+        used = torch.arange(cols.shape[1], device=device)[None, :] < num[:, None]
+        sizes = extent[: num.shape[0], None] * extent[cols.clamp(max=len(extent) - 1)]
+        total += int((sizes * used).sum())
+    return total + _partial_pairs(mask_mod, h, block_mask.kv_num_blocks[0, 0], block_mask.kv_indices[0, 0], seq_len)
 
 
 def _partial_pairs(mask_mod: MaskMod, h: int, num: torch.Tensor, cols: torch.Tensor, seq_len: int) -> int:

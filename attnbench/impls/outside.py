@@ -27,8 +27,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
