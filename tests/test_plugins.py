@@ -6,6 +6,7 @@ directory put on PYTHONPATH, as a user's plugin would be installed into their en
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -189,9 +190,10 @@ def test_flex_matches_the_float64_reference_with_a_head_dependent_mask(user_modu
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
+    target, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "plugin"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # builds leave files
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(EXAMPLE)], check=True, capture_output=True, timeout=600)
+                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=600)
     return {"PYTHONPATH": f"{ROOT}{os.pathsep}{target}"}
 
 
