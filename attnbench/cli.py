@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.")
 # Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "pkg.mod:x:" stays text
 
 
 # ---------------------------------------------------------------------------------------
@@ -36,6 +36,9 @@ def list_impls() -> None:
         console.print(f"[bold]{name}[/]  {s.summary}")
         console.print(f"    devices: {', '.join(s.devices)}   dtypes: {', '.join(s.dtypes)}"
                       + ("   (multi-GPU, launched by torchrun)" if s.distributed else ""))
+        if s.source:
+            package = f" (package {s.source['package']} {s.source['version']})" if s.source.get("package") else ""
+            console.print(f"    from {s.source['import_path']}{package}")
         if "availability" in s.extra:
             console.print(f"    {s.extra['availability']()}")
         if not s.params:
@@ -57,6 +60,7 @@ def verify(
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 [2; CUDA: 2 if there are 2 GPUs]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
     mode: Annotated[str, typer.Option(help="fwd | fwd_bwd (also dq, dk, dv; single-device implementations)")] = "fwd",
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="KEY=VALUE: verify the implementations that have this parameter at this value instead of their verify configurations (repeatable)")] = None,
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
@@ -80,9 +84,13 @@ def verify(
     single = [n for n in runnable if not impls.spec(n).distributed]
     distributed = [n for n in runnable if impls.spec(n).distributed]
     worlds = _verify_worlds(gpus, device) if distributed else []
-    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], mode)]
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
+    given = _params(None, None, None, param)
+    configs = {n: [impls.normalize_config(n, {k: v for k, v in given.items() if k in {p.name for p in impls.spec(n).params}})]
+               for n in names if given}
+    cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], mode, configs.get(n))]
+    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_reference_checks(cases + ranked)
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
@@ -106,7 +114,9 @@ def verify(
             writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
     failed = [r for r in rows if r["status"] != "pass"]
     console.print(f"{len(rows) - len(failed)} of {len(rows)} cases pass")
-    if failed:
+    for line in broken:
+        console.print(f"[red]contract violated[/] {escape(line)}")
+    if failed or broken:
         raise typer.Exit(1)
 
 
@@ -123,6 +133,13 @@ def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
 
 def _sci(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
+def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
+    """The contract checks of outside implementations (attnbench/contract.py), one line each."""
+    from attnbench import impls
+    from attnbench.contract import violations
+
+    return [f"{n} [{dtype}]: {v}" for n in names for config in configs.get(n, [{}]) for dtype in dtypes
+            if dtype in impls.spec(n).dtypes for v in violations(n, config, device, dtype)]
 
 
 def _verify_worlds(gpus: str | None, device: str) -> list[int]:

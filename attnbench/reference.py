@@ -67,11 +67,13 @@ class VerifyCase:
     mode: str = "fwd"  # fwd_bwd: dq, dk, dv are checked too
 
 
-def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd") -> list[VerifyCase]:
-    """Several small shapes per configuration: B > 1, causal and not, head counts that do
-    not divide evenly into groups."""
+def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd", configs=None) -> list[VerifyCase]:
+    """Several small shapes per configuration (``configs``, default the implementation's
+    verify configurations): B > 1, causal and not, head counts that do not divide evenly
+    into groups; ``mode`` fwd_bwd checks dq, dk, dv too."""
     entry = impls.spec(name)
-    configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
+    if configs is None:
+        configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
     for config in configs:
         impl = impls.build(name, **config)
@@ -106,6 +108,9 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**row, "status": "error", "rel_err": None, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return {**row, "status": "error", "rel_err": None, "message": f"output {got} is not (B, N, H, D) {tuple(q.shape)}"}
     ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     err = relative_error(out, ref)
     ok = err == err and err <= TOLERANCE[case.dtype]

@@ -55,6 +55,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     mem = MemoryProbe(cuda)
     try:
         impl = impls.build(wl.impl, **wl.config)
+        row.update(impls.recorded_metadata(wl.impl))
         impl.check_shape(wl.seq_len, wl.heads)
         timer = Timer(wl.device)
         row["timer"] = timer.name
@@ -75,6 +76,8 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
             row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
+        mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
+        del step, q, k, v  # and gets the inputs' memory for it
         row.update(time_intervals(row))
         row.update(accounting(impl, wl, row.get("time_ms")))
         row.update(_tflops_interval(row))

@@ -18,10 +18,10 @@ PACKAGE = ROOT / "attnbench"
 # is placed here (the test names any that is not).
 LAYERS = [
     ("base", ["attnbench", "attnbench.errors", "attnbench.units"]),
-    ("masks", ["attnbench.patterns", "attnbench.hilbert"]),
+    ("masks", ["attnbench.patterns", "attnbench.hilbert", "attnbench.masks"]),
     ("impls, measure", ["attnbench.impls", "attnbench.measure"]),
     ("workload, reference, results",
-     ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.schema"]),
+     ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.schema", "attnbench.contract"]),
     ("runtime", ["attnbench.runtime"]),
     ("trial", ["attnbench.trial"]),
     ("sweeps, plan", ["attnbench.sweeps", "attnbench.plan"]),  # a plan holds sweeps and speedup runs

@@ -12,6 +12,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 _REGISTRY: dict[str, ImplSpec] = {}
+_OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
 
 
 def register(spec: ImplSpec) -> ImplSpec:
@@ -22,17 +23,30 @@ def register(spec: ImplSpec) -> ImplSpec:
 
 
 def names() -> list[str]:
+    """Built-in implementations, then installed ones (entry points; nothing imported)."""
+    from attnbench.impls import outside
+
     _load()
-    return list(_REGISTRY)
+    return list(_REGISTRY) + [n for n in outside.entry_points() if n not in _REGISTRY]
 
 
 def spec(name: str) -> ImplSpec:
+    """A built-in by name; else an import path ``pkg.module:factory`` or an installed entry
+    point, imported on first use (the only way user code is imported)."""
+    from attnbench.impls import outside
+
     _load()
-    if name not in _REGISTRY:
-        raise AttnbenchError(
-            f"unknown implementation {name!r}: choose one of {', '.join(_REGISTRY)} (see `attnbench list`)"
-        )
-    return _REGISTRY[name]
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name not in _OUTSIDE:
+        found = outside.find_spec(name)
+        if found is None:
+            raise AttnbenchError(
+                f"unknown implementation {name!r}: choose one of {', '.join(names())} (see `attnbench list`) "
+                "or name your own as pkg.module:factory"
+            )
+        _OUTSIDE[name] = found
+    return _OUTSIDE[name]
 
 
 def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +81,31 @@ def build_for_ranks(name: str, config: dict[str, Any], world: int) -> AttentionI
         impl.world_size = world
     return impl
 
+def recorded_metadata(name: str) -> dict[str, Any]:
+    """What a result row records of an outside implementation, so the report never imports
+    it: where it came from (import path, package, version) and its memory order."""
+    entry = spec(name)
+    if not entry.source:
+        return {}
+    return {"impl_source": {**entry.source, "memory_order": entry.memory_order}}
+
+
+def counterpart(name: str) -> str | None:
+    """The single-device counterpart of a built-in sequence-parallel implementation (the
+    report's baseline for it); None for others. Never imports user code."""
+    _load()
+    return _REGISTRY[name].counterpart if name in _REGISTRY else None
+
+
+def memory_order(name: str, row: dict[str, Any] | None = None) -> int:
+    """Memory order of a measured implementation: as recorded in its row (outside ones),
+    else from the built-in's spec; never imports user code."""
+    recorded = (row or {}).get("impl_source") or {}
+    if "memory_order" in recorded:
+        return int(recorded["memory_order"])
+    _load()
+    return _REGISTRY[name].memory_order if name in _REGISTRY else 1
+
 
 _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
@@ -90,7 +129,7 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
             if not isinstance(value, bool):
                 raise ValueError
         elif p.kind == "str":
-            value = str(value)
+            value = None if value is None else str(value)
     except (TypeError, ValueError, AttnbenchError):
         raise ConfigError(f"{where} must be of type {p.kind}, got {value!r}") from None
     if p.choices is not None and value not in p.choices:
@@ -102,18 +141,19 @@ _loaded = False
 
 
 def _load() -> None:
-    """Import the implementation families once; each registers itself."""
+    """Import every module of this package once; each implementation family registers
+    itself, so a new built-in is one new file here. Listed in registration order: dense
+    first, then by module name."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    from attnbench.impls import (  # noqa: F401  # noqa: F401
-        block_sparse,
-        block_sparse_ring,  # noqa: F401  (after block_sparse: it takes its parameters)
-        dense,
-        dilated,
-        ring,
-    )
+    import importlib
+    import pkgutil
+
+    modules = sorted(m.name for m in pkgutil.iter_modules(__path__))
+    for name in ["dense", *(m for m in modules if m != "dense")]:
+        importlib.import_module(f"{__name__}.{name}")
 
 
 __all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "build_for_ranks", "names", "spec", "register", "normalize_config"]

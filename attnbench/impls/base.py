@@ -46,6 +46,12 @@ class ImplSpec:
     # Configurations `attnbench verify` checks, each with the shapes it runs at.
     verify_configs: tuple[dict[str, Any], ...] = ({},)
     distributed: bool = False
+    #: 2 when peak memory grows with N^2 (N x N scores held), 1 when with N: the capacity fit's model
+    memory_order: int = 1
+    #: sequence-parallel implementations: the single-device one computing the same key sets
+    counterpart: str | None = None
+    #: where an outside implementation comes from: import_path, package, version (None: built in)
+    source: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -350,5 +350,6 @@ register(ImplSpec(
     params=_params(),
     verify_configs=_verify_configs,
     distributed=True,
+    counterpart="block-sparse",
     extra={"modes": ("fwd",)},
 ))

@@ -104,6 +104,7 @@ register(ImplSpec(
     name="naive",
     factory=NaiveAttention,
     summary="standard attention: materialises N x N scores (O(N^2) memory)",
+    memory_order=2,
 ))
 register(ImplSpec(
     name="sdpa",

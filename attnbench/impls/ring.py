@@ -667,6 +667,7 @@ register(ImplSpec(
     params=(KERNEL_PARAM,),
     verify_configs=({},),
     distributed=True,
+    counterpart="sdpa",
     extra=_SEQPAR,
 ))
 register(ImplSpec(
@@ -676,6 +677,7 @@ register(ImplSpec(
     params=(*SEGMENT_PARAMS, KERNEL_PARAM),
     verify_configs=DILATED_VERIFY,
     distributed=True,
+    counterpart="dilated",
     extra=_SEQPAR,
 ))
 register(ImplSpec(
@@ -685,6 +687,7 @@ register(ImplSpec(
     params=(*SEGMENT_PARAMS, Param("grid_width", 0, "grid width in tokens (0: automatic from the length)"), KERNEL_PARAM),
     verify_configs=DILATED_VERIFY[:2] + ({"segment_lengths": [16, 32], "dilation_rates": [2, 4], "grid_width": 16},),
     distributed=True,
+    counterpart="dilated",
     extra=_SEQPAR,
 ))
 register(ImplSpec(
@@ -698,5 +701,6 @@ register(ImplSpec(
     devices=("cuda",),
     dtypes=("fp16", "bf16", "fp32"),
     distributed=True,
+    counterpart="sdpa",
     extra={**_SEQPAR, "availability": context_parallel_availability},
 ))

@@ -27,8 +27,10 @@ class MemoryProbe:
         return {name: peak}
 
     def freeze(self) -> None:
-        """Report the peaks as they are now; later allocations are not the trial's."""
-        self.frozen = self.peaks()
+        """Report the peaks as they are now; later allocations (CUDA-graph pools, counting
+        pairs from a declared mask) are not the trial's. The first freeze holds."""
+        if self.frozen is None:
+            self.frozen = self.peaks()
 
     def start(self, limit: int | None) -> None:
         if self.cuda:
@@ -50,9 +52,9 @@ class MemoryProbe:
         return current_rss_bytes() - self.base
 
     def peaks(self) -> dict[str, Any]:
+        if self.frozen is not None:
+            return self.frozen
         if self.cuda:
-            if self.frozen is not None:
-                return self.frozen
             if not torch.cuda.is_initialized():
                 return {}
             return {

@@ -36,15 +36,18 @@ GIB = 2**30
 GPU_SIZES_GIB = (8, 24, 40, 80, 141)
 ACCURACY_TARGET = 0.05
 MIN_TRIALS_FOR_TARGET = 4
-# Implementations that hold N x N scores (and sdpa when its math backend ran).
-QUADRATIC_IMPLS = {"naive"}
+# Backends that hold N x N scores whatever the implementation declares (sdpa's math).
 QUADRATIC_BACKENDS = {"math"}
 # Trials nearest the limit say most about what is not the allocator's near the limit.
 OVERHEAD_TRIALS = 3
 
 
-def memory_degree(impl: str, backend: str | None = None) -> int:
-    return 2 if impl in QUADRATIC_IMPLS or backend in QUADRATIC_BACKENDS else 1
+def memory_degree(impl: str, backend: str | None = None, row: dict[str, Any] | None = None) -> int:
+    """The fit's degree: the implementation's declared memory order (``ImplSpec.memory_order``,
+    recorded in the rows of outside implementations), 2 when a quadratic backend ran."""
+    from attnbench import impls
+
+    return 2 if impls.memory_order(impl, row) == 2 or backend in QUADRATIC_BACKENDS else 1
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
         head = series_rows[0]
         good = [r for r in ok(series_rows) if fitted_peak(r)]
         backend = next((r.get("backend") for r in good if r.get("backend")), None)
-        degree = memory_degree(head["impl"], backend)
+        degree = memory_degree(head["impl"], backend, head)
         fit = fit_memory([r["seq_len"] for r in good], [fitted_peak(r) for r in good], degree)
         total, overhead, budget, note = _measured_budget(series_rows)
         stop = stops.get(key)

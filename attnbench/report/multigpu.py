@@ -30,9 +30,6 @@ from attnbench.report.sweep_tables import max_seq_summary, series_groups
 SPEEDUP_KIND = "speedup"
 STRATEGY_NAMES = {"single": "Single GPU", "dp": "DataParallel", "mp": "Multi-process data parallel (DDP)",
                   "ring": "Ring (sequence parallel)"}
-# A ring variant computes what its single-device counterpart computes (docs/semantics.md).
-RING_COUNTERPART = {"ring": "sdpa", "context-parallel": "sdpa", "ring-dilated": "dilated",
-                    "ring-dilated-hilbert": "dilated", "block-sparse-ring": "block-sparse"}
 
 
 def speedup_trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,7 +102,10 @@ def is_ring_trial(r: dict[str, Any]) -> bool:
 
 def counterparts(impl: str) -> tuple[str, ...]:
     """Single-device implementations that compute what ``impl`` computes, preferred first."""
-    return (impl, RING_COUNTERPART[impl]) if impl in RING_COUNTERPART else (impl,)
+    from attnbench import impls
+
+    counterpart = impls.counterpart(impl)
+    return (impl, counterpart) if counterpart else (impl,)
 
 
 #: which single-GPU row a multi-GPU ring row is compared with
@@ -123,8 +123,10 @@ def baselines(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str
     """The single-GPU rows of the same workload and length: ``equal work`` (the best
     single-device implementation of the same key sets over the whole sequence) and ``same
     split`` (the same implementation on one rank), each None where not measured."""
+    from attnbench import impls
+
     impl = row.get("impl")
-    counterpart = RING_COUNTERPART.get(impl)
+    counterpart = impls.counterpart(impl)
     return {EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
             SAME_SPLIT: _same_workload(row, impl, candidates)}
 
