@@ -59,11 +59,13 @@ def verify(
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench.reference import TOLERANCE, default_cases
-    from attnbench.results import ResultsWriter, capture_env, clean_floats
+    from attnbench.results import ResultsWriter, capture_env, check_output_dir, check_same_machine, clean_floats
     from attnbench.sweeps import seqpar
     from attnbench.trial import run_verify_isolated
     from attnbench.workload import check_workload_fields
 
+    if out:
+        check_output_dir(out)
     names = impl or impls.names()
     for n in names:
         impls.spec(n)
@@ -78,6 +80,12 @@ def verify(
     cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes])]
     ranked = [c for n in distributed for w in worlds
               for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)]
+    if not cases and not ranked:
+        raise AttnbenchError(f"no reference check to run: {', '.join(names)} cannot run {'/'.join(dtypes)} on {device}; "
+                             "see `attnbench list` for each implementation's devices and dtypes")
+    env = capture_env() if out else None
+    if out:
+        check_same_machine(out, env["machine"])
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_verify_isolated(cases) if device == "cuda" and cases else [_run(c) for c in cases]
         rows += seqpar.verify(ranked) if ranked else []
@@ -93,7 +101,6 @@ def verify(
                   f"{TOLERANCE[r['dtype']]:.0e}", mark)
     console.print(t)
     if out:
-        env = capture_env()
         writer = ResultsWriter(out)
         for r in rows:
             writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
@@ -236,9 +243,14 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     from attnbench.results import capture_env
     from attnbench.sweeps.runner import SweepRunner, resolve
 
+    from attnbench.results import check_output_dir
+
+    if out:
+        check_output_dir(out)
     plan = resolve(build_plan(name, impl_names, flags, params, profile))
     env = capture_env()
     out_dir = Path(out) if out else _default_out(plan, env)
+    check_output_dir(out_dir)
     runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter())
     console.print(f"attnbench {plan.name}: {len(plan.series)} series on {env['machine']} -> {out_dir}")
     interrupted = False
@@ -262,7 +274,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
 
 def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
-    from attnbench.report.sweep_tables import max_seq_summary
+    from attnbench.report.sweep_tables import max_seq_summary, max_seq_text
     from attnbench.results import read_rows
     from attnbench.units import format_bytes, format_tokens
 
@@ -273,7 +285,7 @@ def _print_summary(out_dir: Path) -> None:
     for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
-        t.add_row(s["label"], s["dtype"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+        t.add_row(s["label"], s["dtype"], max_seq_text(s),
                   s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
                   format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
     console.print(t)
@@ -323,6 +335,9 @@ class RichReporter:
             mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
             console.print(f"  reference check {r['impl']} {_config_short(r['config'])} {r['dtype']} "
                           f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}")
+
+    def note(self, text) -> None:
+        err_console.print(f"warning: {escape(text)}")
 
     def series_started(self, series, index, total) -> None:
         st = series.settings
@@ -415,6 +430,7 @@ def check(
     deterministic: Annotated[bool, typer.Option("--deterministic", help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text | markdown (a pull-request comment) | json")] = "text",
     skip_unreadable: Annotated[bool, typer.Option("--skip-unreadable", help="skip unreadable lines (reported with file:line) instead of stopping")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="pass although trials or reference checks of the baseline are missing from the current results")] = False,
 ) -> None:
     """Compare results with a baseline: exit 0 when clean, 1 on any regression, 2 on unusable input."""
     from attnbench.check import ASPECTS, DETERMINISTIC_ASPECTS, FORMATS, Thresholds, render, run_check
@@ -423,7 +439,7 @@ def check(
         raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
     default = DETERMINISTIC_ASPECTS if deterministic else ASPECTS
     aspects = tuple(a.strip() for a in only.split(",") if a.strip()) if only else default
-    thresholds = Thresholds(time_factor, memory_factor, alpha, aspects, deterministic)
+    thresholds = Thresholds(time_factor, memory_factor, alpha, aspects, deterministic, allow_missing=allow_missing)
     report = run_check(baseline, current, thresholds, skip_unreadable=skip_unreadable)
     for w in report.warnings:
         err_console.print(f"warning: {escape(w)}")
@@ -460,6 +476,10 @@ def speedup(
     from attnbench.sweeps.speedup import (SEED_CASES, SpeedupRunner, SpeedupSettings, check_settings, parse_cases,
                                           parse_strategies)
 
+    from attnbench.results import check_output_dir
+
+    if out:
+        check_output_dir(out)
     device = _resolve_device(device)
     settings = check_settings(SpeedupSettings(
         impl=impl, config=_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(SEED_CASES if cases is None else cases), gpus=gpus,
@@ -555,6 +575,10 @@ def pattern(
     from attnbench.trial import _reset_rss_peak, _rss_hwm
     from attnbench.units import format_bytes, format_tokens, parse_tokens
 
+    from attnbench.results import check_output_file
+
+    if png:
+        check_output_file(png, "--png", ".png")
     n = parse_tokens(seq_len)
     config = _params(segment_lengths, dilation_rates, None, None)
     impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio,

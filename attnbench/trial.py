@@ -33,6 +33,9 @@ STARTUP_ALLOWANCE_S = 300.0
 
 # Phases whose length is not the trial's business: starting up, compiling kernels.
 UNTIMED_PHASES = ("startup", "compile")
+# The cold first call may take this many times the limit before it is killed: the time
+# limit is decided on a warm call.
+COLD_CALL_FACTOR = 3.0
 
 
 def phase_grace_s(limit_s: float) -> float:
@@ -92,11 +95,16 @@ def execute(spec: TrialSpec, phase: Callable[[str], None] = lambda name: None) -
             phase("first-call")
             first_ms = timer(step)
             row["first_call_ms"] = first_ms
+            call_ms = first_ms
             if first_ms > spec.max_trial_seconds * 1e3:
-                row.update(status="time-limit", message=f"one call took {first_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
+                # the cold call pays for allocator growth, autotuning and caches: decide on a warm one
+                phase("warm-call")
+                call_ms = row["warm_call_ms"] = timer(step)
+            if call_ms > spec.max_trial_seconds * 1e3:
+                row.update(status="time-limit", message=f"a warm call took {call_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
             else:
                 phase("timing")
-                row["times_ms"] = collect(step, timer, first_ms, spec.policy())
+                row["times_ms"] = collect(step, timer, call_ms, spec.policy())
                 row.update(status="ok")
         row["backend"] = impl.last_backend
         row.update(summarize(row["times_ms"]))
@@ -244,28 +252,81 @@ def run_isolated(spec: TrialSpec) -> dict[str, Any]:
     return _run_child({"job": "trial", "spec": asdict(spec)}, spec.max_trial_seconds)
 
 
-def run_verify_isolated(cases: list) -> list[dict[str, Any]]:
-    """Reference checks in a child process (keeps CUDA out of the calling process)."""
-    result = _run_child({"job": "verify", "cases": [asdict(c) for c in cases]}, STARTUP_ALLOWANCE_S)
+def run_verify_isolated(cases: list, memory_limit: int | None = None,
+                        max_seconds: float = STARTUP_ALLOWANCE_S) -> list[dict[str, Any]]:
+    """Reference checks in a child process, like a trial: inputs and the float64 reference
+    never live in the calling process, and the trial's memory and time limits apply."""
+    from attnbench.errors import AttnbenchError
+
+    if not cases:
+        return []
+    job = {"job": "verify", "cases": [asdict(c) for c in cases], "memory_limit": memory_limit}
+    result = _run_child(job, max_seconds)
     if "rows" not in result:
-        raise RuntimeError(f"reference check process failed: {result.get('message')}")
+        raise AttnbenchError(f"the reference check could not run ({result.get('status')}: {result.get('message')}); "
+                             "use a smaller configuration or raise --memory-limit")
     return result["rows"]
 
 
+TEMP_PREFIX = "attnbench-trial-"
+
+
 def _run_child(job: dict[str, Any], phase_limit_s: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="attnbench-trial-") as tmp:
+    remove_orphaned_temp_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
-        outcome = _supervise([sys.executable, "-m", "attnbench.trial", str(job_path), str(result_path)], phase_limit_s)
+        outcome = _supervise([sys.executable, "-m", "attnbench.trial", str(job_path), str(result_path)], phase_limit_s,
+                             memory_limit=job.get("spec", job).get("memory_limit"))
         if result_path.exists():
             return json.loads(result_path.read_text())
         return outcome
 
 
-def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``cmd``; kill it (and its process group) when a phase runs past its limit."""
+def remove_orphaned_temp_dirs(root: Path | None = None) -> list[Path]:
+    """Temp dirs of attnbench parents that died without cleaning up (SIGKILL): their trials
+    died with them (parent-death signal), so nothing else uses the dirs."""
+    import shutil
+
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        pid = d.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or d.is_symlink() or d.stat().st_uid != os.getuid():
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: Linux sends SIGKILL when the parent dies, however it dies."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None,
+               memory_limit: int | None = None) -> dict[str, Any]:
+    """Run ``cmd``; kill it (and its process group) when a phase runs past its limit. The
+    child dies with this process (parent-death signal), and its exit is classified by
+    evidence: the cgroup's OOM-kill counter and its resident memory against the limit."""
+    oom_kills_before = cgroup_oom_kills()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(extra_env), start_new_session=True)
+                            env=child_env(extra_env), start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     state = {"phase": "startup", "since": time.monotonic()}
     stderr_tail: deque[str] = deque(maxlen=40)
 
@@ -282,9 +343,13 @@ def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] |
     for r in readers:
         r.start()
     killed = None
+    rss_peak = 0
     try:
         while proc.poll() is None:
             limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else phase_limit_s + phase_grace_s(phase_limit_s)
+            if state["phase"] == "first-call":
+                limit = COLD_CALL_FACTOR * phase_limit_s + phase_grace_s(phase_limit_s)
+            rss_peak = max(rss_peak, _rss_of(proc.pid))
             elapsed = time.monotonic() - state["since"]
             if elapsed > limit:
                 killed = f"killed in phase {state['phase']} after {elapsed:.0f} s (limit {limit:.0f} s)"
@@ -299,7 +364,8 @@ def _supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] |
         r.join(timeout=5)
     if killed:
         return {"status": "time-limit", "message": killed, "times_ms": []}
-    return _classify_exit(proc.returncode, list(stderr_tail))
+    evidence = {"oom_kills": (oom_kills_before, cgroup_oom_kills()), "rss_peak": rss_peak, "memory_limit": memory_limit}
+    return _classify_exit(proc.returncode, list(stderr_tail), evidence)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -310,32 +376,78 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _classify_exit(returncode: int, stderr_tail: list[str]) -> dict[str, Any]:
-    """A child that died without writing its result."""
+def _classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A child that died without writing its result. A signal we did not send is the
+    kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
+    child's resident memory reached its limit; any other signal is "killed"."""
+    evidence = evidence or {}
     last = next((line for line in reversed(stderr_tail) if line.strip()), "")
-    if returncode == -signal.SIGKILL:
-        # we did not kill it, so the kernel did: its OOM killer
-        return {"status": "oom", "message": "killed by SIGKILL, not by attnbench: the kernel's OOM killer", "times_ms": []}
-    from attnbench.measure.oom import is_oom_text
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        before, after = evidence.get("oom_kills") or (None, None)
+        limit, rss = evidence.get("memory_limit"), evidence.get("rss_peak") or 0
+        if returncode == -signal.SIGKILL and before is not None and after is not None and after > before:
+            why = f"the cgroup's oom_kill count rose from {before} to {after}"
+        elif returncode == -signal.SIGKILL and limit and rss >= 0.9 * limit:
+            why = f"its resident memory reached {rss / 2**20:,.0f} MiB of the {limit / 2**20:,.0f} MiB limit"
+        else:
+            return {"status": "killed", "message": f"trial process killed by {name}, not by attnbench (no sign of the OOM killer)",
+                    "times_ms": []}
+        return {"status": "host-oom", "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
+                "times_ms": []}
+    from attnbench.measure.oom import classify_text
 
-    status = "oom" if is_oom_text(last) else "error"
-    return {"status": status, "message": f"trial process exited with {returncode}: {last}"[:400], "times_ms": []}
+    return {"status": classify_text(last), "message": f"trial process exited with {returncode}: {last}"[:400], "times_ms": []}
+
+
+def cgroup_oom_kills() -> int | None:
+    """The OOM-kill counter of this process's memory cgroup (v2, or v1's oom_control), or None."""
+    try:
+        rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::") or ":memory:" in line)
+    except (OSError, StopIteration):
+        rel = "/"
+    for path in (Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events"),
+                 Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control",
+                 Path("/sys/fs/cgroup/memory/memory.oom_control")):
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _rss_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _worker(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     if job["job"] == "verify":
+        from attnbench.measure.memory import CpuMemoryLimit
         from attnbench.reference import VerifyCase, run_case
 
-        result: dict[str, Any] = {"rows": [run_case(VerifyCase(**c)) for c in job["cases"]]}
+        cases = [VerifyCase(**c) for c in job["cases"]]
+        on_cpu = all(c.device == "cpu" for c in cases)
+        with CpuMemoryLimit(job.get("memory_limit") if on_cpu else None):
+            result: dict[str, Any] = {"rows": [run_case(c) for c in cases]}
     else:
         def phase(name: str) -> None:
             print(f"phase {name}", flush=True)
 
         result = execute(TrialSpec(**job["spec"]), phase)
-    tmp = Path(result_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, default=str))
-    os.replace(tmp, result_path)
+    from attnbench.results import write_text_atomic
+
+    write_text_atomic(Path(result_path), json.dumps(result, default=str))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from attnbench.report import plots as p
 from attnbench.report.data import Results, load, slug
 from attnbench.report.sections import SECTIONS, Doc, Machine
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
-from attnbench.results import now_utc, write_text_atomic
+from attnbench.results import check_output_dir, now_utc, write_text_atomic
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
@@ -61,8 +61,9 @@ def render(results: Results) -> Doc:
 
 
 def write_report(results_path: Path, out: Path | None = None) -> Written:
-    results = load(results_path)
     out_dir = Path(out) if out else default_out(results_path)
+    check_output_dir(out_dir)  # before reading anything
+    results = load(results_path)
     doc = render(results)
     written = []
     for name, table in doc.tables:

@@ -3,12 +3,15 @@ trials, appending each row to ``trials.jsonl`` the moment the trial ends.
 
 Nothing is written until the plan has been checked and every configuration has run on the
 reference check, so bad input leaves no results file behind. ``resume`` replays the rows
-already in the directory instead of running those trials again.
+already in the directory instead of running those trials again, when they were measured
+under the same limits and timing settings (their identity); any other row is measured
+again, and the reporter says so. The run holds an exclusive lock on the directory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -19,7 +22,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
-from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
+from attnbench.results import ResultsLock, ResultsWriter, clean_floats, now_utc, rows_to_resume, series_key
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
 from attnbench.trial import TrialSpec, execute, run_isolated, run_verify_isolated
 
@@ -30,6 +33,7 @@ class Reporter(Protocol):
     def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
     def trial_done(self, series: Series, row: dict[str, Any], replayed: bool) -> None: ...
     def series_done(self, series: Series, result: SearchResult | None) -> None: ...
+    def note(self, text: str) -> None: ...
 
 
 class SilentReporter:
@@ -70,8 +74,13 @@ def check_series(s: Series) -> None:
     for key in ("batch", "heads", "head_dim"):
         if getattr(st, key) <= 0:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
-    if st.max_trial_seconds <= 0:
-        raise AttnbenchError("--max-trial-seconds must be positive")
+    if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
+        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
+    if st.max_samples < st.min_samples:
+        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
+    if st.kind == "max-seq" and s.start() > st.max_seq_len:
+        raise AttnbenchError(f"{s.name}: --max-seq-len {st.max_seq_len:,} is below the first length {s.start():,}: "
+                             "raise --max-seq-len or lower --start")
     impl = s.build()
     if s.distributed:
         from attnbench.sweeps import seqpar
@@ -119,15 +128,19 @@ class SweepRunner:
         self.env = env
         self.resume = resume
         self.reporter = reporter or SilentReporter()
-        self.writer = ResultsWriter(self.out_dir)
+        self.writer = ResultsWriter(self.out_dir, warn=self.reporter.note)
         self.run_id = self.out_dir.name
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
+        self._kept: list[dict[str, Any]] = []  # verify and max-seq-result rows already written
+        self._remeasured = 0
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
         for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"]):
-            if r.get("kind") in ("max-seq", "points") and "series" in r:
+            if r.get("kind") in ("max-seq", "points") and "series" in r and "seq_len" in r:
                 self._done[(r["series"], r["seq_len"])] = r
+            elif r.get("kind") in ("verify", "max-seq-result"):
+                self._kept.append(r)
 
     def verify(self) -> list[dict[str, Any]]:
         """Check each configuration against the float64 reference; a case that cannot run
@@ -137,9 +150,12 @@ class SweepRunner:
         cases = verify_cases(self.plan)
         distributed = [c for c in cases if impls.spec(c.impl).distributed]
         cases = [c for c in cases if not impls.spec(c.impl).distributed]
-        on_cuda = any(c.device == "cuda" for c in cases)
-        # On the GPU in a child, so this process never holds a CUDA context during trials.
-        rows = run_verify_isolated(cases) if on_cuda else [_run_case(c) for c in cases]
+        # In a child under the trials' memory limit, like a trial (and so this process never
+        # holds a CUDA context); in this process only when every series runs in-process.
+        isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
+        limits = [s.settings.memory_limit for s in self.plan.series]
+        limit = None if None in limits else max(limits)
+        rows = run_verify_isolated(cases, limit) if isolate else [_run_case(c) for c in cases]
         if distributed:  # across ranks under torchrun, against the reference and the single-device output
             from attnbench.sweeps import seqpar
 
@@ -156,8 +172,13 @@ class SweepRunner:
     def run(self) -> list[SeriesOutcome]:
         self.prepare()
         verify_rows = self.verify()
+        with ResultsLock(self.out_dir):
+            self.prepare()  # again under the lock: what a run that just ended wrote counts
+            return self._run_locked(verify_rows)
+
+    def _run_locked(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
         for row in verify_rows:
-            self._append({**row, "run": self.run_id, "env": self.env})
+            self._append_once({**row, "run": self.run_id, "env": self.env}, VERIFY_IDENTITY)
         self.reporter.verify_done(verify_rows)
         failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
         outcomes = []
@@ -170,6 +191,9 @@ class SweepRunner:
             result = self._run_series(s)
             outcomes.append(SeriesOutcome(s, True, result))
             self.reporter.series_done(s, result)
+        if self._remeasured:
+            self.reporter.note(f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
+                               "or timing settings and were measured again")
         return outcomes
 
     def _run_series(self, s: Series) -> SearchResult | None:
@@ -182,55 +206,106 @@ class SweepRunner:
             start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
-        self._append({
+        self._append_once({
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
             "first_failure": result.first_failure, "stop_status": result.stop_status,
             "stopped_by": result.stopped_by, "granularity": s.granularity(), **_parallelism(s),
             "resolution": s.settings.resolution, "start": s.start(), "max_seq_len": s.settings.max_seq_len,
             "trials": len(result.tried), "env": self.env,
-        })
+        }, RESULT_IDENTITY)
         return result
 
     def _key(self, s: Series) -> str:
         return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind, **_parallelism(s))
 
     def _probe(self, s: Series, seq_len: int, phase: str) -> str:
+        """One point of the search. A failed search probe is retried once in a fresh process
+        before the search accepts it (both attempts are rows): one flaky kill or OOM must not
+        set a capacity."""
+        row = self._trial(s, seq_len, phase, attempt=1)
+        if row["status"] != "ok" and phase in ("grow", "bisect") and row.get("attempt", 1) < 2:
+            row = self._trial(s, seq_len, phase, attempt=2)
+        return row["status"]
+
+    def _trial(self, s: Series, seq_len: int, phase: str, attempt: int) -> dict[str, Any]:
         key = (self._key(s), seq_len)
-        if key in self._done:
-            row = self._done[key]
-            self.reporter.trial_done(s, row, True)
-            return row["status"]
+        spec = self._spec(s, seq_len)
+        earlier = self._done.get(key)
+        if earlier is not None and earlier.get("attempt", 1) >= attempt:
+            if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
+                self.reporter.trial_done(s, earlier, True)
+                return earlier
+            self._remeasured += 1
+            self.reporter.note(f"{s.name} at {seq_len:,}: the earlier trial ran under "
+                               f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+                               "measuring again")
         self.reporter.trial_started(s, seq_len, phase)
-        st = s.settings
-        spec = TrialSpec(
-            workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
-            memory_limit=st.memory_limit,
-            timing={"warmup": st.warmup, "min_samples": st.min_samples, "max_samples": st.max_samples,
-                    "target_ms": st.target_ms},
-            seed=seq_len,
-        )
         started, t0 = now_utc(), time.monotonic()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
             from attnbench.sweeps import seqpar
 
             measured = seqpar.run_trial(spec, s.world_size)
         else:
-            measured = run_isolated(spec) if st.isolate else execute(spec)
+            measured = run_isolated(spec) if s.settings.isolate else execute(spec)
         row = {
-            "kind": st.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
-            "label": s.name, "phase": phase, **_workload_fields(s.workload(seq_len)),
-            **_parallelism(s), "isolate": st.isolate or s.distributed,
-            "max_trial_seconds": st.max_trial_seconds, "memory_limit": st.memory_limit,
+            "kind": s.settings.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
+            "label": s.name, "phase": phase, "attempt": attempt, **_workload_fields(s.workload(seq_len)),
+            **_parallelism(s), **spec_fields(spec, s),
             **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
         }
         self._append(row)
         self._done[key] = row
         self.reporter.trial_done(s, row, False)
-        return row["status"]
+        return row
+
+    def _spec(self, s: Series, seq_len: int) -> TrialSpec:
+        st = s.settings
+        return TrialSpec(
+            workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
+            memory_limit=st.memory_limit,
+            timing={"warmup": st.warmup, "min_samples": st.min_samples, "max_samples": st.max_samples,
+                    "target_ms": st.target_ms},
+            seed=seq_len,
+        )
 
     def _append(self, row: dict[str, Any]) -> None:
         self.writer.append(clean_floats(row))
+
+    def _append_once(self, row: dict[str, Any], identity: tuple[str, ...]) -> None:
+        """A resumed run does not repeat a reference check or a search result it already has."""
+        ident = {k: row.get(k) for k in identity}
+        if any(r.get("kind") == row["kind"] and {k: r.get(k) for k in identity} == ident for r in self._kept):
+            return
+        self._kept.append(row)
+        self._append(row)
+
+
+# What makes two rows the same reference check, or the same search result.
+VERIFY_IDENTITY = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "causal", "dtype", "device",
+                   "world_size", "status")
+RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
+# The settings besides the workload that can change a trial's outcome: a row measured under
+# other values is not this run's trial.
+TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
+
+
+def spec_fields(spec: TrialSpec, s: Series) -> dict[str, Any]:
+    return {"max_trial_seconds": spec.max_trial_seconds, "memory_limit": spec.memory_limit,
+            "isolate": s.settings.isolate or s.distributed, "timing": spec.timing}
+
+
+def trial_identity(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in TRIAL_SETTINGS}
+
+
+def _identity_text(fields: dict[str, Any]) -> str:
+    from attnbench.units import format_bytes
+
+    limit = fields.get("memory_limit")
+    timing = fields.get("timing")
+    return (f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
+            f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}")
 
 
 def _workload_fields(wl) -> dict[str, Any]:

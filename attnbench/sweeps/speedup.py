@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import tempfile
 import time
@@ -109,8 +110,11 @@ def check_settings(s: SpeedupSettings, cuda_devices: int, cases_given: bool = Tr
     for key in ("gpus", "heads", "head_dim"):
         if getattr(s, key) < 1:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be at least 1")
-    if s.max_trial_seconds <= 0:
-        raise AttnbenchError("--max-trial-seconds must be positive")
+    if not (math.isfinite(s.max_trial_seconds) and s.max_trial_seconds > 0):
+        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
+    if s.device == "cpu" and s.gpus > (os.cpu_count() or 1):
+        raise AttnbenchError(f"--gpus {s.gpus} on the CPU starts {s.gpus} processes but this machine has "
+                             f"{os.cpu_count()} cores: use --gpus {os.cpu_count() or 1} or fewer")
     if s.device == "cuda" and s.gpus > cuda_devices:
         raise AttnbenchError(f"--gpus {s.gpus} but this machine has {cuda_devices} CUDA GPU{'s' if cuda_devices != 1 else ''}: "
                              f"ask for at most {cuda_devices}")
