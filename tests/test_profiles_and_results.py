@@ -29,11 +29,12 @@ def test_cli_flags_override_the_profile():
 
 def test_corrupt_lines_are_reported_with_file_and_line_and_the_rest_used(tmp_path):
     writer = ResultsWriter(tmp_path)
-    writer.append({"kind": "verify", "n": 1})
+    check = {"kind": "verify", "impl": "naive", "status": "pass"}
+    writer.append({**check, "n": 1})
     with open(writer.path, "a") as f:
         f.write('{"kind": "verify", "n": 2\n')  # truncated by a kill
         f.write("[1, 2]\n")
-    writer.append({"kind": "verify", "n": 3})
+    writer.append({**check, "n": 3})
     rows, problems = read_rows(tmp_path)
     assert [r["n"] for r in rows] == [1, 3]
     assert len(problems) == 2 and f"{writer.path}:2:" in problems[0] and f"{writer.path}:3:" in problems[1]
