@@ -25,7 +25,7 @@ from typing import Any, Callable, Protocol
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.reference import TOLERANCE, VerifyCase
-from attnbench.results import ResultsWriter, clean_floats, now_utc, rows_to_resume
+from attnbench.results import ResultsLock, ResultsWriter, clean_floats, now_utc, rows_to_resume
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.units import parse_tokens
@@ -342,16 +342,18 @@ class SpeedupRunner:
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
         self.prepare()
-        if not self.verified:
-            rows = self.verify()
-            for row in rows:
-                self._append({**row, "run": self.run_id, "env": self.env})
-            self.reporter.verify_done(rows)
-            if any(r["status"] != "pass" for r in rows):
-                return False
-        for case in self.s.cases:
-            with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
-                self._run_case(case, Path(scratch))
+        rows = None if self.verified else self.verify()
+        with ResultsLock(self.out_dir):  # one run per directory
+            self.prepare()
+            if rows is not None and not self.verified:
+                for row in rows:
+                    self._append({**row, "run": self.run_id, "env": self.env})
+                self.reporter.verify_done(rows)
+                if any(r["status"] != "pass" for r in rows):
+                    return False
+            for case in self.s.cases:
+                with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
+                    self._run_case(case, Path(scratch))
         return True
 
     def _run_case(self, case: Case, reference: Path) -> None:
