@@ -136,6 +136,7 @@ class SweepRunner:
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
+        self._done, self._kept = {}, []
         for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"]):
             if r.get("kind") in ("max-seq", "points") and "series" in r and "seq_len" in r:
                 self._done[(r["series"], r["seq_len"])] = r
