@@ -311,6 +311,15 @@ def test_a_real_signal_from_outside_is_killed_not_out_of_memory():
         assert "oom_kill count rose" in out["message"]
 
 
+def test_ranks_that_left_no_result_take_the_class_of_the_launcher_exit():
+    from attnbench.distributed import agreed_status
+
+    def ranks(outcome):
+        return [{"status": "killed", "rank": r, "outcome": outcome, "message": "no result", "failed_at": r} for r in (0, 1)]
+    assert [agreed_status(ranks(o))[0] for o in ("host-oom", "killed", "time-limit", "error")] == \
+        ["host-oom", "killed", "time-limit", "error"]
+
+
 def test_an_unsupported_shape_is_its_own_class():
     from attnbench.measure.oom import classify
 
