@@ -59,6 +59,7 @@ class Thresholds:
     alpha: float = 0.05      # family-wise, across all time comparisons (Holm)
     aspects: tuple[str, ...] = ASPECTS
     deterministic: bool = False
+    allow_missing: bool = False  # missing trials or reference checks do not fail the gate
 
     def check(self) -> None:
         if not self.time_factor >= 1.0 or not self.memory_factor >= 1.0:
@@ -192,11 +193,8 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
     files = result_files(path)
     if not files:
         raise AttnbenchError(f"{label} {path} holds no trials.jsonl: give a results directory or a trials.jsonl file")
-    try:
-        rows, problems = read_rows(files)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AttnbenchError(f"{label} {path}: cannot read it ({exc})") from None
-    # read_rows skips what is not JSON or not a valid row (schema version, a field's type)
+    rows, problems = read_rows(files)
+    # read_rows skips what is not JSON or not a valid row (a field's type, a missing key)
     problems = [p.replace(" line skipped (", " line (").replace(" row skipped (", " row (") for p in problems]
     if problems and not skip_unreadable:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
@@ -271,7 +269,13 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(f.blocking for f in self.findings) else 0
+        """1 on a regression, an unconfirmed slowdown, or (unless allowed) anything the
+        baseline measured or checked that the current results lack."""
+        return 1 if any(f.blocking for f in self.findings) or self.missing_blocks else 0
+
+    @property
+    def missing_blocks(self) -> bool:
+        return bool(self.missing) and not self.thresholds.allow_missing
 
     def headline(self) -> str:
         regressions = self.of("regression")
@@ -281,6 +285,8 @@ class CheckReport:
             bits.append(f"{len(regressions)} regression{'s' * (len(regressions) != 1)}")
         if inconclusive:
             bits.append(f"{len(inconclusive)} inconclusive slowdown{'s' * (len(inconclusive) != 1)}")
+        if self.missing_blocks:
+            bits.append(f"{len(self.missing)} missing (pass --allow-missing to accept)")
         verdict = "FAIL" if self.exit_code else "PASS"
         n = len(self.of("improvement"))
         rest = [f"{n} improvement{'s' * (n != 1)}", f"{len(self.of('unchanged'))} unchanged"]
@@ -336,7 +342,8 @@ class _Comparison:
         self._match(self.base.capacity, self.cur.capacity, self._capacity,
                     lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}")
         self._verify()
-        if not self.measured and (self.not_compared or not self.checked):
+        # reference checks in common do not make two unrelated sweeps comparable
+        if not self.measured and (self.not_compared or not self.checked or self.base.trials or self.cur.trials):
             self._nothing_in_common()
 
     def _match(self, base: dict, cur: dict, judge, name) -> None:
@@ -467,6 +474,8 @@ class _Comparison:
             self.missing.append(f"reference check {_verify_name(base[key])}")
         if not self.wants("correctness"):
             return
+        if not self.cur.verify:  # results that never met the reference cannot pass a correctness gate
+            self.missing.append("every reference check: the current results hold none (run with the reference check on)")
         for key, rows in cur.items():
             for r in rows:
                 was = base[key]["status"] if key in base else "not checked"

@@ -66,11 +66,13 @@ def verify(
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench import impls
     from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE, default_cases
-    from attnbench.results import ResultsWriter, capture_env, clean_floats
+    from attnbench.results import ResultsWriter, capture_env, check_output_dir, check_same_machine, clean_floats
     from attnbench.sweeps import seqpar
     from attnbench.sweeps.verification import run_reference_checks
     from attnbench.workload import check_workload_fields
 
+    if out:
+        check_output_dir(out)
     names = impl or impls.names()
     for n in names:
         impls.spec(n)
@@ -91,6 +93,12 @@ def verify(
                for n in names if given}
     cases = [c for n in single for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], mode, configs.get(n))]
     broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
+    if not cases and not ranked:
+        raise AttnbenchError(f"no reference check to run: {', '.join(names)} cannot run {'/'.join(dtypes)} on {device}; "
+                             "see `attnbench list` for each implementation's devices and dtypes")
+    env = capture_env() if out else None
+    if out:
+        check_same_machine(out, env["machine"])
     with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
         rows = run_reference_checks(cases + ranked)
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
@@ -108,7 +116,6 @@ def verify(
                   f"{TOLERANCE[r['dtype']]:.0e}", *grads, mark)
     console.print(t)
     if out:
-        env = capture_env()
         writer = ResultsWriter(out)
         for r in rows:
             writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
@@ -272,14 +279,17 @@ def run(
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     from attnbench.plan import build_plan
     from attnbench.report.sweep_files import write_sweep_tables
-    from attnbench.results import capture_env
+    from attnbench.results import capture_env, check_output_dir
     from attnbench.sweeps.runner import SweepRunner, resolve
 
+    if out:
+        check_output_dir(out)
     plan = resolve(build_plan(name, impl_names, flags, params, profile))
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
         env["clipped"] = list(plan.clipped)
     out_dir = Path(out) if out else _default_out(plan, env)
+    check_output_dir(out_dir)
     runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter(), speedup_reporter=SpeedupReporter())
     speedups = f", {len(plan.speedups)} speedup run{'s' if len(plan.speedups) != 1 else ''}" if plan.speedups else ""
     console.print(f"attnbench {plan.name}: {len(plan.series)} series{speedups} on {env['machine']} -> {out_dir}")
@@ -308,7 +318,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
 
 def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
-    from attnbench.report.sweep_tables import max_seq_summary
+    from attnbench.report.sweep_tables import max_seq_summary, max_seq_text
     from attnbench.results import read_rows
     from attnbench.units import format_bytes, format_tokens
 
@@ -319,7 +329,7 @@ def _print_summary(out_dir: Path) -> None:
     for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
-        t.add_row(s["label"], s["dtype"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+        t.add_row(s["label"], s["dtype"], max_seq_text(s),
                   s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
                   format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
     console.print(t)
@@ -370,6 +380,9 @@ class RichReporter:
             mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
             console.print(f"  reference check {r['impl']} {_config_short(r['config'])} {r['dtype']} "
                           f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}")
+
+    def note(self, text) -> None:
+        err_console.print(f"warning: {escape(text)}")
 
     def series_started(self, series, index, total) -> None:
         st = series.settings
@@ -462,6 +475,7 @@ def check(
     deterministic: Annotated[bool, typer.Option("--deterministic", help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text | markdown (a pull-request comment) | json")] = "text",
     skip_unreadable: Annotated[bool, typer.Option("--skip-unreadable", help="skip unreadable lines (reported with file:line) instead of stopping")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="pass although trials or reference checks of the baseline are missing from the current results")] = False,
 ) -> None:
     """Compare results with a baseline: exit 0 when clean, 1 on any regression, 2 on unusable input."""
     from attnbench.check import ASPECTS, DETERMINISTIC_ASPECTS, FORMATS, Thresholds, render, run_check
@@ -470,7 +484,7 @@ def check(
         raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
     default = DETERMINISTIC_ASPECTS if deterministic else ASPECTS
     aspects = tuple(a.strip() for a in only.split(",") if a.strip()) if only else default
-    thresholds = Thresholds(time_factor, memory_factor, alpha, aspects, deterministic)
+    thresholds = Thresholds(time_factor, memory_factor, alpha, aspects, deterministic, allow_missing=allow_missing)
     report = run_check(baseline, current, thresholds, skip_unreadable=skip_unreadable)
     for w in report.warnings:
         err_console.print(f"warning: {escape(w)}")
@@ -503,7 +517,7 @@ def speedup(
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
     from attnbench.report.speedup_tables import write_speedup_tables
-    from attnbench.results import capture_env
+    from attnbench.results import capture_env, check_output_dir
     from attnbench.sweeps.speedup import (
         SEED_CASES,
         SpeedupRunner,
@@ -513,6 +527,8 @@ def speedup(
         parse_strategies,
     )
 
+    if out:
+        check_output_dir(out)
     device = _resolve_device(device)
     settings = check_settings(SpeedupSettings(
         impl=impl, config=_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(SEED_CASES if cases is None else cases), gpus=gpus,
@@ -607,8 +623,11 @@ def pattern(
     from attnbench import impls
     from attnbench.measure.memory import current_rss_bytes
     from attnbench.measure.probe import reset_rss_peak, rss_high_water
+    from attnbench.results import check_output_file
     from attnbench.units import format_bytes, format_tokens, parse_tokens
 
+    if png:
+        check_output_file(png, "--png", ".png")
     n = parse_tokens(seq_len)
     config = _params(segment_lengths, dilation_rates, None, None)
     impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio,

@@ -7,6 +7,7 @@ or a wrong type is an error that names the key.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -59,9 +60,19 @@ def _int(v):
 
 
 def _float(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError("a number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError("a finite number")
     return float(v)
+
+
+def _at_least(low, parse, what):
+    """``parse``, then refuse values below ``low`` (negative counts, zero lengths)."""
+    def check(v):
+        v = parse(v)
+        if v < low:
+            raise ValueError(what)
+        return v
+    return check
 
 
 def _bool(v):
@@ -101,13 +112,17 @@ SETTING_PARSERS = {
     "mode": _choice(*MODES),
     "causal": _bool,
     "seq_lens": lambda v: tuple(parse_tokens(x) for x in (v if isinstance(v, list) else parse_int_list(v, "seq_lens"))),
-    "start": parse_tokens, "max_seq_len": parse_tokens, "resolution": parse_tokens,
-    "max_trial_seconds": _float,
+    "start": _at_least(0, parse_tokens, "a length >= 0 (0: the default)"),
+    "max_seq_len": _at_least(1, parse_tokens, "a positive length, e.g. 64K"),
+    "resolution": _at_least(0, parse_tokens, "a length >= 0"),
+    "max_trial_seconds": _at_least(1e-9, _float, "a positive number of seconds"),
     "memory_limit": lambda v: None if v in (None, "", 0, "none") else parse_bytes(v),
     "isolate": _bool,
-    "warmup": _int, "min_samples": _int, "max_samples": _int,
-    "warmup_s": _float, "timing_budget_s": _float, "repeat": _int,
-    "target_ms": _float,
+    "warmup": _at_least(0, _int, "an integer >= 0"),
+    "min_samples": _at_least(1, _int, "an integer >= 1"), "max_samples": _at_least(1, _int, "an integer >= 1"),
+    "warmup_s": _at_least(0, _float, "a number of seconds >= 0"),
+    "timing_budget_s": _float, "repeat": _int,
+    "target_ms": _at_least(0, _float, "a number of milliseconds >= 0"),
     "label": _str,
     "gpus": _gpus,
     "equal_work": _bool,
@@ -120,7 +135,9 @@ def parse_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in values.items():
         try:
             out[key] = SETTING_PARSERS[key](value)
-        except (ValueError, TypeError, AttnbenchError) as exc:
+        except AttnbenchError as exc:  # already a sentence of its own
+            raise AttnbenchError(f"{where}: {key!r}: {exc}") from None
+        except (ValueError, TypeError) as exc:
             raise AttnbenchError(f"{where}: {key!r} must be {exc}, got {value!r}") from None
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from attnbench import impls
+from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
@@ -166,14 +167,20 @@ def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
 
 def run_isolated(spec: TrialSpec) -> dict[str, Any]:
     """Run the trial in a worker process; returns its row fields, classifying a kill or crash."""
-    return run_in_child(trial_job, {"spec": asdict(spec)}, spec.max_trial_seconds)
+    return run_in_child(trial_job, {"spec": asdict(spec)}, spec.max_trial_seconds, memory_limit=spec.memory_limit)
 
 
-def run_verify_isolated(cases: list[VerifyCase]) -> list[dict[str, Any]]:
-    """Reference checks in a worker process (keeps CUDA out of the calling process)."""
-    result = run_in_child(verify_job, {"cases": [asdict(c) for c in cases]}, STARTUP_ALLOWANCE_S)
+def run_verify_isolated(cases: list[VerifyCase], memory_limit: int | None = None,
+                        max_seconds: float = STARTUP_ALLOWANCE_S) -> list[dict[str, Any]]:
+    """Reference checks in a worker process, like a trial: inputs and the float64 reference
+    never live in the calling process (nor CUDA), and the trial's memory and time limits apply."""
+    if not cases:
+        return []
+    result = run_in_child(verify_job, {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
+                          max_seconds, memory_limit=memory_limit)
     if "rows" not in result:
-        raise RuntimeError(f"reference check process failed: {result.get('message')}")
+        raise AttnbenchError(f"the reference check could not run ({result.get('status')}: {result.get('message')}); "
+                             "use a smaller configuration or raise --memory-limit")
     return result["rows"]
 
 
@@ -183,5 +190,8 @@ def trial_job(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_verify_isolated``."""
-    return {"rows": [run_case(VerifyCase(**c)) for c in args["cases"]]}
+    """Worker side of ``run_verify_isolated``; CPU cases under the memory limit."""
+    cases = [VerifyCase(**c) for c in args["cases"]]
+    on_cpu = all(c.device == "cpu" for c in cases)
+    with CpuMemoryLimit(args.get("memory_limit") if on_cpu else None):
+        return {"rows": [run_case(c) for c in cases]}

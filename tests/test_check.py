@@ -391,8 +391,12 @@ def test_corrupt_lines_stop_the_check_unless_skipped(runs, tmp_path, capsys):
     cut.parent.mkdir()
     cut.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2] + "\n" + "".join(lines[4:]))
     one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut), f"{cut}:4: unreadable line")
+    # the skipped line's trial is then missing: that fails the gate unless allowed
     code, out, err = attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut, "--skip-unreadable",
                                "--only", "correctness,bytes")
+    assert code == 1 and "missing (baseline only): 1" in out, out + err
+    code, out, err = attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut, "--skip-unreadable",
+                               "--allow-missing", "--only", "correctness,bytes")
     assert code == 0, out + err
     assert f"warning: current {cut}:4: unreadable line" in err
 

@@ -112,11 +112,15 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "(from earlier run)" in done.stdout
     rows = trials(out)
-    lengths = [r["seq_len"] for r in rows]
-    assert len(lengths) == len(set(lengths)), "a trial ran twice"
+    attempts = [(r["seq_len"], r["attempt"]) for r in rows]
+    assert len(attempts) == len(set(attempts)), "a trial ran twice"
+    # a failed probe is tried once more before the search accepts it; a success never is
+    assert all((n, 2) in attempts for n, a in attempts if a == 1 and
+               next(r for r in rows if (r["seq_len"], r["attempt"]) == (n, 1))["status"] != "ok")
     assert {r["trial"] for r in kept} <= {r["trial"] for r in rows}, "a finished trial was lost"
-    # replaying the search over the recorded statuses visits exactly the recorded lengths
-    status = {r["seq_len"]: r["status"] for r in rows}
+    # replaying the search over the recorded statuses (the last attempt's) visits exactly the recorded lengths
+    lengths = sorted({n for n, _ in attempts})
+    status = {r["seq_len"]: r["status"] for r in sorted(rows, key=lambda r: r["attempt"])}
     replay = grow_then_bisect(lambda n, phase: status[n], start=1024, granularity=128, max_len=1 << 31, resolution=1024)
-    assert sorted(n for n, _ in replay.tried) == sorted(lengths)
+    assert sorted(n for n, _ in replay.tried) == lengths
     assert replay.stop_status == "oom"

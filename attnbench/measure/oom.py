@@ -1,4 +1,5 @@
-"""Is a failure an out-of-memory? One place decides, for every trial."""
+"""What kind of failure is an exception: out-of-memory, unsupported, or an error? One place
+decides, for every trial."""
 
 from __future__ import annotations
 
@@ -14,7 +15,30 @@ _OOM_MESSAGES = (
     "cudnn_status_not_enough_workspace",
     "cusolver_status_alloc_failed",
     "failed to allocate memory",
+    "memoryerror",  # a child's last stderr line after Python's MemoryError
 )
+
+
+# The library saying the shape, dtype or layout is outside what it supports (cuDNN's "No
+# valid execution plans", "... is not supported"), as opposed to running out of anything.
+_UNSUPPORTED_MESSAGES = (
+    "no valid execution plans",
+    "not supported",
+    "no available kernel",
+    "cudnn_status_not_supported",
+)
+
+
+def is_unsupported_text(text: str) -> bool:
+    text = text.lower()
+    return any(m in text for m in _UNSUPPORTED_MESSAGES)
+
+
+def classify_text(text: str) -> str:
+    """The status an error message alone supports."""
+    if is_oom_text(text):
+        return "oom"
+    return "unsupported" if is_unsupported_text(text) else "error"
 
 
 def is_oom_text(text: str) -> bool:
@@ -29,8 +53,11 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException) -> str:
-    """'oom' for an allocation failure, 'error' for anything else."""
-    return "oom" if is_oom(exc) else "error"
+    """'oom' for an allocation failure, 'unsupported' when the library refuses the shape or
+    dtype, 'error' for anything else."""
+    if is_oom(exc):
+        return "oom"
+    return "unsupported" if isinstance(exc, (RuntimeError, NotImplementedError)) and is_unsupported_text(str(exc)) else "error"
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from attnbench.report.data import Results, load, slug
 from attnbench.report.findings import opening
 from attnbench.report.sections import SECTIONS, Doc, Machine, largest_records
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
-from attnbench.results import now_utc, write_text_atomic
+from attnbench.results import check_output_dir, now_utc, write_text_atomic
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
@@ -81,8 +81,9 @@ def only_missing(part: Doc, produced: bool) -> str | None:
 
 
 def write_report(results_path: Path, out: Path | None = None) -> Written:
-    results = load(results_path)
     out_dir = Path(out) if out else default_out(results_path)
+    check_output_dir(out_dir)  # before reading anything
+    results = load(results_path)
     doc = render(results)
     written = []
     for name, table in doc.tables:

@@ -15,7 +15,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-RESULT_TEXT = {"ok": "✓ Success", "oom": "✗ OOM", "time-limit": "✗ Time limit", "error": "✗ Error"}
+RESULT_TEXT = {"ok": "✓ Success", "oom": "✗ OOM", "host-oom": "✗ Host OOM (killed)", "killed": "✗ Killed",
+               "time-limit": "✗ Time limit", "unsupported": "✗ Unsupported", "error": "✗ Error"}
 
 
 def result_text(status: str) -> str:

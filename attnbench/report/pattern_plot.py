@@ -46,8 +46,13 @@ def draw_pattern(p: BlockPattern, block_size: int, path: Path) -> Path:
     ax.set_ylabel("query position (tokens)", fontsize=8)
     ax.tick_params(labelsize=7)
     fig.tight_layout()
+    import io
+
+    from attnbench.results import write_bytes_atomic
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_bytes_atomic(path, buf.getvalue())
     plt.close(fig)
     return path

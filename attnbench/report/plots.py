@@ -110,12 +110,11 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
 
 def save(fig, path) -> None:
     """Write a PNG so a reader never sees half of it, and free the figure."""
-    import os
-    from pathlib import Path
+    import io
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    from attnbench.results import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes_atomic(path, buf.getvalue())
     _pyplot().close(fig)

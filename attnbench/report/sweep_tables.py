@@ -14,9 +14,11 @@ import pandas as pd
 
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
+from attnbench.results import STOPPED_BY
 from attnbench.units import format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
+INTERRUPTED = "search interrupted"
 CSV_COLUMNS = [
     "run", "label", "impl", "kind", "phase", "seq_len", "status", "message", "batch", "heads", "head_dim",
     "dtype", "device", "mode", "causal", "time_ms", "time_iqr_ms", "time_min_ms", "time_max_ms", "time_ci_low",
@@ -57,8 +59,9 @@ def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "series": key, "label": trials[0]["label"], "impl": trials[0]["impl"], "dtype": trials[0]["dtype"],
             "device": trials[0]["device"], "machine": (trials[0].get("env") or {}).get("machine"),
             "max_seq_len": best, "first_failure": stop["seq_len"] if stop else None,
-            "stopped_by": {"oom": "memory", "time-limit": "time"}.get(stop["status"], stop["status"]) if stop else
-            ("max-seq-len cap" if done else "incomplete"),
+            # without its max-seq-result row the search never finished: a lower bound only
+            "stopped_by": INTERRUPTED if done is None else STOPPED_BY.get(stop["status"], stop["status"]) if stop else
+            STOPPED_BY["cap"],
             "stop_message": stop.get("message") if stop else "",
             "complete": done is not None,
             "peak_bytes": best_row.get("peak_bytes") if best_row else None,
@@ -119,10 +122,19 @@ def time_table(trials: list[dict[str, Any]]) -> str:
     )
 
 
+def max_seq_text(s: dict[str, Any]) -> str:
+    """The largest length of a summary; an unfinished search gives only a lower bound."""
+    if not s["max_seq_len"]:
+        return "none" if s["complete"] else "none yet"
+    return format_tokens(s["max_seq_len"]) if s["complete"] else f"≥ {format_tokens(s['max_seq_len'])}"
+
+
 def summary_table(summary: list[dict[str, Any]]) -> str:
     return table(
-        ["Implementation", "Dtype", "Device", "Max Sequence (ran – failed)", "Stopped By", "Peak at Max", "Peak / Floor", "Eager Time at Max"],
-        [[s["label"], s["dtype"], s["machine"] or s["device"], bracket(s["max_seq_len"], s["first_failure"], format_tokens),
+        ["Implementation", "Dtype", "Device", "Max Sequence (ran – failed)", "Stopped By", "Peak at Max", "Peak / Floor",
+         "Eager Time at Max"],
+        [[s["label"], s["dtype"], s["machine"] or s["device"],
+          bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
           s["stopped_by"], format_bytes(s["peak_bytes"], "GB"),
           f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
           ms_cell(time_interval(s)) if s["time_ms"] else "-"] for s in summary],

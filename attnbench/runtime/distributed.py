@@ -90,8 +90,8 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     ooms = [r for r in failed if r.get("status") == "oom"]
     first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
     status = first["status"]
-    if status == "killed":  # no rank said why: the supervisor's deadline, or a crash
-        status = "time-limit" if first.get("outcome") == "time-limit" else "error"
+    if status == "killed":  # no rank said why: the supervisor's deadline, the OOM killer, a signal, or a crash
+        status = first.get("outcome") if first.get("outcome") in ("time-limit", "host-oom", "killed") else "error"
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
 

@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from attnbench.measure.oom import is_oom_text
+from attnbench.measure.oom import classify_text
 
 # Seconds a child may take to start (import torch, create a CUDA context, allocate inputs)
 # before the timed work begins, and the grace on top of each phase's time limit.
@@ -25,6 +25,9 @@ STARTUP_ALLOWANCE_S = 300.0
 
 # Phases whose length is not the trial's business: starting up, compiling kernels.
 UNTIMED_PHASES = ("startup", "compile")
+# The cold first call may take this many times the limit before it is killed: the time
+# limit is decided on a warm call.
+COLD_CALL_FACTOR = 3.0
 
 PHASE_PREFIX = "phase "
 
@@ -67,10 +70,25 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``cmd``; kill it (and its process group) when a phase runs past its limit."""
+def die_with_parent() -> None:
+    """In the child before exec: Linux sends SIGKILL when the parent dies, however it dies."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None,
+              memory_limit: int | None = None) -> dict[str, Any]:
+    """Run ``cmd``; kill it (and its process group) when a phase runs past its limit. The
+    child dies with this process (parent-death signal), and its exit is classified by
+    evidence: the cgroup's OOM-kill counter and its resident memory against the limit."""
+    oom_kills_before = cgroup_oom_kills()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(extra_env), start_new_session=True)
+                            env=child_env(extra_env), start_new_session=True,
+                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
     state = {"phase": "startup", "since": time.monotonic(), "limit": None}
     stderr_tail: deque[str] = deque(maxlen=40)
 
@@ -89,10 +107,11 @@ def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | 
     for r in readers:
         r.start()
     killed = None
+    rss_peak = 0
     try:
         while proc.poll() is None:
-            own = state["limit"] or phase_limit_s
-            limit = STARTUP_ALLOWANCE_S if state["phase"] in UNTIMED_PHASES else own + phase_grace_s(own)
+            limit = _phase_deadline(state["phase"], state["limit"] or phase_limit_s)
+            rss_peak = max(rss_peak, rss_of(proc.pid))
             elapsed = time.monotonic() - state["since"]
             if elapsed > limit:
                 killed = f"killed in phase {state['phase']} after {elapsed:.0f} s (limit {limit:.0f} s)"
@@ -107,7 +126,17 @@ def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | 
         r.join(timeout=5)
     if killed:
         return {"status": "time-limit", "message": killed, "times_ms": []}
-    return classify_exit(proc.returncode, list(stderr_tail))
+    evidence = {"oom_kills": (oom_kills_before, cgroup_oom_kills()), "rss_peak": rss_peak, "memory_limit": memory_limit}
+    return classify_exit(proc.returncode, list(stderr_tail), evidence)
+
+
+def _phase_deadline(phase: str, own_s: float) -> float:
+    """Seconds phase ``phase`` may run before the child is killed."""
+    if phase in UNTIMED_PHASES:
+        return STARTUP_ALLOWANCE_S
+    if phase == "first-call":  # a cold call may carry seconds of setup: the limit is judged warm
+        return COLD_CALL_FACTOR * own_s + phase_grace_s(own_s)
+    return own_s + phase_grace_s(own_s)
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -119,11 +148,55 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def classify_exit(returncode: int, stderr_tail: list[str]) -> dict[str, Any]:
-    """A child that died without writing its result."""
+def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A child that died without writing its result. A signal we did not send is the
+    kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
+    child's resident memory reached its limit; any other signal is "killed"."""
+    evidence = evidence or {}
     last = next((line for line in reversed(stderr_tail) if line.strip()), "")
-    if returncode == -signal.SIGKILL:
-        # we did not kill it, so the kernel did: its OOM killer
-        return {"status": "oom", "message": "killed by SIGKILL, not by attnbench: the kernel's OOM killer", "times_ms": []}
-    status = "oom" if is_oom_text(last) else "error"
-    return {"status": status, "message": f"trial process exited with {returncode}: {last}"[:400], "times_ms": []}
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        before, after = evidence.get("oom_kills") or (None, None)
+        limit, rss = evidence.get("memory_limit"), evidence.get("rss_peak") or 0
+        if returncode == -signal.SIGKILL and before is not None and after is not None and after > before:
+            why = f"the cgroup's oom_kill count rose from {before} to {after}"
+        elif returncode == -signal.SIGKILL and limit and rss >= 0.9 * limit:
+            why = f"its resident memory reached {rss / 2**20:,.0f} MiB of the {limit / 2**20:,.0f} MiB limit"
+        else:
+            return {"status": "killed", "message": f"trial process killed by {name}, not by attnbench "
+                    "(no sign of the OOM killer)", "times_ms": []}
+        return {"status": "host-oom", "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
+                "times_ms": []}
+    return {"status": classify_text(last), "message": f"trial process exited with {returncode}: {last}"[:400],
+            "times_ms": []}
+
+
+def cgroup_oom_kills() -> int | None:
+    """The OOM-kill counter of this process's memory cgroup (v2, or v1's oom_control), or None."""
+    try:
+        rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::") or ":memory:" in line)
+    except (OSError, StopIteration):
+        rel = "/"
+    for path in (Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events"),
+                 Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control",
+                 Path("/sys/fs/cgroup/memory/memory.oom_control")):
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def rss_of(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -3,12 +3,15 @@ trials, appending each row to ``trials.jsonl`` the moment the trial ends.
 
 Nothing is written until the plan has been checked and every configuration has run on the
 reference check, so bad input leaves no results file behind. ``resume`` replays the rows
-already in the directory instead of running those trials again.
+already in the directory instead of running those trials again, when they were measured
+under the same limits and timing settings (their identity); any other row is measured
+again, and the reporter says so. The run holds an exclusive lock on the directory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -19,7 +22,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
-from attnbench.results import now_utc, series_key
+from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.sweeps.search import SearchResult, grow_then_bisect
 from attnbench.sweeps.session import Reporter as BaseReporter
@@ -33,6 +36,7 @@ class Reporter(BaseReporter, Protocol):
     def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
     def trial_done(self, series: Series, row: dict[str, Any], replayed: bool) -> None: ...
     def series_done(self, series: Series, result: SearchResult | None) -> None: ...
+    def note(self, text: str) -> None: ...
 
 
 def cuda_available() -> bool:
@@ -86,16 +90,21 @@ def check_series(s: Series) -> None:
     for key in ("batch", "heads", "head_dim"):
         if getattr(st, key) <= 0:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
-    if st.max_trial_seconds <= 0:
-        raise AttnbenchError("--max-trial-seconds must be positive")
-    if st.timing_budget_s <= 0:
+    if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
+        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
+    if not (math.isfinite(st.timing_budget_s) and st.timing_budget_s > 0):
         raise AttnbenchError("--timing-budget must be positive seconds, e.g. --timing-budget 30")
     if st.warmup_s is not None and st.warmup_s < 0:
         raise AttnbenchError("warmup_s must be zero or more seconds, e.g. warmup_s = 1.0")
     if st.repeat < 1:
         raise AttnbenchError("--repeat must be at least 1 (fresh processes per timed point), e.g. --repeat 3")
-    if min(st.warmup, st.min_samples) < 0 or st.max_samples < max(1, st.min_samples):
-        raise AttnbenchError("warmup and min_samples must be zero or more and max_samples at least min_samples (and 1)")
+    if min(st.warmup, st.min_samples) < 0:
+        raise AttnbenchError("warmup and min_samples must be zero or more")
+    if st.max_samples < max(1, st.min_samples):
+        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
+    if st.kind == "max-seq" and s.start() > st.max_seq_len:
+        raise AttnbenchError(f"{s.name}: --max-seq-len {st.max_seq_len:,} is below the first length {s.start():,}: "
+                             "raise --max-seq-len or lower --start")
     impl = s.build()
     if s.distributed:
         from attnbench.sweeps import seqpar
@@ -143,7 +152,8 @@ class SweepRunner(RunSession):
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
-        self._searched: set[str] = set()  # series whose search result a resumed run already holds
+        self._kept: list[dict[str, Any]] = []  # verify and max-seq-result rows already written
+        self._remeasured = 0
         self.speedups = [self._speedup_runner(sp, speedup_reporter) for sp in plan.speedups]
         self.speedups_unverified: list[str] = []  # speedup runs whose reference check failed
 
@@ -154,11 +164,24 @@ class SweepRunner(RunSession):
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
+        """What a resumed run holds; read again under the lock (a run that just ended counts)."""
+        self._done, self._kept = {}, []
         for r in self.resumed_rows():
-            if r.get("kind") in ("max-seq", "points") and "series" in r:
+            if r.get("kind") in ("max-seq", "points") and "series" in r and "seq_len" in r:
                 self._done[(r["series"], r["seq_len"])] = r
-            elif r.get("kind") == "max-seq-result":
-                self._searched.add(r.get("series"))
+            elif r.get("kind") in ("verify", "max-seq-result"):
+                self._kept.append(r)
+
+    def reference_checks(self) -> list[dict[str, Any]]:
+        """Each configuration against the float64 reference, in a child under the trials'
+        memory limit like a trial (in this process only when every series runs in-process)."""
+        if not self.plan.verify:
+            return []
+        cases = verify_cases(self.plan)
+        isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
+        limits = [s.settings.memory_limit for s in self.plan.series]
+        limit = None if None in limits else max(limits)
+        return self.run_checks(cases, isolate=isolate, memory_limit=limit)
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> list[SeriesOutcome]:
@@ -167,17 +190,20 @@ class SweepRunner(RunSession):
         self.prepare()
         for sp in self.speedups:  # before anything is written: each refuses a directory it may not continue
             sp.prepare()
-        # each configuration against the float64 reference before any of its trials
-        verify_rows = self.run_checks(verify_cases(self.plan)) if self.plan.verify else []
+        verify_rows = self.reference_checks()
         speedup_checks = [None if sp.verified else sp.verify() for sp in self.speedups]  # bad input raises here
-        self.record_checks(verify_rows)
-        checked = [sp.verified or sp.record_verify(rows) for sp, rows in zip(self.speedups, speedup_checks)]
-        outcomes = self._run_sweeps(verify_rows)
-        for sp, ok in zip(self.speedups, checked):
-            if ok:
-                sp.run_cases()
-            else:
-                self.speedups_unverified.append(sp.s.impl)
+        with ResultsLock(self.out_dir):  # one run per directory
+            self.prepare()  # again under the lock: what a run that just ended wrote counts
+            for row in verify_rows:
+                self._append_once({**row, "run": self.run_id, "env": self.env}, VERIFY_IDENTITY)
+            self.reporter.verify_done(verify_rows)
+            checked = [sp.verified or sp.record_verify(rows) for sp, rows in zip(self.speedups, speedup_checks)]
+            outcomes = self._run_sweeps(verify_rows)
+            for sp, ok in zip(self.speedups, checked):
+                if ok:
+                    sp.run_cases()
+                else:
+                    self.speedups_unverified.append(sp.s.impl)
         return outcomes
 
     def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
@@ -192,6 +218,9 @@ class SweepRunner(RunSession):
             result = self._run_series(s)
             outcomes.append(SeriesOutcome(s, True, result))
             self.reporter.series_done(s, result)
+        if self._remeasured:
+            self.reporter.note(f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
+                               "or timing settings and were measured again")
         return outcomes
 
     def _run_series(self, s: Series) -> SearchResult | None:
@@ -204,31 +233,73 @@ class SweepRunner(RunSession):
             start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
-        if self._key(s) in self._searched:  # replayed to the end: its result row is there already
-            return result
-        self.append({
+        self._append_once({
             "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
             **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
             "first_failure": result.first_failure, "stop_status": result.stop_status,
             "stopped_by": result.stopped_by, "granularity": s.granularity(), **_parallelism(s),
             "resolution": s.settings.resolution, "start": s.start(), "max_seq_len": s.settings.max_seq_len,
             "trials": len(result.tried), "env": self.env,
-        })
+        }, RESULT_IDENTITY)
         return result
 
     def _key(self, s: Series) -> str:
         return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind, **_parallelism(s))
 
     def _probe(self, s: Series, seq_len: int, phase: str) -> str:
+        """One point of the search. A failed search probe is retried once in a fresh process
+        before the search accepts it (both attempts are rows): one flaky kill or OOM must not
+        set a capacity."""
+        row = self._trial(s, seq_len, phase, attempt=1)
+        if row["status"] != "ok" and phase in ("grow", "bisect") and row.get("attempt", 1) < 2:
+            row = self._trial(s, seq_len, phase, attempt=2)
+        return row["status"]
+
+    def _trial(self, s: Series, seq_len: int, phase: str, attempt: int) -> dict[str, Any]:
         key = (self._key(s), seq_len)
-        if key in self._done:
-            row = self._done[key]
-            self.reporter.trial_done(s, row, True)
-            return row["status"]
+        spec = self._spec(s, seq_len)
+        earlier = self._done.get(key)
+        if earlier is not None and earlier.get("attempt", 1) >= attempt:
+            if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
+                self.reporter.trial_done(s, earlier, True)
+                return earlier
+            self._remeasured += 1
+            self.reporter.note(f"{s.name} at {seq_len:,}: the earlier trial ran under "
+                               f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+                               "measuring again")
         pause_after_trials(len(self._done))
+        # a timed point in several fresh processes: the gate's unit is the process
+        repeats = s.settings.repeat if s.settings.kind == "points" else 1
+        for process in range(repeats):
+            row = self._measure(s, spec, seq_len, phase, key, attempt, process if repeats > 1 else None)
+            if row["status"] != "ok":
+                break
+        return row
+
+    def _measure(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int,
+                 process: int | None) -> dict[str, Any]:
         self.reporter.trial_started(s, seq_len, phase)
+        started, t0 = now_utc(), time.monotonic()
+        if s.distributed:  # one process per rank under torchrun, whatever --in-process says
+            from attnbench.sweeps import seqpar
+
+            measured = seqpar.run_trial(spec, s.world_size)
+        else:
+            measured = run_isolated(spec) if s.settings.isolate else execute(spec)
+        row = {
+            "kind": s.settings.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
+            "label": s.name, "phase": phase, "attempt": attempt, **_workload_fields(s.workload(seq_len)),
+            **_parallelism(s), **spec_fields(spec, s), **({"process": process} if process is not None else {}),
+            **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
+        }
+        self.append(row)
+        self._done[key] = row
+        self.reporter.trial_done(s, row, False)
+        return row
+
+    def _spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
-        spec = TrialSpec(
+        return TrialSpec(
             workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
             timing={"warmup": st.warmup, "warmup_s": st.warmup_s, "min_samples": st.min_samples,
@@ -237,35 +308,41 @@ class SweepRunner(RunSession):
                     "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s},
             seed=seq_len,
         )
-        # a timed point in several fresh processes: the gate's unit is the process
-        repeats = st.repeat if st.kind == "points" else 1
-        for process in range(repeats):
-            row = self._measure(s, spec, seq_len, phase, key, process if repeats > 1 else None)
-            if row["status"] != "ok":
-                break
-        return row["status"]
 
-    def _measure(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, process: int | None) -> dict[str, Any]:
-        st = s.settings
-        started, t0 = now_utc(), time.monotonic()
-        if s.distributed:  # one process per rank under torchrun, whatever --in-process says
-            from attnbench.sweeps import seqpar
-
-            measured = seqpar.run_trial(spec, s.world_size)
-        else:
-            measured = run_isolated(spec) if st.isolate else execute(spec)
-        row = {
-            "kind": st.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
-            "label": s.name, "phase": phase, **_workload_fields(s.workload(seq_len)),
-            **_parallelism(s), "isolate": st.isolate or s.distributed,
-            "max_trial_seconds": st.max_trial_seconds, "memory_limit": st.memory_limit,
-            **({"process": process} if process is not None else {}),
-            **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
-        }
+    def _append_once(self, row: dict[str, Any], identity: tuple[str, ...]) -> None:
+        """A resumed run does not repeat a reference check or a search result it already has."""
+        ident = {k: row.get(k) for k in identity}
+        if any(r.get("kind") == row["kind"] and {k: r.get(k) for k in identity} == ident for r in self._kept):
+            return
+        self._kept.append(row)
         self.append(row)
-        self._done[key] = row
-        self.reporter.trial_done(s, row, False)
-        return row
+
+
+# What makes two rows the same reference check, or the same search result.
+VERIFY_IDENTITY = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "causal", "dtype", "device",
+                   "world_size", "status")
+RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
+# The settings besides the workload that can change a trial's outcome: a row measured under
+# other values is not this run's trial.
+TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
+
+
+def spec_fields(spec: TrialSpec, s: Series) -> dict[str, Any]:
+    return {"max_trial_seconds": spec.max_trial_seconds, "memory_limit": spec.memory_limit,
+            "isolate": s.settings.isolate or s.distributed, "timing": spec.timing}
+
+
+def trial_identity(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in TRIAL_SETTINGS}
+
+
+def _identity_text(fields: dict[str, Any]) -> str:
+    from attnbench.units import format_bytes
+
+    limit = fields.get("memory_limit")
+    timing = fields.get("timing")
+    return (f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
+            f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}")
 
 
 def _workload_fields(wl) -> dict[str, Any]:

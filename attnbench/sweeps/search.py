@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# probe(seq_len, phase) -> status ("ok", "oom", "time-limit", "error")
+# probe(seq_len, phase) -> a status of results.STATUSES; anything but "ok" is a failure
 Probe = Callable[[int, str], str]
 
 
@@ -24,7 +24,9 @@ class SearchResult:
 
     @property
     def stopped_by(self) -> str:
-        return {"oom": "memory", "time-limit": "time", "cap": "max-seq-len cap"}.get(self.stop_status, self.stop_status)
+        from attnbench.results import STOPPED_BY
+
+        return STOPPED_BY.get(self.stop_status, self.stop_status)
 
 
 def grow_then_bisect(probe: Probe, start: int, granularity: int, max_len: int, resolution: int = 0) -> SearchResult:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import tempfile
 import time
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.reference import TOLERANCE, VerifyCase
-from attnbench.results import now_utc
+from attnbench.results import ResultsLock, now_utc
 from attnbench.sweeps import strategies
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
@@ -112,8 +113,11 @@ def check_settings(s: SpeedupSettings, cuda_devices: int, cases_given: bool = Tr
     for key in ("gpus", "heads", "head_dim"):
         if getattr(s, key) < 1:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be at least 1")
-    if s.max_trial_seconds <= 0:
-        raise AttnbenchError("--max-trial-seconds must be positive")
+    if not (math.isfinite(s.max_trial_seconds) and s.max_trial_seconds > 0):
+        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
+    if s.device == "cpu" and s.gpus > (os.cpu_count() or 1):
+        raise AttnbenchError(f"--gpus {s.gpus} on the CPU starts {s.gpus} processes but this machine has "
+                             f"{os.cpu_count()} cores: use --gpus {os.cpu_count() or 1} or fewer")
     if s.device == "cuda" and s.gpus > cuda_devices:
         raise AttnbenchError(f"--gpus {s.gpus} but this machine has {cuda_devices} CUDA GPU{'s' if cuda_devices != 1 else ''}: "
                              f"ask for at most {cuda_devices}")
@@ -319,19 +323,18 @@ class SpeedupRunner(RunSession):
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
         self.prepare()
-        if not self.check():
-            return False
-        self.run_cases()
+        rows = None if self.verified else self.verify()
+        with ResultsLock(self.out_dir):  # one run per directory
+            self.prepare()  # again under the lock
+            if rows is not None and not self.verified and not self.record_verify(rows):
+                return False
+            self.run_cases()
         return True
 
     def verify(self) -> list[dict[str, Any]]:
         """The configuration against the float64 reference at a small length; one that cannot
         run at all is bad input. Writes nothing (a profile checks every part first)."""
         return self.run_checks([self._verify_case()])
-
-    def check(self) -> bool:
-        """The reference check, unless a resumed run passed it already; False when it failed."""
-        return self.verified or self.record_verify(self.verify())
 
     def record_verify(self, rows: list[dict[str, Any]]) -> bool:
         self.verified = self.record_checks(rows)

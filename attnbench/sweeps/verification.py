@@ -16,11 +16,16 @@ from attnbench.reference import VerifyCase, run_case
 from attnbench.trial import run_verify_isolated
 
 
-def run_reference_checks(cases: list[VerifyCase]) -> list[dict[str, Any]]:
-    """One verify row (without run and env) per case."""
+def run_reference_checks(cases: list[VerifyCase], isolate: bool = False,
+                         memory_limit: int | None = None) -> list[dict[str, Any]]:
+    """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
+    a child under ``memory_limit`` like a trial (always on the GPU)."""
     ranked = [c for c in cases if impls.spec(c.impl).distributed]
     single = [c for c in cases if not impls.spec(c.impl).distributed]
-    rows = run_verify_isolated(single) if any(c.device == "cuda" for c in single) else [run_case(c) for c in single]
+    if isolate or any(c.device == "cuda" for c in single):
+        rows = run_verify_isolated(single, memory_limit)
+    else:
+        rows = [run_case(c) for c in single]
     if ranked:
         from attnbench.sweeps import seqpar  # torchrun machinery, only where a case needs ranks
 

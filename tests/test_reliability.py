@@ -1,0 +1,497 @@
+"""Results that never lie after a crash, a resume or bad input (issue 22), and the failure
+classes of a trial (issue 16, part 5). Each test states the defect it guards against."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench import results
+from attnbench.errors import AttnbenchError
+from attnbench.plan import build_plan, parse_settings
+from attnbench.results import ResultsWriter, read_rows, write_text_atomic
+from attnbench.sweeps import runner as runner_mod
+from attnbench.sweeps.runner import SweepRunner, resolve
+from attnbench.sweeps.session import SilentReporter
+
+from conftest import ROOT, run_cli
+
+ENV = {"machine": "cpu: test"}
+CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 1, "--head-dim", 8]
+
+
+class Recorder(SilentReporter):
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def plan(impls=("naive",), **flags):
+    base = {"kind": "max-seq", "device": "cpu", "dtype": "fp32", "heads": 1, "head_dim": 8, "start": 128,
+            "max_seq_len": 256, "isolate": False, "min_samples": 1, "max_samples": 2, "target_ms": 0, "warmup": 0}
+    return resolve(build_plan("t", list(impls), {**base, **flags}, {}))
+
+
+def sweep(out: Path, resume: bool = False, **flags) -> Recorder:
+    rec = Recorder()
+    SweepRunner(plan(**flags), out, ENV, resume=resume, reporter=rec).run()
+    return rec
+
+
+def kinds(out: Path) -> dict[str, list[dict]]:
+    rows, problems = read_rows(out)
+    assert not problems
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["kind"], []).append(r)
+    return by
+
+
+def fake_trials(monkeypatch, status_of):
+    """Replace the in-process trial with ``status_of(seq_len, attempt_number)``."""
+    calls: dict[int, int] = {}
+
+    def execute(spec, phase=None):
+        n = spec.workload["seq_len"]
+        calls[n] = calls.get(n, 0) + 1
+        status = status_of(n, calls[n])
+        return {"status": status, "message": "" if status == "ok" else f"injected {status}", "times_ms": [1.0]}
+    monkeypatch.setattr(runner_mod, "execute", execute)
+    return calls
+
+
+# --- 1. resume identity ------------------------------------------------------------------
+
+def test_resume_under_other_limits_measures_again_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    sweep(out)
+    first = kinds(out)
+    assert {r["seq_len"] for r in first["max-seq"]} == {128, 256}
+    rec = sweep(out, resume=True, max_trial_seconds=30)
+    again = [r for r in kinds(out)["max-seq"] if r["max_trial_seconds"] == 30]
+    assert sorted(r["seq_len"] for r in again) == [128, 256]
+    assert any("measuring again" in n and "256" in n for n in rec.notes), rec.notes
+    rec = sweep(out, resume=True, max_trial_seconds=30, memory_limit="1GiB")
+    assert sorted(r["seq_len"] for r in kinds(out)["max-seq"] if r["memory_limit"] == 2**30) == [128, 256]
+
+
+# --- 12 (minor). a resume repeats no reference check and no search result ----------------
+
+def test_resume_with_nothing_to_do_appends_nothing(tmp_path):
+    out = tmp_path / "run"
+    sweep(out)
+    before = kinds(out)
+    rec = sweep(out, resume=True)
+    after = kinds(out)
+    assert {k: len(v) for k, v in after.items()} == {k: len(v) for k, v in before.items()}
+    assert len(after["verify"]) == 1 and len(after["max-seq-result"]) == 1
+    assert not rec.notes
+
+
+def test_a_value_error_reads_as_one_sentence():
+    with pytest.raises(AttnbenchError) as exc:
+        parse_settings({"start": "lots"}, "command line")
+    text = str(exc.value)
+    assert "must be cannot" not in text and "64K" in text and "'start'" in text
+
+
+def test_the_readme_does_not_promise_a_few_percent_of_cpu_memory_noise():
+    readme = (ROOT / "README.md").read_text()
+    assert "moves by a few percent between runs" not in readme
+    assert "resident-set growth" in readme and "--memory-factor 2" in readme
+
+
+# --- 2. a torn last line is repaired before appending ------------------------------------
+
+def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp_path):
+    path = tmp_path / "trials.jsonl"
+    good = json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass"})
+    fragment = '{"schema": 1, "kind": "max-se'
+    path.write_text(good + "\n" + good + "\n" + fragment)
+    warnings = []
+    ResultsWriter(tmp_path, warn=warnings.append).append({"kind": "verify", "impl": "sdpa", "status": "pass"})
+    rows, problems = read_rows(path)
+    assert problems == [] and [r["impl"] for r in rows] == ["naive", "naive", "sdpa"]
+    assert (tmp_path / "trials.jsonl.torn").read_text() == fragment + "\n"
+    assert warnings == [f"{path}:3: torn last line ({len(fragment)} bytes) moved to {path}.torn"]
+
+
+# --- 3. an interrupted search is a lower bound everywhere --------------------------------
+
+def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, capsys):
+    from attnbench.cli import _print_summary
+    from attnbench.report.build import write_report
+    from attnbench.report.sweep_tables import write_sweep_tables
+
+    def status(n, attempt):
+        if n == 384:
+            raise KeyboardInterrupt  # the user stops the sweep during the bisection
+        return "ok" if n <= 256 else "oom"
+    fake_trials(monkeypatch, status)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, max_seq_len=4096)
+    write_sweep_tables(out)
+    md = (out / "sweep.md").read_text()
+    assert "≥ 256" in md and "search interrupted" in md and "memory" not in md.split("## naive")[0]
+    _print_summary(out)
+    console = capsys.readouterr().out
+    assert "≥ 256" in console and "search interrupted" in console
+    report = write_report(out, tmp_path / "report").report.read_text()
+    assert "search interrupted" in report
+
+
+# --- 4. every output path is checked before any work -------------------------------------
+
+def one_line_exit_2(proc, hint: str) -> None:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and hint in lines[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_out_that_is_a_file_stops_before_the_reference_check(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("keep me")
+    proc = run_cli("max-seq", "--impl", "naive", *CPU, "--out", target)
+    one_line_exit_2(proc, "is a file")
+    assert "reference check" not in proc.stdout
+    assert target.read_text() == "keep me"
+
+
+def test_report_out_that_is_a_file_and_a_png_named_otherwise(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("keep me")
+    one_line_exit_2(run_cli("report", tmp_path, "--out", target), "is a file")
+    one_line_exit_2(run_cli("pattern", "--seq-len", "1024", "--png", tmp_path / "x.txt"), ".png")
+    assert not (tmp_path / "x.txt").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_out_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        one_line_exit_2(run_cli("max-seq", "--impl", "naive", *CPU, "--out", ro / "run"), "not writable")
+    finally:
+        ro.chmod(0o700)
+
+
+# --- 5. tolerant readers -----------------------------------------------------------------
+
+def test_undecodable_and_incomplete_rows_are_skipped_with_file_and_line(tmp_path):
+    path = tmp_path / "trials.jsonl"
+    good = json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass"}).encode()
+    no_status = json.dumps({"schema": 1, "kind": "max-seq", "impl": "naive", "series": "s", "seq_len": 64}).encode()
+    path.write_bytes(good + b"\n" + b'{"kind": "verify", "impl": "na\xffve"}\n' + no_status + b"\n" + good + b"\n")
+    rows, problems = read_rows(path)
+    assert len(rows) == 2
+    assert [p.split(": ")[0] for p in problems] == [f"{path}:2", f"{path}:3"]
+    assert "UTF-8" in problems[0] and "'status'" in problems[1]
+
+
+def test_an_unknown_schema_is_refused_with_one_line(tmp_path):
+    path = tmp_path / "trials.jsonl"
+    path.write_text(json.dumps({"schema": 2, "kind": "verify", "impl": "naive", "status": "pass"}) + "\n")
+    with pytest.raises(AttnbenchError, match=r"trials.jsonl:1: result schema 2"):
+        read_rows(path)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small") / "run"
+    SweepRunner(plan(impls=("naive", "sdpa")), out, ENV).run()
+    return out
+
+
+def test_report_and_check_survive_an_undecodable_byte(small_run, tmp_path):
+    from attnbench.check import Thresholds, run_check
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small_run, bad)
+    with open(bad / "trials.jsonl", "ab") as f:
+        f.write(b'{"kind": "\xff"}\n')
+    proc = run_cli("report", bad, "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{bad / 'trials.jsonl'}:" in proc.stderr and "UTF-8" in proc.stderr
+    with pytest.raises(AttnbenchError, match="--skip-unreadable"):
+        run_check(small_run, bad, Thresholds(aspects=("correctness", "capacity", "bytes")))
+    report = run_check(small_run, bad, Thresholds(aspects=("correctness", "capacity", "bytes")), skip_unreadable=True)
+    assert report.exit_code == 0 and any("UTF-8" in w for w in report.warnings)
+
+
+# --- 6. the reference check runs isolated, under the trials' limits ----------------------
+
+def test_a_reference_check_too_big_for_the_memory_limit_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--heads", 100000,
+                   "--head-dim", 4096, "--memory-limit", "256MiB", "--out", out)
+    one_line_exit_2(proc, "reference check could not run")
+    assert not out.exists()
+
+
+# --- 7. trials die with their parent; their temp dirs go -------------------------------
+
+PARENT = """
+import sys
+import attnbench.runtime.worker as w
+sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()) + ' ' + sys.argv[2]); time.sleep(3600)"
+real = w.supervise
+w.supervise = lambda cmd, limit, **kw: real([sys.executable, "-c", sleeper, sys.argv[1], cmd[-1]], limit, **kw)
+w.run_in_child("attnbench.trial:trial_job", {}, 3600)
+"""
+
+
+def wait_for(condition, what: str, limit_s: float = 300.0) -> None:
+    """Wait for an event (not a time): the limit only stops a broken test from hanging."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_trial_dies_with_its_parent_and_its_temp_dir_is_removed(tmp_path):
+    from attnbench.runtime.worker import alive as _alive
+    from attnbench.runtime.worker import remove_orphaned_temp_dirs
+
+    info = tmp_path / "child.txt"
+    temp_root = tmp_path / "tmp"
+    temp_root.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(info)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_root)})
+    wait_for(lambda: info.exists() and info.read_text().count(" ") == 1, "the trial to start")
+    child_pid, result_path = info.read_text().split(" ")
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    wait_for(lambda: not _alive(int(child_pid)) or _zombie(int(child_pid)), "the trial to die with its parent")
+    trial_dir = Path(result_path).parent
+    assert trial_dir.exists() and trial_dir.parent == temp_root  # SIGKILL left it behind
+    assert remove_orphaned_temp_dirs(temp_root) == [trial_dir]
+    assert not trial_dir.exists()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+# --- failure classes (issue 16, part 5) ----------------------------------------------------
+
+def test_a_sigkill_is_the_oom_killer_only_with_evidence():
+    from attnbench.runtime.supervise import classify_exit as _classify_exit
+
+    plain = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (3, 3), "rss_peak": 10 << 20, "memory_limit": 1 << 30})
+    assert plain["status"] == "killed"
+    counted = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (3, 4), "rss_peak": 0, "memory_limit": None})
+    assert counted["status"] == "host-oom" and "from 3 to 4" in counted["message"]
+    at_limit = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (None, None), "rss_peak": 1 << 30, "memory_limit": 1 << 30})
+    assert at_limit["status"] == "host-oom"
+    assert _classify_exit(-signal.SIGTERM, [], {})["status"] == "killed"
+    assert _classify_exit(1, ["RuntimeError: cuDNN Frontend error: No valid execution plans built."])["status"] == "unsupported"
+    assert _classify_exit(1, ["torch.OutOfMemoryError: CUDA out of memory."])["status"] == "oom"
+    assert _classify_exit(1, ["ValueError: bad"])["status"] == "error"
+
+
+def test_a_real_signal_from_outside_is_killed_not_out_of_memory():
+    from attnbench.runtime.supervise import supervise as _supervise
+
+    out = _supervise([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], 600)
+    assert out["status"] in ("killed", "host-oom")  # host-oom only if the cgroup really killed something
+    if out["status"] == "host-oom":
+        assert "oom_kill count rose" in out["message"]
+
+
+def test_ranks_that_left_no_result_take_the_class_of_the_launcher_exit():
+    from attnbench.runtime.distributed import agreed_status
+
+    def ranks(outcome):
+        return [{"status": "killed", "rank": r, "outcome": outcome, "message": "no result", "failed_at": r} for r in (0, 1)]
+    assert [agreed_status(ranks(o))[0] for o in ("host-oom", "killed", "time-limit", "error")] == \
+        ["host-oom", "killed", "time-limit", "error"]
+
+
+def test_an_unsupported_shape_is_its_own_class():
+    from attnbench.measure.oom import classify
+
+    assert classify(RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No valid execution plans built.")) == "unsupported"
+    assert classify(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
+    assert classify(RuntimeError("shapes do not match")) == "error"
+
+
+class ScriptedTimer:
+    """Each call takes the next scripted time (ms), whatever the step does."""
+    script: list[float] = []
+
+    def __init__(self, device):
+        self.name = "scripted"
+        self.times = list(self.script)
+
+    def __call__(self, fn):
+        fn()
+        return self.times.pop(0) if len(self.times) > 1 else self.times[0]
+
+
+@pytest.mark.parametrize("cold_ms, warm_ms, status", [(5000.0, 1.0, "ok"), (5000.0, 4000.0, "time-limit")])
+def test_the_time_limit_is_decided_on_a_warm_call(monkeypatch, cold_ms, warm_ms, status):
+    import attnbench.measure.timing as timing
+    from attnbench.trial import TrialSpec, execute
+
+    monkeypatch.setattr(ScriptedTimer, "script", [cold_ms, warm_ms])
+    monkeypatch.setattr(timing, "Timer", ScriptedTimer)
+    wl = {"impl": "naive", "config": {}, "batch": 1, "seq_len": 128, "heads": 1, "head_dim": 8, "dtype": "fp32",
+          "device": "cpu", "mode": "fwd", "causal": False}
+    row = execute(TrialSpec(workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2,
+                                                                          "target_ms": 0}))
+    assert row["status"] == status, row
+    assert row["first_call_ms"] == cold_ms and row["warm_call_ms"] == warm_ms
+
+
+def test_a_failed_probe_is_retried_once_in_a_fresh_trial_and_both_are_rows(tmp_path, monkeypatch):
+    # 256 fails once (a flake), 1024 fails twice (the real limit)
+    fake_trials(monkeypatch, lambda n, attempt: "ok" if n < 1024 and (n != 256 or attempt > 1) else "killed")
+    out = tmp_path / "run"
+    sweep(out, max_seq_len=4096)
+    trials = kinds(out)["max-seq"]
+    at = {n: [(r["attempt"], r["status"]) for r in trials if r["seq_len"] == n] for n in (256, 1024)}
+    assert at == {256: [(1, "killed"), (2, "ok")], 1024: [(1, "killed"), (2, "killed")]}
+    result = kinds(out)["max-seq-result"][0]
+    # bisection between 512 and 1024 at granularity 128: 768 and 896 run
+    assert result["seq_len"] == 896 and result["first_failure"] == 1024 and result["stopped_by"] == "killed"
+
+
+# --- 8. the gate has no holes --------------------------------------------------------------
+
+def copy_rows(src: Path, dst: Path, keep=lambda r: True, change=lambda r: r) -> Path:
+    rows, _ = read_rows(src)
+    dst.mkdir(parents=True)
+    text = "".join(json.dumps(change({k: v for k, v in r.items() if k != "_file"})) + "\n" for r in rows if keep(r))
+    (dst / "trials.jsonl").write_text(text)
+    return dst
+
+
+def test_the_gate_fails_on_missing_trials_and_reference_checks(small_run, tmp_path):
+    from attnbench.check import Thresholds, run_check
+
+    det = ("correctness", "capacity", "bytes")
+    # every sdpa trial and its search result gone, its reference check still there
+    fewer = copy_rows(small_run, tmp_path / "fewer", keep=lambda r: r["impl"] != "sdpa" or r["kind"] == "verify")
+    assert run_check(small_run, fewer, Thresholds(aspects=det)).exit_code == 1
+    assert run_check(small_run, fewer, Thresholds(aspects=det, allow_missing=True)).exit_code == 0
+    unchecked = copy_rows(small_run, tmp_path / "unchecked", keep=lambda r: r["kind"] != "verify")
+    report = run_check(small_run, unchecked, Thresholds(aspects=det))
+    assert report.exit_code == 1 and any("reference check" in m for m in report.missing)
+    unchecked_base = copy_rows(small_run, tmp_path / "unchecked-base", keep=lambda r: r["kind"] != "verify")
+    assert run_check(unchecked_base, unchecked, Thresholds(aspects=det)).exit_code == 1
+
+
+def test_the_gate_refuses_result_sets_that_share_no_series(small_run, tmp_path):
+    from attnbench.check import Thresholds, run_check
+
+    def other(r):
+        return {**r, "heads": 3, "series": "other"} if r["kind"] != "verify" else r
+    unrelated = copy_rows(small_run, tmp_path / "unrelated", change=other)
+    with pytest.raises(AttnbenchError, match="in common"):
+        run_check(small_run, unrelated, Thresholds(aspects=("correctness", "capacity", "bytes")))
+
+
+# --- 9. one run at a time per results directory ------------------------------------------
+
+def test_a_second_run_into_a_locked_directory_stops_with_one_line(tmp_path):
+    from attnbench.results import ResultsLock
+
+    out = tmp_path / "run"
+    with ResultsLock(out):
+        with pytest.raises(AttnbenchError, match="another attnbench run is writing to"):
+            sweep(out)
+    assert not (out / "trials.jsonl").exists()
+    sweep(out)  # released: the next run proceeds
+    assert kinds(out)["max-seq"]
+
+
+# --- 10. invalid values are bad input ------------------------------------------------------
+
+def profile_with(tmp_path: Path, line: str) -> Path:
+    path = tmp_path / "p.toml"
+    path.write_text(f'device = "cpu"\ndtype = "fp32"\n{line}\n[[sweep]]\nimpl = "naive"\n')
+    return path
+
+
+INVALID = {
+    "max-seq-len 0": (["max-seq", "--impl", "naive", *CPU, "--max-seq-len", "0"], "positive length"),
+    "max-seq-len below start": (["max-seq", "--impl", "naive", *CPU, "--start", "2048", "--max-seq-len", "1024"],
+                                "below the first length"),
+    "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "max_trial_seconds"),
+    "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "max_trial_seconds"),
+    "verify where nothing runs": (["verify", "--impl", "context-parallel", "--device", "cpu"], "attnbench list"),
+    "speedup over more processes than cores": (["speedup", "--impl", "naive", "--device", "cpu", "--gpus",
+                                                (os.cpu_count() or 1) + 1], "cores"),
+}
+
+
+@pytest.mark.parametrize("name", list(INVALID))
+def test_invalid_values_are_exit_2(name, tmp_path):
+    args, hint = INVALID[name]
+    out = tmp_path / "out"
+    one_line_exit_2(run_cli(*args, "--out", out), hint)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("line", ["min_samples = -1", "warmup = -2", "target_ms = -5.0", "max_trial_seconds = 0"])
+def test_negative_profile_counts_are_exit_2(tmp_path, line):
+    from attnbench.plan import build_plan as build
+
+    with pytest.raises(AttnbenchError, match=line.split(" ")[0]):
+        build("p", [], {}, {}, str(profile_with(tmp_path, line)))
+
+
+def test_verify_out_into_another_machines_directory(tmp_path):
+    out = tmp_path / "gpu-run"
+    out.mkdir()
+    (out / "trials.jsonl").write_text(json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass",
+                                                  "env": {"machine": "NVIDIA H100 80GB HBM3 x1"}}) + "\n")
+    before = (out / "trials.jsonl").read_text()
+    one_line_exit_2(run_cli("verify", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--out", out), "H100")
+    assert (out / "trials.jsonl").read_text() == before
+
+
+# --- 11. symlink hygiene -------------------------------------------------------------------
+
+def test_a_planted_link_at_a_temporary_name_is_never_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".sweep.md.tmp").symlink_to(victim)  # the name the old writer used
+    write_text_atomic(out / "sweep.md", "# table\n")
+    assert victim.read_text() == "untouched"
+    assert (out / "sweep.md").read_text() == "# table\n" and not (out / "sweep.md").is_symlink()
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_resume_refuses_a_symlinked_results_file(tmp_path, small_run):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trials.jsonl").symlink_to(small_run / "trials.jsonl")
+    before = (small_run / "trials.jsonl").read_bytes()
+    with pytest.raises(AttnbenchError, match="symbolic link"):
+        sweep(out, resume=True, max_trial_seconds=7)
+    assert (small_run / "trials.jsonl").read_bytes() == before
+
+
+def test_git_keeps_its_ownership_protection():
+    import inspect
+
+    assert "safe.directory" not in inspect.getsource(results)
