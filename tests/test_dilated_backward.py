@@ -104,3 +104,32 @@ def test_an_expanded_output_gradient_and_each_cpu_backend(backend):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert impl.last_backend == "sdpa:" + ("math" if backend == "math" else "flash-cpu")
+
+
+def test_efficient_backward_gets_the_output_in_the_kernels_own_layout(monkeypatch):
+    # The memory-efficient backward takes the output's batch and head strides but assumes its
+    # token stride is H * D (o_strideM() in mem_eff_attention/kernel_backward.h); in bf16 it
+    # computes rowsum(dO * O) from that, so a dilated, head-sliced view of the output gave wrong
+    # dq and dk on an H200. What the kernel is handed must be dense (B, N, H, D) memory.
+    from attnbench.impls import dilated, fused_sdpa
+
+    got = {}
+
+    class FakeAten:
+        @staticmethod
+        def _scaled_dot_product_efficient_attention_backward(grad_out, q, k, v, bias, out, lse, *rest):
+            got.update(grad_out=grad_out, out=out, lse=lse)
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+
+    monkeypatch.setattr(fused_sdpa, "aten", FakeAten)
+    x = torch.randn(2, 64, 5, 8)  # (B, N, H, D)
+    g = dilated.head_groups(5, [32, 32], [4, 2])[1]
+    qc, oc, gc = next(dilated.chunk_views((x, x.flip(1), x * 2), g, 2))
+    assert not oc.transpose(1, 2).is_contiguous()  # the case at hand: a strided view
+    lse = torch.randn(qc.shape[0], qc.shape[1], 32)
+    fused_sdpa.backward(gc, qc, qc, qc, oc, fused_sdpa.Saved("efficient", False, lse, (None, None)))
+    for name, view in (("out", oc), ("grad_out", gc)):
+        handed = got[name]
+        assert handed.transpose(1, 2).is_contiguous(), name
+        assert torch.equal(handed, view), name
+    assert got["lse"] is lse  # the log-sum-exp goes back exactly as the forward returned it

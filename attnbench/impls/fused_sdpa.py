@@ -83,6 +83,17 @@ def forward(q, k, v, causal: bool, kernel: str) -> tuple[torch.Tensor, Saved]:
     raise ValueError(f"unknown fused SDPA kernel {kernel!r}")
 
 
+def dense_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A ``(B, H, N, D)`` view laid out as the memory-efficient kernel's own output is: dense
+    ``(B, N, H, D)`` memory, transposed. Its backward takes the output's batch and head strides
+    but not its token stride, which it assumes is ``H * D`` (``o_strideM()`` in
+    mem_eff_attention/kernel_backward.h). In half and bfloat16 the kernel computes
+    ``delta = rowsum(dO * O)`` itself from that stride, so a strided output (a dilated or
+    head-sliced view) gives a wrong delta and wrong dq and dk while dv stays right; in float32
+    ATen computes delta with the true strides. A copy of one chunk when the layout differs."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def backward(grad_out, q, k, v, out, saved: Saved) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of one forward call, given the gradient of its output."""
     kernel, causal, lse = saved.kernel, saved.causal, saved.lse
@@ -95,7 +106,8 @@ def backward(grad_out, q, k, v, out, saved: Saved) -> tuple[torch.Tensor, torch.
     if kernel == "efficient":
         seed, offset = saved.extra
         return aten._scaled_dot_product_efficient_attention_backward(
-            grad_out, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal)[:3]
+            dense_tokens(grad_out), q, k, v, None, dense_tokens(out), lse, seed, offset, 0.0,
+            [True, True, True, False], causal)[:3]
     if kernel == "cudnn":
         cum_q, cum_k, max_q, max_k, seed, offset = saved.extra
         return aten._scaled_dot_product_cudnn_attention_backward(
