@@ -176,3 +176,42 @@ def test_compiled_flex_matches_reference_on_cpu(pattern_type, causal, chunk_toke
     row = run_case(VerifyCase("block-sparse", cfg, 2, 1024, 3, 16, causal, "fp32", "cpu"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")  # "flex+sdpa" where global rows run dense
+
+
+class _CudaLike:
+    is_cuda = True
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("grad", [False, True])
+def test_flex_options_tiles_divide_blocks_under_128(block_size, grad):
+    # FlexAttention needs every tile to divide the sparse block; the backward reads its own
+    # tile names (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2) and asserts N1 % M1 == M2 % N2 == 0
+    options = bs.flex_options(_CudaLike(), block_size, {}, grad=grad)
+    assert options["BLOCK_M"] == options["BLOCK_N"] == block_size
+    backward = {name: options.get(name) for name in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
+    if not grad:
+        assert set(backward.values()) == {None}
+        return
+    assert all(tile >= 16 and block_size % tile == 0 for tile in backward.values()), backward
+    assert backward["BLOCK_N1"] % backward["BLOCK_M1"] == 0 and backward["BLOCK_M2"] % backward["BLOCK_N2"] == 0
+    if block_size == 64:
+        assert backward == {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_flex_options_leave_blocks_of_128_to_the_heuristics(grad):
+    assert bs.flex_options(_CudaLike(), 128, {}, grad=grad) is None
+    assert bs.flex_options(_CudaLike(), 128, {}, contiguous_blocks=True, grad=grad) == {"BLOCKS_ARE_CONTIGUOUS": True}
+    # a user's own tiles win; on the CPU nothing is added
+    assert bs.flex_options(_CudaLike(), 64, {"BLOCK_M1": 16}, grad=True)["BLOCK_M1"] == 16
+    assert bs.flex_options(torch.zeros(1), 64, {}, grad=grad) is None
+
+
+def test_training_blocks_under_128_compile_with_the_autotune_tile_list():
+    impl = impls.build("block-sparse", pattern_type="local_window", block_size=64, sparsity_ratio=0.1, kernel="flex")
+    assert impl._flex_compile_mode(_CudaLike(), grad=True) == "max-autotune-no-cudagraphs"
+    assert impl._flex_compile_mode(_CudaLike(), grad=False) == "default"
+    assert impl._flex_compile_mode(torch.zeros(1), grad=True) == "default"
+    wide = impls.build("block-sparse", pattern_type="local_window", block_size=128, sparsity_ratio=0.1, kernel="flex")
+    assert wide._flex_compile_mode(_CudaLike(), grad=True) == "default"

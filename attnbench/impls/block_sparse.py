@@ -291,10 +291,21 @@ class BlockSparseAttention(AttentionImpl):
             BLOCK_SIZE=b, mask_mod=diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, window * b), **extra,
         )
 
-    def _flex_options(self, q) -> dict[str, Any] | None:
+    def _flex_options(self, q, grad: bool = False) -> dict[str, Any] | None:
         # local_window: each row's full blocks (and its partial diagonal) are consecutive, so
         # the kernel can step to the next block without loading its index
-        return flex_options(q, self.block_size, self.user_kernel_options, self.pattern_type == "local_window")
+        return flex_options(q, self.block_size, self.user_kernel_options, self.pattern_type == "local_window", grad)
+
+    def _flex_compile_mode(self, q, grad: bool) -> str:
+        """The compile mode of the flex calls. Inductor's backward lowering drops every config of
+        its heuristics whose own tiles do not divide the sparse block, before kernel_options are
+        applied: on an H100/H200 (bf16, head dim 64) its one default config is (64, 128, 128, 64),
+        so blocks under 128 tokens leave no choice at all (NoValidChoicesError, torch 2.11 on an
+        H200). max-autotune adds its tile list (32 and 64 wide), which has configs that divide
+        such blocks; ``backward_tiles`` then fixes their tiles."""
+        if grad and q.is_cuda and self.block_size < 128:
+            return "max-autotune-no-cudagraphs"
+        return self.compile_mode
 
 
 @dataclass(frozen=True)
@@ -309,7 +320,7 @@ class FlexLayout:
 
 def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
     """One piece per chunk of query blocks: compiled FlexAttention over the chunk's key window."""
-    flex, options, b = compiled_flex(impl.compile_mode), impl._flex_options(q), impl.block_size
+    flex, options, b = compiled_flex(impl._flex_compile_mode(q, grad)), impl._flex_options(q, grad), impl.block_size
     masks = impl._chunk_masks(p, layout, q.device, grad)
     cached = masks if isinstance(masks, list) else None
     tokens, keys = layout.rows * b, layout.window * b
@@ -354,12 +365,25 @@ def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, 
     return out.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(batch, rows * b, num_heads, head_dim)
 
 
-def flex_options(q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False) -> dict[str, Any] | None:
+def backward_tiles(block_size: int) -> dict[str, int]:
+    """FlexAttention backward tiles for sparse blocks under 128 tokens: every tile divides the
+    block, and the kernel's static assertions hold (BLOCK_N1 a multiple of BLOCK_M1, BLOCK_M2 a
+    multiple of BLOCK_N2). 64 -> (32, 64, 64, 32), 32 -> (16, 32, 32, 16), 16 -> all 16."""
+    big = min(64, block_size)
+    small = max(16, big // 2)
+    return {"BLOCK_M1": small, "BLOCK_N1": big, "BLOCK_M2": big, "BLOCK_N2": small}
+
+
+def flex_options(q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False,
+                 grad: bool = False) -> dict[str, Any] | None:
     options = dict(user)
     if q.is_cuda and block_size < 128:
         # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
         options.setdefault("BLOCK_M", block_size)
         options.setdefault("BLOCK_N", block_size)
+        if grad:  # the backward reads its own tile names, not BLOCK_M/BLOCK_N
+            for name, tile in backward_tiles(block_size).items():
+                options.setdefault(name, tile)
     if q.is_cuda and contiguous_blocks:
         options.setdefault("BLOCKS_ARE_CONTIGUOUS", True)
     return options or None
