@@ -110,10 +110,12 @@ def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, 
     cap_s = max(policy.budget_s / 2, policy.warmup_seconds(cuda))
     phase("warm-up", cap_s + limit_s)
     warm = warm_up(step, timer, policy, cuda, sampler.clocks_settled, cap_s)
-    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm.last_ms)
+    # a warm-up of no calls has no time of its own: the warm call taken above, else the first
+    warm_ms = warm.last_ms if warm.calls else out.get("warm_call_ms", first_ms)
+    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm_ms)
     phase("timing", policy.budget_s + limit_s)
     with sampler.recording():
-        out["times_ms"] = timed_samples(step, timer, warm.last_ms, policy)
+        out["times_ms"] = timed_samples(step, timer, warm_ms, policy)
         out["status"] = "ok"
         if cuda:
             # CUDA-graph pools and the flush buffer stay out of the measured peak

@@ -25,6 +25,13 @@ from attnbench.sweeps.session import SilentReporter
 from conftest import ROOT, run_cli
 
 ENV = {"machine": "cpu: test"}
+FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
+
+
+def fixture_row(kind: str, **fields) -> dict:
+    """A complete row of this kind from the committed fixture run (the schema validates rows)."""
+    row = next(r for r in map(json.loads, FIXTURE.read_text().splitlines()) if r["kind"] == kind)
+    return row | fields
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 1, "--head-dim", 8]
 
 
@@ -115,11 +122,12 @@ def test_the_readme_does_not_promise_a_few_percent_of_cpu_memory_noise():
 
 def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp_path):
     path = tmp_path / "trials.jsonl"
-    good = json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass"})
+    good = json.dumps(fixture_row("verify", impl="naive", status="pass"))
     fragment = '{"schema": 1, "kind": "max-se'
     path.write_text(good + "\n" + good + "\n" + fragment)
     warnings = []
-    ResultsWriter(tmp_path, warn=warnings.append).append({"kind": "verify", "impl": "sdpa", "status": "pass"})
+    sdpa = {k: v for k, v in fixture_row("verify", impl="sdpa", status="pass").items() if k != "schema"}
+    ResultsWriter(tmp_path, warn=warnings.append).append(sdpa)
     rows, problems = read_rows(path)
     assert problems == [] and [r["impl"] for r in rows] == ["naive", "naive", "sdpa"]
     assert (tmp_path / "trials.jsonl.torn").read_text() == fragment + "\n"
@@ -131,7 +139,7 @@ def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp
 def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, capsys):
     from attnbench.cli import _print_summary
     from attnbench.report.build import write_report
-    from attnbench.report.sweep_tables import write_sweep_tables
+    from attnbench.report.sweep_files import write_sweep_tables
 
     def status(n, attempt):
         if n == 384:
@@ -192,8 +200,10 @@ def test_read_only_out_directory(tmp_path):
 
 def test_undecodable_and_incomplete_rows_are_skipped_with_file_and_line(tmp_path):
     path = tmp_path / "trials.jsonl"
-    good = json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass"}).encode()
-    no_status = json.dumps({"schema": 1, "kind": "max-seq", "impl": "naive", "series": "s", "seq_len": 64}).encode()
+    good = json.dumps(fixture_row("verify", impl="naive", status="pass")).encode()
+    probe = fixture_row("max-seq")
+    assert "status" in probe
+    no_status = json.dumps({k: v for k, v in probe.items() if k != "status"}).encode()
     path.write_bytes(good + b"\n" + b'{"kind": "verify", "impl": "na\xffve"}\n' + no_status + b"\n" + good + b"\n")
     rows, problems = read_rows(path)
     assert len(rows) == 2
@@ -346,11 +356,11 @@ class ScriptedTimer:
 
 @pytest.mark.parametrize("cold_ms, warm_ms, status", [(5000.0, 1.0, "ok"), (5000.0, 4000.0, "time-limit")])
 def test_the_time_limit_is_decided_on_a_warm_call(monkeypatch, cold_ms, warm_ms, status):
-    import attnbench.measure.timing as timing
+    import attnbench.trial as trial
     from attnbench.trial import TrialSpec, execute
 
     monkeypatch.setattr(ScriptedTimer, "script", [cold_ms, warm_ms])
-    monkeypatch.setattr(timing, "Timer", ScriptedTimer)
+    monkeypatch.setattr(trial, "Timer", ScriptedTimer)  # the timer execute() builds
     wl = {"impl": "naive", "config": {}, "batch": 1, "seq_len": 128, "heads": 1, "head_dim": 8, "dtype": "fp32",
           "device": "cpu", "mode": "fwd", "causal": False}
     row = execute(TrialSpec(workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2,
@@ -460,8 +470,9 @@ def test_negative_profile_counts_are_exit_2(tmp_path, line):
 def test_verify_out_into_another_machines_directory(tmp_path):
     out = tmp_path / "gpu-run"
     out.mkdir()
-    (out / "trials.jsonl").write_text(json.dumps({"schema": 1, "kind": "verify", "impl": "naive", "status": "pass",
-                                                  "env": {"machine": "NVIDIA H100 80GB HBM3 x1"}}) + "\n")
+    row = fixture_row("verify", impl="naive", status="pass")
+    row["env"] = row["env"] | {"machine": "NVIDIA H100 80GB HBM3 x1"}
+    (out / "trials.jsonl").write_text(json.dumps(row) + "\n")
     before = (out / "trials.jsonl").read_text()
     one_line_exit_2(run_cli("verify", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--out", out), "H100")
     assert (out / "trials.jsonl").read_text() == before
