@@ -220,7 +220,7 @@ def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
 
 
 def single_device_capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
-    return [c for c in capacities(trials(rows)) if c.world_size == 1]
+    return [c for c in capacities(rows) if c.world_size == 1]
 
 
 # --- `attnbench predict` ---------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
         raise AttnbenchError(f"unknown implementation {impl!r}: the results hold {', '.join(measured) or 'no trials'}")
     lines = []
     for machine, rows in results.by_machine.items():
-        for c in capacities(trials(rows)):
+        for c in capacities(rows):
             if c.impl != impl or (label and c.label != label):
                 continue
             if not c.fit:

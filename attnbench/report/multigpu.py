@@ -172,7 +172,7 @@ def max_seq_by_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """max_seq_summary with each series' first trial (its settings and world size)."""
     groups = series_groups(trials(rows))
     return [{**s, "head": groups[s["series"]][0], "world_size": world_size(groups[s["series"]][0])}
-            for s in max_seq_summary(trials(rows))]
+            for s in max_seq_summary(rows)]  # with the max-seq-result rows: which searches finished
 
 
 def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

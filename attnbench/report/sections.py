@@ -139,7 +139,7 @@ class Machine:
         self.rows = rows
         self.trials = d.trials(rows)
         self.summaries = max_seq_by_series(rows)
-        self.capacities = capacities(self.trials)
+        self.capacities = capacities(rows)  # the max-seq-result rows say which searches finished
         self.speedups = speedup_cases(rows)
 
     def at_max(self, summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -403,7 +403,8 @@ def seed_002(doc: Doc, m: Machine) -> None:
     doc.heading(4, "1. Single GPU maximum")
     if single:
         single_rows = [r for r in m.trials if d.world_size(r) == 1]
-        doc.add(summary_table(max_seq_summary(single_rows)))
+        finished = [r for r in m.rows if r.get("kind") == "max-seq-result"]
+        doc.add(summary_table(max_seq_summary(single_rows + finished)))
         for s in single:
             rows = sorted((r for r in single_rows if r["series"] == s["series"]), key=lambda r: r["seq_len"])
             doc.heading(5, f"{s['label']}: {d.settings_text(s['head'])}")
