@@ -310,8 +310,10 @@ class SpeedupRunner(RunSession):
         if rows:
             self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
             case = asdict(self._verify_case())
+            # a forward-only check row names no mode (only fwd_bwd is written)
             self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" and
-                                all(r.get(k) == v for k, v in case.items() if k not in ("batch", "seq_len")) for r in rows)
+                                all(r.get(k, "fwd" if k == "mode" else None) == v
+                                    for k, v in case.items() if k not in ("batch", "seq_len")) for r in rows)
             self.run_id = next((r["run"] for r in rows if r.get("kind") == KIND and r.get("run")), self.run_id)
 
     def _verify_case(self) -> VerifyCase:
