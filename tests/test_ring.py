@@ -285,4 +285,5 @@ def test_scaling_readout_from_rows():
     assert two[0]["efficiency_same_split"] == pytest.approx(0.8)
     assert two[0]["overhead"] == pytest.approx(1000 / 900 - 1) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
     assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
-    assert "| ring x2 | 1,048,576 (1M) | 2 | 500.00 |" in scaling_markdown(rows)
+    # the time cell is the median with its interval and sample count (one sample: no interval)
+    assert "| ring x2 | 1,048,576 (1M) | 2 | 500 ms (n=1) |" in scaling_markdown(rows)
