@@ -104,7 +104,7 @@ def test_sparsity_table_from_a_real_run(tmp_path):
         line = next(line for line in lines if line.startswith(f"| {r['seq_len']:,} ") and "dense sdpa" not in line)
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert cells[1] == f"{r['time_ms']:,.2f}"
-        assert cells[4] == "90% Sparse" and cells[5] == "local_window" and cells[6] == "64"
+        assert cells[4] == "90.0% sparse" and cells[5] == "local_window" and cells[6] == "64"
         assert cells[8] == f"{dense['time_ms'] / r['time_ms']:.2f}x"
         kept = float(impl.key_mask(r["seq_len"], 1).float().mean())   # independent of the runner's count
         assert cells[7] == f"{kept:.2%}"
