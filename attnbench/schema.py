@@ -59,6 +59,9 @@ class Environment:
     driver: str | None = None  # NVIDIA driver version
     cuda_driver: int | None = None  # CUDA version the driver supports
     gpu_links: list[dict[str, Any]] | None = None  # per GPU pair: PCIe topology level and NVLink peer access
+    gpu_settings: list[dict[str, Any]] | None = None  # per GPU: persistence mode, application and max clocks
+    pytorch_cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the run saw it
+    clipped: list[str] | None = None  # parts of a profile dropped for want of GPUs, in words
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,6 +122,7 @@ class Workload(Row):
     mode: str | None = None  # fwd or fwd_bwd (absent in verify rows)
     world_size: int | None = None  # GPUs (ranks) the call was spread over; None: one device
     strategy: str | None = None  # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
+    impl_source: dict[str, Any] | None = None  # outside implementation: import path, package, version, memory order
 
 
 @dataclass(kw_only=True)
@@ -142,6 +146,22 @@ class Timing:
     started_at: str | None = None  # ISO 8601 UTC
     duration_s: float | None = None  # wall time of the whole trial, start-up included
     trial: str | None = None  # random id of the trial
+    time_n: int | None = None  # samples behind time_ms
+    time_ci_low: float | None = None  # 95% bootstrap interval of the median eager time
+    time_ci_high: float | None = None
+    gpu_times_ms: list[float] | None = None  # GPU time per call: CUDA-graph replays or back-to-back calls
+    gpu_time_ms: float | None = None  # median GPU time
+    gpu_time_n: int | None = None
+    gpu_time_ci_low: float | None = None
+    gpu_time_ci_high: float | None = None
+    gpu_timer: str | None = None  # cuda-graph, back-to-back, or why GPU time is missing
+    dispatch_share: float | None = None  # 1 - GPU time / eager time: the host's share of a call
+    host_bound: bool | None = None  # eager time well above GPU time (dispatch dominates)
+    warm_call_ms: float | None = None  # the call the sample plan (and the time limit) was decided on
+    warmup_calls: int | None = None
+    warmup_s: float | None = None  # warm-up by time, until the SM clock settles
+    clocks: list[dict[str, Any]] | None = None  # per GPU during the timed calls: SM/memory clock, power, throttle
+    clocks_moved: bool | None = None  # a clock moved more than a few percent while timing
 
 
 @dataclass(kw_only=True)
@@ -171,6 +191,15 @@ class Trial(Workload, Timing):
     tflops_useful: float | None = None
     tflops_executed: float | None = None
     compile_ms: float | None = None  # torch.compile time of the first call
+    compile_peak_bytes: int | None = None  # allocator peak of the compiling call, kept out of peak_bytes
+    tflops_executed_ci_low: float | None = None  # executed TFLOP/s over the time interval
+    tflops_executed_ci_high: float | None = None
+    attempt: int | None = None  # 2: the retry of a failed search probe in a fresh process
+    process: int | None = None  # which of --repeat K fresh processes measured this point
+    timing: dict[str, Any] | None = None  # the timing plan (warm-up, samples, budget): part of the identity
+    pairs_counted: str | None = None  # outside mask: pairs counted exactly, or by blocks at large N
+    sent_bytes: int | None = None  # sequence parallel: bytes the busiest rank sends per call
+    algbw_gbps: float | None = None  # those bytes over the call's time (nccl-tests' algbw)
 
 
 @dataclass(kw_only=True)
@@ -204,6 +233,10 @@ class Verify(Workload):
     message: str  # why it failed ("" when it passed)
     rel_err_single: float | None = None  # sequence-parallel: the same inputs on one device
     counterpart: str | None = None  # the single-device implementation compared with
+    rel_err_dq: float | None = None  # fwd_bwd: the gradients against the float64 reference
+    rel_err_dk: float | None = None
+    rel_err_dv: float | None = None
+    grad_tolerance: float | None = None
 
 
 @dataclass(kw_only=True)
