@@ -86,12 +86,13 @@ def test_the_report_table_holds_every_claim_exactly_once(tmp_path):
 # --- verdicts from rows -------------------------------------------------------------------------
 
 def test_a_speedup_above_one_confirms_a_claim_of_benefit():
-    # single 100 ms, DataParallel 50 ms: 2.0x; quartiles of [98,100,102] and [49,50,51] keep it above 1
+    # single 100 ms, DataParallel 50 ms: 2.0x; a resampled median ratio lies between the extreme
+    # ratios 98/51 and 102/49, so the interval stays above 1
     rows = [speedup_row("single", [98.0, 100.0, 102.0], 1), speedup_row("dp", [49.0, 50.0, 51.0], 2)]
     v = verdict_of("001-dp-16k-speedup", rows)
     assert v.verdict == cl.CONFIRMED
     assert v.measured.value == pytest.approx(2.0)
-    assert v.measured.low == pytest.approx(99.0 / 50.5) and v.measured.high == pytest.approx(101.0 / 49.5)
+    assert 98.0 / 51.0 <= v.measured.low <= 2.0 <= v.measured.high <= 102.0 / 49.0
 
 
 def test_batch_one_data_parallel_refutes_the_speedup_and_says_why():
@@ -220,7 +221,7 @@ def test_speedup_tables_mark_anomalies_beside_the_number():
     from attnbench.report.multigpu import speedup_cases
     from attnbench.report.sections import speedup_notes
 
-    # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: quartiles 45..55 cross 1
+    # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: the interval crosses 1
     rows = [speedup_row("single", [100.0] * 3, 1, batch=8), speedup_row("mp", [20.0] * 3, 2, batch=8),
             speedup_row("single", [50.0] * 3, 1, batch=8, seq_len=8192),
             speedup_row("mp", [40.0, 50.0, 60.0], 2, batch=8, seq_len=8192)]

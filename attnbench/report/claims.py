@@ -8,7 +8,6 @@ from the claim's test: ``near:TOL``, ``above:X``, ``below:X`` or ``none``. Absol
 
 from __future__ import annotations
 
-import statistics
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from attnbench.errors import AttnbenchError
 from attnbench.report import data as d
 from attnbench.report.fit import GIB, fit_miss_cause
+from attnbench.report.intervals import time_interval
 from attnbench.units import format_tokens
 
 CLAIMS_FILE = Path(__file__).with_name("seed_claims.toml")
@@ -97,16 +97,12 @@ def matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
 
 
 def spread(row: dict[str, Any]) -> tuple[float | None, float | None, int]:
-    """(first quartile, third quartile, n) of a row's timed samples: the uncertainty shown beside
-    every time-derived number. The one place to switch to bootstrap intervals."""
-    samples = [t for t in row.get("times_ms") or [] if t is not None]
-    if len(samples) >= 2:
-        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-        return q1, q3, len(samples)
-    t, iqr = row.get("time_ms"), row.get("time_iqr_ms")
-    if t is not None and iqr is not None:
-        return t - iqr / 2, t + iqr / 2, len(samples) or 1
-    return None, None, len(samples) or 1
+    """(low, high, n): the 95% bootstrap interval of a row's median time, the uncertainty shown
+    beside every time-derived number (computed from the samples where a row predates intervals)."""
+    iv = time_interval(row) if row else None
+    if iv is None:
+        return None, None, len(row.get("times_ms") or []) or 1
+    return iv.low, iv.high, iv.n
 
 
 @dataclass
@@ -144,12 +140,13 @@ def _speedup(m, match) -> Measured | None:
 
 
 def speedup_interval(c: dict[str, Any]) -> tuple[float | None, float | None, str]:
-    """(low, high, n) of a speedup case: the quartiles of both times, crossed."""
-    s1, s3, ns = spread(c["single"] or {})
-    m1, m3, nm = spread(c["row"])
-    if None in (s1, s3, m1, m3) or not m1 or not m3:
+    """(low, high, n) of a speedup case: the bootstrap interval of the ratio of the two medians."""
+    _, _, ns = spread(c["single"] or {})
+    _, _, nm = spread(c["row"])
+    iv = c.get("speedup_ci")
+    if iv is None:
         return None, None, f"{ns}/{nm}"
-    return s1 / m3, s3 / m1, f"{ns}/{nm}"
+    return iv.low, iv.high, f"{ns}/{nm}"
 
 
 def speedup_anomalies(c: dict[str, Any]) -> list[str]:
@@ -183,11 +180,11 @@ def _row_metric(m, metric, match) -> Measured | None:
         return None
     value = _row_value(metric, row)
     low = high = None
-    q1, q3, n = spread(row)
+    t_low, t_high, n = spread(row)
     if metric == "time_ms":
-        low, high = q1, q3
-    elif metric == "tokens_per_s" and q1 and q3:
-        low, high = value * row["time_ms"] / q3, value * row["time_ms"] / q1
+        low, high = t_low, t_high
+    elif metric == "tokens_per_s" and t_low and t_high:  # a rate: the bounds swap
+        low, high = value * row["time_ms"] / t_high, value * row["time_ms"] / t_low
     out = Measured(value, low, high, str(n if metric in HARDWARE_BOUND else 1), m.name, short_label(row), d.row_date(row))
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
