@@ -171,7 +171,8 @@ def test_dilated_baseline_matches_the_dilation_rates():
 def _trial_key(r: dict) -> str:
     if r["kind"] == "speedup":
         return "speedup:" + r["key"]
-    return f"{r['kind']}:{r['series']}:{r['seq_len']}"
+    # a failed search probe is retried once in a fresh process: the retry is its own trial
+    return f"{r['kind']}:{r['series']}:{r['seq_len']}:{r.get('attempt', 1)}:{r.get('process', 0)}"
 
 
 def _attnbench(*args: str) -> subprocess.CompletedProcess:
