@@ -52,9 +52,11 @@ FULL_WIDTH_MASK_BYTES = 64 << 20
 # offset wraps and the output is silently wrong (flex vs the exact gather path on an H200);
 # flex_attend runs per (batch, head) there
 FLEX_MAX_OFFSET = 1 << 31
-# Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this: up
-# to 256K tokens one chunk runs under flex's own autograd (no recomputation)
-TRAINING_LEAST_TOKENS = 1 << 18
+# Under autograd, up to this length one chunk runs under flex's own autograd (no
+# recomputation); above it chunks of a 16th of the sequence, so that what the backward holds
+# beyond the floor (a chunk's recomputed output, its dq and its window's dk, dv) stays a few
+# percent of it: with 256K-token chunks the peak at 1M was 1.32x the training floor on an H200
+TRAINING_ONE_CHUNK_TOKENS = 1 << 18
 
 
 class BlockSparseAttention(AttentionImpl):
@@ -242,8 +244,8 @@ class BlockSparseAttention(AttentionImpl):
         def index_width(rows: int) -> int:
             return 1 << (most - 1).bit_length() if compact else window_for(rows)
 
-        chunk_tokens = training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens, TRAINING_LEAST_TOKENS) \
-            if grad else self.max_chunk_tokens
+        chunk_tokens = self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size,
+                                                                                      self.max_chunk_tokens)
         limit = max(1, min(total, chunk_tokens // self.block_size))
         while limit > 1 and limit * (2 * index_width(limit) * 4 + most * 8 * 6) > INDEX_BUDGET_BYTES:
             limit //= 2  # two int32 index rows + the expansion's temporaries per query block
@@ -306,6 +308,12 @@ class BlockSparseAttention(AttentionImpl):
         if grad and q.is_cuda and self.block_size < 128:
             return "max-autotune-no-cudagraphs"
         return self.compile_mode
+
+
+def _training_chunk_tokens(seq_len: int, max_chunk_tokens: int) -> int:
+    if seq_len <= TRAINING_ONE_CHUNK_TOKENS:
+        return min(seq_len, max_chunk_tokens)
+    return training_chunk_tokens(seq_len, max_chunk_tokens)
 
 
 @dataclass(frozen=True)

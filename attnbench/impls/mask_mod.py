@@ -6,12 +6,16 @@ depend on the batch entry (semantics: one set per head and query), so ``b`` is a
 
 Pairs are counted from the mask_mod in one of two ways, and the count says which:
 
-- ``exact``: every (query, key) pair evaluated, in row chunks (up to EXACT_MAX_SEQ_LEN);
+- ``exact``: every (query, key) pair evaluated, in row chunks: on the CPU at any length, on
+  CUDA up to EXACT_MAX_SEQ_LEN_CUDA (chunks of a few hundred MB of temporaries: at 512K tokens
+  a quarter of a million million pairs a head, seconds on a current GPU, and no compilation);
 - ``blocks``: on CUDA above that length, FlexAttention's block mask (built by a compiled
   kernel, never N x N) classifies BLOCK x BLOCK tiles as empty, full or partial; full tiles
   count BLOCK^2 pairs and only partial tiles are evaluated pair by pair. The same number as
   the exact count; the label says how it was obtained. (Uncompiled, building the block mask
-  materialises N x N, so on the CPU the count stays exact, chunked.)
+  materialises N x N, so on the CPU the count stays exact, chunked.) Compiling the block-mask
+  kernel in a fresh process takes tens of seconds to minutes, which is why exact counting
+  reaches as far as it does on the GPU.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import torch
 
 MaskMod = Callable[..., torch.Tensor]
 
-# Above this length the exact count (N^2 evaluations per head) gives way to block counts.
-EXACT_MAX_SEQ_LEN = 8192
+# On CUDA, above this length the exact count (N^2 evaluations per head) gives way to block counts.
+EXACT_MAX_SEQ_LEN_CUDA = 1 << 19
 BLOCK = 128
-_ROWS_PER_CHUNK = 1 << 22  # pairs evaluated at once: 4 Mi booleans
+# pairs evaluated at once: 4 Mi on the CPU; 64 Mi on a GPU (about 1.2 GB of index temporaries,
+# counted after the trial's inputs are freed and its peak recorded)
+_PAIRS_PER_CHUNK = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
 def with_causal(mask_mod: MaskMod) -> MaskMod:
@@ -51,9 +57,9 @@ def key_mask(mask_mod: MaskMod, seq_len: int, num_heads: int) -> torch.Tensor:
 
 
 def count_exact(mask_mod: MaskMod, seq_len: int, num_heads: int, device: str = "cpu") -> int:
-    """Pairs in the key sets, every pair evaluated, ``_ROWS_PER_CHUNK`` at a time."""
+    """Pairs in the key sets, every pair evaluated, ``_PAIRS_PER_CHUNK`` at a time."""
     idx = torch.arange(seq_len, device=device)
-    step = max(1, _ROWS_PER_CHUNK // seq_len)
+    step = max(1, _PAIRS_PER_CHUNK.get(device, _PAIRS_PER_CHUNK["cpu"]) // seq_len)
     total = 0
     for h in range(num_heads):
         for start in range(0, seq_len, step):
@@ -103,7 +109,7 @@ def _partial_pairs(mask_mod: MaskMod, h: int, num: torch.Tensor, cols: torch.Ten
     b = torch.zeros((), dtype=torch.long, device=device)
     head = torch.full((), h, dtype=torch.long, device=device)
     width = max(1, int(num.max())) if num.numel() else 1
-    step = max(1, _ROWS_PER_CHUNK // (width * BLOCK * BLOCK))
+    step = max(1, _PAIRS_PER_CHUNK["cpu"] // (width * BLOCK * BLOCK))
     total = 0
     for start in range(0, num.shape[0], step):
         qb = torch.arange(start, min(start + step, num.shape[0]), device=device)
@@ -118,8 +124,8 @@ def _partial_pairs(mask_mod: MaskMod, h: int, num: torch.Tensor, cols: torch.Ten
 
 def count_pairs(mask_mod: MaskMod, seq_len: int, num_heads: int, causal: bool,
                 device: str = "cpu") -> tuple[int, str]:
-    """(pairs, how counted): exact up to EXACT_MAX_SEQ_LEN (and on the CPU), block counts above."""
+    """(pairs, how counted): exact on the CPU and on CUDA up to EXACT_MAX_SEQ_LEN_CUDA, block counts above."""
     mod = with_causal(mask_mod) if causal else mask_mod
-    if seq_len <= EXACT_MAX_SEQ_LEN or device != "cuda":
+    if seq_len <= EXACT_MAX_SEQ_LEN_CUDA or device != "cuda":
         return count_exact(mod, seq_len, num_heads, device), "exact"
     return count_blocks(mod, seq_len, num_heads, device), "blocks"
