@@ -41,3 +41,16 @@ def test_sweep_markdown_has_the_training_table_only_with_training_rows():
 
 def test_training_points_at_other_lengths_make_no_record():
     assert training_records([_trial("s", "sdpa()", "fwd_bwd", "points", 8192, peak=1.2, tflops=1.0)]) == []
+
+
+def test_a_search_and_points_of_one_configuration_make_one_record():
+    # gpu-fwd-bwd runs block-sparse's default pattern as a search and again as a 64K point:
+    # two series under one label, whose points hold none of the search's lengths
+    rows = [
+        _trial("b-search", "block-sparse", "fwd_bwd", "max-seq", 1 << 20, peak=1.10, tflops=270.0),
+        _trial("b-search", "block-sparse", "fwd_bwd", "max-seq", 1 << 21, status="oom"),
+        _trial("b-points", "block-sparse", "fwd_bwd", "points", 65536, peak=1.14, tflops=300.0),
+    ]
+    (record,) = training_records(rows)
+    assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"]) == (1 << 20, 1.10, 270.0)
+    assert record["tflops_compare"] == 300.0

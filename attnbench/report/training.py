@@ -17,7 +17,11 @@ COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throug
 def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per (configuration, dtype, machine) with a training max-seq search or a
     training trial at 64K."""
-    largest = {(s["label"], s["dtype"], s["machine"] or s["device"], _mode(s, rows)): s for s in max_seq_summary(rows)}
+    summaries = max_seq_summary(rows)
+    # a configuration may run as several series (a search, and points at 64K): the training
+    # search belongs to its own series; the forward one is found by configuration
+    searches = {s["series"]: s for s in summaries}
+    largest = {(s["label"], s["dtype"], s["machine"] or s["device"], _mode(s, rows)): s for s in summaries}
     records: dict[tuple, dict[str, Any]] = {}
     for trials in series_groups(rows).values():
         head = trials[0]
@@ -30,7 +34,7 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
         if compare and compare.get("tflops_useful"):
             rec["tflops_compare"] = compare["tflops_useful"]
-        train = largest.get((*where, "fwd_bwd"))
+        train = searches.get(head.get("series"))
         if train and train["max_seq_len"]:
             best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
             rec.update(max_seq_len=train["max_seq_len"], peak_over_floor=train["peak_over_floor"],
