@@ -7,7 +7,9 @@ from attnbench.report.training import training_records
 
 
 def _trial(series, label, mode, kind, seq_len, status="ok", peak=None, tflops=None):
-    return {"kind": kind, "series": series, "label": label, "impl": label.split("(")[0], "mode": mode,
+    # ten step times of 9.9-10.1 ms around a 10 ms median: TFLOP/s within 1% of `tflops`
+    times = [10.0 + d / 100 for d in (-10, -8, -5, -2, 0, 0, 2, 5, 8, 10)] if status == "ok" else []
+    return {"times_ms": times, "time_ms": 10.0 if times else None, "kind": kind, "series": series, "label": label, "impl": label.split("(")[0], "mode": mode,
             "seq_len": seq_len, "status": status, "dtype": "bf16", "device": "cuda", "batch": 1, "heads": 8,
             "head_dim": 64, "causal": False, "env": {"machine": "GPU x1"}, "peak_over_floor": peak,
             "tflops_useful": tflops, "message": "out of memory" if status == "oom" else ""}
@@ -25,17 +27,21 @@ ROWS = [
 
 def test_records_hold_the_largest_training_and_forward_lengths():
     dilated, block = training_records(ROWS)
+    at_max, at_64k = dilated.pop("tflops_at_max"), dilated.pop("tflops_compare")
     assert dilated == {"label": "dilated(a)", "dtype": "bf16", "machine": "GPU x1", "max_seq_len": 1 << 23,
-                       "peak_over_floor": 1.03, "tflops_at_max": 280.0, "tflops_compare": 250.0,
-                       "fwd_max_seq_len": 1 << 25, "fwd_peak_over_floor": 1.0}
-    assert block["max_seq_len"] is None and block["tflops_compare"] == 120.0 and block["fwd_max_seq_len"] is None
+                       "peak_over_floor": 1.03, "fwd_max_seq_len": 1 << 25, "fwd_peak_over_floor": 1.0}
+    assert (at_max.value, at_max.n, at_64k.value) == (280.0, 10, 250.0)
+    # a rate is work over time: the slowest plausible median gives the low end
+    assert 280.0 * 10.0 / 10.1 <= at_max.low < 280.0 < at_max.high <= 280.0 * 10.0 / 9.9
+    assert block["max_seq_len"] is None and block["tflops_compare"].value == 120.0 and block["fwd_max_seq_len"] is None
 
 
 def test_sweep_markdown_has_the_training_table_only_with_training_rows():
     text = sweep_markdown(ROWS)
     assert "## Training: forward plus backward" in text
-    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | 1.03x | 280.0 | 250.0 | 33,554,432 (32M) | 1.00x |" in text
-    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | 120.0 | - | - |" in text
+    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | 1.03x | 280.0 ±" in text
+    assert "(n=10) | 33,554,432 (32M) | 1.00x |" in text
+    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | 120.0 ±" in text
     assert "Training: forward plus backward" not in sweep_markdown([r for r in ROWS if r["mode"] == "fwd"])
 
 
@@ -52,5 +58,5 @@ def test_a_search_and_points_of_one_configuration_make_one_record():
         _trial("b-points", "block-sparse", "fwd_bwd", "points", 65536, peak=1.14, tflops=300.0),
     ]
     (record,) = training_records(rows)
-    assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"]) == (1 << 20, 1.10, 270.0)
-    assert record["tflops_compare"] == 300.0
+    assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"].value) == (1 << 20, 1.10, 270.0)
+    assert record["tflops_compare"].value == 300.0

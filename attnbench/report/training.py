@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnbench.measure.stats import Interval, plus_minus, scaled
+from attnbench.report.intervals import time_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.units import format_tokens
@@ -33,16 +35,25 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                          "fwd_max_seq_len": None, "fwd_peak_over_floor": None})
         compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
         if compare and compare.get("tflops_useful"):
-            rec["tflops_compare"] = compare["tflops_useful"]
+            rec["tflops_compare"] = tflops_interval(compare)
         train = searches.get(head.get("series"))
         if train and train["max_seq_len"]:
             best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
             rec.update(max_seq_len=train["max_seq_len"], peak_over_floor=train["peak_over_floor"],
-                       tflops_at_max=best.get("tflops_useful"))
+                       tflops_at_max=tflops_interval(best))
         fwd = largest.get((*where, "fwd"))
         if fwd and fwd["max_seq_len"]:
             rec.update(fwd_max_seq_len=fwd["max_seq_len"], fwd_peak_over_floor=fwd["peak_over_floor"])
     return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
+
+
+def tflops_interval(row: dict[str, Any]) -> Interval | None:
+    """A row's useful TFLOP/s with the 95% interval of its median step time (rate = work / time)."""
+    value = row.get("tflops_useful")
+    if not value:
+        return None
+    iv = scaled(time_interval(row), value * row["time_ms"]) if row.get("time_ms") else None
+    return iv or Interval(value, value, value, 1)
 
 
 def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
@@ -57,7 +68,7 @@ HEADERS = {  # column: record field
 }
 NOTE = ("The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
         "and the output. Training TFLOP/s count useful pairs x 4 D x 3.5 (forward 1, backward 2.5) over the step's "
-        "measured time. '-': no such trial in these rows.\n")
+        "median time (eager timer), ± half its 95% bootstrap interval (n samples). '-': no such trial in these rows.\n")
 
 
 def training_table(records: list[dict[str, Any]]) -> Table:
@@ -67,8 +78,8 @@ def training_table(records: list[dict[str, Any]]) -> Table:
     def ratio(v):
         return f"{v:.2f}x"
 
-    def tflops(v):
-        return f"{v:,.1f}"
+    def tflops(iv):
+        return plus_minus(iv, fmt=lambda x: f"{x:,.1f}")
 
     formats = {"Largest Training Sequence": tokens, "Largest Forward Sequence": tokens,
                "Peak / Training Floor": ratio, "Peak / Forward Floor": ratio,
