@@ -60,29 +60,36 @@ def test_summary_statistics():
 
 
 class FakeNvml:
-    """Two GPUs whose used memory follows a script."""
+    """Two GPUs whose used memory follows a script; ``set`` returns once the sampler's thread
+    has read both GPUs in the new state (no sleeping: a busy machine only makes it slower)."""
 
     def __init__(self):
         self.used = [1000, 500]
         self.lock = threading.Lock()
+        self.read = [threading.Event(), threading.Event()]
 
     def device_count(self):
         return 2
 
     def used_bytes(self, index):
         with self.lock:
+            self.read[index].set()
             return self.used[index]
+
+    def set(self, used):
+        with self.lock:
+            self.used = used
+            for event in self.read:
+                event.clear()
+        for event in self.read:
+            assert event.wait(timeout=60), "the sampler thread never polled"
 
 
 def test_nvml_sampler_tracks_per_gpu_peaks():
     nvml = FakeNvml()
     with NvmlSampler(nvml, interval_s=0.001) as sampler:
-        with nvml.lock:
-            nvml.used = [9000, 700]
-        time.sleep(0.05)
-        with nvml.lock:
-            nvml.used = [2000, 600]
-        time.sleep(0.05)
+        nvml.set([9000, 700])
+        nvml.set([2000, 600])
     rows = sampler.per_gpu()
     assert rows == [
         {"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
