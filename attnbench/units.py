@@ -70,6 +70,12 @@ def format_bytes(n: float | None, unit: str = "auto") -> str:
     return f"{n / scale:,.2f} {unit}"
 
 
+def format_gib(n: float) -> str:
+    """Binary units, as profiles write an allocator limit: 4294967296 -> '4 GiB', 104857600 -> '100 MiB'."""
+    unit, size = ("GiB", 2**30) if n >= 2**30 else ("MiB", 2**20)
+    return f"{n / size:.4g} {unit}"
+
+
 def short_tokens(n: int, exact: bool = False) -> str:
     """65536 -> '64K', 1572864 -> '1.5M' (binary multiples, one decimal). ``exact``: only
     where the short form is the exact length (to 1/8 K or M, '2.875M'), else the digits."""

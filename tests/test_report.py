@@ -523,3 +523,26 @@ def test_every_command_the_report_names_for_missing_data_parses(producer):
     assert words[0] == "attnbench"
     command = typer.main.get_command(app).commands[words[1]]
     command.make_context(words[1], words[2:])  # raises on an unknown option or a missing value
+
+
+def test_a_search_under_a_memory_limit_is_its_own_series():
+    # rows written with one series key for a search on the whole GPU and one under 4 GiB
+    from attnbench.report.data import separate_memory_limits
+
+    def row(run, kind, seq_len, limit=None):
+        return {"kind": kind, "run": run, "series": "s1", "label": "naive", "impl": "naive", "seq_len": seq_len,
+                **({"memory_limit": limit} if limit else {})}
+
+    rows = [row("whole", "max-seq", 65536), row("whole", "max-seq-result", 65536),
+            row("capped", "max-seq", 10240, 4 << 30), row("capped", "max-seq-result", 10240)]
+    whole, whole_result, capped, capped_result = separate_memory_limits(rows)
+    assert (whole["series"], whole["label"]) == (whole_result["series"], whole_result["label"]) == ("s1", "naive")
+    assert capped["series"] == capped_result["series"] != "s1"
+    assert capped["label"] == capped_result["label"] == "naive under 4 GiB"
+
+
+def test_allocator_limits_read_as_profiles_write_them():
+    from attnbench.units import format_gib, parse_bytes
+
+    assert [format_gib(parse_bytes(t)) for t in ("4GiB", "16GiB", "100MiB", "1.5GiB")] == \
+        ["4 GiB", "16 GiB", "100 MiB", "1.5 GiB"]

@@ -12,6 +12,7 @@ from typing import Any
 from attnbench.errors import AttnbenchError
 from attnbench.report.sweep_tables import TRIAL_KINDS
 from attnbench.results import read_rows, result_files
+from attnbench.units import format_gib
 
 UNKNOWN_MACHINE = "unknown machine"
 
@@ -43,7 +44,8 @@ def load(path: Path) -> Results:
     if not rows:
         raise AttnbenchError(f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
                              f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR")
-    rows = separate_code_versions([{**r, "label": compact_label(r)} if r.get("label") else r for r in rows])
+    rows = separate_memory_limits([{**r, "label": compact_label(r)} if r.get("label") else r for r in rows])
+    rows = separate_code_versions(rows)
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
@@ -54,6 +56,29 @@ def short_commit(row: dict[str, Any]) -> str:
     commit = str((row.get("env") or {}).get("commit") or "unknown")
     head, _, dirty = commit.partition("-")
     return head[:9] + (f"-{dirty}" if dirty else "")
+
+
+def separate_memory_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A configuration swept both on the whole GPU and under an allocator limit
+    (``memory_limit``), or under two limits, is one series per limit, each limited one
+    labelled with its limit: a capacity under a limit is the limit's, not the GPU's, and never
+    pools with or supersedes another. Trials carry the limit; the run's other rows of that
+    series (its max-seq result) follow them."""
+    limits = {(r.get("run"), r["series"]): r.get("memory_limit") for r in rows
+              if r.get("kind") in TRIAL_KINDS and r.get("series")}
+    per_series: dict[str, set] = {}
+    for (_, series), limit in limits.items():
+        per_series.setdefault(series, set()).add(limit)
+    mixed = {series for series, seen in per_series.items() if len(seen) > 1}
+
+    def rekey(r: dict[str, Any]) -> dict[str, Any]:
+        limit = limits.get((r.get("run"), r.get("series")))
+        if r.get("series") not in mixed or not limit:
+            return r
+        return {**r, "series": f"{r['series']}~{limit}",
+                "label": f"{r.get('label') or r.get('impl')} under {format_gib(limit)}"}
+
+    return [rekey(r) for r in rows] if mixed else rows
 
 
 def separate_code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
