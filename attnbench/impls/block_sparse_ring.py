@@ -37,7 +37,8 @@ from attnbench.impls.block_sparse import (
     flex_options,
     has_compute_q_blocks,
 )
-from attnbench.impls.ring import RingSchedule, Selection, SequenceParallelAttention, run_ring
+from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
+from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
 from attnbench.patterns import (
     PATTERN_TYPES,
     BlockPattern,
