@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnbench import impls
-from attnbench.impls import block_sparse as bs
+from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 from attnbench.workload import Workload
@@ -39,7 +39,7 @@ def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal)
 
 
 def test_block_sparse_flex_gradients_in_per_head_calls(monkeypatch):
-    monkeypatch.setattr(bs, "FLEX_MAX_OFFSET", 1 << 19)
+    monkeypatch.setattr(fk, "FLEX_MAX_OFFSET", 1 << 19)
     cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
                       kernel="flex", max_chunk_tokens=64 * 12).config()
     row = run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode="fwd_bwd"))

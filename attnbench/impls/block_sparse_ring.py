@@ -31,12 +31,8 @@ from attnbench.impls.block_sparse import (
     INDEX_BUDGET_BYTES,
     MASK_CACHE_BYTES,
     BlockSparseAttention,
-    compiled_flex,
-    diagonal_causal,
-    flex_attend,
-    flex_options,
-    has_compute_q_blocks,
 )
+from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
 from attnbench.patterns import (
