@@ -41,8 +41,9 @@ def speedup(
     out: OutOpt = None, resume: ResumeOpt = False,
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
+    from attnbench.environment import capture_env
     from attnbench.report.speedup_tables import write_speedup_tables
-    from attnbench.results import capture_env, check_output_dir
+    from attnbench.results import check_output_dir
     from attnbench.sweeps.speedup import (
         SEED_CASES,
         SpeedupRunner,

@@ -94,9 +94,10 @@ def run(
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
+    from attnbench.environment import capture_env
     from attnbench.plan import build_plan
     from attnbench.report.sweep_files import write_sweep_tables
-    from attnbench.results import capture_env, check_output_dir
+    from attnbench.results import check_output_dir
     from attnbench.sweeps.runner import SweepRunner, resolve
 
     if out:

@@ -51,8 +51,9 @@ def verify(
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench import impls
+    from attnbench.environment import capture_env
     from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE, default_cases
-    from attnbench.results import ResultsWriter, capture_env, check_output_dir, check_same_machine, clean_floats
+    from attnbench.results import ResultsWriter, check_output_dir, check_same_machine, clean_floats
     from attnbench.sweeps import seqpar
     from attnbench.sweeps.verification import run_reference_checks
     from attnbench.workload import check_workload_fields
