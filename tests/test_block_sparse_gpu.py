@@ -10,6 +10,8 @@ from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 
+from conftest import flex_per_head_row
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -28,11 +30,7 @@ def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
 
 def test_flex_per_head_calls_match_reference(monkeypatch):
     """Where offsets would pass 2^31, flex runs once per (batch, head): forced here at a small N."""
-    # above one (batch, head) of q, k, v (4096 x 64), below the whole tensors
-    monkeypatch.setattr(fk, "FLEX_MAX_OFFSET", 1 << 19)
-    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
-                      kernel="flex", max_chunk_tokens=64 * 12).config()
-    row = run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda"))
+    row = flex_per_head_row(monkeypatch)
     assert row["status"] == "pass", row
 
 
