@@ -18,7 +18,7 @@ PACKAGE = ROOT / "attnbench"
 # is placed here (the test names any that is not).
 LAYERS = [
     ("base", ["attnbench", "attnbench.errors", "attnbench.units"]),
-    ("masks", ["attnbench.patterns", "attnbench.hilbert", "attnbench.masks"]),
+    ("masks", ["attnbench.patterns", "attnbench.block_lists", "attnbench.hilbert", "attnbench.masks"]),
     ("impls, measure", ["attnbench.impls", "attnbench.measure"]),
     ("workload, reference, results",
      ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.environment", "attnbench.schema",

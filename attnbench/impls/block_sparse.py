@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnbench.block_lists import BlockPattern, progression_spans
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
@@ -44,7 +45,7 @@ from attnbench.impls.flex_kernel import (
     parse_kernel_options,
 )
 from attnbench.impls.pieces import Piece, PiecewiseAttention, training_chunk_tokens, write_pieces
-from attnbench.patterns import MULTISCALE, PATTERN_TYPES, BlockPattern, build_pattern, check_scales, progression_spans
+from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 KERNELS = ("auto", "flex", "gather")
