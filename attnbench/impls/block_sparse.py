@@ -19,6 +19,10 @@ progressions. Two kernels run the same math:
 
 Query blocks that keep every allowed block (the global rows of ``global_local``) run as
 plain dense attention (SDPA), except in a full-width flex mask, which holds them as well.
+
+The FlexAttention calls themselves are in ``attnbench.impls.flex_kernel``. This module is
+about 400 lines because it is one implementation: its shape rules, counts, both kernels'
+pieces (the flex layout and block masks, the gather path) and its registry entry.
 """
 
 from __future__ import annotations
