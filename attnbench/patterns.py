@@ -7,7 +7,8 @@ disjoint arithmetic progressions of key blocks, ``(start, stop, step)`` meaning
 ``range(start, stop, step)``: an int64 tensor of shape ``(nb, R, 3)``. Counting is exact and
 cheap (the progressions of a row never overlap); explicit indices are made only for a chunk of
 rows at a time (:meth:`BlockPattern.expand`). No ``nb x nb`` object is ever built, except by
-:meth:`BlockPattern.dense` for pictures and tests at small ``nb``.
+:meth:`BlockPattern.dense` for pictures and tests at small ``nb``. ``BlockPattern`` and the
+arithmetic on progressions live in ``attnbench.block_lists``; this module holds the rules.
 
 Every pattern has one free size (a window, a segment, a dilation factor) chosen so that the
 kept fraction of block pairs is as close as it can get to ``sparsity_ratio``. The pairs a
@@ -41,13 +42,11 @@ the integer ``c >= 1`` sized (for ``hierarchical`` ``r_0`` stays 1).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
 
 import numpy as np
 import torch
 
+from attnbench.block_lists import BlockPattern, allowed_blocks
 from attnbench.errors import ConfigError
 
 PATTERN_TYPES = ("local_window", "dilated_sparse", "global_local", "hierarchical")
@@ -57,132 +56,6 @@ DEFAULT_SCALE_FACTOR = {"dilated_sparse": 2, "hierarchical": 4}
 # the kept fraction must land within this relative distance of the ratio...
 RATIO_TOLERANCE = 0.2
 # ...or within one block per row on average (rows too short for 20% steps)
-
-
-@dataclass(frozen=True)
-class BlockPattern:
-    """Kept key blocks of every query block, as disjoint progressions per row."""
-
-    pattern_type: str
-    num_blocks: int
-    causal: bool
-    sparsity_ratio: float
-    progressions: torch.Tensor          # (nb, R, 3) int64: start, stop, step
-    dense_rows: int = 0                 # rows [0, dense_rows) keep every allowed block
-    shape: dict[str, Any] = field(default_factory=dict)  # the sizes chosen (window, segments, ...)
-
-    # --- counting ----------------------------------------------------------------------
-    @cached_property
-    def row_counts(self) -> torch.Tensor:
-        """Kept key blocks per query block, (nb,) int64."""
-        return progression_lengths(self.progressions).sum(dim=1)
-
-    @cached_property
-    def kept_blocks(self) -> int:
-        return int(self.row_counts.sum())
-
-    @property
-    def allowed_blocks(self) -> int:
-        """Block pairs the pattern may keep: all, or those on or below the diagonal."""
-        return allowed_blocks(self.num_blocks, self.causal)
-
-    @property
-    def kept_fraction(self) -> float:
-        return self.kept_blocks / self.allowed_blocks
-
-    @cached_property
-    def max_row_blocks(self) -> int:
-        return int(self.row_counts.max())
-
-    # --- explicit indices, a chunk of rows at a time -----------------------------------
-    def expand(self, row_start: int, row_stop: int, width: int | None = None, device=None,
-               drop_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(indices, counts)`` for rows ``[row_start, row_stop)``: indices ``(rows, width)``
-        int64, ascending in each row, padded with 0 after ``counts[r]`` entries.
-        ``drop_diagonal`` leaves out block ``i`` of row ``i`` (a causal pattern's partial block)."""
-        prog = self.progressions[row_start:row_stop]
-        if device is not None:
-            prog = prog.to(device)
-        if drop_diagonal:
-            rows = torch.arange(row_start, row_stop, device=prog.device)
-            prog = prog.clone()
-            prog[:, :, 1] = torch.minimum(prog[:, :, 1], rows[:, None])  # causal stops are <= i + 1
-        return expand_progressions(prog, width)
-
-    def dense(self) -> torch.Tensor:
-        """The ``(nb, nb)`` boolean block mask: for pictures and tests at small nb only."""
-        nb = self.num_blocks
-        if nb > 16384:
-            raise ValueError(f"dense block mask of {nb} x {nb} blocks is too large; use expand()")
-        idx, counts = self.expand(0, nb)
-        mask = torch.zeros(nb, nb, dtype=torch.bool)
-        valid = torch.arange(idx.shape[1])[None, :] < counts[:, None]
-        rows = torch.arange(nb)[:, None].expand_as(idx)
-        mask[rows[valid], idx[valid]] = True
-        return mask
-
-    def describe(self) -> str:
-        bits = [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in self.shape.items()]
-        return " ".join(bits)
-
-
-def allowed_blocks(num_blocks: int, causal: bool) -> int:
-    return num_blocks * (num_blocks + 1) // 2 if causal else num_blocks * num_blocks
-
-
-def progression_lengths(prog: torch.Tensor) -> torch.Tensor:
-    """Elements of ``range(start, stop, step)`` for each progression (0 when empty)."""
-    start, stop, step = prog.unbind(-1)
-    return torch.div(stop - start + step - 1, step, rounding_mode="floor").clamp_(min=0)
-
-
-def clip_progressions(prog: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """The elements of each progression that lie in ``[lo, hi)``, still progressions: the
-    start moves up to the first element at or past ``lo`` (same phase), the stop down to ``hi``."""
-    start, stop, step = prog.unbind(-1)
-    behind = (lo - start).clamp(min=0)
-    start = start + torch.div(behind + step - 1, step, rounding_mode="floor") * step
-    return torch.stack([start, stop.clamp(max=hi), step], dim=-1)
-
-
-def progression_spans(prog: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of progressions ``(rows, R, 3)``: its first kept block and one past its last
-    (0, 0 for a row that keeps none)."""
-    start, _, step = prog.unbind(-1)
-    lengths = progression_lengths(prog)
-    kept = lengths > 0
-    last = start + (lengths - 1).clamp(min=0) * step
-    any_kept = kept.any(dim=1)
-    first = torch.where(kept, start, torch.iinfo(torch.int64).max).min(dim=1).values
-    stop = torch.where(kept, last, -1).max(dim=1).values + 1
-    return torch.where(any_kept, first, 0), torch.where(any_kept, stop, 0)
-
-
-def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts."""
-    rows, num_prog, _ = prog.shape
-    device = prog.device
-    lengths = progression_lengths(prog)                      # (rows, R)
-    counts = lengths.sum(dim=1)
-    width = int(counts.max()) if width is None and rows else (width or 0)
-    width = max(width, 1)
-    out = torch.zeros(rows, width, dtype=torch.int64, device=device)
-    flat_len = lengths.reshape(-1)
-    total = int(flat_len.sum())
-    if total == 0:
-        return out, counts
-    if int(counts.max()) > width:
-        raise ValueError(f"a row keeps {int(counts.max())} blocks, more than the width {width}")
-    prog_id = torch.repeat_interleave(torch.arange(rows * num_prog, device=device), flat_len)
-    prog_first = torch.cumsum(flat_len, 0) - flat_len       # flat position of each progression's first element
-    k = torch.arange(total, device=device) - prog_first[prog_id]
-    flat = prog.reshape(-1, 3)
-    values = flat[prog_id, 0] + flat[prog_id, 2] * k
-    row = torch.div(prog_id, num_prog, rounding_mode="floor")
-    row_first = torch.cumsum(counts, 0) - counts
-    col = torch.arange(total, device=device) - row_first[row]
-    out[row, col] = values
-    return out, counts
 
 
 # ---------------------------------------------------------------------------------------

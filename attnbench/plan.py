@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,12 @@ def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
     return (1,)
 
 
-def split_entry(entry: dict[str, Any], where: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """A profile entry's keys are settings or the implementation's parameters."""
+def split_entry(entry: dict[str, Any], where: str, setting_keys: Collection[str] = tuple(SETTING_PARSERS),
+                skip: Collection[str] = ("impl",), known: Callable[[str, set[str]], str] | None = None,
+                ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A profile entry's keys are settings (``setting_keys``, returned parsed) or the
+    implementation's parameters; ``skip`` names keys the caller reads itself. Any other key is
+    an error that says what is known (``known(impl, its parameters)``: a speedup table's words)."""
     if "impl" not in entry:
         raise AttnbenchError(f"{where}: missing key 'impl' (the implementation to run)")
     name = entry["impl"]
@@ -224,17 +229,16 @@ def split_entry(entry: dict[str, Any], where: str) -> tuple[str, dict[str, Any],
     params = {p.name for p in spec.params}
     settings, config = {}, {}
     for key, value in entry.items():
-        if key == "impl":
+        if key in skip:
             continue
-        if key in SETTING_PARSERS:
+        if key in setting_keys:
             settings[key] = value
         elif key in params:
             config[key] = value
         else:
-            raise AttnbenchError(
-                f"{where}: unknown key {key!r} (not a setting and not a parameter of {name}; "
-                f"its parameters: {', '.join(sorted(params)) or 'none'})"
-            )
+            hint = known(name, params) if known else (f"not a setting and not a parameter of {name}; "
+                                                      f"its parameters: {', '.join(sorted(params)) or 'none'}")
+            raise AttnbenchError(f"{where}: unknown key {key!r} ({hint})")
     return name, parse_settings(settings, where), config
 
 
@@ -334,7 +338,7 @@ def build_plan(
     if speedups:
         from attnbench.sweeps.profile_speedup import parse_entries
 
-        speedups = parse_entries(speedups, {**base, **flags}, name, parse_settings)
+        speedups = parse_entries(speedups, {**base, **flags}, name, split_entry)
     # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
     clip = bool(profile) and "gpus" not in flags
     return Plan(name=name, series=tuple(series), description=description, verify=verify, speedups=tuple(speedups),

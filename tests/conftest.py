@@ -18,3 +18,18 @@ def run_cli(*args, cwd=None, timeout=600, env=None) -> subprocess.CompletedProce
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
+    """The reference check of block-sparse through FlexAttention on CUDA with flex's offset
+    limit lowered from 2^31 to 2^19 (above one (batch, head) of q, k, v at 4096 x 64, below the
+    whole tensors), so flex runs once per (batch, head), as it does past 2^31 offsets."""
+    # imported here: every test run loads conftest, and most need neither torch nor a GPU
+    from attnbench import impls
+    from attnbench.impls import flex_kernel
+    from attnbench.reference import VerifyCase, run_case
+
+    monkeypatch.setattr(flex_kernel, "FLEX_MAX_OFFSET", 1 << 19)
+    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
+                      kernel="flex", max_chunk_tokens=64 * 12).config()
+    return run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode=mode))

@@ -10,6 +10,7 @@ from test_block_patterns import kept_by_rule
 
 from attnbench import impls
 from attnbench.impls import block_sparse as bs
+from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
 
@@ -97,7 +98,7 @@ def block_mask_rows(mask):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypatch):
-    monkeypatch.setattr(bs, "_compact_indices_ok", lambda device_type: True)
+    monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
     impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1,
                        max_chunk_tokens=16 * 7, index_width=width)
     n = 1024
@@ -126,7 +127,7 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
 
 
 def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
-    monkeypatch.setattr(bs, "_compact_indices_ok", lambda device_type: True)
+    monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
     impl = impls.build("block-sparse", pattern_type="global_local", block_size=128, sparsity_ratio=0.05)
     p = impl.pattern(4 << 20, causal=False)                   # 4M tokens, 32,768 blocks
     layout = impl._flex_layout(p, "cuda", grad=False)
@@ -145,7 +146,7 @@ def test_local_window_chunks_read_their_neighbourhood_only():
     layout = impl._flex_layout(p, "cuda", grad=False)
     w = int(p.row_counts.max())
     assert layout.window <= layout.rows + w and layout.width == layout.window
-    assert layout.window * 128 * 8 * 64 < bs.FLEX_MAX_OFFSET   # 8 heads of 64: no per-head fallback
+    assert layout.window * 128 * 8 * 64 < fk.FLEX_MAX_OFFSET   # 8 heads of 64: no per-head fallback
     for r0, k0 in zip(layout.starts, layout.key_starts):       # every kept block inside its window
         idx, counts = p.expand(r0, r0 + layout.rows)
         kept = idx[torch.arange(idx.shape[1])[None, :] < counts[:, None]]
@@ -153,10 +154,10 @@ def test_local_window_chunks_read_their_neighbourhood_only():
 
 
 def test_kernel_options():
-    assert bs.parse_kernel_options("BLOCK_M=128, num_warps=8,PRESCALE_QK=true") == \
+    assert fk.parse_kernel_options("BLOCK_M=128, num_warps=8,PRESCALE_QK=true") == \
         {"BLOCK_M": 128, "num_warps": 8, "PRESCALE_QK": True}
     with pytest.raises(bs.ConfigError, match="KEY=VALUE"):
-        bs.parse_kernel_options("BLOCK_M")
+        fk.parse_kernel_options("BLOCK_M")
 
 
 needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
@@ -187,7 +188,7 @@ class _CudaLike:
 def test_flex_options_tiles_divide_blocks_under_128(block_size, grad):
     # FlexAttention needs every tile to divide the sparse block; the backward reads its own
     # tile names (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2) and asserts N1 % M1 == M2 % N2 == 0
-    options = bs.flex_options(_CudaLike(), block_size, {}, grad=grad)
+    options = fk.flex_options(_CudaLike(), block_size, {}, grad=grad)
     assert options["BLOCK_M"] == options["BLOCK_N"] == block_size
     backward = {name: options.get(name) for name in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
     if not grad:
@@ -201,11 +202,11 @@ def test_flex_options_tiles_divide_blocks_under_128(block_size, grad):
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_flex_options_leave_blocks_of_128_to_the_heuristics(grad):
-    assert bs.flex_options(_CudaLike(), 128, {}, grad=grad) is None
-    assert bs.flex_options(_CudaLike(), 128, {}, contiguous_blocks=True, grad=grad) == {"BLOCKS_ARE_CONTIGUOUS": True}
+    assert fk.flex_options(_CudaLike(), 128, {}, grad=grad) is None
+    assert fk.flex_options(_CudaLike(), 128, {}, contiguous_blocks=True, grad=grad) == {"BLOCKS_ARE_CONTIGUOUS": True}
     # a user's own tiles win; on the CPU nothing is added
-    assert bs.flex_options(_CudaLike(), 64, {"BLOCK_M1": 16}, grad=True)["BLOCK_M1"] == 16
-    assert bs.flex_options(torch.zeros(1), 64, {}, grad=grad) is None
+    assert fk.flex_options(_CudaLike(), 64, {"BLOCK_M1": 16}, grad=True)["BLOCK_M1"] == 16
+    assert fk.flex_options(torch.zeros(1), 64, {}, grad=grad) is None
 
 
 def test_training_blocks_under_128_compile_with_the_autotune_tile_list():

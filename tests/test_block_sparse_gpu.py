@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from attnbench import impls
-from attnbench.impls import block_sparse as bs
+from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
+
+from conftest import flex_per_head_row
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -17,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
-    if index_width == "compact" and not bs._compact_indices_ok("cuda"):
+    if index_width == "compact" and not fk.compact_indices_ok("cuda"):
         pytest.skip("this torch's FlexAttention lowering asks for full index rows")
     cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=64, sparsity_ratio=0.1, kernel="flex",
                       index_width=index_width, max_chunk_tokens=64 * 12).config()
@@ -28,11 +30,7 @@ def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
 
 def test_flex_per_head_calls_match_reference(monkeypatch):
     """Where offsets would pass 2^31, flex runs once per (batch, head): forced here at a small N."""
-    # above one (batch, head) of q, k, v (4096 x 64), below the whole tensors
-    monkeypatch.setattr(bs, "FLEX_MAX_OFFSET", 1 << 19)
-    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
-                      kernel="flex", max_chunk_tokens=64 * 12).config()
-    row = run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda"))
+    row = flex_per_head_row(monkeypatch)
     assert row["status"] == "pass", row
 
 

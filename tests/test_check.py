@@ -421,7 +421,7 @@ def test_bad_options(runs, args, hint, capsys):
 
 
 def test_a_time_limited_capacity_compares_within_one_bisection_step():
-    from attnbench.check import _Comparison
+    from attnbench.check.compare import Comparison
 
     row = {"impl": "sdpa", "config": {}, "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd"}
 
@@ -430,7 +430,7 @@ def test_a_time_limited_capacity_compares_within_one_bisection_step():
                 "row": row}
 
     def verdict(b, c):
-        comparison = _Comparison(None, None, Thresholds())
+        comparison = Comparison(None, None, Thresholds())
         comparison._capacity(b, c, "H100")
         return comparison.findings[0].verdict
 

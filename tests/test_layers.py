@@ -18,10 +18,11 @@ PACKAGE = ROOT / "attnbench"
 # is placed here (the test names any that is not).
 LAYERS = [
     ("base", ["attnbench", "attnbench.errors", "attnbench.units"]),
-    ("masks", ["attnbench.patterns", "attnbench.hilbert", "attnbench.masks"]),
+    ("masks", ["attnbench.patterns", "attnbench.block_lists", "attnbench.hilbert", "attnbench.masks"]),
     ("impls, measure", ["attnbench.impls", "attnbench.measure"]),
     ("workload, reference, results",
-     ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.schema", "attnbench.contract"]),
+     ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.environment", "attnbench.schema",
+      "attnbench.contract"]),
     ("runtime", ["attnbench.runtime"]),
     ("trial", ["attnbench.trial"]),
     ("sweeps, plan", ["attnbench.sweeps", "attnbench.plan"]),  # a plan holds sweeps and speedup runs

@@ -55,9 +55,9 @@ def test_rows_never_hold_nan(tmp_path):
 
 
 def test_attnbench_commit_names_the_commit_over_a_stale_checkout(monkeypatch):
-    from attnbench import results
+    from attnbench import environment
 
     monkeypatch.setenv("ATTNBENCH_COMMIT", "0123abc")
-    assert results.source_commit() == "0123abc"
+    assert environment.source_commit() == "0123abc"
     monkeypatch.delenv("ATTNBENCH_COMMIT")
-    assert results.source_commit() != "0123abc"
+    assert environment.source_commit() != "0123abc"

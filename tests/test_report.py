@@ -509,7 +509,7 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
                     and not line.startswith("|---")]) == trials_per_table
 
 
-@pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.sections", fromlist=["PRODUCERS"]).PRODUCERS))
+@pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.document", fromlist=["PRODUCERS"]).PRODUCERS))
 def test_every_command_the_report_names_for_missing_data_parses(producer):
     """A reader copies these commands: each must name a real command and real options."""
     import shlex
@@ -517,7 +517,7 @@ def test_every_command_the_report_names_for_missing_data_parses(producer):
     import typer
 
     from attnbench.cli import app
-    from attnbench.report.sections import PRODUCERS
+    from attnbench.report.document import PRODUCERS
 
     words = shlex.split(PRODUCERS[producer])
     assert words[0] == "attnbench"

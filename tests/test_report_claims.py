@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from attnbench.report import claims as cl
+from attnbench.report.document import Machine
 from attnbench.report.fit import GIB
-from attnbench.report.sections import Machine
 from attnbench.schema import SCHEMA_VERSION
 
 ENV = {"machine": "GPU box", "date": "2026-11-23T10:00:00+00:00", "commit": "abc"}
@@ -198,9 +198,9 @@ def small(command: str) -> list[str] | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.sections", fromlist=["PRODUCERS"]).PRODUCERS))
+@pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.document", fromlist=["PRODUCERS"]).PRODUCERS))
 def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
-    from attnbench.report.sections import PRODUCERS
+    from attnbench.report.document import PRODUCERS
 
     argv = small(PRODUCERS[producer])
     if argv is None:  # `run --profile NAME`: the profile's own plan; building it is what can fail off a GPU
@@ -219,7 +219,7 @@ def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
 
 def test_speedup_tables_mark_anomalies_beside_the_number():
     from attnbench.report.multigpu import speedup_cases
-    from attnbench.report.sections import speedup_notes
+    from attnbench.report.sections.data_parallel import speedup_notes
 
     # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: the interval crosses 1
     rows = [speedup_row("single", [100.0] * 3, 1, batch=8), speedup_row("mp", [20.0] * 3, 2, batch=8),

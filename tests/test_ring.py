@@ -13,7 +13,8 @@ import torch
 
 from attnbench import impls
 from attnbench.errors import ConfigError
-from attnbench.impls.ring import LseAccumulator, attend_with_lse, contiguous_positions, zigzag_positions
+from attnbench.impls.sequence_parallel.engine import LseAccumulator, attend_with_lse
+from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, masked_reference, relative_error
 from attnbench.results import read_rows

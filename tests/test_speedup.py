@@ -176,7 +176,7 @@ def fault_strategies(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(tmp_path, fault_strategies):
-    from attnbench.results import capture_env
+    from attnbench.environment import capture_env
 
     settings = check_settings(SpeedupSettings(
         impl="dilated", config={"segment_lengths": [64, 128], "dilation_rates": [1, 2]}, cases=(Case(256, 2),),
@@ -404,7 +404,7 @@ def test_environment_names_how_each_gpu_pair_is_connected():
     0-1 on NVLink, 2 across the NUMA nodes without P2P)."""
     from types import SimpleNamespace
 
-    from attnbench.results import gpu_links
+    from attnbench.environment import gpu_links
 
     nvlinked = {(0, 1)}
     fake = SimpleNamespace(

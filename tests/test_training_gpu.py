@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from attnbench import impls
-from attnbench.impls import block_sparse as bs
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 from attnbench.workload import Workload
+
+from conftest import flex_per_head_row
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -39,10 +40,7 @@ def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal)
 
 
 def test_block_sparse_flex_gradients_in_per_head_calls(monkeypatch):
-    monkeypatch.setattr(bs, "FLEX_MAX_OFFSET", 1 << 19)
-    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
-                      kernel="flex", max_chunk_tokens=64 * 12).config()
-    row = run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode="fwd_bwd"))
+    row = flex_per_head_row(monkeypatch, mode="fwd_bwd")
     assert row["status"] == "pass", row
 
 

@@ -23,6 +23,13 @@ from typing import Any
 
 import torch
 
+from attnbench.block_lists import (
+    BlockPattern,
+    clip_progressions,
+    expand_progressions,
+    progression_lengths,
+    progression_spans,
+)
 from attnbench.errors import ConfigError
 from attnbench.impls import register, spec
 from attnbench.impls.base import ImplSpec, Param, lcm
@@ -31,21 +38,11 @@ from attnbench.impls.block_sparse import (
     INDEX_BUDGET_BYTES,
     MASK_CACHE_BYTES,
     BlockSparseAttention,
-    compiled_flex,
-    diagonal_causal,
-    flex_attend,
-    flex_options,
-    has_compute_q_blocks,
 )
-from attnbench.impls.ring import RingSchedule, Selection, SequenceParallelAttention, run_ring
-from attnbench.patterns import (
-    PATTERN_TYPES,
-    BlockPattern,
-    clip_progressions,
-    expand_progressions,
-    progression_lengths,
-    progression_spans,
-)
+from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
+from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
+from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
+from attnbench.patterns import PATTERN_TYPES
 
 # index elements one expansion of progressions may hold (the plan is made in such pieces)
 EXPAND_ELEMENTS = 1 << 24

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from attnbench.report import plots as p
 from attnbench.report.data import Results, load, slug
+from attnbench.report.document import Doc, Machine
 from attnbench.report.findings import opening
-from attnbench.report.sections import SECTIONS, Doc, Machine, largest_records
+from attnbench.report.sections import SECTIONS
+from attnbench.report.sections.summary import largest_records
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, write_text_atomic
 

@@ -95,7 +95,7 @@ def training_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def training_section(doc, m) -> None:
-    """The report's section: one machine's rows (``sections.Doc``, ``sections.Machine``)."""
+    """The report's section: one machine's rows (``document.Doc``, ``document.Machine``)."""
     records = training_records(m.rows)
     if not records:
         doc.missing("no forward-plus-backward trials", "training")

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.sweeps.speedup import SpeedupSettings, check_settings, parse_cases, parse_strategies
 
@@ -27,36 +26,27 @@ TIMING = ("warmup", "min_samples", "max_samples", "target_ms")
 OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
 
 
-SettingsParser = Callable[[dict[str, Any], str], dict[str, Any]]
+# the plan's split_entry(entry, where, setting_keys, skip, known) -> (impl, parsed settings, parameters)
+EntrySplitter = Callable[..., tuple[str, dict[str, Any], dict[str, Any]]]
 
 
 def parse_entries(entries: list[dict[str, Any]], base: dict[str, Any], profile: str,
-                  parse_settings: SettingsParser) -> list[SpeedupSettings]:
+                  split_entry: EntrySplitter) -> list[SpeedupSettings]:
     """Each table as SpeedupSettings (``device`` may still be ``auto``); bad keys name the table.
-    ``parse_settings`` is the plan's parser of shared keys (passed in: the plan imports this module)."""
-    return [parse_entry(e, base, f"profile {profile}, speedup {i}", parse_settings) for i, e in enumerate(entries, 1)]
+    ``split_entry`` is the plan's: it splits a table's keys into settings (parsed) and the
+    implementation's parameters (passed in: the plan imports this module)."""
+    return [parse_entry(e, base, f"profile {profile}, speedup {i}", split_entry) for i, e in enumerate(entries, 1)]
+
+
+def _known_keys(impl: str, params: set[str]) -> str:
+    return f"speedup keys: {', '.join(OWN + SHARED + TIMING)}; parameters of {impl}: {', '.join(sorted(params)) or 'none'}"
 
 
 def parse_entry(entry: dict[str, Any], base: dict[str, Any], where: str,
-                parse_settings: SettingsParser) -> SpeedupSettings:
-    if "impl" not in entry:
-        raise AttnbenchError(f"{where}: missing key 'impl' (the implementation to run)")
-    impl = entry["impl"]
-    params = {p.name for p in impls.spec(impl).params}
-    settings, config = {}, {}
-    for key, value in entry.items():
-        if key in OWN:
-            continue
-        if key in SHARED or key in TIMING:
-            settings[key] = value
-        elif key in params:
-            config[key] = value
-        else:
-            raise AttnbenchError(
-                f"{where}: unknown key {key!r} (speedup keys: {', '.join(OWN + SHARED + TIMING)}; "
-                f"parameters of {impl}: {', '.join(sorted(params)) or 'none'})")
+                split_entry: EntrySplitter) -> SpeedupSettings:
+    impl, settings, config = split_entry(entry, where, SHARED + TIMING, OWN, _known_keys)
     merged = {k: v for k, v in base.items() if k in SHARED + TIMING}
-    merged.update(parse_settings(settings, where))
+    merged.update(settings)
     cases = entry.get("cases")
     if cases is None:
         raise AttnbenchError(f"{where}: missing key 'cases', e.g. cases = [\"2048x8\", \"4096x4\"]")

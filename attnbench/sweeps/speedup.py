@@ -6,6 +6,10 @@ Per case, ``single`` runs first and leaves its output in a scratch directory; ev
 strategy's output is compared with it (relative L2 error within the dtype's tolerance, or
 the row fails). Speedup and scaling efficiency are not stored: tables compute them from the
 rows (``attnbench.report.speedup_tables``), matching each row to the single row of its run.
+
+About 400 lines on purpose: a run's settings and cases, how the ranks' results become its
+rows, and the runner belong to one run and are read together; the rank side is
+``attnbench.sweeps.speedup_job``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,242 @@
+"""The comparison of two sides: match trials, max-seq searches and reference checks, judge
+each matched pair on the aspects asked for, and list what only one side has."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from attnbench.check.identity import VERIFY_KEYS, canon, describe_trial, order, short_tokens, verify_name
+from attnbench.check.loading import Side, contents, load_side
+from attnbench.check.outcome import CheckReport, Finding, Thresholds
+from attnbench.check.significance import compare_times, resamples_for
+from attnbench.errors import AttnbenchError
+from attnbench.measure import stats
+from attnbench.units import format_bytes, format_ms, format_ratio
+
+# Exact counts a trial row carries; q, k, v bytes only where the allocator counts them
+# (on the CPU they are resident-set growth, which moves with the page cache and the heap).
+EXACT_KEYS = ("floor_bytes", "flops_useful", "flops_executed")
+ALLOCATOR_EXACT_KEYS = ("inputs_bytes",)
+DEFAULTS = Thresholds()
+
+
+def run_check(baseline: Path, current: Path, thresholds: Thresholds = DEFAULTS,
+              skip_unreadable: bool = False) -> CheckReport:
+    """Compare two sets of result files; raises AttnbenchError when they cannot be compared."""
+    thresholds.check()
+    any_cpu = thresholds.deterministic
+    base, warn_b = load_side(baseline, "baseline", any_cpu, skip_unreadable)
+    cur, warn_c = load_side(current, "current", any_cpu, skip_unreadable)
+    comparison = Comparison(base, cur, thresholds)
+    comparison.run()
+    return CheckReport(
+        baseline={"path": base.path, "rows": base.rows, "device_models": base.models},
+        current={"path": cur.path, "rows": cur.rows, "device_models": cur.models},
+        thresholds=thresholds, findings=comparison.findings, added=comparison.added,
+        missing=comparison.missing, not_compared=comparison.not_compared, warnings=warn_b + warn_c,
+    )
+
+
+class Comparison:
+    def __init__(self, base: Side, cur: Side, t: Thresholds) -> None:
+        self.base, self.cur, self.t = base, cur, t
+        self.findings: list[Finding] = []
+        self.added: list[str] = []
+        self.missing: list[str] = []
+        self.not_compared: list[str] = []
+        self.measured = 0   # trials and max-seq series judged on both sides
+        self.checked = 0    # reference checks on both sides
+
+    def wants(self, aspect: str) -> bool:
+        return aspect in self.t.aspects
+
+    def run(self) -> None:
+        tests = len(self.base.trials.keys() & self.cur.trials.keys())
+        self.resamples = stats.RESAMPLES if not self.wants("time") else resamples_for(tests, self.t.alpha)
+        self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
+        self._holm()
+        self._match(self.base.capacity, self.cur.capacity, self._capacity,
+                    lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}")
+        self._verify()
+        # reference checks in common do not make two unrelated sweeps comparable
+        if not self.measured and (self.not_compared or not self.checked or self.base.trials or self.cur.trials):
+            self._nothing_in_common()
+
+    def _match(self, base: dict, cur: dict, judge, name) -> None:
+        """Judge keys present on both sides; list the rest as added, missing, or measured on
+        another device model (never compared)."""
+        for key in sorted(base.keys() & cur.keys(), key=order):
+            self.measured += 1
+            judge(base[key], cur[key], key[1])
+        base_models, cur_models = defaultdict(set), defaultdict(set)
+        for ident, model in base:
+            base_models[ident].add(model)
+        for ident, model in cur:
+            cur_models[ident].add(model)
+        for key in sorted(base.keys() - cur.keys(), key=order):
+            other = cur_models.get(key[0], set()) - base_models[key[0]]
+            if other:
+                self.not_compared.append(f"{name(base[key])}: baseline on {key[1]}, current on "
+                                         f"{', '.join(sorted(other))}; different device models are never compared")
+            else:
+                self.missing.append(f"{name(base[key])} [{key[1]}]")
+        for key in sorted(cur.keys() - base.keys(), key=order):
+            if not base_models.get(key[0]):
+                self.added.append(f"{name(cur[key])} [{key[1]}]")
+
+    def _add(self, aspect, verdict, rows, model, baseline, current, change, evidence="", **numbers) -> None:
+        """``rows``: a trial's rows, or the name of what was judged."""
+        if isinstance(rows, list):
+            rows, numbers = describe_trial(rows[0]), {"seq_len": rows[0].get("seq_len"), **numbers}
+        self.findings.append(Finding(aspect, verdict, rows, model, baseline, current, change, evidence, numbers))
+
+    # --- one matched trial --------------------------------------------------------------
+    def _trial(self, base_rows: list[dict], cur_rows: list[dict], model: str) -> None:
+        b, c = _pooled(base_rows), _pooled(cur_rows)
+        if self.wants("capacity"):
+            self._status(b, c, cur_rows, model)
+        if b["status"] != "ok" or c["status"] != "ok":
+            if self.wants("bytes"):
+                self._exact(base_rows[0], cur_rows[0], cur_rows, model)
+            return
+        if self.wants("time") and b["processes"] and c["processes"]:
+            v = compare_times(b["processes"], c["processes"], self.t.time_factor, self.t.alpha, self.resamples)
+            b_all = [x for g in b["processes"] for x in g]
+            c_all = [x for g in c["processes"] for x in g]
+            self._add("time", v.verdict, cur_rows, model, format_ms(statistics.median(b_all), adaptive=True),
+                      format_ms(statistics.median(c_all), adaptive=True), format_ratio(v.ratio), v.evidence,
+                      ratio=v.ratio, p_value=v.p_value, n_baseline=len(b_all), n_current=len(c_all),
+                      processes_baseline=len(b["processes"]), processes_current=len(c["processes"]))
+        if self.wants("memory"):
+            self._memory(b, c, cur_rows, model)
+        if self.wants("bytes"):
+            self._exact(base_rows[0], cur_rows[0], cur_rows, model)
+
+    def _holm(self) -> None:
+        """Holm's correction across every time comparison: a moved median stays a verdict only
+        if its p-value survives; comparisons within the factor count as p = 1."""
+        timed = [f for f in self.findings if f.aspect == "time" and f.verdict != "inconclusive"]
+        kept = stats.holm([f.numbers.get("p_value") or 1.0 for f in timed], self.t.alpha)
+        for f, significant in zip(timed, kept):
+            if f.verdict in ("regression", "improvement") and not significant:
+                f.verdict = "unchanged"
+                f.evidence = f"not significant after Holm's correction over {len(timed)} comparisons: {f.evidence}"
+
+    def _status(self, b, c, cur_rows, model) -> None:
+        if b["status"] == c["status"] or (b["status"] != "ok" and c["status"] != "ok"):
+            return
+        if self.t.deterministic and "time-limit" in (b["status"], c["status"]):
+            self.not_compared.append(f"{describe_trial(cur_rows[0])}: {b['status']} -> {c['status']}; "
+                                     "a time limit is not deterministic")
+            return
+        if c["status"] != "ok":
+            self._add("capacity", "regression", cur_rows, model, "ran", c["status"], "now fails", c["message"][:200])
+        else:
+            self._add("capacity", "improvement", cur_rows, model, b["status"], "ran", "now runs")
+
+    def _memory(self, b, c, cur_rows, model) -> None:
+        if not (b["peak"] and c["peak"]) or b["counter"] != c["counter"]:
+            return
+        ratio = c["peak"] / b["peak"]
+        f = self.t.memory_factor
+        verdict = "regression" if ratio > f else "improvement" if ratio < 1 / f else "unchanged"
+        self._add("memory", verdict, cur_rows, model, format_bytes(b["peak"]), format_bytes(c["peak"]),
+                  format_ratio(ratio), f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
+                  if verdict != "unchanged" else f"within x{f:g}", ratio=ratio)
+
+    def _exact(self, b: dict, c: dict, cur_rows, model) -> None:
+        keys = EXACT_KEYS + (ALLOCATOR_EXACT_KEYS if str(c.get("peak_counter", "")).startswith("cuda") else ())
+        changed = [k for k in keys if b.get(k) is not None and c.get(k) is not None and b[k] != c[k]]
+        compared = [k for k in keys if b.get(k) is not None and c.get(k) is not None]
+        if not compared:
+            return
+        if changed:
+            self._add("bytes", "regression", cur_rows, model, ", ".join(f"{k} {b[k]:,}" for k in changed),
+                      ", ".join(f"{k} {c[k]:,}" for k in changed), "changed",
+                      "exact counts differ: if the change is intended, regenerate the baseline")
+        else:
+            self._add("bytes", "unchanged", cur_rows, model, "equal", "equal", "", ", ".join(compared))
+
+    # --- capacity -----------------------------------------------------------------------
+    def _capacity(self, b: dict, c: dict, model: str) -> None:
+        if not self.wants("capacity"):
+            return
+        name = f"max-seq of {describe_trial(c['row'], with_len=False)}"
+        if not (b["complete"] and c["complete"]):
+            side = "baseline" if not b["complete"] else "current"
+            self.not_compared.append(f"{name}: the {side} search did not finish")
+            return
+        if self.t.deterministic and "time" in (b["stopped_by"], c["stopped_by"]):
+            self.not_compared.append(f"{name}: stopped by the time limit, which is not deterministic")
+            return
+        lo, hi = b["max_seq_len"], c["max_seq_len"]
+        verdict = "regression" if hi < lo else "improvement" if hi > lo else "unchanged"
+        if "time" in (b["stopped_by"], c["stopped_by"]) and abs(hi - lo) <= _resolution_step(b, c):
+            verdict = "unchanged"  # a time limit moves with the clock by one bisection step
+        self._add("capacity", verdict, name, model, f"{short_tokens(lo)} (stopped by {b['stopped_by']})",
+                  f"{short_tokens(hi)} (stopped by {c['stopped_by']})",
+                  "" if hi == lo else f"{short_tokens(lo)} -> {short_tokens(hi)}",
+                  f"memory limit {format_bytes(c['row'].get('memory_limit'))}" if c["row"].get("memory_limit") else "",
+                  baseline_max_seq=lo, current_max_seq=hi)
+
+    # --- correctness ----------------------------------------------------------------------
+    def _verify(self) -> None:
+        base = {canon(r, VERIFY_KEYS): r for r in self.base.verify}
+        cur: dict[str, list[dict]] = defaultdict(list)
+        for r in self.cur.verify:
+            cur[canon(r, VERIFY_KEYS)].append(r)
+        self.checked += len(base.keys() & cur.keys())
+        for key in sorted(base.keys() - cur.keys()):
+            self.missing.append(f"reference check {verify_name(base[key])}")
+        if not self.wants("correctness"):
+            return
+        if not self.cur.verify:  # results that never met the reference cannot pass a correctness gate
+            self.missing.append("every reference check: the current results hold none (run with the reference check on)")
+        for key, rows in cur.items():
+            for r in rows:
+                was = base[key]["status"] if key in base else "not checked"
+                if r["status"] == "pass":
+                    self._add("correctness", "unchanged", verify_name(r), r["device"], was, "pass", "",
+                              f"rel. error {r.get('rel_err') or 0:.1e} <= {r.get('tolerance')}")
+                else:
+                    why = (f"rel. error {r['rel_err']:.2e} > tolerance {r.get('tolerance')}" if r.get("rel_err") is not None
+                           else (r.get("message") or "no output")[:200])
+                    self._add("correctness", "regression", verify_name(r), r["device"], was, r["status"],
+                              "fails the float64 reference", why, rel_err=r.get("rel_err"))
+
+    def _nothing_in_common(self) -> None:
+        if self.not_compared:
+            raise AttnbenchError(
+                f"baseline was measured on {', '.join(self.base.models) or '?'}, current on "
+                f"{', '.join(self.cur.models) or '?'}: different device models are never compared; "
+                "compare results of the same device model"
+                + ("" if self.t.deterministic else " (or pass --deterministic to gate CPU results on what does not depend on the CPU model)")
+            )
+        raise AttnbenchError(
+            f"baseline {self.base.path} and current {self.cur.path} have no trial or reference check in common "
+            f"(baseline: {contents(self.base)}; current: {contents(self.cur)}): compare runs of the same profile"
+        )
+
+
+def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several rows of one trial on one side (``--repeat``, repeated runs): the samples of
+    those that ran, grouped by process."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    peaks = [r["peak_bytes"] for r in ok if r.get("peak_bytes")]
+    first = ok[0] if ok else rows[0]
+    return {
+        "status": "ok" if ok else rows[0]["status"],
+        "message": first.get("message") or "",
+        # one group of samples per process (each row ran in its own process)
+        "processes": [[float(x) for x in r["times_ms"]] for r in ok if r.get("times_ms")],
+        "peak": statistics.median(peaks) if peaks else None,
+        "counter": first.get("peak_counter"),
+    }
+
+
+def _resolution_step(b: dict[str, Any], c: dict[str, Any]) -> int:
+    """The wider final bracket (first failure minus largest that ran) of two searches."""
+    return max((x["first_failure"] - x["max_seq_len"] for x in (b, c) if x.get("first_failure")), default=0)

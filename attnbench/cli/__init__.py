@@ -1,0 +1,57 @@
+"""The attnbench command line: each command is a thin call into the library.
+
+One module per command group registers its commands on ``base.app``: ``verify`` (list,
+verify), ``sweep`` (max-seq, bench, run), ``report`` (report, predict), ``check``, ``speedup``,
+``pattern``; ``progress`` holds the live progress reporters and ``options`` what several
+commands share. A command imports its machinery inside the function, so `attnbench report`
+and `attnbench check` never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+import typer
+from rich.markup import escape
+
+from attnbench.cli.base import app, err_console
+from attnbench.errors import AttnbenchError
+
+# Imported in this order, which is the order `attnbench --help` lists the commands in.
+COMMAND_MODULES = ("verify", "sweep", "report", "check", "speedup", "pattern")
+for _module in COMMAND_MODULES:
+    importlib.import_module(f"{__name__}.{_module}")
+
+
+def main() -> None:
+    """Console entry: one-line errors with exit 2, never a traceback for bad input."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        code = app(standalone_mode=False)  # click returns a typer.Exit's code here
+        sys.exit(code if isinstance(code, int) else 0)
+    except AttnbenchError as exc:
+        err_console.print(f"error: {escape(str(exc))}", soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        # click's (or typer's vendored click's) usage errors and Abort, whichever is installed
+        if type(exc).__name__ == "Abort":
+            err_console.print("interrupted")
+            sys.exit(130)
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            err_console.print(f"error: {escape(exc.format_message())} (see --help)")
+            sys.exit(2)
+        raise
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+__all__ = ["app", "main"]

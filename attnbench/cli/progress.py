@@ -1,0 +1,100 @@
+"""Live progress of sweeps and speedup runs: a line per finished trial, a spinner while one runs."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from attnbench.cli.base import config_short, console, err_console
+
+
+class RichReporter:
+    """Live progress: a line per finished trial, a spinner while one runs."""
+
+    def __init__(self) -> None:
+        self._status = None
+
+    def verify_done(self, rows) -> None:
+        for r in rows:
+            mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
+            console.print(f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} "
+                          f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}")
+
+    def note(self, text) -> None:
+        err_console.print(f"warning: {escape(text)}")
+
+    def series_started(self, series, index, total) -> None:
+        st = series.settings
+        console.rule(f"[{index + 1}/{total}] {series.name}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
+                     f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}")
+
+    def trial_started(self, series, seq_len, phase) -> None:
+        from attnbench.units import format_tokens
+
+        self._status = console.status(f"{phase} N={format_tokens(seq_len)} ...")
+        self._status.start()
+
+    def trial_done(self, series, row, replayed) -> None:
+        from attnbench.report.markdown import result_text
+        from attnbench.units import format_bytes, format_tokens
+
+        if self._status:
+            self._status.stop()
+            self._status = None
+        bits = [f"  {row.get('phase', ''):6} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
+        if row.get("time_ms"):
+            bits.append(f"{row['time_ms']:,.2f} ms")
+        if row.get("peak_bytes"):
+            bits.append(f"peak {format_bytes(row['peak_bytes'])}" +
+                        (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else ""))
+        if row.get("tflops_executed"):
+            bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(escape(row["message"][:160]))
+        if replayed:
+            bits.append("(from earlier run)")
+        console.print("  ".join(bits))
+
+    def series_done(self, series, result) -> None:
+        from attnbench.units import format_tokens
+
+        if result is None:
+            return
+        best = format_tokens(result.best) if result.best else "none"
+        fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
+        console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
+
+
+class SpeedupReporter:
+    """A line per finished trial, a spinner while one runs."""
+
+    def __init__(self) -> None:
+        self._status = None
+        self._single: dict[str, float] = {}
+
+    def verify_done(self, rows) -> None:
+        RichReporter().verify_done(rows)
+
+    def trial_started(self, case, strategy) -> None:
+        self._status = console.status(f"{case.label} {strategy} ...")
+        self._status.start()
+
+    def trial_done(self, row, replayed) -> None:
+        from attnbench.report.markdown import result_text
+
+        if self._status:
+            self._status.stop()
+            self._status = None
+        bits = [f"  {row['case']:>14}  {row['strategy']:6}  {result_text(row['status'])}"]
+        if row.get("time_ms"):
+            bits.append(f"{row['time_ms']:,.3f} ms")
+            if row["strategy"] == "single" and row["status"] == "ok":
+                self._single[row["case"]] = row["time_ms"]
+            elif row["case"] in self._single:
+                bits.append(f"{self._single[row['case']] / row['time_ms']:.2f}x")
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(escape(row["message"][:200]))
+        elif row.get("note"):
+            bits.append(escape(row["note"][:200]))
+        if replayed:
+            bits.append("(from earlier run)")
+        console.print("  ".join(bits))

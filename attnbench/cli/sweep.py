@@ -1,0 +1,175 @@
+"""`attnbench max-seq`, `attnbench bench` and `attnbench run`: build a plan from flags or a
+profile, run it, then write its tables and print the largest sequence per implementation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from attnbench.cli.base import app, console, err_console
+from attnbench.cli.options import (
+    BackendOpt,
+    BatchOpt,
+    BudgetOpt,
+    CausalOpt,
+    DeviceOpt,
+    DilOpt,
+    DtypeOpt,
+    GpusOpt,
+    HeadDimOpt,
+    HeadsOpt,
+    ImplOpt,
+    InProcOpt,
+    MemLimitOpt,
+    ModeOpt,
+    OutOpt,
+    ParamOpt,
+    ProfileOpt,
+    RepeatOpt,
+    ResumeOpt,
+    SegOpt,
+    TrialSecOpt,
+    dated_results_dir,
+    impl_params,
+    sweep_flags,
+)
+from attnbench.cli.progress import RichReporter, SpeedupReporter
+
+
+@app.command("max-seq")
+def max_seq(
+    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
+    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
+    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
+    max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
+    resolution: Annotated[Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")] = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
+    profile: ProfileOpt = None, out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+    timing_budget: BudgetOpt = None,
+) -> None:
+    """Largest sequence length each implementation runs: double until the first failure, then bisect."""
+    flags = sweep_flags(kind="max-seq", heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, device=device, mode=mode,
+                   causal=causal, start=start, max_seq_len=max_seq_len, resolution=resolution,
+                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process, gpus=gpus,
+                   timing_budget_s=timing_budget)
+    if profile:
+        flags.pop("kind")
+    _run_plan("max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume)
+
+
+@app.command()
+def bench(
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
+    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
+    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
+    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
+    out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+    timing_budget: BudgetOpt = None, repeat: RepeatOpt = None,
+) -> None:
+    """Time and measure each implementation at the given sequence lengths."""
+    flags = sweep_flags(kind="points", seq_lens=seq_lens, heads=heads, head_dim=head_dim, batch=batch, dtype=dtype,
+                   device=device, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
+                   memory_limit=memory_limit, isolate=in_process, gpus=gpus, timing_budget_s=timing_budget,
+                   repeat=repeat)
+    _run_plan("bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume)
+
+
+@app.command()
+def run(
+    profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")] = "auto",
+    out: OutOpt = None, resume: ResumeOpt = False, repeat: RepeatOpt = None,
+) -> None:
+    """Run a profile's sweeps (the reference check first), then write its tables."""
+    if profile == "auto":
+        from attnbench.sweeps.runner import cuda_available
+
+        profile = "default" if cuda_available() else "default-cpu"
+    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume)
+
+
+def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
+    from attnbench.environment import capture_env
+    from attnbench.plan import build_plan
+    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.results import check_output_dir
+    from attnbench.sweeps.runner import SweepRunner, resolve
+
+    if out:
+        check_output_dir(out)
+    plan = resolve(build_plan(name, impl_names, flags, params, profile))
+    env = capture_env()
+    if plan.clipped:  # every row says what this machine's GPUs could not hold
+        env["clipped"] = list(plan.clipped)
+    out_dir = Path(out) if out else _default_out(plan, env)
+    check_output_dir(out_dir)
+    runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter(), speedup_reporter=SpeedupReporter())
+    speedups = f", {len(plan.speedups)} speedup run{'s' if len(plan.speedups) != 1 else ''}" if plan.speedups else ""
+    console.print(f"attnbench {plan.name}: {len(plan.series)} series{speedups} on {env['machine']} -> {out_dir}")
+    for note in plan.clipped:
+        err_console.print(f"clipped to the visible GPUs: {escape(note)}")
+    interrupted = False
+    try:
+        outcomes = runner.run()
+    except KeyboardInterrupt:
+        interrupted, outcomes = True, []
+    if (out_dir / "trials.jsonl").exists():
+        from attnbench.report.speedup_tables import write_speedup_tables
+
+        for path in write_sweep_tables(out_dir) + write_speedup_tables(out_dir):
+            console.print(f"wrote {path}")
+        _print_summary(out_dir)
+        _scaling_readout(out_dir)
+    if interrupted:
+        err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
+        raise typer.Exit(130)
+    console.print(f"results in {out_dir}")
+    if any(not o.verified for o in outcomes) or runner.speedups_unverified:
+        err_console.print("some configurations failed the reference check; their sweeps did not run")
+        raise typer.Exit(1)
+
+
+def _print_summary(out_dir: Path) -> None:
+    """Each implementation's largest successful length and what stopped it."""
+    from attnbench.report.sweep_tables import max_seq_summary, max_seq_text
+    from attnbench.results import read_rows
+    from attnbench.units import format_bytes, format_tokens
+
+    summary = max_seq_summary(read_rows(out_dir)[0])
+    if not summary:
+        return
+    t = Table(title="largest sequence per implementation")
+    for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
+        t.add_column(col)
+    for s in summary:
+        t.add_row(s["label"], s["dtype"], max_seq_text(s),
+                  s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
+                  format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
+    console.print(t)
+
+
+def _scaling_readout(out_dir: Path) -> None:
+    """Sequence-parallel runs: efficiency against one GPU, written to scaling.md and shown."""
+    from rich.markdown import Markdown
+
+    from attnbench.report.scaling import scaling_markdown
+    from attnbench.results import read_rows, write_text_atomic
+
+    rows, _ = read_rows(out_dir)
+    text = scaling_markdown(rows)
+    if text:
+        write_text_atomic(out_dir / "scaling.md", text)
+        console.print(Markdown(text))
+        console.print(f"wrote {out_dir / 'scaling.md'}")
+
+
+def _default_out(plan, env) -> Path:
+    on_gpu = (any(s.settings.device == "cuda" for s in plan.series)
+              or any(sp.device == "cuda" for sp in plan.speedups)) and env.get("gpus")
+    machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
+    return dated_results_dir(machine, plan.name)

@@ -1,0 +1,164 @@
+"""The environment a result row records (``env``): attnbench's version and commit, the
+command, host, Python, CPU, torch with its CUDA, cuDNN and NCCL, the GPUs as NVML reports
+them (memory, NVLinks, how each pair is connected) and the NVML and allocator settings;
+``machine`` (``machine_key``) is what results are grouped by."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnbench import __version__
+from attnbench.results import now_utc
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_commit() -> str:
+    """The attnbench commit the run came from. ATTNBENCH_COMMIT, where set, names it: a
+    checkout copied to a GPU machine may travel without its .git, or with a stale one that
+    names an older commit than the files it holds."""
+    if os.environ.get("ATTNBENCH_COMMIT"):
+        return os.environ["ATTNBENCH_COMMIT"]
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        return commit + ("-dirty" if dirty else "")
+    return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """GPUs as NVML reports them (name, memory, links), without creating a CUDA context."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return [], {"nvml": f"unavailable ({type(exc).__name__})"}
+    gpus = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name = pynvml.nvmlDeviceGetName(h)
+        gpus.append({
+            "index": i,
+            "name": name.decode() if isinstance(name, bytes) else name,
+            "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            "nvlinks_active": _active_nvlinks(pynvml, h),
+        })
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    info = {"nvml": "ok", "driver": driver.decode() if isinstance(driver, bytes) else driver,
+            "gpu_links": gpu_links(pynvml)}
+    try:
+        info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
+    except Exception:
+        pass
+    return gpus, info
+
+
+def _active_nvlinks(pynvml, handle) -> int | None:
+    links = 0
+    for link in range(18):  # NVML_NVLINK_MAX_LINKS on Hopper
+        try:
+            links += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+        except Exception:
+            break
+    return links
+
+
+# NVML's name for the closest common ancestor of two GPUs, nearest first
+_TOPOLOGY = {"INTERNAL": "same board", "SINGLE": "one PCIe switch", "MULTIPLE": "several PCIe switches",
+             "HOSTBRIDGE": "one PCIe host bridge", "NODE": "host bridges of one NUMA node", "SYSTEM": "across NUMA nodes"}
+
+
+def gpu_links(pynvml) -> list[dict[str, Any]]:
+    """How each pair of GPUs is connected, as NVML reports it: the PCIe topology level and
+    whether peer-to-peer access over NVLink works."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    levels = {getattr(pynvml, f"NVML_TOPOLOGY_{k}", None): v for k, v in _TOPOLOGY.items()}
+    links = []
+    for i in range(len(handles)):
+        for j in range(i + 1, len(handles)):
+            link: dict[str, Any] = {"gpus": [i, j]}
+            try:
+                link["topology"] = levels.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]), "unknown")
+            except Exception:
+                link["topology"] = "unknown"
+            try:
+                status = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                link["p2p_nvlink"] = "ok" if status == pynvml.NVML_P2P_STATUS_OK else "not supported"
+            except Exception:
+                link["p2p_nvlink"] = "unknown"
+            links.append(link)
+    return links
+
+
+def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
+    from attnbench.measure.memory import nvml_settings
+
+    gpus, gpu_info = gpu_inventory()
+    env = {
+        "attnbench": __version__,
+        "commit": source_commit(),
+        "date": now_utc(),
+        "command": " ".join(argv if argv is not None else sys.argv),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": _nccl_version(),
+        "gpus": gpus,
+        **gpu_info,
+        # the allocator's settings change peaks and times; NVML settings change clocks
+        "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        **(nvml_settings() if gpus else {}),
+    }
+    env["machine"] = machine_key(env)
+    return env
+
+
+def _nccl_version() -> str | None:
+    try:
+        import torch
+
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        return None
+
+
+def machine_key(env: dict[str, Any]) -> str:
+    """What results are grouped by: the GPU model and count, or the CPU model."""
+    gpus = env.get("gpus") or []
+    if gpus:
+        names = sorted({g["name"] for g in gpus})
+        return f"{' + '.join(names)} x{len(gpus)}"
+    return f"cpu: {env.get('cpu', 'unknown')}"

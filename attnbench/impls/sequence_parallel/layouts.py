@@ -1,0 +1,17 @@
+"""Shard layouts: which global positions a rank holds, in local order."""
+
+from __future__ import annotations
+
+import torch
+
+
+def contiguous_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
+    n = seq_len // world
+    return torch.arange(rank * n, (rank + 1) * n)
+
+
+def zigzag_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
+    """Chunks r and 2p-1-r of 2p equal chunks: each rank gets an early and a late chunk."""
+    c = seq_len // (2 * world)
+    late = 2 * world - 1 - rank
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange(late * c, (late + 1) * c)])

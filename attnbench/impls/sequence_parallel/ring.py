@@ -1,0 +1,81 @@
+"""``ring``: dense ring attention, K/V around the ranks overlapped with compute and merged by
+log-sum-exp; the zigzag layout when causal."""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.impls import register
+from attnbench.impls.base import ImplSpec
+from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, DenseSequenceParallel
+from attnbench.impls.sequence_parallel.engine import (
+    LseAccumulator,
+    RingSchedule,
+    Selection,
+    attend_with_lse,
+    kept_slice,
+    run_ring,
+)
+
+
+class DenseSchedule(RingSchedule):
+    """Every query attends every key. Causal runs on the zigzag layout: a rank's own block
+    is causal; from an earlier rank only its early chunk is in the past (all queries see
+    it); from a later rank only the late local queries see its keys (both chunks)."""
+
+    def __init__(self, q, rank: int, causal: bool, backend: str) -> None:
+        self.qh = q.transpose(1, 2)  # (B, H, n, D): a view, the layout the kernels take
+        self.rank, self.causal, self.backend = rank, causal, backend
+        self.n = q.shape[1]
+        self.acc = LseAccumulator(tuple(self.qh.shape), q.device, q.dtype)
+        self.kernel = None
+
+    def select(self, receiver: int, sender: int) -> list[Selection]:
+        if self.causal and sender < receiver:
+            tokens, count = kept_slice(0, self.n // 2)
+        else:
+            tokens, count = kept_slice(0, self.n)
+        return [Selection(tokens, slice(None), count)]
+
+    def attend(self, sender, pieces) -> None:
+        (k, v), = pieces
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)
+        if self.causal and sender > self.rank:
+            half = self.n // 2
+            out, lse, self.kernel = attend_with_lse(self.qh[:, :, half:], kh, vh, False, self.backend)
+            self.acc.add(out, lse, rows=slice(half, self.n))
+        else:
+            out, lse, self.kernel = attend_with_lse(self.qh, kh, vh, self.causal and sender == self.rank, self.backend)
+            self.acc.add(out, lse)
+
+    def finish(self) -> torch.Tensor:
+        return self.acc.result().transpose(1, 2)
+
+
+class RingAttention(DenseSequenceParallel):
+    """Dense ring attention (zigzag layout when causal)."""
+
+    def __init__(self, backend: str = "auto") -> None:
+        super().__init__()
+        self.backend = backend
+
+    def config(self):
+        return {"backend": self.backend}
+
+    def _forward(self, q, k, v, is_causal, rank, world, clock):
+        schedule = DenseSchedule(q, rank, is_causal, self.backend)
+        run_ring(schedule, k, v, rank, world, self.group, clock)
+        self.last_backend = schedule.kernel
+        return schedule.finish()
+
+
+register(ImplSpec(
+    name="ring",
+    factory=RingAttention,
+    summary="dense ring attention: K/V around the ranks, overlapped with compute, log-sum-exp merge (zigzag when causal)",
+    params=(KERNEL_PARAM,),
+    verify_configs=({},),
+    distributed=True,
+    counterpart="sdpa",
+    extra=SEQPAR_EXTRA,
+))

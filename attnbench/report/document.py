@@ -1,0 +1,121 @@
+"""The report's document model and what every section uses: ``Doc`` (markdown parts, the
+tables behind them as CSV, figures as PNG), ``Machine`` (one machine's rows and what several
+sections derive from them), the cell formatters, and the command that produces each kind of
+data (named where a section has none)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnbench.report import data as d
+from attnbench.report.fit import capacities
+from attnbench.report.markdown import Table
+from attnbench.report.multigpu import max_seq_by_series, speedup_cases
+from attnbench.units import (
+    format_bytes,
+    format_bytes_per_token,
+    format_ms,
+    format_ratio,
+    format_tokens,
+    format_tokens_per_s,
+)
+
+# The command that produces each kind of data, named where the data is missing.
+PRODUCERS = {
+    "single": "attnbench run --profile auto",
+    "seed-003": "attnbench run --profile seed-003",
+    "block-sparse": "attnbench bench --impl block-sparse --seq-lens 64K,128K --param pattern_type=local_window "
+                    "--param sparsity_ratio=0.05",
+    "speedup": "attnbench speedup --impl dilated --gpus 2",  # the seeds' cases, dp and mp
+    "speedup-block-sparse": "attnbench speedup --impl block-sparse --gpus 2",
+    "ring-max-seq": "attnbench max-seq --impl ring-dilated --gpus 2 --segment-lengths 2048,4096 --dilation-rates 1,2",
+    "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
+                   "--dilation-rates 1,2",
+    "training": "attnbench run --profile gpu-fwd-bwd",
+}
+
+
+# --- formatting -----------------------------------------------------------------------------
+
+def gb(v: float) -> str:
+    return format_bytes(v, "GB")
+
+
+ms, times, tok_s, per_token = format_ms, format_ratio, format_tokens_per_s, format_bytes_per_token
+
+
+def pct(v: float) -> str:
+    return f"{v * 100:+.1f}%"
+
+
+def tokens_cell(v: float) -> str:
+    return format_tokens(int(v))
+
+
+def yes_no(v: bool) -> str:
+    return "yes" if v else "no"
+
+
+def distinct(values) -> list[Any]:
+    out = []
+    for v in values:
+        if v not in out and v not in (None, "", []):
+            out.append(v)
+    return out
+
+
+class Doc:
+    """Markdown parts, the tables behind them (written as CSV) and figures (written as PNG)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.tables: list[tuple[str, Table]] = []   # (csv file name, table)
+        self.figures: list[tuple[str, Any]] = []   # (png file name, matplotlib Figure)
+        self.machine_slug = ""
+
+    def add(self, text: str) -> None:
+        self.parts.append(text if text.endswith("\n") else text + "\n")
+
+    def heading(self, level: int, text: str) -> None:
+        self.add(f"\n{'#' * level} {text}\n")
+
+    def table(self, t: Table) -> None:
+        name = f"{t.name}-{self.machine_slug}" if self.machine_slug else t.name
+        taken = {n for n, _ in self.tables}
+        stem, i = name, 2
+        while f"{name}.csv" in taken:
+            name, i = f"{stem}-{i}", i + 1
+        self.tables.append((f"{name}.csv", t))
+        self.add(t.markdown())
+        self.add(f"\n<sub>CSV: `csv/{name}.csv`</sub>\n")
+
+    def missing(self, what: str, producer: str) -> None:
+        self.add(f"_No data: {what}. `{PRODUCERS[producer]}` produces it._\n")
+
+    def figure(self, name: str, fig, alt: str) -> None:
+        if fig is None:
+            return
+        file = f"{name}-{self.machine_slug}.png"
+        self.figures.append((file, fig))
+        self.add(f"![{alt}]({file})\n")
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class Machine:
+    """The rows of one machine and what several sections derive from them."""
+
+    def __init__(self, name: str, rows: list[dict[str, Any]]) -> None:
+        self.name = name
+        self.slug = d.slug(name)
+        self.rows = rows
+        self.trials = d.trials(rows)
+        self.summaries = max_seq_by_series(rows)
+        self.capacities = capacities(rows)  # the max-seq-result rows say which searches finished
+        self.speedups = speedup_cases(rows)
+
+    def at_max(self, summary: dict[str, Any]) -> dict[str, Any] | None:
+        """The successful trial at a max-seq series' largest length."""
+        return next((r for r in d.ok(self.trials)
+                     if r["series"] == summary["series"] and r["seq_len"] == summary["max_seq_len"]), None)

@@ -1,0 +1,19 @@
+"""The plots section: memory, time, TFLOP/s and speedup figures of one machine."""
+
+from __future__ import annotations
+
+from attnbench.report.document import Doc, Machine
+
+
+def figures(doc: Doc, m: Machine) -> None:
+    from attnbench.report import plots as p
+
+    before = len(doc.figures)
+    doc.figure("memory", p.memory_plot(m.rows, m.name), "peak memory vs sequence length, with the memory floor dashed")
+    doc.figure("time", p.time_plot(m.rows, m.name), "time vs sequence length, log-log")
+    doc.figure("tflops", p.tflops_plot(m.rows, m.name), "achieved TFLOP/s vs sequence length")
+    doc.figure("speedup", p.speedup_plot(m.speedups, m.name), "speedup per strategy and GPU count")
+    if len(doc.figures) == before:
+        doc.missing("no successful trials to plot on this machine", "single")
+    elif not any(c["speedup"] for c in m.speedups):
+        doc.missing("no speedup bars (no speedup rows on this machine)", "speedup")
