@@ -20,8 +20,8 @@ class BlockPattern:
     num_blocks: int
     causal: bool
     sparsity_ratio: float
-    progressions: torch.Tensor          # (nb, R, 3) int64: start, stop, step
-    dense_rows: int = 0                 # rows [0, dense_rows) keep every allowed block
+    progressions: torch.Tensor  # (nb, R, 3) int64: start, stop, step
+    dense_rows: int = 0  # rows [0, dense_rows) keep every allowed block
     shape: dict[str, Any] = field(default_factory=dict)  # the sizes chosen (window, segments, ...)
 
     # --- counting ----------------------------------------------------------------------
@@ -48,8 +48,9 @@ class BlockPattern:
         return int(self.row_counts.max())
 
     # --- explicit indices, a chunk of rows at a time -----------------------------------
-    def expand(self, row_start: int, row_stop: int, width: int | None = None, device=None,
-               drop_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def expand(
+        self, row_start: int, row_stop: int, width: int | None = None, device=None, drop_diagonal: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(indices, counts)`` for rows ``[row_start, row_stop)``: indices ``(rows, width)``
         int64, ascending in each row, padded with 0 after ``counts[r]`` entries.
         ``drop_diagonal`` leaves out block ``i`` of row ``i`` (a causal pattern's partial block)."""
@@ -115,7 +116,7 @@ def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[t
     """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts."""
     rows, num_prog, _ = prog.shape
     device = prog.device
-    lengths = progression_lengths(prog)                      # (rows, R)
+    lengths = progression_lengths(prog)  # (rows, R)
     counts = lengths.sum(dim=1)
     width = int(counts.max()) if width is None and rows else (width or 0)
     width = max(width, 1)
@@ -127,7 +128,7 @@ def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[t
     if int(counts.max()) > width:
         raise ValueError(f"a row keeps {int(counts.max())} blocks, more than the width {width}")
     prog_id = torch.repeat_interleave(torch.arange(rows * num_prog, device=device), flat_len)
-    prog_first = torch.cumsum(flat_len, 0) - flat_len       # flat position of each progression's first element
+    prog_first = torch.cumsum(flat_len, 0) - flat_len  # flat position of each progression's first element
     k = torch.arange(total, device=device) - prog_first[prog_id]
     flat = prog.reshape(-1, 3)
     values = flat[prog_id, 0] + flat[prog_id, 2] * k

@@ -31,8 +31,9 @@ def violations(name: str, config: dict[str, Any], device: str, dtype: str, seed:
     batch, heads, head_dim = SHAPE
     n = impl.verify_seq_len()
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(DTYPES[dtype])
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(DTYPES[dtype]) for _ in range(3)
+    )
     tol = TOLERANCE[dtype]
     found: list[str] = []
     outputs = {}
@@ -45,18 +46,24 @@ def violations(name: str, config: dict[str, Any], device: str, dtype: str, seed:
         declared = impl.key_mask(n, heads, causal=causal)
         err = relative_error(out, masked_reference(q, k, v, declared))
         if not err <= tol:
-            found.append(f"output{' with is_causal=True' if causal else ''} disagrees with the declared key sets "
-                         f"({_declared(impl)}): relative error {err:.2e} > {tol:.0e}; declare the keys forward "
-                         "really uses (mask_mod, key_mask) or fix forward")
+            found.append(
+                f"output{' with is_causal=True' if causal else ''} disagrees with the declared key sets "
+                f"({_declared(impl)}): relative error {err:.2e} > {tol:.0e}; declare the keys forward "
+                "really uses (mask_mod, key_mask) or fix forward"
+            )
         pairs = impl.useful_pairs(n, heads, causal)
         if pairs != int(declared.sum()):
-            found.append(f"useful_pairs({n}, {heads}, causal={causal}) = {pairs} but the declared key sets hold "
-                         f"{int(declared.sum())} pairs; fix useful_pairs or drop it (pairs are then counted)")
+            found.append(
+                f"useful_pairs({n}, {heads}, causal={causal}) = {pairs} but the declared key sets hold "
+                f"{int(declared.sum())} pairs; fix useful_pairs or drop it (pairs are then counted)"
+            )
     if False in outputs and True in outputs:
         changes_sets = not torch.equal(impl.key_mask(n, heads, causal=False), impl.key_mask(n, heads, causal=True))
         if changes_sets and relative_error(outputs[True], outputs[False].to(torch.float64)) <= tol:
-            found.append("is_causal=True is ignored: the output equals the non-causal one; apply kv_idx <= q_idx "
-                         "when is_causal is set")
+            found.append(
+                "is_causal=True is ignored: the output equals the non-causal one; apply kv_idx <= q_idx "
+                "when is_causal is set"
+            )
     if False in outputs:
         again, problem = _call(impl, q, k, v, False, device)
         if not problem:
@@ -77,8 +84,10 @@ def _call(impl, q, k, v, causal: bool, device: str) -> tuple[torch.Tensor | None
     if not isinstance(out, torch.Tensor):
         return None, f"forward returned a {type(out).__name__}, not a tensor: return the (B, N, H, D) output"
     if tuple(out.shape) != tuple(q.shape):
-        return None, (f"output shape {tuple(out.shape)} is not the input's (B, N, H, D) = {tuple(q.shape)}; "
-                      "return (B, N, H, D), not (B, H, N, D)")
+        return None, (
+            f"output shape {tuple(out.shape)} is not the input's (B, N, H, D) = {tuple(q.shape)}; "
+            "return (B, N, H, D), not (B, H, N, D)"
+        )
     if out.dtype != q.dtype:
         return None, f"output dtype {out.dtype} is not the input's {q.dtype}; return the inputs' dtype"
     return out, None

@@ -62,15 +62,20 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         name = pynvml.nvmlDeviceGetName(h)
-        gpus.append({
-            "index": i,
-            "name": name.decode() if isinstance(name, bytes) else name,
-            "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-            "nvlinks_active": _active_nvlinks(pynvml, h),
-        })
+        gpus.append(
+            {
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                "nvlinks_active": _active_nvlinks(pynvml, h),
+            }
+        )
     driver = pynvml.nvmlSystemGetDriverVersion()
-    info = {"nvml": "ok", "driver": driver.decode() if isinstance(driver, bytes) else driver,
-            "gpu_links": gpu_links(pynvml)}
+    info = {
+        "nvml": "ok",
+        "driver": driver.decode() if isinstance(driver, bytes) else driver,
+        "gpu_links": gpu_links(pynvml),
+    }
     try:
         info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
     except Exception:
@@ -89,8 +94,14 @@ def _active_nvlinks(pynvml, handle) -> int | None:
 
 
 # NVML's name for the closest common ancestor of two GPUs, nearest first
-_TOPOLOGY = {"INTERNAL": "same board", "SINGLE": "one PCIe switch", "MULTIPLE": "several PCIe switches",
-             "HOSTBRIDGE": "one PCIe host bridge", "NODE": "host bridges of one NUMA node", "SYSTEM": "across NUMA nodes"}
+_TOPOLOGY = {
+    "INTERNAL": "same board",
+    "SINGLE": "one PCIe switch",
+    "MULTIPLE": "several PCIe switches",
+    "HOSTBRIDGE": "one PCIe host bridge",
+    "NODE": "host bridges of one NUMA node",
+    "SYSTEM": "across NUMA nodes",
+}
 
 
 def gpu_links(pynvml) -> list[dict[str, Any]]:
@@ -103,7 +114,9 @@ def gpu_links(pynvml) -> list[dict[str, Any]]:
         for j in range(i + 1, len(handles)):
             link: dict[str, Any] = {"gpus": [i, j]}
             try:
-                link["topology"] = levels.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]), "unknown")
+                link["topology"] = levels.get(
+                    pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]), "unknown"
+                )
             except Exception:
                 link["topology"] = "unknown"
             try:

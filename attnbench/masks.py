@@ -8,15 +8,19 @@ from __future__ import annotations
 
 def sliding_window(window_size: int):
     """Each query sees the keys at most ``window_size`` positions away (both sides)."""
+
     def sliding_window_mask(b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() <= window_size
+
     return sliding_window_mask
 
 
 def document(doc_len: int):
     """Documents of ``doc_len`` tokens packed in one sequence: a query sees its own document."""
+
     def document_mask(b, h, q_idx, kv_idx):
         return (q_idx // doc_len) == (kv_idx // doc_len)
+
     return document_mask
 
 

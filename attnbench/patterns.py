@@ -62,21 +62,36 @@ RATIO_TOLERANCE = 0.2
 # The patterns
 # ---------------------------------------------------------------------------------------
 
-def build_pattern(pattern_type: str, num_blocks: int, sparsity_ratio: float, causal: bool = False,
-                  segment_blocks: list[int] | None = None, dilation_rates: list[int] | None = None) -> BlockPattern:
+
+def build_pattern(
+    pattern_type: str,
+    num_blocks: int,
+    sparsity_ratio: float,
+    causal: bool = False,
+    segment_blocks: list[int] | None = None,
+    dilation_rates: list[int] | None = None,
+) -> BlockPattern:
     """The named pattern over ``num_blocks`` blocks, sized for ``sparsity_ratio``."""
     if pattern_type not in PATTERN_TYPES:
         raise ConfigError(f"unknown pattern type {pattern_type!r}: choose one of {', '.join(PATTERN_TYPES)}")
     if not 0 < sparsity_ratio <= 1:
-        raise ConfigError(f"sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and must be in (0, 1], "
-                          "e.g. 0.05 keeps 5% (95% sparse)")
+        raise ConfigError(
+            f"sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and must be in (0, 1], "
+            "e.g. 0.05 keeps 5% (95% sparse)"
+        )
     if num_blocks <= 0:
         raise ConfigError("a pattern needs at least one block")
     if pattern_type not in MULTISCALE and (segment_blocks or dilation_rates):
-        raise ConfigError(f"{pattern_type} takes no segment_lengths or dilation_rates (only dilated_sparse and "
-                          "hierarchical do): drop them")
-    builder = {"local_window": local_window, "global_local": global_local,
-               "dilated_sparse": dilated_sparse, "hierarchical": hierarchical}[pattern_type]
+        raise ConfigError(
+            f"{pattern_type} takes no segment_lengths or dilation_rates (only dilated_sparse and "
+            "hierarchical do): drop them"
+        )
+    builder = {
+        "local_window": local_window,
+        "global_local": global_local,
+        "dilated_sparse": dilated_sparse,
+        "hierarchical": hierarchical,
+    }[pattern_type]
     if pattern_type in MULTISCALE:
         pattern = builder(num_blocks, sparsity_ratio, causal, segment_blocks, dilation_rates)
     else:
@@ -118,17 +133,19 @@ def global_local(nb: int, ratio: float, causal: bool) -> BlockPattern:
 
     def progressions(w: int) -> np.ndarray:
         window = _window(rows, nb, w, causal)
-        window[:, 0] = np.maximum(window[:, 0], g)             # the global blocks are listed once
+        window[:, 0] = np.maximum(window[:, 0], g)  # the global blocks are listed once
         glob = np.stack([np.zeros_like(rows), np.full_like(rows, g), np.ones_like(rows)], axis=1)
         is_global_row = rows < g
-        glob[is_global_row, 1] = rows[is_global_row] + 1 if causal else nb   # global rows keep every block
+        glob[is_global_row, 1] = rows[is_global_row] + 1 if causal else nb  # global rows keep every block
         window[is_global_row] = (0, 0, 1)
         if causal:
             glob[:, 1] = np.minimum(glob[:, 1], rows + 1)
         return np.stack([glob, window], axis=1)
 
     w, prog = _nearest(progressions, 1, nb, ratio * allowed_blocks(nb, causal))
-    return BlockPattern("global_local", nb, causal, ratio, torch.from_numpy(prog), dense_rows=g, shape={"window": w, "global_blocks": g})
+    return BlockPattern(
+        "global_local", nb, causal, ratio, torch.from_numpy(prog), dense_rows=g, shape={"window": w, "global_blocks": g}
+    )
 
 
 def dilated_sparse(nb, ratio, causal, segment_blocks=None, dilation_rates=None) -> BlockPattern:
@@ -157,22 +174,32 @@ def check_scales(pattern_type: str, nb: int, segment_blocks, dilation_rates) -> 
             raise ConfigError(f"{pattern_type}: segment lengths must be positive")
         for a, b in zip(segment_blocks, segment_blocks[1:]):
             if b <= a or b % a:
-                raise ConfigError(f"{pattern_type}: each segment length must divide the next, longer one "
-                                  f"(got {a} then {b} blocks), e.g. 2048,4096,8192")
+                raise ConfigError(
+                    f"{pattern_type}: each segment length must divide the next, longer one "
+                    f"(got {a} then {b} blocks), e.g. 2048,4096,8192"
+                )
         if nb % segment_blocks[-1]:
-            raise ConfigError(f"{pattern_type}: the longest segment ({segment_blocks[-1]} blocks) does not divide the "
-                              f"sequence of {nb} blocks; choose a sequence length that is a multiple of it")
+            raise ConfigError(
+                f"{pattern_type}: the longest segment ({segment_blocks[-1]} blocks) does not divide the "
+                f"sequence of {nb} blocks; choose a sequence length that is a multiple of it"
+            )
     if dilation_rates:
         if any(r <= 0 for r in dilation_rates):
             raise ConfigError(f"{pattern_type}: dilation rates must be positive")
         for a, b in zip(dilation_rates, dilation_rates[1:]):
             if b % a:
-                raise ConfigError(f"{pattern_type}: each dilation rate must divide the next (got {a} then {b}), e.g. 1,2,4")
+                raise ConfigError(
+                    f"{pattern_type}: each dilation rate must divide the next (got {a} then {b}), e.g. 1,2,4"
+                )
         if pattern_type == "hierarchical" and dilation_rates[0] != 1:
-            raise ConfigError("hierarchical: the first dilation rate must be 1 (each block keeps its own segment whole)")
+            raise ConfigError(
+                "hierarchical: the first dilation rate must be 1 (each block keeps its own segment whole)"
+            )
     if segment_blocks and dilation_rates and len(segment_blocks) != len(dilation_rates):
-        raise ConfigError(f"{pattern_type}: {len(segment_blocks)} segment lengths but {len(dilation_rates)} dilation "
-                          "rates; give one dilation rate per segment length")
+        raise ConfigError(
+            f"{pattern_type}: {len(segment_blocks)} segment lengths but {len(dilation_rates)} dilation "
+            "rates; give one dilation rate per segment length"
+        )
 
 
 def _multiscale_pattern(kind, nb, ratio, causal, segment_blocks, dilation_rates) -> BlockPattern:
@@ -185,10 +212,13 @@ def _multiscale_pattern(kind, nb, ratio, causal, segment_blocks, dilation_rates)
 
         def geometry(c: int):
             return list(segment_blocks), base[:first] + [c * r for r in base[first:]]
+
         lo, hi = 1, max(segment_blocks)
     elif dilation_rates:
+
         def geometry(m: int):
             return [m * r for r in dilation_rates], list(dilation_rates)
+
         lo, hi = 1, max(1, -(-nb // dilation_rates[0]))
     else:
         return _default_scales(kind, nb, ratio, causal, factor, target)
@@ -201,8 +231,9 @@ def _multiscale_pattern(kind, nb, ratio, causal, segment_blocks, dilation_rates)
 
     x, prog = _nearest(progressions, lo, hi, target, count)
     segments, rates = geometry(x)
-    return BlockPattern(kind, nb, causal, ratio, torch.from_numpy(prog),
-                        shape={"segment_blocks": segments, "dilation_rates": rates})
+    return BlockPattern(
+        kind, nb, causal, ratio, torch.from_numpy(prog), shape={"segment_blocks": segments, "dilation_rates": rates}
+    )
 
 
 def _default_scales(kind, nb, ratio, causal, factor, target) -> BlockPattern:
@@ -213,6 +244,7 @@ def _default_scales(kind, nb, ratio, causal, factor, target) -> BlockPattern:
         scales += 1
     closest = None
     for g in range(scales, 0, -1):
+
         def geometry(w0: int, g=g) -> int:
             # scales past the first whose segment covers the sequence add nothing
             return next(s for s in range(g) if s == g - 1 or w0 * factor**s >= nb) + 1
@@ -234,12 +266,16 @@ def _default_scales(kind, nb, ratio, causal, factor, target) -> BlockPattern:
         if fraction_fits(kept, target, nb):
             break
     _, w0, used, prog = closest
-    shape = {"segment_blocks": [w0 * factor**s for s in range(used)], "dilation_rates": [factor**s for s in range(used)]}
+    shape = {
+        "segment_blocks": [w0 * factor**s for s in range(used)],
+        "dilation_rates": [factor**s for s in range(used)],
+    }
     return BlockPattern(kind, nb, causal, ratio, torch.from_numpy(prog), shape=shape)
 
 
-def multiscale_progressions(nb: int, segments: list[int], rates: list[int], query_phase: bool,
-                            causal: bool) -> np.ndarray:
+def multiscale_progressions(
+    nb: int, segments: list[int], rates: list[int], query_phase: bool, causal: bool
+) -> np.ndarray:
     """(nb, 2G-1, 3). Scale s keeps the blocks j of the row's own segment of ``segments[s]``
     blocks with ``j = phase (mod rates[s])``, phase = the row (dilated) or 0 (hierarchical).
     Because segments nest and rates divide each other, scale s adds nothing inside the
@@ -271,7 +307,7 @@ def _multiscale_parts(nb, segments, rates, query_phase, causal, dtype) -> list[t
     def ap(start, stop, r):
         offset = (phase - start) & (r - 1) if r & (r - 1) == 0 else (phase - start) % r
         stop = np.minimum(stop, rows + 1) if causal else stop
-        return start + offset, stop, r                     # first j >= start with j = phase (mod r)
+        return start + offset, stop, r  # first j >= start with j = phase (mod r)
 
     left = [ap(seg_start[s], seg_start[s - 1], rates[s]) for s in range(len(segments) - 1, 0, -1)]
     right = [ap(seg_stop[s - 1], seg_stop[s], rates[s]) for s in range(1, len(segments))]
@@ -284,8 +320,13 @@ def _lengths(prog: np.ndarray) -> np.ndarray:
     return np.maximum((stop - start + step - 1) // step, 0)
 
 
-def _nearest(progressions: Callable[[int], np.ndarray], lo: int, hi: int, target: float,
-             count: Callable[[int], int] | None = None) -> tuple[int, np.ndarray]:
+def _nearest(
+    progressions: Callable[[int], np.ndarray],
+    lo: int,
+    hi: int,
+    target: float,
+    count: Callable[[int], int] | None = None,
+) -> tuple[int, np.ndarray]:
     """The size in [lo, hi] whose pattern keeps the number of block pairs nearest ``target``.
     Kept pairs move (almost) monotonically and smoothly with the size: shrink a bracket of
     the target by interpolation, every other step by halving (never slower than bisection),

@@ -26,7 +26,7 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 class Settings:
     """Everything about a series except the implementation and its parameters."""
 
-    kind: str = "max-seq"          # max-seq: grow then bisect; points: the given seq_lens
+    kind: str = "max-seq"  # max-seq: grow then bisect; points: the given seq_lens
     device: str = "auto"
     dtype: str = "bf16"
     batch: int = 1
@@ -35,22 +35,22 @@ class Settings:
     mode: str = "fwd"
     causal: bool = False
     seq_lens: tuple[int, ...] = ()  # for kind = points
-    start: int = 0                 # first length of the search; 0: the smallest multiple of the granularity >= 1024
+    start: int = 0  # first length of the search; 0: the smallest multiple of the granularity >= 1024
     max_seq_len: int = 1 << 31
-    resolution: int = 0            # stop bisecting at this gap (0: the granularity)
+    resolution: int = 0  # stop bisecting at this gap (0: the granularity)
     max_trial_seconds: float = 60.0
     memory_limit: int | None = None
-    isolate: bool = True           # one fresh process per trial
-    warmup: int = 1                # warm-up calls, at least
+    isolate: bool = True  # one fresh process per trial
+    warmup: int = 1  # warm-up calls, at least
     warmup_s: float | None = None  # warm-up seconds, at least (None: 1 s on a GPU, 0 on the CPU)
     min_samples: int = 10
     max_samples: int = 50
     target_ms: float = 1000.0
     timing_budget_s: float = 30.0  # timed calls of one trial (the per-call limit is max_trial_seconds)
-    repeat: int = 1                # a points sweep times each point in this many fresh processes
+    repeat: int = 1  # a points sweep times each point in this many fresh processes
     label: str = ""
-    gpus: tuple[int, ...] = ()     # sequence-parallel implementations: ranks to run on (one series each)
-    equal_work: bool = False       # sequence-parallel points: also time the single-device counterpart (same total work)
+    gpus: tuple[int, ...] = ()  # sequence-parallel implementations: ranks to run on (one series each)
+    equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -68,11 +68,13 @@ def _float(v):
 
 def _at_least(low, parse, what):
     """``parse``, then refuse values below ``low`` (negative counts, zero lengths)."""
+
     def check(v):
         v = parse(v)
         if v < low:
             raise ValueError(what)
         return v
+
     return check
 
 
@@ -87,6 +89,7 @@ def _choice(*allowed):
         if v not in allowed:
             raise ValueError(f"one of {', '.join(allowed)}")
         return v
+
     return parse
 
 
@@ -109,7 +112,9 @@ SETTING_PARSERS = {
     "kind": _choice("max-seq", "points"),
     "device": _choice("auto", "cpu", "cuda"),
     "dtype": _choice(*DTYPES),
-    "batch": _int, "heads": _int, "head_dim": _int,
+    "batch": _int,
+    "heads": _int,
+    "head_dim": _int,
     "mode": _choice(*MODES),
     "causal": _bool,
     "seq_lens": lambda v: tuple(parse_tokens(x) for x in (v if isinstance(v, list) else parse_int_list(v, "seq_lens"))),
@@ -120,9 +125,11 @@ SETTING_PARSERS = {
     "memory_limit": lambda v: None if v in (None, "", 0, "none") else parse_bytes(v),
     "isolate": _bool,
     "warmup": _at_least(0, _int, "an integer >= 0"),
-    "min_samples": _at_least(1, _int, "an integer >= 1"), "max_samples": _at_least(1, _int, "an integer >= 1"),
+    "min_samples": _at_least(1, _int, "an integer >= 1"),
+    "max_samples": _at_least(1, _int, "an integer >= 1"),
     "warmup_s": _at_least(0, _float, "a number of seconds >= 0"),
-    "timing_budget_s": _float, "repeat": _int,
+    "timing_budget_s": _float,
+    "repeat": _int,
     "target_ms": _at_least(0, _float, "a number of milliseconds >= 0"),
     "label": _str,
     "gpus": _gpus,
@@ -162,16 +169,29 @@ class Series:
 
     def workload(self, seq_len: int) -> Workload:
         s = self.settings
-        return Workload(impl=self.impl, config=self.config, batch=s.batch, seq_len=seq_len, heads=s.heads,
-                        head_dim=s.head_dim, dtype=s.dtype, device=s.device, mode=s.mode, causal=s.causal)
+        return Workload(
+            impl=self.impl,
+            config=self.config,
+            batch=s.batch,
+            seq_len=seq_len,
+            heads=s.heads,
+            head_dim=s.head_dim,
+            dtype=s.dtype,
+            device=s.device,
+            mode=s.mode,
+            causal=s.causal,
+        )
 
     @property
     def name(self) -> str:
         if self.settings.label:
             return self.settings.label + (f" x{self.world_size}" if self.distributed else "")
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
-        shown = {k: v for k, v in self.config.items() if v is not None
-                 and (defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend"))}
+        shown = {
+            k: v
+            for k, v in self.config.items()
+            if v is not None and (defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend"))
+        }
         args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())
         name = f"{self.impl}({args})" if args else self.impl
         return f"{name} x{self.world_size}" if self.distributed else name
@@ -198,8 +218,8 @@ class Plan:
     verify: bool = True
     speedups: tuple[Any, ...] = ()  # SpeedupSettings of the profile's [[speedup]] tables
     base: dict[str, Any] = field(default_factory=dict)  # the profile's top-level settings, parsed
-    clip_ranks: bool = False        # drop rank counts the visible GPUs cannot hold (a profile's lists)
-    clipped: tuple[str, ...] = ()   # what was dropped, in words (recorded in the run's env)
+    clip_ranks: bool = False  # drop rank counts the visible GPUs cannot hold (a profile's lists)
+    clipped: tuple[str, ...] = ()  # what was dropped, in words (recorded in the run's env)
 
 
 def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
@@ -216,9 +236,13 @@ def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
     return (1,)
 
 
-def split_entry(entry: dict[str, Any], where: str, setting_keys: Collection[str] = tuple(SETTING_PARSERS),
-                skip: Collection[str] = ("impl",), known: Callable[[str, set[str]], str] | None = None,
-                ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def split_entry(
+    entry: dict[str, Any],
+    where: str,
+    setting_keys: Collection[str] = tuple(SETTING_PARSERS),
+    skip: Collection[str] = ("impl",),
+    known: Callable[[str, set[str]], str] | None = None,
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """A profile entry's keys are settings (``setting_keys``, returned parsed) or the
     implementation's parameters; ``skip`` names keys the caller reads itself. Any other key is
     an error that says what is known (``known(impl, its parameters)``: a speedup table's words)."""
@@ -236,8 +260,14 @@ def split_entry(entry: dict[str, Any], where: str, setting_keys: Collection[str]
         elif key in params:
             config[key] = value
         else:
-            hint = known(name, params) if known else (f"not a setting and not a parameter of {name}; "
-                                                      f"its parameters: {', '.join(sorted(params)) or 'none'}")
+            hint = (
+                known(name, params)
+                if known
+                else (
+                    f"not a setting and not a parameter of {name}; "
+                    f"its parameters: {', '.join(sorted(params)) or 'none'}"
+                )
+            )
             raise AttnbenchError(f"{where}: unknown key {key!r} ({hint})")
     return name, parse_settings(settings, where), config
 
@@ -341,8 +371,15 @@ def build_plan(
         speedups = parse_entries(speedups, {**base, **flags}, name, split_entry)
     # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
     clip = bool(profile) and "gpus" not in flags
-    return Plan(name=name, series=tuple(series), description=description, verify=verify, speedups=tuple(speedups),
-                base=base, clip_ranks=clip)
+    return Plan(
+        name=name,
+        series=tuple(series),
+        description=description,
+        verify=verify,
+        speedups=tuple(speedups),
+        base=base,
+        clip_ranks=clip,
+    )
 
 
 def _with_equal_work_baselines(series: list[Series]) -> list[Series]:

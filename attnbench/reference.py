@@ -81,8 +81,11 @@ def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd", 
         for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
             for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
-                    cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device,
-                                            mode=mode))
+                    cases.append(
+                        VerifyCase(
+                            name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device, mode=mode
+                        )
+                    )
     return cases
 
 
@@ -90,10 +93,19 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     """Run one case on fresh random inputs; returns a verify result row (without env)."""
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
     row: dict[str, Any] = {
-        "kind": "verify", "impl": case.impl, "config": case.config, "batch": case.batch,
-        "seq_len": case.seq_len, "heads": case.heads, "head_dim": case.head_dim,
-        "causal": case.causal, "dtype": case.dtype, "device": case.device, "world_size": case.world_size,
-        "seed": seed, "tolerance": TOLERANCE[case.dtype],
+        "kind": "verify",
+        "impl": case.impl,
+        "config": case.config,
+        "batch": case.batch,
+        "seq_len": case.seq_len,
+        "heads": case.heads,
+        "head_dim": case.head_dim,
+        "causal": case.causal,
+        "dtype": case.dtype,
+        "device": case.device,
+        "world_size": case.world_size,
+        "seed": seed,
+        "tolerance": TOLERANCE[case.dtype],
     }
     gen = torch.Generator().manual_seed(seed)
     shape = (case.batch, case.seq_len, case.heads, case.head_dim)
@@ -110,12 +122,22 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         return {**row, "status": "error", "rel_err": None, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return {**row, "status": "error", "rel_err": None, "message": f"output {got} is not (B, N, H, D) {tuple(q.shape)}"}
+        return {
+            **row,
+            "status": "error",
+            "rel_err": None,
+            "message": f"output {got} is not (B, N, H, D) {tuple(q.shape)}",
+        }
     ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     err = relative_error(out, ref)
     ok = err == err and err <= TOLERANCE[case.dtype]
-    return {**row, "status": "pass" if ok else "fail", "rel_err": err, "backend": impl.last_backend,
-            "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance")}
+    return {
+        **row,
+        "status": "pass" if ok else "fail",
+        "rel_err": err,
+        "backend": impl.last_backend,
+        "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance"),
+    }
 
 
 def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> dict[str, Any]:
@@ -128,13 +150,20 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> d
         grads = torch.autograd.grad(out, inputs, grad_out.to(case.device), allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
     except Exception as exc:  # a case that cannot run is reported, never raised
-        return {"status": "error", "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype],
-                "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        return {
+            "status": "error",
+            "rel_err": None,
+            "grad_tolerance": GRAD_TOLERANCE[case.dtype],
+            "message": f"{type(exc).__name__}: {exc}".splitlines()[0],
+        }
     ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))
-    result: dict[str, Any] = {"rel_err": relative_error(out, ref.detach()), "grad_tolerance": GRAD_TOLERANCE[case.dtype],
-                              "backend": impl.last_backend}
+    result: dict[str, Any] = {
+        "rel_err": relative_error(out, ref.detach()),
+        "grad_tolerance": GRAD_TOLERANCE[case.dtype],
+        "backend": impl.last_backend,
+    }
     for name, got, want in zip(GRADIENTS, grads, ref_grads):
         result[f"rel_err_{name}"] = relative_error(got, want)
     errors = [result["rel_err"], *(result[f"rel_err_{n}"] for n in GRADIENTS)]

@@ -31,8 +31,14 @@ TRIALS_FILE = "trials.jsonl"
 #   error        anything else
 STATUSES = ("ok", "oom", "host-oom", "killed", "time-limit", "unsupported", "error")
 # What stopped a max-seq search, in words, by the status of its first failure.
-STOPPED_BY = {"oom": "memory", "host-oom": "host memory", "time-limit": "time", "cap": "max-seq-len cap",
-              "killed": "killed", "unsupported": "unsupported shape"}
+STOPPED_BY = {
+    "oom": "memory",
+    "host-oom": "host memory",
+    "time-limit": "time",
+    "cap": "max-seq-len cap",
+    "killed": "killed",
+    "unsupported": "unsupported shape",
+}
 LOCK_FILE = ".attnbench.lock"
 
 
@@ -85,8 +91,10 @@ def _open_no_follow(path: Path, flags: int) -> int:
         return os.open(path, flags | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         if Path(path).is_symlink():
-            raise AttnbenchError(f"{path} is a symbolic link: attnbench does not write through links; "
-                                 "replace it with the file or choose another --out") from None
+            raise AttnbenchError(
+                f"{path} is a symbolic link: attnbench does not write through links; "
+                "replace it with the file or choose another --out"
+            ) from None
         raise AttnbenchError(f"cannot write {path} ({exc.strerror}): choose a writable --out") from None
 
 
@@ -140,8 +148,9 @@ class ResultsLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise AttnbenchError(f"another attnbench run is writing to {self.out_dir}: "
-                                 "wait for it to finish or choose another --out") from None
+            raise AttnbenchError(
+                f"another attnbench run is writing to {self.out_dir}: wait for it to finish or choose another --out"
+            ) from None
         self.fd = fd
         return self
 
@@ -161,6 +170,7 @@ def _jsonable(value: Any) -> Any:
 
 def clean_floats(row: dict[str, Any]) -> dict[str, Any]:
     """NaN and infinity are not JSON: store them as null."""
+
     def fix(v):
         if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
             return None
@@ -169,6 +179,7 @@ def clean_floats(row: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, list):
             return [fix(x) for x in v]
         return v
+
     return fix(row)
 
 
@@ -182,8 +193,12 @@ def result_files(path: Path) -> list[Path]:
 
 
 # Keys a row of each kind cannot be used without; a row lacking one is skipped as incomplete.
-REQUIRED_KEYS = {"max-seq": ("series", "seq_len", "status", "impl"), "points": ("series", "seq_len", "status", "impl"),
-                 "verify": ("impl", "status"), "max-seq-result": ("series",)}
+REQUIRED_KEYS = {
+    "max-seq": ("series", "seq_len", "status", "impl"),
+    "points": ("series", "seq_len", "status", "impl"),
+    "verify": ("impl", "status"),
+    "max-seq-result": ("series",),
+}
 
 
 def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -208,8 +223,10 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
                     problems.append(f"{file}:{lineno}: {problem}")
                     continue
                 if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-                    raise AttnbenchError(f"{file}:{lineno}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
-                                         "read it with the attnbench version that wrote it")
+                    raise AttnbenchError(
+                        f"{file}:{lineno}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
+                        "read it with the attnbench version that wrote it"
+                    )
                 try:
                     validate(row)
                 except SchemaError as exc:
@@ -244,8 +261,10 @@ def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, 
     if not resume:
         raise AttnbenchError(f"{out_dir} already holds results: pass --resume to continue it or choose another --out")
     if trials.is_symlink():
-        raise AttnbenchError(f"{trials} is a symbolic link: attnbench does not write through links; "
-                             "replace it with the file or choose another --out")
+        raise AttnbenchError(
+            f"{trials} is a symbolic link: attnbench does not write through links; "
+            "replace it with the file or choose another --out"
+        )
     return check_same_machine(out_dir, machine)
 
 

@@ -28,9 +28,9 @@ from attnbench.workload import Workload
 
 @dataclass
 class TrialSpec:
-    workload: dict[str, Any]           # Workload fields
-    max_trial_seconds: float = 60.0    # one call longer than this is a time-limit
-    memory_limit: int | None = None    # bytes the trial may allocate
+    workload: dict[str, Any]  # Workload fields
+    max_trial_seconds: float = 60.0  # one call longer than this is a time-limit
+    memory_limit: int | None = None  # bytes the trial may allocate
     timing: dict[str, Any] = field(default_factory=dict)  # TimingPolicy fields
     seed: int = 0
 
@@ -43,6 +43,7 @@ class TrialSpec:
 # ---------------------------------------------------------------------------------------
 # In-process execution
 # ---------------------------------------------------------------------------------------
+
 
 def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> dict[str, Any]:
     """Run one trial here; never raises for a failing trial, returns its row fields."""
@@ -128,9 +129,11 @@ def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
     if wl.mode == "fwd":
+
         def forward():
             with torch.no_grad():
                 impl(q, k, v, is_causal=wl.causal)
+
         return forward
 
     grad_out = torch.randn_like(q)
@@ -139,6 +142,7 @@ def _step(impl, wl, q, k, v) -> Callable[[], None]:
         for t in (q, k, v):
             t.grad = None
         impl(q, k, v, is_causal=wl.causal).backward(grad_out)
+
     return forward_backward
 
 
@@ -167,22 +171,30 @@ def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
 # Isolated execution: one fresh process per trial
 # ---------------------------------------------------------------------------------------
 
+
 def run_isolated(spec: TrialSpec) -> dict[str, Any]:
     """Run the trial in a worker process; returns its row fields, classifying a kill or crash."""
     return run_in_child(trial_job, {"spec": asdict(spec)}, spec.max_trial_seconds, memory_limit=spec.memory_limit)
 
 
-def run_verify_isolated(cases: list[VerifyCase], memory_limit: int | None = None,
-                        max_seconds: float = STARTUP_ALLOWANCE_S) -> list[dict[str, Any]]:
+def run_verify_isolated(
+    cases: list[VerifyCase], memory_limit: int | None = None, max_seconds: float = STARTUP_ALLOWANCE_S
+) -> list[dict[str, Any]]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
     never live in the calling process (nor CUDA), and the trial's memory and time limits apply."""
     if not cases:
         return []
-    result = run_in_child(verify_job, {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
-                          max_seconds, memory_limit=memory_limit)
+    result = run_in_child(
+        verify_job,
+        {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
+        max_seconds,
+        memory_limit=memory_limit,
+    )
     if "rows" not in result:
-        raise AttnbenchError(f"the reference check could not run ({result.get('status')}: {result.get('message')}); "
-                             "use a smaller configuration or raise --memory-limit")
+        raise AttnbenchError(
+            f"the reference check could not run ({result.get('status')}: {result.get('message')}); "
+            "use a smaller configuration or raise --memory-limit"
+        )
     return result["rows"]
 
 

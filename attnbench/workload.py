@@ -62,8 +62,7 @@ class Workload:
         """Random normal q, k, v on the device; grad-enabled for the backward mode."""
         shape = (self.batch, self.seq_len, self.heads, self.head_dim)
         tensors = [
-            torch.randn(shape, dtype=self.torch_dtype, device=self.device, generator=generator)
-            for _ in range(3)
+            torch.randn(shape, dtype=self.torch_dtype, device=self.device, generator=generator) for _ in range(3)
         ]
         if self.mode == "fwd_bwd":
             for t in tensors:

@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_cli(*args, cwd=None, timeout=600, env=None) -> subprocess.CompletedProcess:
     """Run `python -m attnbench ARGS` as a user would, in a fresh process."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "attnbench", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
 
 
 @pytest.fixture
@@ -30,6 +36,12 @@ def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
     from attnbench.reference import VerifyCase, run_case
 
     monkeypatch.setattr(flex_kernel, "FLEX_MAX_OFFSET", 1 << 19)
-    cfg = impls.build("block-sparse", pattern_type="hierarchical", block_size=64, sparsity_ratio=0.1,
-                      kernel="flex", max_chunk_tokens=64 * 12).config()
+    cfg = impls.build(
+        "block-sparse",
+        pattern_type="hierarchical",
+        block_size=64,
+        sparsity_ratio=0.1,
+        kernel="flex",
+        max_chunk_tokens=64 * 12,
+    ).config()
     return run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode=mode))

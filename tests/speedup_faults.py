@@ -26,5 +26,13 @@ def _swap_shards(ctx):
 
 for name, prepare in (("fail-rank-1", _fail_on_rank_1), ("swapped-shards", _swap_shards)):
     if name not in strategies.STRATEGIES:
-        strategies.register(Strategy(name=name, summary="test fault", processes=MP.processes, devices=MP.devices,
-                                     prepare=prepare, check=MP.check))
+        strategies.register(
+            Strategy(
+                name=name,
+                summary="test fault",
+                processes=MP.processes,
+                devices=MP.devices,
+                prepare=prepare,
+                check=MP.check,
+            )
+        )

@@ -20,20 +20,42 @@ def write(path: Path, text: str) -> Path:
 BAD = {
     "unknown implementation": (["max-seq", "--impl", "flash9000", *CPU], "attnbench list"),
     "unknown parameter": (["max-seq", "--impl", "naive", "--param", "windw=3", *CPU], "parameter"),
-    "segment not dividing N": (["bench", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "1",
-                                "--seq-lens", "1000", *CPU], "multiple of 256"),
-    "dilation not dividing segment": (["max-seq", "--impl", "dilated", "--segment-lengths", "256,512",
-                                       "--dilation-rates", "3,2", *CPU], "does not divide"),
-    "mismatched lists": (["max-seq", "--impl", "dilated", "--segment-lengths", "256,512", "--dilation-rates", "1", *CPU],
-                         "one dilation rate per segment length"),
-    "fewer heads than groups": (["max-seq", "--impl", "dilated", "--segment-lengths", "64,128,256",
-                                 "--dilation-rates", "1,2,4", "--device", "cpu", "--heads", "2"], "at least 3 heads"),
+    "segment not dividing N": (
+        ["bench", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "1", "--seq-lens", "1000", *CPU],
+        "multiple of 256",
+    ),
+    "dilation not dividing segment": (
+        ["max-seq", "--impl", "dilated", "--segment-lengths", "256,512", "--dilation-rates", "3,2", *CPU],
+        "does not divide",
+    ),
+    "mismatched lists": (
+        ["max-seq", "--impl", "dilated", "--segment-lengths", "256,512", "--dilation-rates", "1", *CPU],
+        "one dilation rate per segment length",
+    ),
+    "fewer heads than groups": (
+        [
+            "max-seq",
+            "--impl",
+            "dilated",
+            "--segment-lengths",
+            "64,128,256",
+            "--dilation-rates",
+            "1,2,4",
+            "--device",
+            "cpu",
+            "--heads",
+            "2",
+        ],
+        "at least 3 heads",
+    ),
     "backend that cannot run here": (["max-seq", "--impl", "sdpa", "--backend", "cudnn", *CPU], "cannot run"),
     "unknown dtype": (["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp8"], "dtype"),
     "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
-    "zero timing budget": (["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--timing-budget", "0"],
-                           "--timing-budget 30"),
+    "zero timing budget": (
+        ["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--timing-budget", "0"],
+        "--timing-budget 30",
+    ),
     "zero repeats": (["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--repeat", "0"], "--repeat 3"),
     "unknown profile": (["run", "--profile", "no-such-profile"], "not found"),
     "unknown option": (["max-seq", "--impl", "naive", "--hedas", "2"], "--hedas"),
@@ -59,9 +81,9 @@ PROFILES = {
     "unknown sweep key": ('[[sweep]]\nimpl = "dilated"\nsegment_length = [64]\n', "'segment_length'"),
     "wrong type": ('heads = "eight"\n[[sweep]]\nimpl = "naive"\n', "'heads'"),
     "bad parameter type": ('[[sweep]]\nimpl = "dilated"\nsegment_lengths = "many"\n', "segment_lengths"),
-    "not toml": ('[[sweep]\nimpl = naive\n', "not valid TOML"),
+    "not toml": ("[[sweep]\nimpl = naive\n", "not valid TOML"),
     "no sweeps": ('device = "cpu"\n', "[[sweep]]"),
-    "sweep without impl": ('[[sweep]]\nstart = 1024\n', "'impl'"),
+    "sweep without impl": ("[[sweep]]\nstart = 1024\n", "'impl'"),
 }
 
 
@@ -82,7 +104,18 @@ def test_bad_input_leaves_existing_results_unchanged(tmp_path):
     out.mkdir()
     (out / "trials.jsonl").write_text('{"schema": 1, "kind": "verify"}\n')
     before = (out / "trials.jsonl").read_bytes()
-    proc = run_cli("max-seq", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "3", *CPU,
-                   "--out", out, "--resume")
+    proc = run_cli(
+        "max-seq",
+        "--impl",
+        "dilated",
+        "--segment-lengths",
+        "256",
+        "--dilation-rates",
+        "3",
+        *CPU,
+        "--out",
+        out,
+        "--resume",
+    )
     assert proc.returncode == 2
     assert (out / "trials.jsonl").read_bytes() == before

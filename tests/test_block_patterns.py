@@ -16,6 +16,7 @@ CAUSAL = [False, True]
 
 # --- the rules, one (query block, key block) pair at a time -------------------------------
 
+
 def window_start(i, nb, w, causal):
     return max(0, i - w + 1) if causal else min(max(i - (w - 1) // 2, 0), nb - w)
 
@@ -40,8 +41,9 @@ def kept_by_rule(pattern_type, shape, nb, causal, i, j):
 
 def mask_by_rule(p):
     nb = p.num_blocks
-    return torch.tensor([[kept_by_rule(p.pattern_type, p.shape, nb, p.causal, i, j) for j in range(nb)]
-                         for i in range(nb)])
+    return torch.tensor(
+        [[kept_by_rule(p.pattern_type, p.shape, nb, p.causal, i, j) for j in range(nb)] for i in range(nb)]
+    )
 
 
 def fits(kept, target, nb):
@@ -55,14 +57,16 @@ def test_lists_follow_the_rule(pattern_type, causal, nb, ratio):
     p = build_pattern(pattern_type, nb, ratio, causal)
     expected = mask_by_rule(p)
     assert torch.equal(p.dense(), expected)
-    assert p.kept_blocks == int(expected.sum())              # the closed-form count
+    assert p.kept_blocks == int(expected.sum())  # the closed-form count
     assert torch.equal(p.row_counts, expected.sum(dim=1))
 
 
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 @pytest.mark.parametrize("causal", CAUSAL)
-@pytest.mark.parametrize("nb,ratio", [(nb, r) for nb in (16, 64, 512) for r in (0.01, 0.02, 0.05, 0.1, 0.25, 1.0)]
-                         + [(2048, 0.01), (2048, 0.05)])
+@pytest.mark.parametrize(
+    "nb,ratio",
+    [(nb, r) for nb in (16, 64, 512) for r in (0.01, 0.02, 0.05, 0.1, 0.25, 1.0)] + [(2048, 0.01), (2048, 0.05)],
+)
 def test_pattern_properties(pattern_type, causal, nb, ratio):
     p = build_pattern(pattern_type, nb, ratio, causal)
     allowed = nb * (nb + 1) // 2 if causal else nb * nb
@@ -93,10 +97,12 @@ def test_expand_gives_each_row_and_can_drop_the_diagonal():
     idx, counts = p.expand(10, 30, width=64)
     assert idx.shape == (20, 64)
     for r in range(20):
-        assert sorted(idx[r, :counts[r]].tolist()) == torch.nonzero(dense[10 + r]).flatten().tolist()
+        assert sorted(idx[r, : counts[r]].tolist()) == torch.nonzero(dense[10 + r]).flatten().tolist()
     idx, counts = p.expand(10, 30, drop_diagonal=True)
     for r in range(20):
-        assert idx[r, :counts[r]].tolist() == [j for j in torch.nonzero(dense[10 + r]).flatten().tolist() if j != 10 + r]
+        assert idx[r, : counts[r]].tolist() == [
+            j for j in torch.nonzero(dense[10 + r]).flatten().tolist() if j != 10 + r
+        ]
 
 
 def test_expand_progressions_by_hand():
@@ -107,6 +113,7 @@ def test_expand_progressions_by_hand():
 
 
 # --- given segment lengths and dilation rates ----------------------------------------------
+
 
 @pytest.mark.parametrize("causal", CAUSAL)
 def test_given_scales_are_used_and_rates_sized(causal):
@@ -135,18 +142,21 @@ def test_given_rates_alone_size_the_segments(pattern_type):
     assert torch.equal(p.dense(), mask_by_rule(p))
 
 
-@pytest.mark.parametrize("kwargs,hint", [
-    ({"segment_blocks": [8, 12]}, "divide the next"),
-    ({"segment_blocks": [8, 16], "dilation_rates": [2, 3]}, "divide the next"),
-    ({"segment_blocks": [8, 16], "dilation_rates": [1]}, "one dilation rate per segment"),
-    ({"segment_blocks": [48]}, "does not divide"),
-    ({"dilation_rates": [2, 4], "pattern_type": "hierarchical"}, "first dilation rate must be 1"),
-    ({"segment_blocks": [2, 4], "ratio": 0.5}, "not within 20%"),
-    ({"segment_blocks": [8], "pattern_type": "local_window"}, "takes no segment_lengths"),
-    ({"ratio": 0.0}, "(0, 1]"),
-    ({"ratio": 1.5}, "(0, 1]"),
-    ({"pattern_type": "banded"}, "unknown pattern type"),
-])
+@pytest.mark.parametrize(
+    "kwargs,hint",
+    [
+        ({"segment_blocks": [8, 12]}, "divide the next"),
+        ({"segment_blocks": [8, 16], "dilation_rates": [2, 3]}, "divide the next"),
+        ({"segment_blocks": [8, 16], "dilation_rates": [1]}, "one dilation rate per segment"),
+        ({"segment_blocks": [48]}, "does not divide"),
+        ({"dilation_rates": [2, 4], "pattern_type": "hierarchical"}, "first dilation rate must be 1"),
+        ({"segment_blocks": [2, 4], "ratio": 0.5}, "not within 20%"),
+        ({"segment_blocks": [8], "pattern_type": "local_window"}, "takes no segment_lengths"),
+        ({"ratio": 0.0}, "(0, 1]"),
+        ({"ratio": 1.5}, "(0, 1]"),
+        ({"pattern_type": "banded"}, "unknown pattern type"),
+    ],
+)
 def test_parameters_that_do_not_fit_are_refused(kwargs, hint):
     kwargs = dict(kwargs)
     pattern_type = kwargs.pop("pattern_type", "dilated_sparse")
@@ -157,6 +167,7 @@ def test_parameters_that_do_not_fit_are_refused(kwargs, hint):
 
 # --- compact at large N --------------------------------------------------------------------
 
+
 def _hwm() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -166,12 +177,12 @@ def _hwm() -> int:
 
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_16m_tokens_build_from_compact_lists(pattern_type):
-    nb = (16 << 20) // 128                    # N = 16M, 128-token blocks: 131,072 query blocks
+    nb = (16 << 20) // 128  # N = 16M, 128-token blocks: 131,072 query blocks
     Path("/proc/self/clear_refs").write_text("5")
     base = current_rss_bytes()
     p = build_pattern(pattern_type, nb, 0.05, causal=False)
     grown = _hwm() - base
     assert grown < 1 << 30, f"building grew the resident set by {grown / 2**20:.0f} MiB"
-    assert p.progressions.numel() * 8 < 64 << 20   # a few progressions per row, not ~6,500 blocks
+    assert p.progressions.numel() * 8 < 64 << 20  # a few progressions per row, not ~6,500 blocks
     assert abs(p.kept_fraction - 0.05) <= 0.01
-    assert p.kept_blocks > 800_000_000           # ~860M block pairs are described, none listed
+    assert p.kept_blocks > 800_000_000  # ~860M block pairs are described, none listed

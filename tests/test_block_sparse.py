@@ -15,19 +15,26 @@ from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
 
 CASES = default_cases("block-sparse", "cpu", ["fp32"])
-BF16_CASES = [c for c in default_cases("block-sparse", "cpu", ["bf16"])
-              if c.batch == 2 and c.config["block_size"] == 16 and c.config["sparsity_ratio"] == 0.1]
+BF16_CASES = [
+    c
+    for c in default_cases("block-sparse", "cpu", ["bf16"])
+    if c.batch == 2 and c.config["block_size"] == 16 and c.config["sparsity_ratio"] == 0.1
+]
 
 
 def case_id(c):
     cfg = c.config
-    return (f"{cfg['pattern_type']}-b{cfg['block_size']}-r{cfg['sparsity_ratio']}-B{c.batch}-N{c.seq_len}-"
-            f"{'causal' if c.causal else 'full'}-{c.dtype}")
+    return (
+        f"{cfg['pattern_type']}-b{cfg['block_size']}-r{cfg['sparsity_ratio']}-B{c.batch}-N{c.seq_len}-"
+        f"{'causal' if c.causal else 'full'}-{c.dtype}"
+    )
 
 
 def test_cases_cover_every_pattern_causal_block_size_and_ratio():
     seen = {(c.config["pattern_type"], c.causal, c.config["block_size"], c.config["sparsity_ratio"]) for c in CASES}
-    assert seen == {(t, causal, b, r) for t in PATTERN_TYPES for causal in (False, True) for b in (16, 32) for r in (0.1, 0.25)}
+    assert seen == {
+        (t, causal, b, r) for t in PATTERN_TYPES for causal in (False, True) for b in (16, 32) for r in (0.1, 0.25)
+    }
 
 
 @pytest.mark.slow
@@ -47,8 +54,10 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
         if attn_mask is None:
             return real(q, k, v, **kw)
         b = q.shape[-2]
-        parts = [real(q, k[..., s:s + b, :], v[..., s:s + b, :], attn_mask=attn_mask[..., s:s + b])
-                 for s in range(0, k.shape[-2], b)]
+        parts = [
+            real(q, k[..., s : s + b, :], v[..., s : s + b, :], attn_mask=attn_mask[..., s : s + b])
+            for s in range(0, k.shape[-2], b)
+        ]
         return torch.nan_to_num(torch.stack(parts)).sum(0)
 
     monkeypatch.setattr(bs.F, "scaled_dot_product_attention", per_block_softmax)
@@ -64,7 +73,7 @@ def token_mask_by_rule(impl, n, causal):
     for i in range(p.num_blocks):
         for j in range(p.num_blocks):
             if kept_by_rule(p.pattern_type, p.shape, p.num_blocks, causal, i, j):
-                mask[i * b:(i + 1) * b, j * b:(j + 1) * b] = True
+                mask[i * b : (i + 1) * b, j * b : (j + 1) * b] = True
     return mask & torch.ones(n, n, dtype=torch.bool).tril() if causal else mask
 
 
@@ -83,13 +92,14 @@ def test_key_sets_and_counts(pattern_type, causal):
 
 # --- the flex path: block masks from the lists, and the compiled kernel on the CPU ---------
 
+
 def block_mask_rows(mask):
     """Kept key blocks per query block of a BlockMask, read from its index tensors as the
     kernel reads them: the first kv_num_blocks entries of each row, partial and full."""
     rows = []
     for r in range(mask.kv_num_blocks.shape[-1]):
-        partial = mask.kv_indices[0, 0, r, :mask.kv_num_blocks[0, 0, r]].tolist()
-        full = mask.full_kv_indices[0, 0, r, :mask.full_kv_num_blocks[0, 0, r]].tolist()
+        partial = mask.kv_indices[0, 0, r, : mask.kv_num_blocks[0, 0, r]].tolist()
+        full = mask.full_kv_indices[0, 0, r, : mask.full_kv_num_blocks[0, 0, r]].tolist()
         rows.append((partial, full))
     return rows
 
@@ -99,8 +109,14 @@ def block_mask_rows(mask):
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypatch):
     monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
-    impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1,
-                       max_chunk_tokens=16 * 7, index_width=width)
+    impl = impls.build(
+        "block-sparse",
+        pattern_type=pattern_type,
+        block_size=16,
+        sparsity_ratio=0.1,
+        max_chunk_tokens=16 * 7,
+        index_width=width,
+    )
     n = 1024
     p = impl.pattern(n, causal)
     layout = impl._flex_layout(p, "cpu", grad=False)
@@ -114,14 +130,16 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
         for r, (partial, full) in enumerate(block_mask_rows(mask)):
             i = r0 + r
             partial, full = [k0 + j for j in partial], [k0 + j for j in full]
-            expected = [j for j in range(p.num_blocks) if kept_by_rule(pattern_type, p.shape, p.num_blocks, causal, i, j)]
+            expected = [
+                j for j in range(p.num_blocks) if kept_by_rule(pattern_type, p.shape, p.num_blocks, causal, i, j)
+            ]
             assert sorted(partial + full) == expected
-            assert partial == ([i] if causal else [])      # only a causal diagonal block is masked
+            assert partial == ([i] if causal else [])  # only a causal diagonal block is masked
             covered.add(i)
         if width == "full":  # torch's own reading of the mask agrees
             dense = mask.to_dense()[0, 0].bool()
-            kept = p.dense()[r0:r0 + layout.rows]
-            assert torch.equal(dense, kept[:, k0:k0 + layout.window]) and kept.sum() == dense.sum()
+            kept = p.dense()[r0 : r0 + layout.rows]
+            assert torch.equal(dense, kept[:, k0 : k0 + layout.window]) and kept.sum() == dense.sum()
     assert covered == set(range(layout.first_row, p.num_blocks))
     assert len({len(range(r0, r0 + layout.rows)) for r0 in layout.starts}) == 1  # one compiled shape
 
@@ -129,51 +147,64 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
 def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
     monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
     impl = impls.build("block-sparse", pattern_type="global_local", block_size=128, sparsity_ratio=0.05)
-    p = impl.pattern(4 << 20, causal=False)                   # 4M tokens, 32,768 blocks
+    p = impl.pattern(4 << 20, causal=False)  # 4M tokens, 32,768 blocks
     layout = impl._flex_layout(p, "cuda", grad=False)
-    most = int(p.row_counts[p.dense_rows:].max())
-    assert layout.first_row == p.dense_rows > 0               # global rows go to dense SDPA
-    assert most <= layout.width < 2 * most                    # a power of two at least the fullest row
+    most = int(p.row_counts[p.dense_rows :].max())
+    assert layout.first_row == p.dense_rows > 0  # global rows go to dense SDPA
+    assert most <= layout.width < 2 * most  # a power of two at least the fullest row
     assert layout.rows * layout.width * 4 * 2 <= bs.INDEX_BUDGET_BYTES
     assert layout.starts[-1] + layout.rows == p.num_blocks and layout.starts[0] == p.dense_rows
-    assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks   # the backward gets full rows
+    assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks  # the backward gets full rows
 
 
 @pytest.mark.slow
 def test_local_window_chunks_read_their_neighbourhood_only():
     impl = impls.build("block-sparse", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
-    p = impl.pattern(32 << 20, causal=False)                   # 32M tokens, 262,144 blocks
+    p = impl.pattern(32 << 20, causal=False)  # 32M tokens, 262,144 blocks
     layout = impl._flex_layout(p, "cuda", grad=False)
     w = int(p.row_counts.max())
     assert layout.window <= layout.rows + w and layout.width == layout.window
-    assert layout.window * 128 * 8 * 64 < fk.FLEX_MAX_OFFSET   # 8 heads of 64: no per-head fallback
-    for r0, k0 in zip(layout.starts, layout.key_starts):       # every kept block inside its window
+    assert layout.window * 128 * 8 * 64 < fk.FLEX_MAX_OFFSET  # 8 heads of 64: no per-head fallback
+    for r0, k0 in zip(layout.starts, layout.key_starts):  # every kept block inside its window
         idx, counts = p.expand(r0, r0 + layout.rows)
         kept = idx[torch.arange(idx.shape[1])[None, :] < counts[:, None]]
         assert k0 <= int(kept.min()) and int(kept.max()) < k0 + layout.window
 
 
 def test_kernel_options():
-    assert fk.parse_kernel_options("BLOCK_M=128, num_warps=8,PRESCALE_QK=true") == \
-        {"BLOCK_M": 128, "num_warps": 8, "PRESCALE_QK": True}
+    assert fk.parse_kernel_options("BLOCK_M=128, num_warps=8,PRESCALE_QK=true") == {
+        "BLOCK_M": 128,
+        "num_warps": 8,
+        "PRESCALE_QK": True,
+    }
     with pytest.raises(bs.ConfigError, match="KEY=VALUE"):
         fk.parse_kernel_options("BLOCK_M")
 
 
-needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
-                                    reason="torch.compile on the CPU needs a C++ compiler")
+needs_compiler = pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on the CPU needs a C++ compiler"
+)
 
 
 @pytest.mark.slow
 @needs_compiler
-@pytest.mark.parametrize("pattern_type,causal,chunk_tokens", [
-    ("global_local", True, 160),       # chunked, overlapping last chunk, global rows in the mask
-    ("dilated_sparse", False, 160),
-    ("hierarchical", True, 1 << 20),   # one chunk: its output is returned as is
-])
+@pytest.mark.parametrize(
+    "pattern_type,causal,chunk_tokens",
+    [
+        ("global_local", True, 160),  # chunked, overlapping last chunk, global rows in the mask
+        ("dilated_sparse", False, 160),
+        ("hierarchical", True, 1 << 20),  # one chunk: its output is returned as is
+    ],
+)
 def test_compiled_flex_matches_reference_on_cpu(pattern_type, causal, chunk_tokens):
-    cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1, kernel="flex",
-                      max_chunk_tokens=chunk_tokens).config()
+    cfg = impls.build(
+        "block-sparse",
+        pattern_type=pattern_type,
+        block_size=16,
+        sparsity_ratio=0.1,
+        kernel="flex",
+        max_chunk_tokens=chunk_tokens,
+    ).config()
     row = run_case(VerifyCase("block-sparse", cfg, 2, 1024, 3, 16, causal, "fp32", "cpu"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")  # "flex+sdpa" where global rows run dense

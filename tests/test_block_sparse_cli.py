@@ -17,8 +17,19 @@ CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "16"]
 @pytest.mark.slow
 def test_pattern_command_prints_the_kept_fraction_and_draws(tmp_path):
     png = tmp_path / "h.png"
-    proc = run_cli("pattern", "--pattern-type", "hierarchical", "--seq-len", "16384", "--block-size", "128",
-                   "--sparsity-ratio", "0.05", "--png", png)
+    proc = run_cli(
+        "pattern",
+        "--pattern-type",
+        "hierarchical",
+        "--seq-len",
+        "16384",
+        "--block-size",
+        "128",
+        "--sparsity-ratio",
+        "0.05",
+        "--png",
+        png,
+    )
     assert proc.returncode == 0, proc.stderr
     kept = float(re.search(r"kept fraction ([0-9.]+)", proc.stdout).group(1))
     # independent truth: the declared key sets of the same configuration, counted at token level
@@ -31,12 +42,40 @@ def test_pattern_command_prints_the_kept_fraction_and_draws(tmp_path):
 BAD = {  # one case per kind of mistake the issue names; the rest are checked in-process below
     "block size not dividing N": (["bench", "--impl", "block-sparse", "--seq-lens", "1000", *CPU], "does not divide"),
     "ratio above one": (["max-seq", "--impl", "block-sparse", "--param", "sparsity_ratio=1.5", *CPU], "(0, 1]"),
-    "unknown pattern type": (["max-seq", "--impl", "block-sparse", "--param", "pattern_type=banded", *CPU],
-                             "local_window"),
-    "segment not fitting the sequence": (["bench", "--impl", "block-sparse", "--param", "pattern_type=dilated_sparse",
-                                          "--segment-lengths", "2048", "--seq-lens", "3072", *CPU], "multiple of 2048"),
-    "ratio a pattern cannot keep": (["bench", "--impl", "block-sparse", "--param", "pattern_type=hierarchical",
-                                     "--segment-lengths", "4096,8192", "--seq-lens", "8192", *CPU], "not within 20%"),
+    "unknown pattern type": (
+        ["max-seq", "--impl", "block-sparse", "--param", "pattern_type=banded", *CPU],
+        "local_window",
+    ),
+    "segment not fitting the sequence": (
+        [
+            "bench",
+            "--impl",
+            "block-sparse",
+            "--param",
+            "pattern_type=dilated_sparse",
+            "--segment-lengths",
+            "2048",
+            "--seq-lens",
+            "3072",
+            *CPU,
+        ],
+        "multiple of 2048",
+    ),
+    "ratio a pattern cannot keep": (
+        [
+            "bench",
+            "--impl",
+            "block-sparse",
+            "--param",
+            "pattern_type=hierarchical",
+            "--segment-lengths",
+            "4096,8192",
+            "--seq-lens",
+            "8192",
+            *CPU,
+        ],
+        "not within 20%",
+    ),
 }
 
 
@@ -53,15 +92,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("config,seq_len,hint", [
-    ({"block_size": 100}, 1600, "block_size 100"),
-    ({"sparsity_ratio": 0.0}, 1024, "(0, 1]"),
-    ({"pattern_type": "hierarchical", "segment_lengths": [1024, 1536]}, 3072, "divide the next"),
-    ({"pattern_type": "hierarchical", "dilation_rates": [2, 4]}, 4096, "first dilation rate must be 1"),
-    ({"pattern_type": "dilated_sparse", "segment_lengths": [96]}, 4096, "multiple of block_size"),
-    ({"segment_lengths": [1024]}, 4096, "takes no segment_lengths"),
-    ({"kernel_options": "BLOCK_M"}, 4096, "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "config,seq_len,hint",
+    [
+        ({"block_size": 100}, 1600, "block_size 100"),
+        ({"sparsity_ratio": 0.0}, 1024, "(0, 1]"),
+        ({"pattern_type": "hierarchical", "segment_lengths": [1024, 1536]}, 3072, "divide the next"),
+        ({"pattern_type": "hierarchical", "dilation_rates": [2, 4]}, 4096, "first dilation rate must be 1"),
+        ({"pattern_type": "dilated_sparse", "segment_lengths": [96]}, 4096, "multiple of block_size"),
+        ({"segment_lengths": [1024]}, 4096, "takes no segment_lengths"),
+        ({"kernel_options": "BLOCK_M"}, 4096, "KEY=VALUE"),
+    ],
+)
 def test_more_bad_configurations_raise_config_errors(config, seq_len, hint):
     from attnbench.errors import ConfigError
 
@@ -71,10 +113,13 @@ def test_more_bad_configurations_raise_config_errors(config, seq_len, hint):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,hint", [
-    (["--sparsity-ratio", "0"], "(0, 1]"),
-    (["--pattern-type", "dilated_sparse", "--segment-lengths", "4096"], "multiple of 4096"),
-])
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["--sparsity-ratio", "0"], "(0, 1]"),
+        (["--pattern-type", "dilated_sparse", "--segment-lengths", "4096"], "multiple of 4096"),
+    ],
+)
 def test_pattern_command_bad_input_draws_nothing(args, hint, tmp_path):
     png = tmp_path / "p.png"
     full = ["pattern", "--seq-len", "2048", "--block-size", "128", *args, "--png", png]
@@ -88,8 +133,23 @@ def test_pattern_command_bad_input_draws_nothing(args, hint, tmp_path):
 @pytest.mark.slow
 def test_sparsity_table_from_a_real_run(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("bench", "--impl", "sdpa", "--impl", "block-sparse", "--seq-lens", "2048,4096", "--param",
-                   "sparsity_ratio=0.1", "--param", "block_size=64", "--in-process", *CPU, "--out", out)
+    proc = run_cli(
+        "bench",
+        "--impl",
+        "sdpa",
+        "--impl",
+        "block-sparse",
+        "--seq-lens",
+        "2048,4096",
+        "--param",
+        "sparsity_ratio=0.1",
+        "--param",
+        "block_size=64",
+        "--in-process",
+        *CPU,
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     rows, _ = read_rows(out)
     trials = [r for r in rows if r.get("kind") == "points"]
@@ -106,7 +166,7 @@ def test_sparsity_table_from_a_real_run(tmp_path):
         assert cells[1] == f"{r['time_ms']:,.2f}"
         assert cells[4] == "90.0% sparse" and cells[5] == "local_window" and cells[6] == "64"
         assert cells[8] == f"{dense['time_ms'] / r['time_ms']:.2f}x"
-        kept = float(impl.key_mask(r["seq_len"], 1).float().mean())   # independent of the runner's count
+        kept = float(impl.key_mask(r["seq_len"], 1).float().mean())  # independent of the runner's count
         assert cells[7] == f"{kept:.2%}"
     dense_cells = [line for line in lines if "dense sdpa" in line]
     assert len(dense_cells) == 2 and all("| Dense |" in line for line in dense_cells)

@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
     if index_width == "compact" and not fk.compact_indices_ok("cuda"):
         pytest.skip("this torch's FlexAttention lowering asks for full index rows")
-    cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=64, sparsity_ratio=0.1, kernel="flex",
-                      index_width=index_width, max_chunk_tokens=64 * 12).config()
+    cfg = impls.build(
+        "block-sparse",
+        pattern_type=pattern_type,
+        block_size=64,
+        sparsity_ratio=0.1,
+        kernel="flex",
+        index_width=index_width,
+        max_chunk_tokens=64 * 12,
+    ).config()
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")
@@ -46,13 +53,14 @@ def test_flex_past_two_to_the_31_matches_exact_rows(causal):
     p = impl.pattern(n, causal)
     for i in (0, p.num_blocks // 2, p.num_blocks - 1):
         idx, count = p.expand(i, i + 1)
-        keys = (idx[0, :int(count[0])][:, None] * b + torch.arange(b)).flatten().cuda()
-        qi = q[0, i * b:(i + 1) * b].double().transpose(0, 1)                  # (H, b, D)
-        ki, vi = (x[0, keys].double().transpose(0, 1) for x in (k, v))         # (H, keys, D)
-        scores = qi @ ki.transpose(1, 2) / dim ** 0.5
+        keys = (idx[0, : int(count[0])][:, None] * b + torch.arange(b)).flatten().cuda()
+        qi = q[0, i * b : (i + 1) * b].double().transpose(0, 1)  # (H, b, D)
+        ki, vi = (x[0, keys].double().transpose(0, 1) for x in (k, v))  # (H, keys, D)
+        scores = qi @ ki.transpose(1, 2) / dim**0.5
         if causal:
-            scores.masked_fill_(keys[None, None, :] > (i * b + torch.arange(b, device="cuda"))[None, :, None],
-                                float("-inf"))
+            scores.masked_fill_(
+                keys[None, None, :] > (i * b + torch.arange(b, device="cuda"))[None, :, None], float("-inf")
+            )
         ref = (torch.softmax(scores, -1) @ vi).transpose(0, 1)
-        got = out[0, i * b:(i + 1) * b].double()
+        got = out[0, i * b : (i + 1) * b].double()
         assert ((got - ref).norm() / ref.norm()).item() < 2e-2, i

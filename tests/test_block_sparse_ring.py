@@ -22,7 +22,9 @@ def ring(world, **config):
 
 def needed_by_dense_pattern(dense, m, receiver, sender):
     """Blocks of ``sender`` (its numbering) kept by any row of ``receiver``."""
-    return dense[receiver * m:(receiver + 1) * m, sender * m:(sender + 1) * m].any(dim=0).nonzero().flatten().tolist()
+    return (
+        dense[receiver * m : (receiver + 1) * m, sender * m : (sender + 1) * m].any(dim=0).nonzero().flatten().tolist()
+    )
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -42,7 +44,7 @@ def test_a_rank_receives_exactly_the_blocks_its_rows_keep(pattern_type, causal, 
 
 def test_local_window_exchanges_only_the_window_edge():
     impl = ring(2, pattern_type="local_window", sparsity_ratio=0.05)
-    p = impl.single.pattern(1 << 16, causal=False)   # 4096 blocks, a window of ~205
+    p = impl.single.pattern(1 << 16, causal=False)  # 4096 blocks, a window of ~205
     window = p.shape["window"] if "window" in p.shape else int(p.row_counts.max())
     got = impl.needed_blocks(p, 2, 1, 0, "cpu")
     assert 0 < len(got) <= window // 2 + 1 and got.tolist() == list(range(2048 - len(got), 2048))
@@ -60,11 +62,19 @@ def step_masks(world, rank, causal, pattern_type, max_chunk_tokens=1 << 20):
         local = sender == rank or len(blocks) == schedule.m
         if not local and not len(blocks):
             continue
-        position = torch.arange(schedule.m) if local else torch.full((schedule.m,), -1).index_put_(
-            (blocks,), torch.arange(len(blocks)))
+        position = (
+            torch.arange(schedule.m)
+            if local
+            else torch.full((schedule.m,), -1).index_put_((blocks,), torch.arange(len(blocks)))
+        )
         received = torch.arange(schedule.m) if local else blocks
-        yield p, schedule, sender, received, schedule._chunk_masks(sender, position, len(received),
-                                                                    causal and sender == rank)
+        yield (
+            p,
+            schedule,
+            sender,
+            received,
+            schedule._chunk_masks(sender, position, len(received), causal and sender == rank),
+        )
 
 
 @pytest.mark.parametrize("chunk_tokens", [1 << 20, 16 * 5])
@@ -80,7 +90,7 @@ def test_flex_masks_of_every_step_hold_the_pattern(pattern_type, causal, chunk_t
             windows = {k1 - k0 for *_, k0, k1, _ in chunks}
             assert len(windows) <= 1  # one key length per step: one compiled shape
             for t0, t1, skip, k0, k1, mask in chunks:
-                merged[sender, t0 + skip:t1] += 1
+                merged[sender, t0 + skip : t1] += 1
                 r0 = t0 // 16
                 full_n, full_i = mask.full_kv_num_blocks[0, 0], mask.full_kv_indices[0, 0]
                 part_n, part_i = mask.kv_num_blocks[0, 0], mask.kv_indices[0, 0]
@@ -88,22 +98,44 @@ def test_flex_masks_of_every_step_hold_the_pattern(pattern_type, causal, chunk_t
                 assert mask.seq_lengths == (t1 - t0, (k1 - k0) * 16)
                 assert full_i.shape[-1] == k1 - k0  # full-width index rows over the key window
                 for r in range(t1 // 16 - r0):
-                    full = received[full_i[r, :full_n[r]] + k0] + sender * m
-                    partial = received[part_i[r, :part_n[r]] + k0] + sender * m
+                    full = received[full_i[r, : full_n[r]] + k0] + sender * m
+                    partial = received[part_i[r, : part_n[r]] + k0] + sender * m
                     i = rank * m + r0 + r
                     assert partial.tolist() == ([i] if causal and sender == rank else [])
                     seen[r0 + r, full] = True
                     seen[r0 + r, partial] = True
-        assert torch.equal(seen, p.dense()[rank * m:(rank + 1) * m])  # every kept block, once per row
+        assert torch.equal(seen, p.dense()[rank * m : (rank + 1) * m])  # every kept block, once per row
         assert set(merged[merged > 0].tolist()) <= {1}
 
 
 @pytest.mark.slow
 def test_flex_on_the_cpu_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("bench", "--impl", "block-sparse-ring", "--param", "kernel=flex", "--param", "block_size=16",
-                   "--seq-lens", "1024", "--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16,
-                   "--gpus", 2, "--max-trial-seconds", 30, "--out", out)
+    proc = run_cli(
+        "bench",
+        "--impl",
+        "block-sparse-ring",
+        "--param",
+        "kernel=flex",
+        "--param",
+        "block_size=16",
+        "--seq-lens",
+        "1024",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        2,
+        "--head-dim",
+        16,
+        "--gpus",
+        2,
+        "--max-trial-seconds",
+        30,
+        "--out",
+        out,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "use kernel=gather" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
@@ -115,9 +147,28 @@ def test_only_the_kept_blocks_travel(tmp_path):
     """A 2-rank bench: each rank sends the other exactly the blocks the other's rows keep."""
     out = tmp_path / "run"
     args = ["--param", "pattern_type=hierarchical", "--param", "block_size=16", "--param", "sparsity_ratio=0.1"]
-    proc = run_cli("bench", "--impl", "block-sparse-ring", *args, "--seq-lens", "2048", "--device", "cpu",
-                   "--dtype", "fp32", "--heads", 2, "--head-dim", 16, "--gpus", 2, "--max-trial-seconds", 30,
-                   "--out", out)
+    proc = run_cli(
+        "bench",
+        "--impl",
+        "block-sparse-ring",
+        *args,
+        "--seq-lens",
+        "2048",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        2,
+        "--head-dim",
+        16,
+        "--gpus",
+        2,
+        "--max-trial-seconds",
+        30,
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     rows, problems = read_rows(out)
     assert problems == []

@@ -111,8 +111,13 @@ def runs(tmp_path_factory):
             (site / "sitecustomize.py").write_text(PATCHES[name])  # imported by every process of the run
             path = f"{site}{os.pathsep}{ROOT}"
         env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-        return subprocess.Popen([sys.executable, "-m", "attnbench", "run", "--profile", str(profile), "--out",
-                                 str(root / name)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "attnbench", "run", "--profile", str(profile), "--out", str(root / name)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     procs = {name: start(name) for name in ("base", "hungry", "wrong")}
     outs = {name: p.communicate(timeout=900) for name, p in procs.items()}
@@ -160,13 +165,17 @@ def check_json(capsys, *args):
 
 
 def findings(report, aspect=None, verdict=None):
-    return [f for f in report["findings"] if (aspect is None or f["aspect"] == aspect)
-            and (verdict is None or f["verdict"] == verdict)]
+    return [
+        f
+        for f in report["findings"]
+        if (aspect is None or f["aspect"] == aspect) and (verdict is None or f["verdict"] == verdict)
+    ]
 
 
 # ---------------------------------------------------------------------------------------
 # The statistics, against their definitions
 # ---------------------------------------------------------------------------------------
+
 
 def synthetic_side(rng, template, processes, shift=1.0, samples=20):
     """Rows of one trial run in ``processes`` fresh processes, with noise as GPUs show it:
@@ -175,8 +184,10 @@ def synthetic_side(rng, template, processes, shift=1.0, samples=20):
     rows = []
     for index in range(processes):
         level = shift * rng.lognormvariate(0.0, 0.02)
-        times = [template["time_ms"] * level * rng.lognormvariate(0.0, 0.01) * (1.25 if rng.random() < 0.05 else 1.0)
-                 for _ in range(samples)]
+        times = [
+            template["time_ms"] * level * rng.lognormvariate(0.0, 0.01) * (1.25 if rng.random() < 0.05 else 1.0)
+            for _ in range(samples)
+        ]
         rows.append({**template, "process": index, "times_ms": times, **summarize(times)})
     return rows
 
@@ -189,7 +200,9 @@ def gate_failures(runs, tmp_path, shift, seeds, processes=3):
         rng = random.Random(seed)
         base = [x for t in templates for x in synthetic_side(rng, t, processes)]
         cur = [x for t in templates for x in synthetic_side(rng, t, processes, shift)]
-        report = run_check(write_rows(tmp_path / "b", base), write_rows(tmp_path / "c", cur), Thresholds(aspects=("time",)))
+        report = run_check(
+            write_rows(tmp_path / "b", base), write_rows(tmp_path / "c", cur), Thresholds(aspects=("time",))
+        )
         assert len(report.findings) == len(templates)
         failed += report.exit_code
     return failed
@@ -225,6 +238,7 @@ def test_too_few_samples_is_inconclusive_not_pass():
 # ---------------------------------------------------------------------------------------
 # Time: a rerun is not flagged, a 30% slowdown is
 # ---------------------------------------------------------------------------------------
+
 
 def split_rerun(rows, seed, slowdown=1.0):
     """A rerun of the same code on the same machine: each trial's real samples shuffled with
@@ -262,14 +276,17 @@ def test_a_rerun_is_not_flagged_and_a_30_percent_slowdown_is_caught_in_20_seeded
 
 def test_injected_slowdown_fails_the_gate_with_exit_1(runs, tmp_path, capsys):
     # the current side is the base run with every raw sample multiplied by 1.3
-    slow = [{**r, "times_ms": [x * 1.3 for x in r["times_ms"]]} if r["kind"] == "points" else r
-            for r in rows_of(runs["base"])]
+    slow = [
+        {**r, "times_ms": [x * 1.3 for x in r["times_ms"]]} if r["kind"] == "points" else r
+        for r in rows_of(runs["base"])
+    ]
     code, report = check_json(capsys, "--baseline", runs["base"], "--current", write_rows(tmp_path / "slow", slow))
     assert code == 1 and report["result"] == "fail"
     regressions = findings(report, "time", "regression")
     assert len(regressions) == 3
-    assert all(math.isclose(f["numbers"]["ratio"], 1.3, rel_tol=1e-9) and f["numbers"]["p_value"] <= 0.05
-               for f in regressions)
+    assert all(
+        math.isclose(f["numbers"]["ratio"], 1.3, rel_tol=1e-9) and f["numbers"]["p_value"] <= 0.05 for f in regressions
+    )
     # the max-seq trials were left as they ran: unchanged, not inconclusive
     assert not findings(report, "time", "inconclusive")
     assert not [f for f in report["findings"] if f["verdict"] != "unchanged" and f["aspect"] != "time"]
@@ -279,14 +296,22 @@ def test_injected_slowdown_fails_the_gate_with_exit_1(runs, tmp_path, capsys):
 # Memory, capacity, correctness
 # ---------------------------------------------------------------------------------------
 
+
 def test_a_5_percent_memory_increase_is_caught_and_1_percent_is_not(runs, tmp_path, capsys):
     base = rows_of(runs["base"])
     ran = [r for r in base if r["kind"] in ("points", "max-seq") and r["status"] == "ok" and r["peak_bytes"]]
     for factor, expected in ((1.05, 1), (1.01, 0)):
         # the current side is the base run with every peak multiplied by the factor
         more = [{**r, "peak_bytes": round(r["peak_bytes"] * factor)} if r.get("peak_bytes") else r for r in base]
-        code, report = check_json(capsys, "--baseline", runs["base"], "--current",
-                                  write_rows(tmp_path / f"m{factor}", more), "--only", "memory")
+        code, report = check_json(
+            capsys,
+            "--baseline",
+            runs["base"],
+            "--current",
+            write_rows(tmp_path / f"m{factor}", more),
+            "--only",
+            "memory",
+        )
         assert code == expected
         flagged = findings(report, "memory", "regression")
         assert len(flagged) == (len(ran) if expected else 0)
@@ -294,21 +319,27 @@ def test_a_5_percent_memory_increase_is_caught_and_1_percent_is_not(runs, tmp_pa
 
 
 def test_a_hungrier_implementation_loses_one_bisection_step_and_its_memory_grows(runs, capsys):
-    results = {name: [r for r in rows_of(runs[name]) if r["kind"] == "max-seq-result"][0] for name in ("base", "hungry")}
+    results = {
+        name: [r for r in rows_of(runs[name]) if r["kind"] == "max-seq-result"][0] for name in ("base", "hungry")
+    }
     assert results["base"]["seq_len"] - results["hungry"]["seq_len"] == STEP  # precondition: one step
     code, report = check_json(capsys, "--baseline", runs["base"], "--current", runs["hungry"])
     assert code == 1
     capacity = [f for f in findings(report, "capacity", "regression") if f["trial"].startswith("max-seq of naive")]
     assert len(capacity) == 1
-    assert capacity[0]["numbers"] == {"baseline_max_seq": results["base"]["seq_len"],
-                                      "current_max_seq": results["hungry"]["seq_len"]}
+    assert capacity[0]["numbers"] == {
+        "baseline_max_seq": results["base"]["seq_len"],
+        "current_max_seq": results["hungry"]["seq_len"],
+    }
     # the length that ran before is now out of memory
     lost = [f for f in findings(report, "capacity", "regression") if f is not capacity[0]]
     assert [(f["numbers"]["seq_len"], f["current"]) for f in lost] == [(results["base"]["seq_len"], "oom")]
     # a third N x N buffer, half as much again as scores and probabilities: caught at 2K, the
     # length that ran on both sides (at 128 and 256 it is 128 KiB and 512 KiB, within the
     # resident set's noise)
-    grown = {f["numbers"]["seq_len"]: f for f in findings(report, "memory", "regression") if f["trial"].startswith("naive")}
+    grown = {
+        f["numbers"]["seq_len"]: f for f in findings(report, "memory", "regression") if f["trial"].startswith("naive")
+    }
     assert grown[2048]["numbers"]["ratio"] > 1.25
     assert not findings(report, "correctness", "regression")
 
@@ -325,7 +356,9 @@ def test_a_wrong_output_is_caught(runs, capsys):
 
 
 def test_markdown_is_a_pull_request_comment(runs, capsys):
-    code, md, _ = attnbench(capsys, "check", "--baseline", runs["base"], "--current", runs["hungry"], "--format", "markdown")
+    code, md, _ = attnbench(
+        capsys, "check", "--baseline", runs["base"], "--current", runs["hungry"], "--format", "markdown"
+    )
     assert code == 1
     assert md.startswith("### ❌ attnbench check: FAIL")
     assert "| Verdict | Aspect | Trial | Device | Baseline | Current | Change | Evidence |" in md
@@ -345,13 +378,18 @@ def test_the_exit_code_of_the_command(runs):
 # Device models
 # ---------------------------------------------------------------------------------------
 
+
 def test_different_device_models_are_never_compared(runs, tmp_path, capsys):
     # the hungry run, as if measured on another CPU model
-    other = [{**r, "env": {**r["env"], "cpu": "Other CPU 9000", "machine": "cpu: Other CPU 9000"}}
-             for r in rows_of(runs["hungry"])]
+    other = [
+        {**r, "env": {**r["env"], "cpu": "Other CPU 9000", "machine": "cpu: Other CPU 9000"}}
+        for r in rows_of(runs["hungry"])
+    ]
     path = write_rows(tmp_path / "other", other)
-    one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", path),
-                    "different device models are never compared")
+    one_line_exit_2(
+        attnbench(capsys, "check", "--baseline", runs["base"], "--current", path),
+        "different device models are never compared",
+    )
     # on CPUs, what does not depend on the CPU model still compares: the lost capacity is caught
     code, report = check_json(capsys, "--baseline", runs["base"], "--current", path, "--deterministic")
     assert code == 1 and findings(report, "capacity", "regression")
@@ -362,6 +400,7 @@ def test_different_device_models_are_never_compared(runs, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 # Unusable input: one line, exit 2
 # ---------------------------------------------------------------------------------------
+
 
 def one_line_exit_2(result, hint):
     code, out, err = result
@@ -378,11 +417,13 @@ def test_missing_file_from_the_console_command(tmp_path, runs):
 
 def test_missing_or_empty_files(runs, tmp_path, capsys):
     (tmp_path / "empty-dir").mkdir()
-    one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", tmp_path / "empty-dir"),
-                    "no trials.jsonl")
+    one_line_exit_2(
+        attnbench(capsys, "check", "--baseline", runs["base"], "--current", tmp_path / "empty-dir"), "no trials.jsonl"
+    )
     (tmp_path / "empty.jsonl").write_text("")
-    one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", tmp_path / "empty.jsonl"),
-                    "no result rows")
+    one_line_exit_2(
+        attnbench(capsys, "check", "--baseline", runs["base"], "--current", tmp_path / "empty.jsonl"), "no result rows"
+    )
 
 
 def test_corrupt_lines_stop_the_check_unless_skipped(runs, tmp_path, capsys):
@@ -390,13 +431,34 @@ def test_corrupt_lines_stop_the_check_unless_skipped(runs, tmp_path, capsys):
     cut = tmp_path / "cut" / "trials.jsonl"
     cut.parent.mkdir()
     cut.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2] + "\n" + "".join(lines[4:]))
-    one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut), f"{cut}:4: unreadable line")
+    one_line_exit_2(
+        attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut), f"{cut}:4: unreadable line"
+    )
     # the skipped line's trial is then missing: that fails the gate unless allowed
-    code, out, err = attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut, "--skip-unreadable",
-                               "--only", "correctness,bytes")
+    code, out, err = attnbench(
+        capsys,
+        "check",
+        "--baseline",
+        runs["base"],
+        "--current",
+        cut,
+        "--skip-unreadable",
+        "--only",
+        "correctness,bytes",
+    )
     assert code == 1 and "missing (baseline only): 1" in out, out + err
-    code, out, err = attnbench(capsys, "check", "--baseline", runs["base"], "--current", cut, "--skip-unreadable",
-                               "--allow-missing", "--only", "correctness,bytes")
+    code, out, err = attnbench(
+        capsys,
+        "check",
+        "--baseline",
+        runs["base"],
+        "--current",
+        cut,
+        "--skip-unreadable",
+        "--allow-missing",
+        "--only",
+        "correctness,bytes",
+    )
     assert code == 0, out + err
     assert f"warning: current {cut}:4: unreadable line" in err
 
@@ -405,17 +467,21 @@ def test_nothing_in_common(runs, tmp_path, capsys):
     rows = rows_of(runs["base"])
     naive = write_rows(tmp_path / "naive", [r for r in rows if r["impl"] == "naive"])
     sdpa = write_rows(tmp_path / "sdpa", [r for r in rows if r["impl"] == "sdpa"])
-    one_line_exit_2(attnbench(capsys, "check", "--baseline", naive, "--current", sdpa),
-                    "no trial or reference check in common")
+    one_line_exit_2(
+        attnbench(capsys, "check", "--baseline", naive, "--current", sdpa), "no trial or reference check in common"
+    )
 
 
-@pytest.mark.parametrize("args, hint", [
-    (["--format", "html"], "--format"),
-    (["--only", "speed"], "choose from"),
-    (["--deterministic", "--only", "time"], "--deterministic"),
-    (["--time-factor", "0.9"], "at least 1.0"),
-    (["--alpha", "0"], "--alpha"),
-])
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["--format", "html"], "--format"),
+        (["--only", "speed"], "choose from"),
+        (["--deterministic", "--only", "time"], "--deterministic"),
+        (["--time-factor", "0.9"], "at least 1.0"),
+        (["--alpha", "0"], "--alpha"),
+    ],
+)
 def test_bad_options(runs, args, hint, capsys):
     one_line_exit_2(attnbench(capsys, "check", "--baseline", runs["base"], "--current", runs["base"], *args), hint)
 
@@ -426,8 +492,13 @@ def test_a_time_limited_capacity_compares_within_one_bisection_step():
     row = {"impl": "sdpa", "config": {}, "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd"}
 
     def search(largest, first_failure, stopped_by="time"):
-        return {"complete": True, "stopped_by": stopped_by, "max_seq_len": largest, "first_failure": first_failure,
-                "row": row}
+        return {
+            "complete": True,
+            "stopped_by": stopped_by,
+            "max_seq_len": largest,
+            "first_failure": first_failure,
+            "row": row,
+        }
 
     def verdict(b, c):
         comparison = Comparison(None, None, Thresholds())

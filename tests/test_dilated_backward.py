@@ -30,8 +30,9 @@ def differentiable_reference(q, k, v, mask):
 
 def _inputs(batch, seq_len, heads, seed):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, seq_len, heads, 8, dtype=torch.float64, generator=gen, requires_grad=True)
-            for _ in range(3)]
+    return [
+        torch.randn(batch, seq_len, heads, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3)
+    ]
 
 
 @pytest.mark.parametrize("config, heads, causal", CONFIGS, ids=lambda x: str(x))

@@ -48,6 +48,8 @@ def test_a_failing_rank_ends_the_run_with_its_error():
 
 
 def test_an_oom_on_any_rank_is_the_trial_status():
-    results = [{"status": "error", "rank": 0, "message": "connection reset", "failed_at": 1.0},
-               {"status": "oom", "rank": 1, "message": "CUDA out of memory", "failed_at": 2.0}]
+    results = [
+        {"status": "error", "rank": 0, "message": "connection reset", "failed_at": 1.0},
+        {"status": "oom", "rank": 1, "message": "CUDA out of memory", "failed_at": 2.0},
+    ]
     assert agreed_status(results) == ("oom", "rank 1: CUDA out of memory")

@@ -10,8 +10,22 @@ from attnbench.errors import ConfigError
 from attnbench.hilbert import curve_order, grid_shape, inverse, tile_side
 
 # (length, grid width): squares, rectangles of several squares, widths given, odd grids
-GRIDS = [(1, 0), (4, 0), (16, 0), (64, 0), (4096, 0), (2 * 4**5, 0), (3 * 4**4, 0), (7, 0), (96, 0),
-         (48, 8), (256, 16), (12, 4), (4096, 32), (1 << 20, 0)]
+GRIDS = [
+    (1, 0),
+    (4, 0),
+    (16, 0),
+    (64, 0),
+    (4096, 0),
+    (2 * 4**5, 0),
+    (3 * 4**4, 0),
+    (7, 0),
+    (96, 0),
+    (48, 8),
+    (256, 16),
+    (12, 4),
+    (4096, 32),
+    (1 << 20, 0),
+]
 
 
 @pytest.mark.parametrize("n,width", GRIDS)
@@ -49,7 +63,9 @@ def test_square_grid_is_a_continuous_quadtree_curve(side):
     while 4**j <= side * side:
         r, c = row.view(-1, 4**j), col.view(-1, 4**j)
         sq = 2**j
-        assert torch.all(r.max(1).values - r.min(1).values == sq - 1) and torch.all(c.max(1).values - c.min(1).values == sq - 1)
+        assert torch.all(r.max(1).values - r.min(1).values == sq - 1) and torch.all(
+            c.max(1).values - c.min(1).values == sq - 1
+        )
         assert torch.all(r.min(1).values % sq == 0) and torch.all(c.min(1).values % sq == 0)
         j += 1
 
@@ -63,7 +79,7 @@ def test_tiled_grid_visits_each_tile_as_one_curve():
     rows, cols = grid_shape(96)  # 4 x 24: six 4 x 4 tiles
     row, col = cells(curve_order(96), cols)
     for t in range(6):
-        r, c = row[16 * t:16 * (t + 1)], col[16 * t:16 * (t + 1)]
+        r, c = row[16 * t : 16 * (t + 1)], col[16 * t : 16 * (t + 1)]
         assert set(zip(r.tolist(), c.tolist())) == {(i, 4 * t + j) for i in range(4) for j in range(4)}
         assert torch.all((r.diff().abs() + c.diff().abs()) == 1)
 
@@ -72,7 +88,9 @@ def test_a_grid_the_length_cannot_form_is_a_config_error():
     with pytest.raises(ConfigError, match="grid of width 100"):
         curve_order(256, 100)
     with pytest.raises(ConfigError, match="multiple of 100"):
-        impls.build("dilated", segment_lengths=[16], dilation_rates=[1], hilbert=True, grid_width=100).check_shape(256, 4)
+        impls.build("dilated", segment_lengths=[16], dilation_rates=[1], hilbert=True, grid_width=100).check_shape(
+            256, 4
+        )
     impl = impls.build("ring-dilated-hilbert", segment_lengths=[16], dilation_rates=[1], grid_width=100)
     impl.world_size = 2
     with pytest.raises(ConfigError, match="grid of width 100"):

@@ -20,9 +20,17 @@ LAYERS = [
     ("base", ["attnbench", "attnbench.errors", "attnbench.units"]),
     ("masks", ["attnbench.patterns", "attnbench.block_lists", "attnbench.hilbert", "attnbench.masks"]),
     ("impls, measure", ["attnbench.impls", "attnbench.measure"]),
-    ("workload, reference, results",
-     ["attnbench.workload", "attnbench.reference", "attnbench.results", "attnbench.environment", "attnbench.schema",
-      "attnbench.contract"]),
+    (
+        "workload, reference, results",
+        [
+            "attnbench.workload",
+            "attnbench.reference",
+            "attnbench.results",
+            "attnbench.environment",
+            "attnbench.schema",
+            "attnbench.contract",
+        ],
+    ),
     ("runtime", ["attnbench.runtime"]),
     ("trial", ["attnbench.trial"]),
     ("sweeps, plan", ["attnbench.sweeps", "attnbench.plan"]),  # a plan holds sweeps and speedup runs
@@ -113,8 +121,10 @@ def test_no_module_imports_from_a_higher_layer():
                 continue
             placed = layer_of(m) is not None and layer_of(target) is not None  # the test above names the others
             if target in modules() and placed and layer_of(target) > layer_of(m):
-                wrong.append(f"{modules()[m].relative_to(ROOT)}:{line} {m} ({LAYERS[layer_of(m)][0]}) imports "
-                             f"{target} ({LAYERS[layer_of(target)][0]})")
+                wrong.append(
+                    f"{modules()[m].relative_to(ROOT)}:{line} {m} ({LAYERS[layer_of(m)][0]}) imports "
+                    f"{target} ({LAYERS[layer_of(target)][0]})"
+                )
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
 
 
@@ -126,7 +136,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == "open":
-                cycles.append(stack[stack.index(n):] + [n])
+                cycles.append(stack[stack.index(n) :] + [n])
             elif n not in state:
                 visit(n)
         stack.pop()
@@ -144,18 +154,28 @@ def test_no_import_cycle():
 
 
 def test_no_private_name_is_taken_from_another_module():
-    wrong = [f"{modules()[m].relative_to(ROOT)}:{line} takes {', '.join(private)} from {target}"
-             for m in modules() for target, names, line in imports(m) if target != m
-             for private in [[n for n in names if n.startswith("_") and not n.startswith("__")]] if private]
+    wrong = [
+        f"{modules()[m].relative_to(ROOT)}:{line} takes {', '.join(private)} from {target}"
+        for m in modules()
+        for target, names, line in imports(m)
+        if target != m
+        for private in [[n for n in names if n.startswith("_") and not n.startswith("__")]]
+        if private
+    ]
     assert not wrong, "make these public where they live, or keep them in their module:\n" + "\n".join(wrong)
 
 
 def test_the_scanner_finds_function_level_relative_and_private_imports():
-    source = ("import os\nfrom attnbench import impls\n"
-              "def f():\n    from ..measure.probe import _hidden, shown\n    import attnbench.units\n")
+    source = (
+        "import os\nfrom attnbench import impls\n"
+        "def f():\n    from ..measure.probe import _hidden, shown\n    import attnbench.units\n"
+    )
     known = {"attnbench.impls", "attnbench.measure.probe", "attnbench.units", "attnbench.sweeps.seqpar"}
     assert parse_imports(source, "attnbench.sweeps.seqpar", False, known) == [
-        ("attnbench.impls", [], 2), ("attnbench.measure.probe", ["_hidden", "shown"], 4), ("attnbench.units", [], 5)]
+        ("attnbench.impls", [], 2),
+        ("attnbench.measure.probe", ["_hidden", "shown"], 4),
+        ("attnbench.units", [], 5),
+    ]
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     assert layer_of("attnbench.impls.dense") == layer_of("attnbench.measure.timing") < layer_of("attnbench.runtime")
@@ -166,15 +186,23 @@ def test_the_scanner_finds_function_level_relative_and_private_imports():
 BASELINE = "results/ci-baseline"
 
 
-@pytest.mark.parametrize("command", [["report", "--help"], ["check", "--help"],
-                                     ["check", "--baseline", BASELINE, "--current", BASELINE, "--deterministic"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "--help"],
+        ["check", "--help"],
+        ["check", "--baseline", BASELINE, "--current", BASELINE, "--deterministic"],
+    ],
+)
 def test_read_only_commands_do_not_import_torch(command):
-    code = ("import sys; from attnbench.cli import app\n"
-            "try:\n"
-            f"    app({command!r}, standalone_mode=False)\n"
-            "except SystemExit as exit:\n"
-            "    assert exit.code in (0, None), exit.code\n"
-            "print(__import__('json').dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
+    code = (
+        "import sys; from attnbench.cli import app\n"
+        "try:\n"
+        f"    app({command!r}, standalone_mode=False)\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code in (0, None), exit.code\n"
+        "print(__import__('json').dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])

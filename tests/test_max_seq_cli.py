@@ -31,9 +31,29 @@ def trials(out: Path, kind="max-seq"):
 @pytest.fixture(scope="module")
 def naive_sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("naive") / "run"
-    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--heads", HEADS,
-                   "--head-dim", 16, "--memory-limit", "256MiB", "--start", "1K", "--resolution", 128,
-                   "--max-trial-seconds", 30, "--out", out)
+    proc = run_cli(
+        "max-seq",
+        "--impl",
+        "naive",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        HEADS,
+        "--head-dim",
+        16,
+        "--memory-limit",
+        "256MiB",
+        "--start",
+        "1K",
+        "--resolution",
+        128,
+        "--max-trial-seconds",
+        30,
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -90,14 +110,41 @@ def test_existing_results_are_not_overwritten(naive_sweep):
 
 def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     out = tmp_path / "run"
-    args = ["max-seq", "--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2", "--device", "cpu",
-            "--dtype", "fp32", "--heads", 2, "--head-dim", 16, "--memory-limit", "192MiB", "--start", "1K",
-            "--resolution", 1024, "--out", out]
+    args = [
+        "max-seq",
+        "--impl",
+        "dilated",
+        "--segment-lengths",
+        "64,128",
+        "--dilation-rates",
+        "1,2",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        2,
+        "--head-dim",
+        16,
+        "--memory-limit",
+        "192MiB",
+        "--start",
+        "1K",
+        "--resolution",
+        1024,
+        "--out",
+        out,
+    ]
     # the sweep waits for a signal once it has recorded 3 trials (its search has more to do):
     # the interrupt lands there however slow the machine, never after the search ended
     env = {**os.environ, "PYTHONPATH": str(ROOT), PAUSE_AFTER_TRIALS_ENV: "3"}
-    proc = subprocess.Popen([sys.executable, "-m", "attnbench", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnbench", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while proc.poll() is None and (not (out / "trials.jsonl").exists() or len(trials(out)) < 3):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -115,8 +162,11 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     attempts = [(r["seq_len"], r["attempt"]) for r in rows]
     assert len(attempts) == len(set(attempts)), "a trial ran twice"
     # a failed probe is tried once more before the search accepts it; a success never is
-    assert all((n, 2) in attempts for n, a in attempts if a == 1 and
-               next(r for r in rows if (r["seq_len"], r["attempt"]) == (n, 1))["status"] != "ok")
+    assert all(
+        (n, 2) in attempts
+        for n, a in attempts
+        if a == 1 and next(r for r in rows if (r["seq_len"], r["attempt"]) == (n, 1))["status"] != "ok"
+    )
     assert {r["trial"] for r in kept} <= {r["trial"] for r in rows}, "a finished trial was lost"
     # replaying the search over the recorded statuses (the last attempt's) visits exactly the recorded lengths
     lengths = sorted({n for n, _ in attempts})

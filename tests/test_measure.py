@@ -20,18 +20,26 @@ from attnbench.measure.timing import (
 from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens
 
 
-@pytest.mark.parametrize("exc,expected", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
-    (MemoryError(), "oom"),
-    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes."), "oom"),
-    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "oom"),
-    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "oom"),
-    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), "oom"),
-    (RuntimeError("The size of tensor a (4) must match the size of tensor b (5)"), "error"),
-    (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), "error"),
-    (ValueError("out of memory"), "error"),  # only allocator errors count
-    (KeyError("x"), "error"),
-])
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+        (MemoryError(), "oom"),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes."
+            ),
+            "oom",
+        ),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "oom"),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "oom"),
+        (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), "oom"),
+        (RuntimeError("The size of tensor a (4) must match the size of tensor b (5)"), "error"),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), "error"),
+        (ValueError("out of memory"), "error"),  # only allocator errors count
+        (KeyError("x"), "error"),
+    ],
+)
 def test_oom_classification(exc, expected):
     assert classify(exc) == expected
 
@@ -42,7 +50,9 @@ def test_a_real_cpu_allocation_failure_is_an_oom():
     assert classify(info.value) == "oom"
 
 
-@pytest.mark.parametrize("first_ms,budget_s", [(0.01, 60), (5.0, 60), (400.0, 1.0), (900.0, 1.0), (4900.0, 5.0), (30_000.0, 60.0)])
+@pytest.mark.parametrize(
+    "first_ms,budget_s", [(0.01, 60), (5.0, 60), (400.0, 1.0), (900.0, 1.0), (4900.0, 5.0), (30_000.0, 60.0)]
+)
 def test_timing_plan_stays_within_budget(first_ms, budget_s):
     policy = TimingPolicy(warmup=1, min_samples=5, max_samples=50, target_ms=1000, budget_s=budget_s)
     warmup, n = plan_calls(first_ms, policy)
@@ -169,13 +179,15 @@ def test_warm_up_runs_until_the_clocks_settle_and_plans_from_warm_calls():
     policy = TimingPolicy(warmup=3, warmup_s=0.0, budget_s=1e6)
     w = warm_up(lambda: None, timer, policy, cuda=True, settled=lambda: len(made) >= 6)
     assert w.calls == 6 and w.last_ms == 10.5  # median of 10.0, 11.0, 10.5
-    warmup, n = plan_calls(w.last_ms, TimingPolicy(warmup=0, min_samples=10, max_samples=50, target_ms=1000, budget_s=1e6))
+    warmup, n = plan_calls(
+        w.last_ms, TimingPolicy(warmup=0, min_samples=10, max_samples=50, target_ms=1000, budget_s=1e6)
+    )
     assert (warmup, n) == (0, 50)  # 1000 ms / 10.5 ms = 95 calls, capped at 50; the cold 50 ms would give 20
     assert TimingPolicy().warmup_seconds(cuda=True) == 1.0 and TimingPolicy().warmup_seconds(cuda=False) == 0.0
 
 
 def test_host_bound_threshold():
-    assert host_bound(3.0, 1.0) is True      # two thirds of an eager call is the host's
+    assert host_bound(3.0, 1.0) is True  # two thirds of an eager call is the host's
     assert host_bound(1.2, 1.0) is False
     assert host_bound(1.0, None) is None
 
@@ -184,8 +196,27 @@ def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(
     from conftest import run_cli
 
     out = tmp_path / "r"
-    done = run_cli("bench", "--impl", "naive", "--seq-lens", "128", "--device", "cpu", "--dtype", "fp32",
-                   "--heads", "2", "--head-dim", "16", "--repeat", "2", "--timing-budget", "2", "--out", out)
+    done = run_cli(
+        "bench",
+        "--impl",
+        "naive",
+        "--seq-lens",
+        "128",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--repeat",
+        "2",
+        "--timing-budget",
+        "2",
+        "--out",
+        out,
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r.get("kind") == "points"]
@@ -236,9 +267,24 @@ def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status
         return impl
 
     monkeypatch.setattr(impls, "build", build)
-    wl = dict(impl="naive", config={}, batch=1, seq_len=128, heads=2, head_dim=16, dtype="fp32", device="cpu",
-              mode="fwd", causal=False)
-    row = execute(TrialSpec(workload=wl, max_trial_seconds=1.0, timing={"budget_s": 30, "min_samples": 2,
-                                                                       "max_samples": 2, "target_ms": 0}))
+    wl = dict(
+        impl="naive",
+        config={},
+        batch=1,
+        seq_len=128,
+        heads=2,
+        head_dim=16,
+        dtype="fp32",
+        device="cpu",
+        mode="fwd",
+        causal=False,
+    )
+    row = execute(
+        TrialSpec(
+            workload=wl,
+            max_trial_seconds=1.0,
+            timing={"budget_s": 30, "min_samples": 2, "max_samples": 2, "target_ms": 0},
+        )
+    )
     assert row["status"] == status, row["message"]
     assert row["first_call_ms"] > 1000 and ("warm_call_ms" in row)

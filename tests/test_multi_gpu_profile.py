@@ -28,12 +28,24 @@ def _profile(name: str) -> dict:
 
 # --- the CPU twin holds what the GPU profile holds ------------------------------------------------
 
+
 def _parts(profile: dict) -> list[tuple]:
     """What a profile measures, sizes aside."""
-    speedups = [("speedup", e["impl"], tuple(e.get("strategies", ())), e.get("module", "attention"),
-                 e.get("mode", profile.get("mode")), "grad_compression" in e) for e in profile.get("speedup", [])]
-    sweeps = [("sweep", e["impl"], e.get("kind", profile.get("kind")), e.get("label"), e.get("equal_work", False))
-              for e in profile.get("sweep", [])]
+    speedups = [
+        (
+            "speedup",
+            e["impl"],
+            tuple(e.get("strategies", ())),
+            e.get("module", "attention"),
+            e.get("mode", profile.get("mode")),
+            "grad_compression" in e,
+        )
+        for e in profile.get("speedup", [])
+    ]
+    sweeps = [
+        ("sweep", e["impl"], e.get("kind", profile.get("kind")), e.get("label"), e.get("equal_work", False))
+        for e in profile.get("sweep", [])
+    ]
     return speedups + sweeps
 
 
@@ -57,11 +69,14 @@ def test_gpu_profile_holds_the_seed_cases_and_the_communication_bound_ring():
 
 # --- plan: speedup tables and equal-work baselines ------------------------------------------------
 
+
 def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     plan = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
     assert [(s.impl, s.module, s.mode, s.grad_compression) for s in plan.speedups] == [
-        ("block-sparse", "attention", "fwd", None), ("dilated", "multihead", "fwd_bwd", "fp16"),
-        ("sdpa", "attention", "fwd", None)]
+        ("block-sparse", "attention", "fwd", None),
+        ("dilated", "multihead", "fwd_bwd", "fp16"),
+        ("sdpa", "attention", "fwd", None),
+    ]
     assert plan.speedups[0].strategies == ("dp", "mp") and plan.speedups[0].timing["min_samples"] == 2
     names = [(s.impl, s.world_size) for s in plan.series]
     # each equal-work baseline right before the sequence-parallel series it serves
@@ -90,13 +105,18 @@ def test_bad_speedup_table_exits_2_with_one_line_and_no_results(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('device = "cpu"\n[[speedup]]\nimpl = "sdpa"\ncases = ["256x2"]\ngpus = 0\n')
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "attnbench", "run", "--profile", str(bad), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench", "run", "--profile", str(bad), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "'gpus' must be a positive number" in proc.stderr
     assert "Traceback" not in proc.stderr and not (out / "trials.jsonl").exists()
 
 
 # --- clipping to the visible GPUs -----------------------------------------------------------------
+
 
 def _fake_gpus(monkeypatch, n: int) -> None:
     monkeypatch.setattr(runner, "cuda_available", lambda: True)
@@ -126,11 +146,13 @@ def test_one_gpu_keeps_the_single_gpu_halves(monkeypatch):
 def test_ranks_asked_on_the_command_line_are_not_clipped(monkeypatch):
     _fake_gpus(monkeypatch, 2)
     with pytest.raises(AttnbenchError, match="only 2 CUDA GPU"):
-        runner.resolve(build_plan("bench", ["ring"], {"kind": "points", "seq_lens": "8K", "gpus": "4",
-                                                      "device": "cuda"}, {}))
+        runner.resolve(
+            build_plan("bench", ["ring"], {"kind": "points", "seq_lens": "8K", "gpus": "4", "device": "cuda"}, {})
+        )
 
 
 # --- bytes and bandwidth; the equal-work efficiency ------------------------------------------------
+
 
 def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
     ranks = [{"sent_bytes": 3_000_000}, {"sent_bytes": 5_000_000}]
@@ -140,15 +162,32 @@ def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
 
 
 def _row(impl, world, time_ms, config=None, **extra):
-    return {"kind": "points", "status": "ok", "impl": impl, "world_size": world, "time_ms": time_ms,
-            "strategy": "ring" if impl.startswith("ring") else "single", "seq_len": 8192, "config": config or {},
-            "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd", "causal": False,
-            "device": "cuda", **extra}
+    return {
+        "kind": "points",
+        "status": "ok",
+        "impl": impl,
+        "world_size": world,
+        "time_ms": time_ms,
+        "strategy": "ring" if impl.startswith("ring") else "single",
+        "seq_len": 8192,
+        "config": config or {},
+        "dtype": "bf16",
+        "batch": 1,
+        "heads": 8,
+        "head_dim": 64,
+        "mode": "fwd",
+        "causal": False,
+        "device": "cuda",
+        **extra,
+    }
 
 
 def test_efficiency_is_against_equal_work_with_same_split_beside_it():
-    rows = [_row("sdpa", 1, 12.0, {"backend": "auto"}), _row("ring", 1, 15.0, {"backend": "auto"}),
-            _row("ring", 2, 10.0, {"backend": "auto"}, sent_bytes=4_000_000, algbw_gbps=0.4)]
+    rows = [
+        _row("sdpa", 1, 12.0, {"backend": "auto"}),
+        _row("ring", 1, 15.0, {"backend": "auto"}),
+        _row("ring", 2, 10.0, {"backend": "auto"}, sent_bytes=4_000_000, algbw_gbps=0.4),
+    ]
     two = next(t for t in time_scaling(rows) if t["world_size"] == 2)
     assert two["baseline"] == "equal work: sdpa"
     assert two["efficiency"] == pytest.approx(12.0 / (2 * 10.0))
@@ -160,13 +199,17 @@ def test_efficiency_is_against_equal_work_with_same_split_beside_it():
 
 
 def test_dilated_baseline_matches_the_dilation_rates():
-    on, off = {"segment_lengths": [64, 128], "dilation_rates": [1, 2]}, {"segment_lengths": [64, 128], "dilation_rates": [1, 1]}
+    on, off = (
+        {"segment_lengths": [64, 128], "dilation_rates": [1, 2]},
+        {"segment_lengths": [64, 128], "dilation_rates": [1, 1]},
+    )
     rows = [_row("dilated", 1, 8.0, on), _row("dilated", 1, 6.0, off), _row("ring-dilated", 2, 5.0, off)]
     (t,) = time_scaling(rows)
     assert t["baseline"] == "equal work: dilated" and t["efficiency"] == pytest.approx(6.0 / 10.0)
 
 
 # --- the whole CPU profile: gloo, two processes, interrupted, resumed, reported --------------------
+
 
 def _trial_key(r: dict) -> str:
     if r["kind"] == "speedup":

@@ -32,10 +32,12 @@ def sliding_pairs(n: int, w: int, heads: int, causal: bool) -> int:
 
 # --- pair counts from a mask_mod -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_mask_mod_pairs_exact_and_by_blocks_equal_the_hand_count(causal):
     def window(b, h, q, kv):
         return (q - kv).abs() <= 40
+
     mod = masks.with_causal(window) if causal else window
     n = 300  # not a multiple of the 128-token block: the last tiles are short
     expected = sliding_pairs(n, 40, 3, causal)
@@ -46,6 +48,7 @@ def test_mask_mod_pairs_exact_and_by_blocks_equal_the_hand_count(causal):
 def test_head_dependent_mask_counts_each_head():
     def mod(b, h, q, kv):
         return (q - kv).abs() <= 10 * (h + 1)
+
     expected = sum(sliding_pairs(200, 10 * (h + 1), 1, False) for h in range(3))
     assert masks.count_exact(mod, 200, 3) == masks.count_blocks(mod, 200, 3) == expected
     assert int(masks.key_mask(mod, 200, 3).sum()) == expected
@@ -53,7 +56,7 @@ def test_head_dependent_mask_counts_each_head():
 
 # --- an outside implementation by import path -------------------------------------------------
 
-USER_MODULE = '''
+USER_MODULE = """
 import torch
 import torch.nn.functional as F
 
@@ -112,7 +115,7 @@ NOT_CALLABLE = 3
 
 def not_a_mask_mod(x):
     return 7
-'''
+"""
 
 
 @pytest.fixture
@@ -139,25 +142,31 @@ def test_a_contract_keeping_module_has_no_violations(user_module):
     assert violations("userattn:good", {}, "cpu", "fp32") == []
 
 
-@pytest.mark.parametrize("factory, expected", [
-    ("ignores_causal", "is_causal=True is ignored"),
-    ("wrong_shape", "is not the input's (B, N, H, D)"),
-    ("declares_wrong_mask", "disagrees with the declared key sets (mask_mod)"),
-    ("noisy", "not deterministic"),
-])
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        ("ignores_causal", "is_causal=True is ignored"),
+        ("wrong_shape", "is not the input's (B, N, H, D)"),
+        ("declares_wrong_mask", "disagrees with the declared key sets (mask_mod)"),
+        ("noisy", "not deterministic"),
+    ],
+)
 def test_each_violation_is_reported(user_module, factory, expected):
     found = violations(f"userattn:{factory}", {}, "cpu", "fp32")
     assert any(expected in line for line in found), found
     assert all("\n" not in line for line in found)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("nosuchmodule:factory", "does not import"),
-    ("userattn:missing", "has no attribute 'missing'"),
-    ("userattn:NOT_CALLABLE", "not a factory"),
-    ("userattn:raises", "raised RuntimeError: no GPU kernel"),
-    ("userattn:not_a_module", "not a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("nosuchmodule:factory", "does not import"),
+        ("userattn:missing", "has no attribute 'missing'"),
+        ("userattn:NOT_CALLABLE", "not a factory"),
+        ("userattn:raises", "raised RuntimeError: no GPU kernel"),
+        ("userattn:not_a_module", "not a torch.nn.Module"),
+    ],
+)
 def test_bad_outside_implementation_is_one_line_exit_2_nothing_written(user_module, tmp_path, name, expected):
     out = tmp_path / "run"
     r = run_cli("max-seq", "--impl", name, *TINY, "--out", out, env={"PYTHONPATH": os.environ["PYTHONPATH"]})
@@ -175,10 +184,10 @@ def test_flex_mask_that_is_not_callable_is_a_config_error(user_module):
 
 # --- flex ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_flex_matches_the_float64_reference_with_a_head_dependent_mask(user_module, causal):
-    (user_module / "headmask.py").write_text(
-        "def per_head(b, h, q, kv):\n    return (q - kv).abs() <= 8 + 24 * h\n")
+    (user_module / "headmask.py").write_text("def per_head(b, h, q, kv):\n    return (q - kv).abs() <= 8 + 24 * h\n")
     config = impls.normalize_config("flex", {"mask": "headmask:per_head"})
     row = run_case(VerifyCase("flex", config, 1, 256, 3, 16, causal, "fp32", "cpu"), seed=1)
     assert row["status"] == "pass", row
@@ -189,12 +198,28 @@ def test_flex_matches_the_float64_reference_with_a_head_dependent_mask(user_modu
 
 # --- the example plugin, installed -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     target, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "plugin"
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # builds leave files
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return {"PYTHONPATH": f"{ROOT}{os.pathsep}{target}"}
 
 
@@ -202,15 +227,28 @@ def test_installed_plugin_is_listed_and_verifies(installed):
     r = run_cli("list", env=installed)
     assert r.returncode == 0, r.stderr
     assert "sliding-window " in r.stdout and "package attnbench-sliding-window 0.1.0" in r.stdout
-    r = run_cli("verify", "--impl", "sliding-window", "--impl", "sliding-window-naive", "--param", "window=20",
-                "--device", "cpu", "--dtype", "fp32", env=installed)
+    r = run_cli(
+        "verify",
+        "--impl",
+        "sliding-window",
+        "--impl",
+        "sliding-window-naive",
+        "--param",
+        "window=20",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        env=installed,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "8 of 8 cases pass" in r.stdout and "contract violated" not in r.stdout
 
 
 def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, tmp_path):
     profile = tmp_path / "plugin.toml"
-    profile.write_text(textwrap.dedent("""
+    profile.write_text(
+        textwrap.dedent("""
         device = "cpu"
         dtype = "fp32"
         heads = 2
@@ -234,7 +272,8 @@ def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, 
         impl = "flex"
         mask = "attnbench_sliding_window:sliding_window_mask"
         mask_args = "window_size=16"
-    """))
+    """)
+    )
     out = tmp_path / "run"
     r = run_cli("run", "--profile", profile, "--out", out, env=installed)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -245,8 +284,12 @@ def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, 
     for impl, row in by_impl.items():  # the same key sets, counted three ways
         assert row["flops_useful"] == 4.0 * 8 * sliding_pairs(256, 16, 2, False), impl
     plugin = by_impl["sliding-window"]
-    assert plugin["impl_source"] == {"import_path": "attnbench_sliding_window:sliding_window",
-                                     "package": "attnbench-sliding-window", "version": "0.1.0", "memory_order": 1}
+    assert plugin["impl_source"] == {
+        "import_path": "attnbench_sliding_window:sliding_window",
+        "package": "attnbench-sliding-window",
+        "version": "0.1.0",
+        "memory_order": 1,
+    }
     assert plugin["pairs_counted"] == "exact"
     assert by_impl["attnbench_sliding_window:sliding_window_naive"]["impl_source"]["memory_order"] == 2
     # the report reads the rows only: it runs without the plugin importable

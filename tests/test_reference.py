@@ -14,8 +14,13 @@ from attnbench.reference import TOLERANCE, VerifyCase, default_cases, masked_ref
 CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name, "cpu", ["fp32", "bf16"])]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.impl}-{c.config}-B{c.batch}-N{c.seq_len}-H{c.heads}-"
-                                                    f"{'causal' if c.causal else 'full'}-{c.dtype}")
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: (
+        f"{c.impl}-{c.config}-B{c.batch}-N{c.seq_len}-H{c.heads}-{'causal' if c.causal else 'full'}-{c.dtype}"
+    ),
+)
 def test_impl_matches_reference(case):
     row = run_case(case)
     assert row["status"] == "pass", row
@@ -49,7 +54,9 @@ def dilated_mask_by_definition(seq_len, num_heads, ws, rs):
     return mask
 
 
-@pytest.mark.parametrize("ws,rs,heads", [([8], [1], 3), ([8, 16], [1, 2], 5), ([4, 8, 16], [1, 2, 4], 7), ([16, 16], [4, 2], 4)])
+@pytest.mark.parametrize(
+    "ws,rs,heads", [([8], [1], 3), ([8, 16], [1, 2], 5), ([4, 8, 16], [1, 2, 4], 7), ([16, 16], [4, 2], 4)]
+)
 def test_dilated_key_sets_follow_the_definition(ws, rs, heads):
     impl = impls.build("dilated", segment_lengths=ws, dilation_rates=rs)
     n = 2 * impl.granularity
@@ -62,11 +69,15 @@ def test_head_group_sizes():
     assert [g.offset for g in head_groups(6, [8, 8, 8], [1, 2, 4])] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name,config", [
-    ("naive", {}), ("sdpa", {}),
-    ("dilated", {"segment_lengths": [8, 16], "dilation_rates": [1, 2]}),
-    ("dilated", {"segment_lengths": [4, 8, 16], "dilation_rates": [1, 2, 4]}),
-])
+@pytest.mark.parametrize(
+    "name,config",
+    [
+        ("naive", {}),
+        ("sdpa", {}),
+        ("dilated", {"segment_lengths": [8, 16], "dilation_rates": [1, 2]}),
+        ("dilated", {"segment_lengths": [4, 8, 16], "dilation_rates": [1, 2, 4]}),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_closed_form_pair_count_equals_the_mask(name, config, causal):
     impl = impls.build(name, **config)
@@ -82,7 +93,9 @@ def test_reference_equals_independent_dense_attention():
         mask = torch.ones(3, 33, 33, dtype=torch.bool)
         if causal:
             mask = mask.tril()
-        expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(1, 2)
+        expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(
+            1, 2
+        )
         assert relative_error(masked_reference(q, k, v, mask), expected) < 1e-12
 
 
@@ -101,9 +114,20 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
     from attnbench.reference import VerifyCase
 
     real = DilatedAttention._key_sets
-    monkeypatch.setattr(DilatedAttention, "_key_sets", lambda self, n, h: real(self, n, h) | torch.eye(n, dtype=torch.bool))
-    case = VerifyCase("dilated", {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "max_chunk_tokens": 1 << 19},
-                      1, 32, 2, 8, False, "fp32", "cpu")
+    monkeypatch.setattr(
+        DilatedAttention, "_key_sets", lambda self, n, h: real(self, n, h) | torch.eye(n, dtype=torch.bool)
+    )
+    case = VerifyCase(
+        "dilated",
+        {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "max_chunk_tokens": 1 << 19},
+        1,
+        32,
+        2,
+        8,
+        False,
+        "fp32",
+        "cpu",
+    )
     assert run_case(case)["status"] == "fail"
 
 

@@ -32,6 +32,8 @@ def fixture_row(kind: str, **fields) -> dict:
     """A complete row of this kind from the committed fixture run (the schema validates rows)."""
     row = next(r for r in map(json.loads, FIXTURE.read_text().splitlines()) if r["kind"] == kind)
     return row | fields
+
+
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 1, "--head-dim", 8]
 
 
@@ -44,8 +46,20 @@ class Recorder(SilentReporter):
 
 
 def plan(impls=("naive",), **flags):
-    base = {"kind": "max-seq", "device": "cpu", "dtype": "fp32", "heads": 1, "head_dim": 8, "start": 128,
-            "max_seq_len": 256, "isolate": False, "min_samples": 1, "max_samples": 2, "target_ms": 0, "warmup": 0}
+    base = {
+        "kind": "max-seq",
+        "device": "cpu",
+        "dtype": "fp32",
+        "heads": 1,
+        "head_dim": 8,
+        "start": 128,
+        "max_seq_len": 256,
+        "isolate": False,
+        "min_samples": 1,
+        "max_samples": 2,
+        "target_ms": 0,
+        "warmup": 0,
+    }
     return resolve(build_plan("t", list(impls), {**base, **flags}, {}))
 
 
@@ -73,11 +87,13 @@ def fake_trials(monkeypatch, status_of):
         calls[n] = calls.get(n, 0) + 1
         status = status_of(n, calls[n])
         return {"status": status, "message": "" if status == "ok" else f"injected {status}", "times_ms": [1.0]}
+
     monkeypatch.setattr(runner_mod, "execute", execute)
     return calls
 
 
 # --- 1. resume identity ------------------------------------------------------------------
+
 
 def test_resume_under_other_limits_measures_again_and_says_so(tmp_path):
     out = tmp_path / "run"
@@ -93,6 +109,7 @@ def test_resume_under_other_limits_measures_again_and_says_so(tmp_path):
 
 
 # --- 12 (minor). a resume repeats no reference check and no search result ----------------
+
 
 def test_resume_with_nothing_to_do_appends_nothing(tmp_path):
     out = tmp_path / "run"
@@ -120,6 +137,7 @@ def test_the_readme_does_not_promise_a_few_percent_of_cpu_memory_noise():
 
 # --- 2. a torn last line is repaired before appending ------------------------------------
 
+
 def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp_path):
     path = tmp_path / "trials.jsonl"
     good = json.dumps(fixture_row("verify", impl="naive", status="pass"))
@@ -136,6 +154,7 @@ def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp
 
 # --- 3. an interrupted search is a lower bound everywhere --------------------------------
 
+
 def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, capsys):
     from attnbench.cli.sweep import _print_summary
     from attnbench.report.build import write_report
@@ -145,6 +164,7 @@ def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, cap
         if n == 384:
             raise KeyboardInterrupt  # the user stops the sweep during the bisection
         return "ok" if n <= 256 else "oom"
+
     fake_trials(monkeypatch, status)
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
@@ -160,6 +180,7 @@ def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, cap
 
 
 # --- 4. every output path is checked before any work -------------------------------------
+
 
 def one_line_exit_2(proc, hint: str) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -197,6 +218,7 @@ def test_read_only_out_directory(tmp_path):
 
 
 # --- 5. tolerant readers -----------------------------------------------------------------
+
 
 def test_undecodable_and_incomplete_rows_are_skipped_with_file_and_line(tmp_path):
     path = tmp_path / "trials.jsonl"
@@ -243,10 +265,26 @@ def test_report_and_check_survive_an_undecodable_byte(small_run, tmp_path):
 
 # --- 6. the reference check runs isolated, under the trials' limits ----------------------
 
+
 def test_a_reference_check_too_big_for_the_memory_limit_is_one_line(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--heads", 100000,
-                   "--head-dim", 4096, "--memory-limit", "256MiB", "--out", out)
+    proc = run_cli(
+        "max-seq",
+        "--impl",
+        "naive",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        100000,
+        "--head-dim",
+        4096,
+        "--memory-limit",
+        "256MiB",
+        "--out",
+        out,
+    )
     one_line_exit_2(proc, "reference check could not run")
     assert not out.exists()
 
@@ -278,8 +316,9 @@ def test_a_trial_dies_with_its_parent_and_its_temp_dir_is_removed(tmp_path):
     info = tmp_path / "child.txt"
     temp_root = tmp_path / "tmp"
     temp_root.mkdir()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(info)],
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_root)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(info)], env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_root)}
+    )
     wait_for(lambda: info.exists() and info.read_text().count(" ") == 1, "the trial to start")
     child_pid, result_path = info.read_text().split(" ")
     parent.send_signal(signal.SIGKILL)
@@ -300,6 +339,7 @@ def _zombie(pid: int) -> bool:
 
 # --- failure classes (issue 16, part 5) ----------------------------------------------------
 
+
 def test_a_sigkill_is_the_oom_killer_only_with_evidence():
     from attnbench.runtime.supervise import classify_exit as _classify_exit
 
@@ -307,10 +347,15 @@ def test_a_sigkill_is_the_oom_killer_only_with_evidence():
     assert plain["status"] == "killed"
     counted = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (3, 4), "rss_peak": 0, "memory_limit": None})
     assert counted["status"] == "host-oom" and "from 3 to 4" in counted["message"]
-    at_limit = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (None, None), "rss_peak": 1 << 30, "memory_limit": 1 << 30})
+    at_limit = _classify_exit(
+        -signal.SIGKILL, [], {"oom_kills": (None, None), "rss_peak": 1 << 30, "memory_limit": 1 << 30}
+    )
     assert at_limit["status"] == "host-oom"
     assert _classify_exit(-signal.SIGTERM, [], {})["status"] == "killed"
-    assert _classify_exit(1, ["RuntimeError: cuDNN Frontend error: No valid execution plans built."])["status"] == "unsupported"
+    assert (
+        _classify_exit(1, ["RuntimeError: cuDNN Frontend error: No valid execution plans built."])["status"]
+        == "unsupported"
+    )
     assert _classify_exit(1, ["torch.OutOfMemoryError: CUDA out of memory."])["status"] == "oom"
     assert _classify_exit(1, ["ValueError: bad"])["status"] == "error"
 
@@ -328,21 +373,32 @@ def test_ranks_that_left_no_result_take_the_class_of_the_launcher_exit():
     from attnbench.runtime.distributed import agreed_status
 
     def ranks(outcome):
-        return [{"status": "killed", "rank": r, "outcome": outcome, "message": "no result", "failed_at": r} for r in (0, 1)]
-    assert [agreed_status(ranks(o))[0] for o in ("host-oom", "killed", "time-limit", "error")] == \
-        ["host-oom", "killed", "time-limit", "error"]
+        return [
+            {"status": "killed", "rank": r, "outcome": outcome, "message": "no result", "failed_at": r} for r in (0, 1)
+        ]
+
+    assert [agreed_status(ranks(o))[0] for o in ("host-oom", "killed", "time-limit", "error")] == [
+        "host-oom",
+        "killed",
+        "time-limit",
+        "error",
+    ]
 
 
 def test_an_unsupported_shape_is_its_own_class():
     from attnbench.measure.oom import classify
 
-    assert classify(RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No valid execution plans built.")) == "unsupported"
+    assert (
+        classify(RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No valid execution plans built."))
+        == "unsupported"
+    )
     assert classify(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
     assert classify(RuntimeError("shapes do not match")) == "error"
 
 
 class ScriptedTimer:
     """Each call takes the next scripted time (ms), whatever the step does."""
+
     script: list[float] = []
 
     def __init__(self, device):
@@ -361,10 +417,23 @@ def test_the_time_limit_is_decided_on_a_warm_call(monkeypatch, cold_ms, warm_ms,
 
     monkeypatch.setattr(ScriptedTimer, "script", [cold_ms, warm_ms])
     monkeypatch.setattr(trial, "Timer", ScriptedTimer)  # the timer execute() builds
-    wl = {"impl": "naive", "config": {}, "batch": 1, "seq_len": 128, "heads": 1, "head_dim": 8, "dtype": "fp32",
-          "device": "cpu", "mode": "fwd", "causal": False}
-    row = execute(TrialSpec(workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2,
-                                                                          "target_ms": 0}))
+    wl = {
+        "impl": "naive",
+        "config": {},
+        "batch": 1,
+        "seq_len": 128,
+        "heads": 1,
+        "head_dim": 8,
+        "dtype": "fp32",
+        "device": "cpu",
+        "mode": "fwd",
+        "causal": False,
+    }
+    row = execute(
+        TrialSpec(
+            workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2, "target_ms": 0}
+        )
+    )
     assert row["status"] == status, row
     assert row["first_call_ms"] == cold_ms and row["warm_call_ms"] == warm_ms
 
@@ -383,6 +452,7 @@ def test_a_failed_probe_is_retried_once_in_a_fresh_trial_and_both_are_rows(tmp_p
 
 
 # --- 8. the gate has no holes --------------------------------------------------------------
+
 
 def copy_rows(src: Path, dst: Path, keep=lambda r: True, change=lambda r: r) -> Path:
     rows, _ = read_rows(src)
@@ -412,12 +482,14 @@ def test_the_gate_refuses_result_sets_that_share_no_series(small_run, tmp_path):
 
     def other(r):
         return {**r, "heads": 3, "series": "other"} if r["kind"] != "verify" else r
+
     unrelated = copy_rows(small_run, tmp_path / "unrelated", change=other)
     with pytest.raises(AttnbenchError, match="in common"):
         run_check(small_run, unrelated, Thresholds(aspects=("correctness", "capacity", "bytes")))
 
 
 # --- 9. one run at a time per results directory ------------------------------------------
+
 
 def test_a_second_run_into_a_locked_directory_stops_with_one_line(tmp_path):
     from attnbench.results import ResultsLock
@@ -433,6 +505,7 @@ def test_a_second_run_into_a_locked_directory_stops_with_one_line(tmp_path):
 
 # --- 10. invalid values are bad input ------------------------------------------------------
 
+
 def profile_with(tmp_path: Path, line: str) -> Path:
     path = tmp_path / "p.toml"
     path.write_text(f'device = "cpu"\ndtype = "fp32"\n{line}\n[[sweep]]\nimpl = "naive"\n')
@@ -441,13 +514,17 @@ def profile_with(tmp_path: Path, line: str) -> Path:
 
 INVALID = {
     "max-seq-len 0": (["max-seq", "--impl", "naive", *CPU, "--max-seq-len", "0"], "positive length"),
-    "max-seq-len below start": (["max-seq", "--impl", "naive", *CPU, "--start", "2048", "--max-seq-len", "1024"],
-                                "below the first length"),
+    "max-seq-len below start": (
+        ["max-seq", "--impl", "naive", *CPU, "--start", "2048", "--max-seq-len", "1024"],
+        "below the first length",
+    ),
     "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "max_trial_seconds"),
     "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "max_trial_seconds"),
     "verify where nothing runs": (["verify", "--impl", "context-parallel", "--device", "cpu"], "attnbench list"),
-    "speedup over more processes than cores": (["speedup", "--impl", "naive", "--device", "cpu", "--gpus",
-                                                (os.cpu_count() or 1) + 1], "cores"),
+    "speedup over more processes than cores": (
+        ["speedup", "--impl", "naive", "--device", "cpu", "--gpus", (os.cpu_count() or 1) + 1],
+        "cores",
+    ),
 }
 
 
@@ -479,6 +556,7 @@ def test_verify_out_into_another_machines_directory(tmp_path):
 
 
 # --- 11. symlink hygiene -------------------------------------------------------------------
+
 
 def test_a_planted_link_at_a_temporary_name_is_never_followed(tmp_path):
     victim = tmp_path / "victim.txt"

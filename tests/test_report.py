@@ -28,11 +28,16 @@ FIXTURE = ROOT / "tests" / "fixtures" / "results" / "cpu-tiny"
 GIB = 2**30
 # series whose memory holds N x N scores: the naive matmul + softmax, and sdpa's math backend
 QUADRATIC = ("naive", "sdpa(backend=math)")
-SEED_003_LABELS = ["Single segment, no dilation", "Single segment, dilation=2", "Multi-segment [512,1024]",
-                   "Three segments [512,1024,2048]"]
+SEED_003_LABELS = [
+    "Single segment, no dilation",
+    "Single segment, dilation=2",
+    "Multi-segment [512,1024]",
+    "Three segments [512,1024,2048]",
+]
 
 
 # --- the fixture's rows, and what the report should say about them -------------------------------
+
 
 def fixture_rows(path: Path = FIXTURE) -> list[dict]:
     return [json.loads(line) for line in (path / "trials.jsonl").read_text().splitlines() if line.strip()]
@@ -62,10 +67,15 @@ def expected_largest(rows) -> dict[str, dict]:
             stopped_by = "max-seq-len cap"
         row = ok[best]
         out[compact_label(trials[0])] = {
-            "max": best, "stopped_by": stopped_by,
-            "peak": row["peak_bytes"], "per_token": row["peak_bytes"] / (row["batch"] * best),
-            "ratio": row["peak_bytes"] / row["floor_bytes"], "inputs": row["inputs_bytes"],
-            "tokens_per_s": row["tokens_per_s"], "ok": ok, "trials": trials,
+            "max": best,
+            "stopped_by": stopped_by,
+            "peak": row["peak_bytes"],
+            "per_token": row["peak_bytes"] / (row["batch"] * best),
+            "ratio": row["peak_bytes"] / row["floor_bytes"],
+            "inputs": row["inputs_bytes"],
+            "tokens_per_s": row["tokens_per_s"],
+            "ok": ok,
+            "trials": trials,
         }
     return out
 
@@ -96,6 +106,7 @@ def solve_for(coef, budget):
 
 # --- running the report ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
@@ -115,7 +126,7 @@ def section(md: str, title: str) -> str:
     """The text of the level-2 section whose heading starts with ``title``."""
     start = md.index(f"\n## {title}")
     end = md.find("\n## ", start + 1)
-    return md[start:end if end > 0 else None]
+    return md[start : end if end > 0 else None]
 
 
 def md_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
@@ -151,6 +162,7 @@ def tokens_text(n: int) -> str:
 
 # --- the report as a whole -------------------------------------------------------------------------
 
+
 def test_report_writes_markdown_csv_and_png_plots(report):
     out, proc = report
     md_path = out / "report.md"
@@ -167,8 +179,13 @@ def test_report_writes_markdown_csv_and_png_plots(report):
 
 def test_one_section_per_seed_report_and_the_rest(report):
     md = (report[0] / "report.md").read_text()
-    for title, seed in [("Report 000", "000_"), ("Report 001", "001_"), ("Report 002", "002_"),
-                        ("Report 003", "003_"), ("Report 004", "004_")]:
+    for title, seed in [
+        ("Report 000", "000_"),
+        ("Report 001", "001_"),
+        ("Report 002", "002_"),
+        ("Report 003", "003_"),
+        ("Report 004", "004_"),
+    ]:
         assert f"seed report `{seed}" in section(md, title)
     for title in ("Executive summary", "Environment and commands", "Capacity prediction", "Plots"):
         assert section(md, title)
@@ -176,30 +193,47 @@ def test_one_section_per_seed_report_and_the_rest(report):
 
 def test_sections_without_data_name_the_command_that_produces_it(report):
     md = (report[0] / "report.md").read_text()
-    assert "_No data: no block-sparse speedup rows" in section(md, "Report 000") and "`attnbench speedup --impl block-sparse" in section(md, "Report 000")
+    assert "_No data: no block-sparse speedup rows" in section(
+        md, "Report 000"
+    ) and "`attnbench speedup --impl block-sparse" in section(md, "Report 000")
     assert "_No data: no multi-GPU ring rows" in section(md, "Report 000")
     assert "_No data: no speedup rows on this machine. `attnbench speedup" in section(md, "Report 001")
     s002 = section(md, "Report 002")
-    assert "_No data: no multi-GPU max-seq search on this machine. `attnbench max-seq --impl ring-dilated --gpus 2" in s002
+    assert (
+        "_No data: no multi-GPU max-seq search on this machine. `attnbench max-seq --impl ring-dilated --gpus 2" in s002
+    )
     try:
         import attnbench.report.sparsity  # noqa: F401  (lands with block-sparse)
     except ImportError:
         assert "_No data: no block-sparse rows" in s002 and "`attnbench bench --impl block-sparse" in s002
     s003 = section(md, "Report 003")
     assert "_No data: no multi-GPU ring trials" in s003 and "_No data: no multi-GPU max-seq search" in s003
-    assert "_No data: no multi-GPU ring rows on this machine. `attnbench bench --impl ring-dilated --gpus 2" in section(md, "Report 004")
+    assert "_No data: no multi-GPU ring rows on this machine. `attnbench bench --impl ring-dilated --gpus 2" in section(
+        md, "Report 004"
+    )
     assert "Best speedup over one GPU: no speedup rows" in section(md, "Executive summary")
 
 
 # --- executive summary ------------------------------------------------------------------------------
+
 
 def test_summary_largest_sequence_matches_the_rows(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
     md = (out / "report.md").read_text()
     headers, body = md_table(section(md, "Executive summary"), "Implementation")
-    assert headers == ["Implementation", "GPUs", "Device", "Dtype", "Mode", "Max Sequence", "Stopped By",
-                       "Peak Memory per GPU", "Memory per Token", "Peak / Floor"]
+    assert headers == [
+        "Implementation",
+        "GPUs",
+        "Device",
+        "Dtype",
+        "Mode",
+        "Max Sequence",
+        "Stopped By",
+        "Peak Memory per GPU",
+        "Memory per Token",
+        "Peak / Floor",
+    ]
     assert {row[0] for row in body} == set(expect)
     for row in body:
         e = expect[row[0]]
@@ -239,12 +273,13 @@ def test_environment_and_the_exact_commands(report):
 
 # --- report 002 ----------------------------------------------------------------------------------
 
+
 def test_002_single_gpu_maximum_tables_have_every_trial(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
     text = section((out / "report.md").read_text(), "Report 002")
     for label, e in expect.items():
-        part = text[text.index(f"##### {label}:"):]
+        part = text[text.index(f"##### {label}:") :]
         headers, body = md_table(part, "Sequence Length")
         assert headers == ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"]
         trials = sorted(e["trials"], key=lambda r: r["seq_len"])
@@ -252,18 +287,20 @@ def test_002_single_gpu_maximum_tables_have_every_trial(report):
         status = {"ok": "✓ Success", "oom": "✗ OOM", "time-limit": "✗ Time limit"}
         assert [row[3] for row in body] == [status[r["status"]] for r in trials]
         assert [row[2] for row in body if row[3] == "✓ Success"] == [
-            f"{r['peak_bytes'] / 1e9:,.2f} GB" for r in trials if r["status"] == "ok"]
+            f"{r['peak_bytes'] / 1e9:,.2f} GB" for r in trials if r["status"] == "ok"
+        ]
 
 
 def test_002_fixed_length_measurements(report):
     out, _ = report
     points = sorted((r for r in fixture_rows() if r.get("kind") == "points"), key=lambda r: r["seq_len"])
     text = section((out / "report.md").read_text(), "Report 002")
-    part = text[text.index("#### Fixed-length measurements"):]
-    headers, body = md_table(part[part.index(f"##### {points[0]['label']}:"):], "Sequence Length")
+    part = text[text.index("#### Fixed-length measurements") :]
+    headers, body = md_table(part[part.index(f"##### {points[0]['label']}:") :], "Sequence Length")
     assert headers == ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"]
     assert [[row[0], row[2], row[3], row[4], row[5]] for row in body] == [
-        [tokens_text(r["seq_len"]), "-", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"] for r in points]
+        [tokens_text(r["seq_len"]), "-", f"{r['peak_bytes'] / 1e6:,.1f}", "✓ Success", "Dense"] for r in points
+    ]
     # eager time: the median of the raw samples, ± its interval, and how many samples
     for row, r in zip(body, points):
         assert row[1].startswith(f"{statistics.median(r['times_ms']):,.3g} ms ±"), row[1]
@@ -274,8 +311,15 @@ def test_002_memory_efficiency_at_the_largest_sequence(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
     recs = read_csv(out, "002-memory-efficiency")
-    assert list(recs[0]) == ["Implementation", "GPUs", "Sequence Length", "Input Tensors (QKV)", "Peak Memory",
-                             "Memory per Token", "Peak / Floor"]
+    assert list(recs[0]) == [
+        "Implementation",
+        "GPUs",
+        "Sequence Length",
+        "Input Tensors (QKV)",
+        "Peak Memory",
+        "Memory per Token",
+        "Peak / Floor",
+    ]
     assert {r["Implementation"] for r in recs} == set(expect)
     for r in recs:
         e = expect[r["Implementation"]]
@@ -286,13 +330,15 @@ def test_002_memory_efficiency_at_the_largest_sequence(report):
 
 # --- report 003 ----------------------------------------------------------------------------------
 
+
 def test_003_configuration_table_and_dilation_impact(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
     text = section((out / "report.md").read_text(), "Report 003")
     tables = [t for t in md_tables(text) if t[0][0] == "Configuration"]
-    assert all(t[0] == ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"]
-               for t in tables)
+    assert all(
+        t[0] == ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"] for t in tables
+    )
     seed_table = next(t for t in tables if t[1][0][0] == SEED_003_LABELS[0])
     assert [row[0] for row in seed_table[1]] == SEED_003_LABELS
     # Dilation Impact: tokens/s against the baseline at the longest length all four ran
@@ -312,6 +358,7 @@ def test_003_configuration_table_and_dilation_impact(report):
 
 # --- capacity prediction ------------------------------------------------------------------------------
 
+
 def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
     out, _ = report
     rows = fixture_rows()
@@ -324,13 +371,30 @@ def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
     # every series with enough successful lengths for its model (points series included)
     fitted = {label for label, pts in points.items() if len({n for n, _ in pts}) >= (3 if label in QUADRATIC else 2)}
     assert set(fits) == fitted and "sdpa(backend=math)" not in fitted
-    assert "Not fitted: sdpa(backend=math) (2 successful lengths; a quadratic model needs 3)" in \
-        section((out / "report.md").read_text(), "Capacity prediction")
+    assert "Not fitted: sdpa(backend=math) (2 successful lengths; a quadratic model needs 3)" in section(
+        (out / "report.md").read_text(), "Capacity prediction"
+    )
     assert list(next(iter(sizes.values()))) == ["Implementation", "8 GB", "24 GB", "40 GB", "80 GB", "141 GB"]
-    assert list(next(iter(fits.values()))) == ["Implementation", "Dtype", "Model", "Successful Trials", "Max Fit Error",
-                                               "Fit Error at Largest N"]
-    assert list(next(iter(here.values()))) == ["Implementation", "Device Memory", "Set Aside", "Budget", "Predicted Max",
-                                               "Measured Max", "Stopped By", "Prediction Error", "Within 5%", "Note"]
+    assert list(next(iter(fits.values()))) == [
+        "Implementation",
+        "Dtype",
+        "Model",
+        "Successful Trials",
+        "Max Fit Error",
+        "Fit Error at Largest N",
+    ]
+    assert list(next(iter(here.values()))) == [
+        "Implementation",
+        "Device Memory",
+        "Set Aside",
+        "Budget",
+        "Predicted Max",
+        "Measured Max",
+        "Stopped By",
+        "Prediction Error",
+        "Within 5%",
+        "Note",
+    ]
     for label, pts in points.items():
         if label not in fitted:
             continue
@@ -353,14 +417,18 @@ def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
                 assert float(on["Prediction Error"]) == pytest.approx(predicted / expect[label]["max"] - 1, rel=1e-6)
                 # a miss beyond 5% says so beside it, with its likely cause
                 missed = abs(predicted / expect[label]["max"] - 1) > 0.05
-                assert on["Note"].startswith("predicted high" if predicted > expect[label]["max"] else "predicted low") \
-                    if missed else on["Note"] == ""
+                assert (
+                    on["Note"].startswith("predicted high" if predicted > expect[label]["max"] else "predicted low")
+                    if missed
+                    else on["Note"] == ""
+                )
             else:
                 assert on["Prediction Error"] == ""
         assert on["Within 5%"] == ""  # the target is for GPU runs; a CPU run does not claim it
 
 
 # --- bad input and mixed machines ---------------------------------------------------------------------
+
 
 def test_missing_or_empty_results_are_one_line_errors_and_write_nothing(tmp_path):
     out = tmp_path / "out"
@@ -371,7 +439,7 @@ def test_missing_or_empty_results_are_one_line_errors_and_write_nothing(tmp_path
     empty = run_cli("report", tmp_path / "empty", "--out", out)
     assert empty.returncode == 2 and "no trials.jsonl under" in empty.stderr and "attnbench run" in empty.stderr
     (tmp_path / "junk").mkdir()
-    (tmp_path / "junk" / "trials.jsonl").write_text("not json\n{\"a\": \n")
+    (tmp_path / "junk" / "trials.jsonl").write_text('not json\n{"a": \n')
     junk = run_cli("report", tmp_path / "junk", "--out", out)
     assert junk.returncode == 2 and "no readable result rows" in junk.stderr
     assert not out.exists()
@@ -409,19 +477,30 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
     for title in ("Executive summary", "Report 002", "Capacity prediction"):
         text = section(md, title)
         assert "### cpu: AMD EPYC" in text and "### cpu: second host" in text
-    first = {r["Implementation"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-amd-epyc.csv"))}
-    second = {r["Implementation"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-second-host.csv"))}
+    first = {
+        r["Implementation"]: r
+        for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-amd-epyc.csv"))
+    }
+    second = {
+        r["Implementation"]: r
+        for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-second-host.csv"))
+    }
     expect_a, expect_b = expected_largest(rows), expected_largest(other)
     for label in expect_a:
         assert int(first[label]["Max Sequence"]) == expect_a[label]["max"]
         assert int(second[label]["Max Sequence"]) == expect_b[label]["max"]
-    assert int(second["Single segment, no dilation"]["Max Sequence"]) == 65536 < int(first["Single segment, no dilation"]["Max Sequence"])
+    assert (
+        int(second["Single segment, no dilation"]["Max Sequence"])
+        == 65536
+        < int(first["Single segment, no dilation"]["Max Sequence"])
+    )
     assert second["Single segment, no dilation"]["Stopped By"] == "search interrupted"
     env_b = dict(md_table(section(md, "Environment and commands").split("### cpu: second host")[1], "Item")[1])
     assert env_b["Host"] == "second"
 
 
 # --- attnbench predict ----------------------------------------------------------------------------------
+
 
 def test_predict_prints_one_prediction_per_series(tmp_path):
     label = "Multi-segment [512,1024]"
@@ -444,13 +523,19 @@ def test_predict_bad_input(tmp_path):
     only_verify.parent.mkdir()
     only_verify.write_text("".join(json.dumps(r) + "\n" for r in fixture_rows() if r["kind"] == "verify"))
     nodata = run_cli("predict", "--impl", "naive", "--gpu-memory", "80GiB", "--from", only_verify.parent)
-    assert nodata.returncode == 2 and "no series of naive" in nodata.stderr and "attnbench max-seq --impl naive" in nodata.stderr
+    assert (
+        nodata.returncode == 2
+        and "no series of naive" in nodata.stderr
+        and "attnbench max-seq --impl naive" in nodata.stderr
+    )
     for proc in (unknown, size, nodata):
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_make_report_runs_the_sweep_then_the_report_on_it():
-    proc = __import__("subprocess").run(["make", "-n", "report", "OUT=results/x"], cwd=ROOT, capture_output=True, text=True)
+    proc = __import__("subprocess").run(
+        ["make", "-n", "report", "OUT=results/x"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     run = next(i for i, line in enumerate(lines) if "attnbench run --profile auto --out results/x" in line)
@@ -471,9 +556,30 @@ def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
     """block-sparse rows carry dilation_rates (None unless dilated_sparse sets them): the report
     must neither crash on them nor put them in report 003's dilated configuration table."""
     run = tmp_path / "bs"
-    made = run_cli("max-seq", "--impl", "block-sparse", "--param", "block_size=16", "--param", "sparsity_ratio=0.25",
-                   "--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "16", "--start", "256",
-                   "--max-seq-len", "1024", "--in-process", "--out", run)
+    made = run_cli(
+        "max-seq",
+        "--impl",
+        "block-sparse",
+        "--param",
+        "block_size=16",
+        "--param",
+        "sparsity_ratio=0.25",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--start",
+        "256",
+        "--max-seq-len",
+        "1024",
+        "--in-process",
+        "--out",
+        run,
+    )
     assert made.returncode == 0, made.stderr
     done = run_cli("report", run, "--out", tmp_path / "report")
     assert done.returncode == 0, done.stderr
@@ -505,8 +611,16 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
     trials_per_table = len([r for r in mine if r.get("kind") == "max-seq"])
     for heading in (old, new):  # each search's own table, with its own trials only
         section = text.split(f"##### {heading}:")[1].split("\n#")[0]
-        assert len([line for line in section.splitlines() if line.startswith("| ") and "Sequence Length" not in line
-                    and not line.startswith("|---")]) == trials_per_table
+        assert (
+            len(
+                [
+                    line
+                    for line in section.splitlines()
+                    if line.startswith("| ") and "Sequence Length" not in line and not line.startswith("|---")
+                ]
+            )
+            == trials_per_table
+        )
 
 
 @pytest.mark.parametrize("producer", sorted(__import__("attnbench.report.document", fromlist=["PRODUCERS"]).PRODUCERS))
@@ -530,11 +644,22 @@ def test_a_search_under_a_memory_limit_is_its_own_series():
     from attnbench.report.data import separate_memory_limits
 
     def row(run, kind, seq_len, limit=None):
-        return {"kind": kind, "run": run, "series": "s1", "label": "naive", "impl": "naive", "seq_len": seq_len,
-                **({"memory_limit": limit} if limit else {})}
+        return {
+            "kind": kind,
+            "run": run,
+            "series": "s1",
+            "label": "naive",
+            "impl": "naive",
+            "seq_len": seq_len,
+            **({"memory_limit": limit} if limit else {}),
+        }
 
-    rows = [row("whole", "max-seq", 65536), row("whole", "max-seq-result", 65536),
-            row("capped", "max-seq", 10240, 4 << 30), row("capped", "max-seq-result", 10240)]
+    rows = [
+        row("whole", "max-seq", 65536),
+        row("whole", "max-seq-result", 65536),
+        row("capped", "max-seq", 10240, 4 << 30),
+        row("capped", "max-seq-result", 10240),
+    ]
     whole, whole_result, capped, capped_result = separate_memory_limits(rows)
     assert (whole["series"], whole["label"]) == (whole_result["series"], whole_result["label"]) == ("s1", "naive")
     assert capped["series"] == capped_result["series"] != "s1"
@@ -544,5 +669,9 @@ def test_a_search_under_a_memory_limit_is_its_own_series():
 def test_allocator_limits_read_as_profiles_write_them():
     from attnbench.units import format_gib, parse_bytes
 
-    assert [format_gib(parse_bytes(t)) for t in ("4GiB", "16GiB", "100MiB", "1.5GiB")] == \
-        ["4 GiB", "16 GiB", "100 MiB", "1.5 GiB"]
+    assert [format_gib(parse_bytes(t)) for t in ("4GiB", "16GiB", "100MiB", "1.5GiB")] == [
+        "4 GiB",
+        "16 GiB",
+        "100 MiB",
+        "1.5 GiB",
+    ]

@@ -23,26 +23,87 @@ def claim(cid: str) -> cl.Claim:
     return next(c for c in cl.load_claims() if c.id == cid)
 
 
-def speedup_row(strategy: str, times: list[float], world: int, batch: int = 1, seq_len: int = 16384,
-                gpu_bytes: tuple[int, ...] = (80_000_000, 0), date: str = ENV["date"]) -> dict:
-    return {"schema": SCHEMA_VERSION, "kind": "speedup", "case": f"{seq_len}x{batch}", "message": "",
-            "key": f"{strategy}:{seq_len}x{batch}", "strategy": strategy, "world_size": world, "impl": "dilated",
-            "config": {"segment_lengths": [1024, 2048], "dilation_rates": [1, 2]}, "batch": batch,
-            "seq_len": seq_len, "heads": 8, "head_dim": 64, "dtype": "bf16", "device": "cuda", "mode": "fwd",
-            "causal": False, "status": "ok", "times_ms": times, "time_ms": sorted(times)[len(times) // 2],
-            "gpus": [{"index": i, "max_memory_allocated": b} for i, b in enumerate(gpu_bytes[:world])],
-            "run": "r", "env": {**ENV, "date": date}}
+def speedup_row(
+    strategy: str,
+    times: list[float],
+    world: int,
+    batch: int = 1,
+    seq_len: int = 16384,
+    gpu_bytes: tuple[int, ...] = (80_000_000, 0),
+    date: str = ENV["date"],
+) -> dict:
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "speedup",
+        "case": f"{seq_len}x{batch}",
+        "message": "",
+        "key": f"{strategy}:{seq_len}x{batch}",
+        "strategy": strategy,
+        "world_size": world,
+        "impl": "dilated",
+        "config": {"segment_lengths": [1024, 2048], "dilation_rates": [1, 2]},
+        "batch": batch,
+        "seq_len": seq_len,
+        "heads": 8,
+        "head_dim": 64,
+        "dtype": "bf16",
+        "device": "cuda",
+        "mode": "fwd",
+        "causal": False,
+        "status": "ok",
+        "times_ms": times,
+        "time_ms": sorted(times)[len(times) // 2],
+        "gpus": [{"index": i, "max_memory_allocated": b} for i, b in enumerate(gpu_bytes[:world])],
+        "run": "r",
+        "env": {**ENV, "date": date},
+    }
 
 
-def point(seq_len: int, config: dict, *, tokens_per_s: float | None = None, peak: float | None = None,
-          reserved: float | None = None, dtype: str = "fp32", series: str = "s") -> dict:
-    return {"schema": SCHEMA_VERSION, "kind": "points", "run": "r", "label": series, "message": "", "series": series, "impl": "dilated", "config": config, "batch": 1, "seq_len": seq_len,
-            "heads": 8, "head_dim": 64, "dtype": dtype, "device": "cuda", "mode": "fwd", "causal": False,
-            "status": "ok", "time_ms": 10.0, "times_ms": [10.0] * 5, "tokens_per_s": tokens_per_s,
-            "peak_bytes": peak, "max_memory_reserved": reserved, "env": ENV,
-            "gpus": [{"index": 0, "max_memory_reserved": reserved, "max_memory_allocated": reserved,
-                      "nvml_used_before": 0, "nvml_used_peak": reserved + 500e6 if reserved else None}],
-            "device_total_bytes": 80 * GIB}
+def point(
+    seq_len: int,
+    config: dict,
+    *,
+    tokens_per_s: float | None = None,
+    peak: float | None = None,
+    reserved: float | None = None,
+    dtype: str = "fp32",
+    series: str = "s",
+) -> dict:
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "points",
+        "run": "r",
+        "label": series,
+        "message": "",
+        "series": series,
+        "impl": "dilated",
+        "config": config,
+        "batch": 1,
+        "seq_len": seq_len,
+        "heads": 8,
+        "head_dim": 64,
+        "dtype": dtype,
+        "device": "cuda",
+        "mode": "fwd",
+        "causal": False,
+        "status": "ok",
+        "time_ms": 10.0,
+        "times_ms": [10.0] * 5,
+        "tokens_per_s": tokens_per_s,
+        "peak_bytes": peak,
+        "max_memory_reserved": reserved,
+        "env": ENV,
+        "gpus": [
+            {
+                "index": 0,
+                "max_memory_reserved": reserved,
+                "max_memory_allocated": reserved,
+                "nvml_used_before": 0,
+                "nvml_used_peak": reserved + 500e6 if reserved else None,
+            }
+        ],
+        "device_total_bytes": 80 * GIB,
+    }
 
 
 def verdict_of(cid: str, rows: list[dict]) -> cl.Verdict:
@@ -50,6 +111,7 @@ def verdict_of(cid: str, rows: list[dict]) -> cl.Verdict:
 
 
 # --- the claims file ----------------------------------------------------------------------------
+
 
 def test_claims_file_loads_with_unique_ids_and_a_matcher_for_every_testable_claim():
     claims = cl.load_claims()
@@ -62,8 +124,10 @@ def test_claims_file_loads_with_unique_ids_and_a_matcher_for_every_testable_clai
 
 def test_a_malformed_claims_file_is_one_line_error(tmp_path):
     bad = tmp_path / "claims.toml"
-    bad.write_text('[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
-                   'gpus = 1\nmetric = "speed"\ntest = "none"\n')
+    bad.write_text(
+        '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
+        'gpus = 1\nmetric = "speed"\ntest = "none"\n'
+    )
     with pytest.raises(cl.AttnbenchError, match="metric must be one of"):
         cl.load_claims(bad)
 
@@ -84,6 +148,7 @@ def test_the_report_table_holds_every_claim_exactly_once(tmp_path):
 
 
 # --- verdicts from rows -------------------------------------------------------------------------
+
 
 def test_a_speedup_above_one_confirms_a_claim_of_benefit():
     # single 100 ms, DataParallel 50 ms: 2.0x; a resampled median ratio lies between the extreme
@@ -109,8 +174,11 @@ def test_an_interval_that_includes_the_threshold_is_marked_not_a_verdict():
 
 
 def test_the_newest_row_measures_and_supersedes_older_ones():
-    rows = [speedup_row("single", [30.0] * 3, 1), speedup_row("dp", [45.0] * 3, 2, date="2026-01-01"),
-            speedup_row("dp", [15.0] * 3, 2, date="2026-12-01")]
+    rows = [
+        speedup_row("single", [30.0] * 3, 1),
+        speedup_row("dp", [45.0] * 3, 2, date="2026-01-01"),
+        speedup_row("dp", [15.0] * 3, 2, date="2026-12-01"),
+    ]
     v = verdict_of("001-dp-16k-speedup", rows)
     assert v.measured.value == pytest.approx(2.0) and "supersedes 1 older row" in v.why
 
@@ -136,7 +204,7 @@ def test_a_ratio_claim_confirms_or_refutes_from_two_rows():
 def test_memory_is_compared_but_absolute_speed_is_not():
     cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
     rows = [point(237568, cfg, tokens_per_s=2e6, peak=4.4e9)]
-    assert verdict_of("003-memory-no-dilation", rows).verdict == cl.CONFIRMED      # 4.4 / 4.53 = 0.97
+    assert verdict_of("003-memory-no-dilation", rows).verdict == cl.CONFIRMED  # 4.4 / 4.53 = 0.97
     assert verdict_of("003-memory-no-dilation", [point(237568, cfg, peak=9e9)]).verdict == cl.REFUTED
     speed = verdict_of("003-throughput-no-dilation", rows)
     assert speed.verdict == cl.NOT_COMPARABLE and "not of a GTX 1080" in speed.why
@@ -160,9 +228,12 @@ def test_theory_and_arithmetic_are_not_comparable_with_the_reason():
 def test_an_efficiency_above_one_never_headlines():
     from attnbench.report.findings import machine_findings
 
-    rows = [speedup_row("single", [100.0] * 3, 1, batch=8), speedup_row("mp", [20.0] * 3, 2, batch=8),
-            speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192),
-            speedup_row("mp", [60.0] * 3, 2, batch=8, seq_len=8192)]
+    rows = [
+        speedup_row("single", [100.0] * 3, 1, batch=8),
+        speedup_row("mp", [20.0] * 3, 2, batch=8),
+        speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192),
+        speedup_row("mp", [60.0] * 3, 2, batch=8, seq_len=8192),
+    ]
     lines = machine_findings(Machine("GPU box", rows), [], [])
     best = next(line for line in lines if "Best speedup" in line)
     assert "1.67x" in best
@@ -174,8 +245,22 @@ def test_an_efficiency_above_one_never_headlines():
 # Appended so a suggestion runs on this CPU in seconds: same command, smaller work.
 CPU_SMALL = {
     "bench": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--seq-lens", "2K"],
-    "max-seq": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--start", "2K",
-                "--max-seq-len", "4K", "--resolution", "2K"],
+    "max-seq": [
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        "2",
+        "--head-dim",
+        "8",
+        "--start",
+        "2K",
+        "--max-seq-len",
+        "4K",
+        "--resolution",
+        "2K",
+    ],
     "speedup": ["--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "8", "--cases", "4096x2"],
 }
 SMALL_SEGMENTS = ["--segment-lengths", "512,1024", "--dilation-rates", "1,2"]
@@ -187,13 +272,13 @@ def small(command: str) -> list[str] | None:
         return None
     if "--segment-lengths" in words:
         i = words.index("--segment-lengths")
-        del words[i:i + 2]
+        del words[i : i + 2]
         j = words.index("--dilation-rates")
-        del words[j:j + 2]
+        del words[j : j + 2]
         words += SMALL_SEGMENTS
     if "--seq-lens" in words:
         i = words.index("--seq-lens")
-        del words[i:i + 2]
+        del words[i : i + 2]
     return words + CPU_SMALL[words[0]]
 
 
@@ -211,8 +296,13 @@ def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
         build_plan(profile, [], {}, {}, "default-cpu" if profile == "auto" else profile)
         return
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "attnbench", *argv, "--out", str(out)], check=False, capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "attnbench", *argv, "--out", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "trials.jsonl").exists()
 
@@ -222,9 +312,12 @@ def test_speedup_tables_mark_anomalies_beside_the_number():
     from attnbench.report.sections.data_parallel import speedup_notes
 
     # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: the interval crosses 1
-    rows = [speedup_row("single", [100.0] * 3, 1, batch=8), speedup_row("mp", [20.0] * 3, 2, batch=8),
-            speedup_row("single", [50.0] * 3, 1, batch=8, seq_len=8192),
-            speedup_row("mp", [40.0, 50.0, 60.0], 2, batch=8, seq_len=8192)]
+    rows = [
+        speedup_row("single", [100.0] * 3, 1, batch=8),
+        speedup_row("mp", [20.0] * 3, 2, batch=8),
+        speedup_row("single", [50.0] * 3, 1, batch=8, seq_len=8192),
+        speedup_row("mp", [40.0, 50.0, 60.0], 2, batch=8, seq_len=8192),
+    ]
     notes = {c["seq_len"]: speedup_notes(c) for c in speedup_cases(rows)}
     assert notes[16384] == "anomaly: efficiency 2.50 above 1"
     assert notes[8192] == "anomaly: interval includes 1"

@@ -40,11 +40,11 @@ def test_fit_error_is_reported_on_the_measured_points():
 
 def test_no_fit_or_no_limit_where_the_points_cannot_say():
     assert fit_memory([4096, 4096], [1e6, 1e6], 1) is None  # one length: no slope
-    assert fit_memory([1, 2], [1.0, 4.0], 2) is None          # two lengths: no curvature
+    assert fit_memory([1, 2], [1.0, 4.0], 2) is None  # two lengths: no curvature
     flat = fit_memory([1, 2, 3], [5.0, 5.0, 5.0], 1)
-    assert flat.max_seq(100.0) is None                      # never grows: no memory limit follows
+    assert flat.max_seq(100.0) is None  # never grows: no memory limit follows
     grows = fit_memory([1, 2, 3], [10.0, 20.0, 30.0], 1)
-    assert grows.max_seq(-1.0) is None                      # not even N = 0 fits
+    assert grows.max_seq(-1.0) is None  # not even N = 0 fits
 
 
 def test_memory_model_per_implementation():
@@ -61,11 +61,25 @@ def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
 
     def trial(n, extra):
         reserved = 1000 * n
-        return {"device": "cuda", "status": "ok", "seq_len": n, "device_total_bytes": total, "memory_limit": None,
-                "peak_bytes": 900 * n, "max_memory_reserved": reserved,
-                "gpus": [{"index": 0, "nvml_used_before": 500e6, "nvml_used_peak": reserved + extra,
-                          "max_memory_allocated": 900 * n, "max_memory_reserved": reserved},
-                         {"index": 1, "nvml_used_before": 4e8, "nvml_used_peak": 4e8}]}
+        return {
+            "device": "cuda",
+            "status": "ok",
+            "seq_len": n,
+            "device_total_bytes": total,
+            "memory_limit": None,
+            "peak_bytes": 900 * n,
+            "max_memory_reserved": reserved,
+            "gpus": [
+                {
+                    "index": 0,
+                    "nvml_used_before": 500e6,
+                    "nvml_used_peak": reserved + extra,
+                    "max_memory_allocated": 900 * n,
+                    "max_memory_reserved": reserved,
+                },
+                {"index": 1, "nvml_used_before": 4e8, "nvml_used_peak": 4e8},
+            ],
+        }
 
     rows = [trial(n, e) for n, e in zip([2**23, 2**22, 2**21, 2**20], context)]
     device, overhead, budget, note = _measured_budget(sorted(rows, key=lambda r: r["seq_len"]))
@@ -84,9 +98,24 @@ def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_t
     fit = fit_memory(lengths, [1e6 + 5000 * n for n in lengths], 1)
 
     def cap(**kw):
-        base = dict(series="s", label="dilated", impl="dilated", head={}, world_size=1, fit=fit, degree=1,
-                    successful=4, successful_lengths=4, device="cuda", device_total=80 * GIB, overhead=GIB,
-                    budget=79 * GIB, budget_note="", measured_max=16_000_000, stopped_by="memory")
+        base = dict(
+            series="s",
+            label="dilated",
+            impl="dilated",
+            head={},
+            world_size=1,
+            fit=fit,
+            degree=1,
+            successful=4,
+            successful_lengths=4,
+            device="cuda",
+            device_total=80 * GIB,
+            overhead=GIB,
+            budget=79 * GIB,
+            budget_note="",
+            measured_max=16_000_000,
+            stopped_by="memory",
+        )
         return Capacity(**{**base, **kw})
 
     c = cap()

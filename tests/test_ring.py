@@ -71,19 +71,25 @@ def test_layouts_cover_the_sequence_once(world):
     # zigzag, literally: 2p chunks, rank r holds chunk r and chunk 2p-1-r
     c = n // (2 * world)
     for r in range(world):
-        assert zigzag_positions(n, world, r).tolist() == [*range(r * c, (r + 1) * c),
-                                                           *range((2 * world - 1 - r) * c, (2 * world - r) * c)]
+        assert zigzag_positions(n, world, r).tolist() == [
+            *range(r * c, (r + 1) * c),
+            *range((2 * world - 1 - r) * c, (2 * world - r) * c),
+        ]
 
 
 @pytest.mark.parametrize("name", RING_IMPLS)
 def test_declared_key_sets_are_the_counterparts(name):
-    config = {"ring": {}, "block-sparse-ring": {"pattern_type": "hierarchical", "block_size": 16,
-                                                "sparsity_ratio": 0.25}}.get(name, {"segment_lengths": [8, 16],
-                                                                                     "dilation_rates": [1, 2]})
+    config = {
+        "ring": {},
+        "block-sparse-ring": {"pattern_type": "hierarchical", "block_size": 16, "sparsity_ratio": 0.25},
+    }.get(name, {"segment_lengths": [8, 16], "dilation_rates": [1, 2]})
     impl = impls.build(name, **config)
-    counterpart = {"ring": ("sdpa", {}), "ring-dilated": ("dilated", config),
-                   "ring-dilated-hilbert": ("dilated", {**config, "hilbert": True}),
-                   "block-sparse-ring": ("block-sparse", config)}[name]
+    counterpart = {
+        "ring": ("sdpa", {}),
+        "ring-dilated": ("dilated", config),
+        "ring-dilated-hilbert": ("dilated", {**config, "hilbert": True}),
+        "block-sparse-ring": ("block-sparse", config),
+    }[name]
     single = impls.build(counterpart[0], **counterpart[1])
     for causal in (False, True) if impl.supports_causal else (False,):
         assert torch.equal(impl.key_mask(128, 3, causal), single.key_mask(128, 3, causal))
@@ -97,9 +103,9 @@ def test_shape_rules_depend_on_the_ranks():
         ring.check_shape(768, 4)
     dil = impls.build("ring-dilated", segment_lengths=[512], dilation_rates=[1])
     dil.world_size = 2
-    dil.check_shape(1024, 2)   # 512 per rank: whole segments
+    dil.check_shape(1024, 2)  # 512 per rank: whole segments
     dil.world_size = 4
-    dil.check_shape(1024, 2)   # 256 per rank: two ranks tile a segment
+    dil.check_shape(1024, 2)  # 256 per rank: two ranks tile a segment
     dil.world_size = 2
     with pytest.raises(ConfigError, match="neither hold whole segments"):
         dil.check_shape(1536, 2)  # 768 per rank: neither
@@ -137,8 +143,9 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
         assert {c.causal for c in cases if c.impl == name} == {True, False}
     assert {c.config["pattern_type"] for c in cases if c.impl == "block-sparse-ring"} == set(PATTERN_TYPES)
     # segments longer than a shard, so ranks exchange dilated K/V
-    spanning = [c for c in cases if c.impl.startswith("ring-dilated")
-                and max(c.config["segment_lengths"]) > c.seq_len // world]
+    spanning = [
+        c for c in cases if c.impl.startswith("ring-dilated") and max(c.config["segment_lengths"]) > c.seq_len // world
+    ]
     assert spanning and {c.causal for c in spanning if c.impl == "ring-dilated"} == {True, False}
     assert any(c.batch > 1 for c in cases) and any(c.heads % len(c.config.get("segment_lengths", [1])) for c in cases)
 
@@ -157,8 +164,18 @@ def test_a_rank_that_raises_ends_the_run_with_its_error():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
-    workload = dict(impl="ring", config={"backend": "auto"}, batch=1, seq_len=1 << 18, heads=8, head_dim=64,
-                    dtype="fp32", device="cpu", mode="fwd", causal=False)
+    workload = dict(
+        impl="ring",
+        config={"backend": "auto"},
+        batch=1,
+        seq_len=1 << 18,
+        heads=8,
+        head_dim=64,
+        dtype="fp32",
+        device="cpu",
+        mode="fwd",
+        causal=False,
+    )
     row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
     assert row["status"] == "oom", row["message"]
     assert row["message"].startswith("rank ")
@@ -174,8 +191,27 @@ def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
 @pytest.mark.distributed
 def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("bench", "--impl", "ring", "--seq-lens", "1024", "--device", "cpu", "--dtype", "fp32",
-                   "--heads", 2, "--head-dim", 16, "--gpus", 2, "--max-trial-seconds", 30, "--out", out)
+    proc = run_cli(
+        "bench",
+        "--impl",
+        "ring",
+        "--seq-lens",
+        "1024",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        2,
+        "--head-dim",
+        16,
+        "--gpus",
+        2,
+        "--max-trial-seconds",
+        30,
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     rows, problems = read_rows(out)
     assert problems == []
@@ -199,18 +235,53 @@ def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path):
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
 BAD = {
     "ranks not dividing N": (["bench", "--impl", "ring", "--seq-lens", "1280", "--gpus", 4, *CPU], "multiple of 512"),
-    "shard not fitting the segments": (["bench", "--impl", "ring-dilated", "--segment-lengths", "512",
-                                        "--dilation-rates", "1", "--seq-lens", "1536", "--gpus", 2, *CPU],
-                                       "neither hold whole segments"),
-    "grid the length cannot form": (["bench", "--impl", "ring-dilated-hilbert", "--segment-lengths", "256",
-                                     "--dilation-rates", "1", "--param", "grid_width=100", "--seq-lens", "1024",
-                                     "--gpus", 2, *CPU], "grid of width 100"),
-    "blocks not splitting over the ranks": (["bench", "--impl", "block-sparse-ring", "--param", "block_size=128",
-                                             "--seq-lens", "1152", "--gpus", 2, *CPU], "multiple of 256"),
+    "shard not fitting the segments": (
+        [
+            "bench",
+            "--impl",
+            "ring-dilated",
+            "--segment-lengths",
+            "512",
+            "--dilation-rates",
+            "1",
+            "--seq-lens",
+            "1536",
+            "--gpus",
+            2,
+            *CPU,
+        ],
+        "neither hold whole segments",
+    ),
+    "grid the length cannot form": (
+        [
+            "bench",
+            "--impl",
+            "ring-dilated-hilbert",
+            "--segment-lengths",
+            "256",
+            "--dilation-rates",
+            "1",
+            "--param",
+            "grid_width=100",
+            "--seq-lens",
+            "1024",
+            "--gpus",
+            2,
+            *CPU,
+        ],
+        "grid of width 100",
+    ),
+    "blocks not splitting over the ranks": (
+        ["bench", "--impl", "block-sparse-ring", "--param", "block_size=128", "--seq-lens", "1152", "--gpus", 2, *CPU],
+        "multiple of 256",
+    ),
     "more ranks than allowed": (["max-seq", "--impl", "ring", "--gpus", 999, *CPU], "--gpus 999"),
     "gpus for a single-device impl": (["max-seq", "--impl", "sdpa", "--gpus", 2, *CPU], "sequence-parallel"),
     "backward of a ring": (["max-seq", "--impl", "ring", "--mode", "fwd_bwd", "--gpus", 2, *CPU], "--mode fwd"),
-    "causal Hilbert order": (["max-seq", "--impl", "ring-dilated-hilbert", "--causal", "--gpus", 2, *CPU], "non-causal"),
+    "causal Hilbert order": (
+        ["max-seq", "--impl", "ring-dilated-hilbert", "--causal", "--gpus", 2, *CPU],
+        "non-causal",
+    ),
     "context-parallel on the CPU": (["max-seq", "--impl", "context-parallel", "--gpus", 2, *CPU], "runs on cuda"),
     "verify on too many ranks": (["verify", "--impl", "ring", "--device", "cpu", "--gpus", "999"], "--gpus 999"),
 }
@@ -247,7 +318,9 @@ def check_bad(code, stdout, stderr, hint, out):
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys, monkeypatch):
     args, hint = BAD[name]
     out = tmp_path / "out"
-    check_bad(*run_in_process([*args, *(["--out", out] if args[0] != "verify" else [])], capsys, monkeypatch), hint, out)
+    check_bad(
+        *run_in_process([*args, *(["--out", out] if args[0] != "verify" else [])], capsys, monkeypatch), hint, out
+    )
 
 
 @pytest.mark.slow
@@ -267,15 +340,51 @@ def test_gpus_setting_reads_one_count_as_baseline_plus_p():
 
 
 def test_scaling_readout_from_rows():
-    base = {"impl": "ring", "config": {"backend": "auto"}, "batch": 1, "heads": 8, "head_dim": 64, "dtype": "bf16",
-            "device": "cuda", "mode": "fwd", "causal": False, "strategy": "ring", "status": "ok", "kind": "points"}
-    rows = [{**base, "label": "ring x1", "world_size": 1, "seq_len": 1 << 20, "time_ms": 800.0},
-            {**base, "label": "ring x2", "world_size": 2, "seq_len": 1 << 20, "time_ms": 500.0,
-             "ranks": [{"rank": 0, "time_ms": 490.0, "compute_ms": 480.0, "comm_wait_ms": 5.0},
-                       {"rank": 1, "time_ms": 500.0, "compute_ms": 470.0, "comm_wait_ms": 25.0}]},
-            {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 900.0},
-            {**base, "kind": "max-seq-result", "label": "ring x1", "world_size": 1, "seq_len": 1000, "stopped_by": "memory"},
-            {**base, "kind": "max-seq-result", "label": "ring x2", "world_size": 2, "seq_len": 1950, "stopped_by": "memory"}]
+    base = {
+        "impl": "ring",
+        "config": {"backend": "auto"},
+        "batch": 1,
+        "heads": 8,
+        "head_dim": 64,
+        "dtype": "bf16",
+        "device": "cuda",
+        "mode": "fwd",
+        "causal": False,
+        "strategy": "ring",
+        "status": "ok",
+        "kind": "points",
+    }
+    rows = [
+        {**base, "label": "ring x1", "world_size": 1, "seq_len": 1 << 20, "time_ms": 800.0},
+        {
+            **base,
+            "label": "ring x2",
+            "world_size": 2,
+            "seq_len": 1 << 20,
+            "time_ms": 500.0,
+            "ranks": [
+                {"rank": 0, "time_ms": 490.0, "compute_ms": 480.0, "comm_wait_ms": 5.0},
+                {"rank": 1, "time_ms": 500.0, "compute_ms": 470.0, "comm_wait_ms": 25.0},
+            ],
+        },
+        {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 900.0},
+        {
+            **base,
+            "kind": "max-seq-result",
+            "label": "ring x1",
+            "world_size": 1,
+            "seq_len": 1000,
+            "stopped_by": "memory",
+        },
+        {
+            **base,
+            "kind": "max-seq-result",
+            "label": "ring x2",
+            "world_size": 2,
+            "seq_len": 1950,
+            "stopped_by": "memory",
+        },
+    ]
     from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
 
     two = [t for t in time_scaling(rows) if t["world_size"] == 2]

@@ -8,8 +8,9 @@ from attnbench.plan import Plan, Series, Settings
 from attnbench.results import read_rows
 from attnbench.sweeps.runner import SweepRunner, resolve
 
-SMALL = Settings(device="cpu", dtype="fp32", heads=2, head_dim=8, isolate=False, min_samples=1, target_ms=1,
-                 max_trial_seconds=30)
+SMALL = Settings(
+    device="cpu", dtype="fp32", heads=2, head_dim=8, isolate=False, min_samples=1, target_ms=1, max_trial_seconds=30
+)
 DILATED = {"segment_lengths": [64], "dilation_rates": [1], "max_chunk_tokens": 1 << 19}
 
 
@@ -26,7 +27,11 @@ def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
     rows = run_plan(tmp_path, search, points)
     trials = [r for r in rows if r["kind"] in ("max-seq", "points")]
     assert sorted((r["kind"], r["seq_len"]) for r in trials) == [
-        ("max-seq", 512), ("max-seq", 1024), ("points", 512), ("points", 1024)]
+        ("max-seq", 512),
+        ("max-seq", 1024),
+        ("points", 512),
+        ("points", 1024),
+    ]
     assert len({r["series"] for r in trials}) == 2
 
 
@@ -43,7 +48,9 @@ def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeyp
     from attnbench.impls.dilated import DilatedAttention
 
     real = DilatedAttention.forward
-    monkeypatch.setattr(DilatedAttention, "forward", lambda self, q, k, v, is_causal=False: real(self, q, k, v, is_causal) * 1.1)
+    monkeypatch.setattr(
+        DilatedAttention, "forward", lambda self, q, k, v, is_causal=False: real(self, q, k, v, is_causal) * 1.1
+    )
     plan = resolve(Plan("t", (Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,))),)))
     outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}).run()
     assert [o.verified for o in outcomes] == [False]

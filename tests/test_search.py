@@ -11,6 +11,7 @@ def threshold_probe(limit, status="oom"):
     def probe(n, phase):
         calls.append((n, phase))
         return "ok" if n <= limit else status
+
     return probe, calls
 
 

@@ -133,14 +133,33 @@ def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu
 def test_a_resumed_run_recomputes_the_single_output_it_compares_with(tmp_path):
     """The single output lives in a scratch directory of the run that measured it; a strategy
     added with --resume still gets its output checked."""
-    common = ["speedup", "--impl", "sdpa", "--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16,
-              "--gpus", 2, "--cases", "256x2", "--out", tmp_path / "run"]
+    common = [
+        "speedup",
+        "--impl",
+        "sdpa",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--heads",
+        2,
+        "--head-dim",
+        16,
+        "--gpus",
+        2,
+        "--cases",
+        "256x2",
+        "--out",
+        tmp_path / "run",
+    ]
     assert run_cli(*common, "--strategy", "single").returncode == 0
     proc = run_cli(*common, "--strategy", "mp", "--resume")
     assert proc.returncode == 0, proc.stderr
     rows = speedup_rows(tmp_path / "run")
     assert set(rows) == {("256x2", "single"), ("256x2", "mp")}
-    assert rows[("256x2", "mp")]["output_match"] is True and rows[("256x2", "mp")]["output_rel_err"] <= TOLERANCE["fp32"]
+    assert (
+        rows[("256x2", "mp")]["output_match"] is True and rows[("256x2", "mp")]["output_rel_err"] <= TOLERANCE["fp32"]
+    )
 
 
 @pytest.mark.slow
@@ -151,8 +170,25 @@ def test_ddp_gradients_of_the_multihead_module_equal_single_and_compression_is_a
     rounding of the compressed all-reduce (a sum instead of a mean would be off by 100%),
     and that rounding is really there (float32 alone agrees to ~1e-7)."""
     out = tmp_path / "run"
-    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", "256x2", "--strategy", "mp",
-                   "--module", "multihead", "--mode", "fwd_bwd", "--grad-compression", "fp16", "--out", out)
+    proc = run_cli(
+        "speedup",
+        *DILATED,
+        *CPU,
+        "--gpus",
+        2,
+        "--cases",
+        "256x2",
+        "--strategy",
+        "mp",
+        "--module",
+        "multihead",
+        "--mode",
+        "fwd_bwd",
+        "--grad-compression",
+        "fp16",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = speedup_rows(out)
     mp = rows[("256x2", "mp")]
@@ -178,14 +214,27 @@ def fault_strategies(monkeypatch):
 def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(tmp_path, fault_strategies):
     from attnbench.environment import capture_env
 
-    settings = check_settings(SpeedupSettings(
-        impl="dilated", config={"segment_lengths": [64, 128], "dilation_rates": [1, 2]}, cases=(Case(256, 2),),
-        gpus=2, strategies=("fail-rank-1", "swapped-shards"), dtype="fp32", device="cpu", heads=4, head_dim=16,
-        max_trial_seconds=60), cuda_devices=0)
+    settings = check_settings(
+        SpeedupSettings(
+            impl="dilated",
+            config={"segment_lengths": [64, 128], "dilation_rates": [1, 2]},
+            cases=(Case(256, 2),),
+            gpus=2,
+            strategies=("fail-rank-1", "swapped-shards"),
+            dtype="fp32",
+            device="cpu",
+            heads=4,
+            head_dim=16,
+            max_trial_seconds=60,
+        ),
+        cuda_devices=0,
+    )
     assert SpeedupRunner(settings, tmp_path / "run", capture_env()).run()
     rows = speedup_rows(tmp_path / "run")
     failed = rows[("256x2", "fail-rank-1")]
-    assert failed["status"] == "error" and failed["message"].startswith("rank 1:") and "asked to fail" in failed["message"]
+    assert (
+        failed["status"] == "error" and failed["message"].startswith("rank 1:") and "asked to fail" in failed["message"]
+    )
     assert failed["duration_s"] < 45, "rank 0 must not wait for a collective timeout"
     swapped = rows[("256x2", "swapped-shards")]
     assert swapped["status"] == "error" and swapped["output_match"] is False
@@ -209,11 +258,27 @@ class ScriptedNvml:
 
 
 def _measure(tmp_path, nvml):
-    payload = {"workload": {"impl": "naive", "config": {}, "batch": 2, "seq_len": 128, "heads": 2, "head_dim": 8,
-                            "dtype": "fp32", "device": "cpu", "mode": "fwd", "causal": False},
-               "module": "attention", "gpus": 2, "seed": 1, "max_trial_seconds": 10,
-               "timing": {"min_samples": 3, "max_samples": 5, "target_ms": 50},
-               "reference_dir": str(tmp_path / "ref"), "role": "reference"}
+    payload = {
+        "workload": {
+            "impl": "naive",
+            "config": {},
+            "batch": 2,
+            "seq_len": 128,
+            "heads": 2,
+            "head_dim": 8,
+            "dtype": "fp32",
+            "device": "cpu",
+            "mode": "fwd",
+            "causal": False,
+        },
+        "module": "attention",
+        "gpus": 2,
+        "seed": 1,
+        "max_trial_seconds": 10,
+        "timing": {"min_samples": 3, "max_samples": 5, "target_ms": 50},
+        "reference_dir": str(tmp_path / "ref"),
+        "role": "reference",
+    }
     return measure(strategies.get("single"), context(payload), payload, nvml)
 
 
@@ -223,12 +288,20 @@ def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path)
     nvml = ScriptedNvml([[1000, 9000, 2000], [500, 700, 600]])
     result = _measure(tmp_path, nvml)
     assert result["status"] == "ok" and result["times_ms"]
-    assert result["nvml"] == [{"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
-                              {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700}]
+    assert result["nvml"] == [
+        {"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
+        {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
+    ]
     allocator = {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}}
     rows = gpu_rows(2, result["nvml"], None, allocator)
-    assert rows[0] == {"index": 0, "nvml_index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000,
-                       "max_memory_allocated": 123, "max_memory_reserved": 456}
+    assert rows[0] == {
+        "index": 0,
+        "nvml_index": 0,
+        "nvml_used_before": 1000,
+        "nvml_used_peak": 9000,
+        "max_memory_allocated": 123,
+        "max_memory_reserved": 456,
+    }
     assert rows[1]["nvml_used_peak"] == 700 and rows[1]["max_memory_allocated"] is None
     # CUDA may number the GPUs differently from NVML: rows follow the CUDA index
     swapped = gpu_rows(2, result["nvml"], {"0": 1, "1": 0}, allocator)
@@ -241,22 +314,49 @@ def test_without_nvml_the_run_continues_with_torch_memory_and_a_note(tmp_path):
     result = _measure(tmp_path, None)
     assert result["status"] == "ok" and result["nvml"] is None
     rows = gpu_rows(2, None, None, {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}})
-    assert rows[0]["max_memory_allocated"] == 123 and rows[0]["nvml_used_peak"] is None and rows[1]["nvml_used_peak"] is None
-    row = {"status": "ok", "device": "cuda", "processes": 1, "world_size": 1, "batch": 2, "mode": "fwd",
-           "nvml_note": "NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found)"}
-    assert "NVML unavailable" in notes_for(row, strategies.get("single")) and "memory from torch only" in notes_for(row, strategies.get("single"))
+    assert (
+        rows[0]["max_memory_allocated"] == 123
+        and rows[0]["nvml_used_peak"] is None
+        and rows[1]["nvml_used_peak"] is None
+    )
+    row = {
+        "status": "ok",
+        "device": "cuda",
+        "processes": 1,
+        "world_size": 1,
+        "batch": 2,
+        "mode": "fwd",
+        "nvml_note": "NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found)",
+    }
+    assert "NVML unavailable" in notes_for(row, strategies.get("single")) and "memory from torch only" in notes_for(
+        row, strategies.get("single")
+    )
 
 
 def test_dataparallel_notes_say_what_really_ran():
     dp = strategies.get("dp")
     gib = 2**30
-    one = {"status": "ok", "device": "cuda", "processes": 1, "world_size": 2, "batch": 1, "mode": "fwd",
-           "replica_batches": [[0, 1]],
-           "gpus": [{"index": 0, "max_memory_allocated": 3 * gib, "nvml_used_before": gib, "nvml_used_peak": 4 * gib},
-                    {"index": 1, "max_memory_allocated": 0, "nvml_used_before": gib // 2, "nvml_used_peak": gib}]}
+    one = {
+        "status": "ok",
+        "device": "cuda",
+        "processes": 1,
+        "world_size": 2,
+        "batch": 1,
+        "mode": "fwd",
+        "replica_batches": [[0, 1]],
+        "gpus": [
+            {"index": 0, "max_memory_allocated": 3 * gib, "nvml_used_before": gib, "nvml_used_peak": 4 * gib},
+            {"index": 1, "max_memory_allocated": 0, "nvml_used_before": gib // 2, "nvml_used_peak": gib},
+        ],
+    }
     note = notes_for(one, dp)
     assert "batch 1 < 2 GPUs: DataParallel ran 1 replica" in note and "GPU 1 idle" in note
-    assert "allocator peak 0 B" in note and "NVML 1.00 GiB used at peak" in note and "+0.50 GiB" in note and "CUDA context" in note
+    assert (
+        "allocator peak 0 B" in note
+        and "NVML 1.00 GiB used at peak" in note
+        and "+0.50 GiB" in note
+        and "CUDA context" in note
+    )
     uneven = {**one, "batch": 3, "replica_batches": [[0, 2], [1, 1]]}
     assert "uneven split: GPU 0 got 2, GPU 1 got 1" in notes_for(uneven, dp) and "idle" not in notes_for(uneven, dp)
 
@@ -294,8 +394,10 @@ BAD = {
     "length the configuration cannot split": (["--cases", "200x2"], "divisible by segment length"),
     "unknown strategy": (["--strategy", "warp"], "unknown strategy"),
     "compression without DDP": (["--grad-compression", "fp16"], "--module multihead"),
-    "bf16 compression on gloo": (["--grad-compression", "bf16", "--module", "multihead", "--mode", "fwd_bwd",
-                                  "--strategy", "mp"], "fp16"),
+    "bf16 compression on gloo": (
+        ["--grad-compression", "bf16", "--module", "multihead", "--mode", "fwd_bwd", "--strategy", "mp"],
+        "fp16",
+    ),
 }
 
 
@@ -339,8 +441,17 @@ def test_more_gpus_than_exist_is_one_line_exit_2(tmp_path):
 
 
 def _cuda_settings(**kw):
-    return SpeedupSettings(**{"impl": "sdpa", "config": {"backend": "auto"}, "cases": (Case(1024, 2),), "gpus": 2,
-                              "device": "cuda", "dtype": "bf16", **kw})
+    return SpeedupSettings(
+        **{
+            "impl": "sdpa",
+            "config": {"backend": "auto"},
+            "cases": (Case(1024, 2),),
+            "gpus": 2,
+            "device": "cuda",
+            "dtype": "bf16",
+            **kw,
+        }
+    )
 
 
 def test_rank_results_from_two_gpus_merge_into_one_row():
@@ -349,21 +460,41 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
     NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
     from attnbench.sweeps.speedup import merge_ranks
 
-    nvml = [{"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
-            {"index": 1, "nvml_used_before": 30, "nvml_used_peak": 90}]
+    nvml = [
+        {"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
+        {"index": 1, "nvml_used_before": 30, "nvml_used_peak": 90},
+    ]
     width = 8 * 64
-    rank0 = {"status": "ok", "rank": 0, "devices": [0], "times_ms": [2.0, 4.0, 3.0], "first_call_ms": 9.0,
-             "rank_first_call_ms": 9.0, "nvml": nvml, "nvml_index": {"0": 1, "1": 0},
-             "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}}, "backend": "flash",
-             "compare": {"sq_err": 1.0, "sq_ref": 100.0, "elements": 1024 * width, "nonfinite": False}}
-    rank1 = {"status": "ok", "rank": 1, "devices": [1], "times_ms": [3.0, 1.0, 3.5], "first_call_ms": 9.0,
-             "rank_first_call_ms": 7.0, "nvml": None,
-             "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
-             "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False}}
+    rank0 = {
+        "status": "ok",
+        "rank": 0,
+        "devices": [0],
+        "times_ms": [2.0, 4.0, 3.0],
+        "first_call_ms": 9.0,
+        "rank_first_call_ms": 9.0,
+        "nvml": nvml,
+        "nvml_index": {"0": 1, "1": 0},
+        "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}},
+        "backend": "flash",
+        "compare": {"sq_err": 1.0, "sq_ref": 100.0, "elements": 1024 * width, "nonfinite": False},
+    }
+    rank1 = {
+        "status": "ok",
+        "rank": 1,
+        "devices": [1],
+        "times_ms": [3.0, 1.0, 3.5],
+        "first_call_ms": 9.0,
+        "rank_first_call_ms": 7.0,
+        "nvml": None,
+        "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
+        "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False},
+    }
     row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
     assert row["times_ms"] == [3.0, 4.0, 3.5] and row["time_ms"] == 3.5
-    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"], g["max_memory_allocated"]) for g in row["gpus"]] == \
-        [(0, 1, 90, 100), (1, 0, 20, 101)]
+    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"], g["max_memory_allocated"]) for g in row["gpus"]] == [
+        (0, 1, 90, 100),
+        (1, 0, 20, 101),
+    ]
     assert row["output_rel_err"] == pytest.approx(0.1) and row["output_match"] is False and row["status"] == "error"
     assert "1.00e-01 > tolerance 1e-02" in row["message"]
     assert [r["first_call_ms"] for r in row["ranks"]] == [9.0, 7.0]
@@ -377,26 +508,41 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
 def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     from attnbench.sweeps.speedup import merge_ranks
 
-    nvml = [{"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
-            {"index": 1, "nvml_used_before": 2**29, "nvml_used_peak": 2**29}]
-    result = {"status": "ok", "rank": 0, "devices": [0, 1], "times_ms": [5.0], "nvml": nvml, "nvml_index": {"0": 0, "1": 1},
-              "allocator": {"0": {"max_memory_allocated": 2**31, "max_memory_reserved": 2**31},
-                            "1": {"max_memory_allocated": 0, "max_memory_reserved": 0}},
-              "replica_batches": [[0, 1]], "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 1024 * 512}}
+    nvml = [
+        {"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
+        {"index": 1, "nvml_used_before": 2**29, "nvml_used_peak": 2**29},
+    ]
+    result = {
+        "status": "ok",
+        "rank": 0,
+        "devices": [0, 1],
+        "times_ms": [5.0],
+        "nvml": nvml,
+        "nvml_index": {"0": 0, "1": 1},
+        "allocator": {
+            "0": {"max_memory_allocated": 2**31, "max_memory_reserved": 2**31},
+            "1": {"max_memory_allocated": 0, "max_memory_reserved": 0},
+        },
+        "replica_batches": [[0, 1]],
+        "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 1024 * 512},
+    }
     s = _cuda_settings(cases=(Case(1024, 1),))
     dp = strategies.get("dp")
     row = {"device": "cuda", "batch": 1, "mode": "fwd", "world_size": 2, **merge_ranks([result], s, Case(1024, 1), dp)}
     assert row["status"] == "ok" and row["output_match"] is True and row["replica_batches"] == [[0, 1]]
     note = notes_for(row, dp)
-    assert note.startswith("batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB")
+    assert note.startswith(
+        "batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB"
+    )
     assert "+0.00 GiB during the run" in note and "CUDA context" not in note
     # report 000's memory distribution: one column per GPU, allocator and NVML
     from attnbench.report.speedup_tables import memory_table
 
     lines = memory_table([{**row, "seq_len": 1024, "strategy": "dp"}]).splitlines()
     assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
-    assert lines[2] == ("| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML "
-                        "| 0.00 MB allocated, 536.87 MB NVML |")
+    assert lines[2] == (
+        "| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML | 0.00 MB allocated, 536.87 MB NVML |"
+    )
 
 
 def test_environment_names_how_each_gpu_pair_is_connected():
@@ -408,9 +554,16 @@ def test_environment_names_how_each_gpu_pair_is_connected():
 
     nvlinked = {(0, 1)}
     fake = SimpleNamespace(
-        NVML_TOPOLOGY_INTERNAL=0, NVML_TOPOLOGY_SINGLE=10, NVML_TOPOLOGY_MULTIPLE=20, NVML_TOPOLOGY_HOSTBRIDGE=30,
-        NVML_TOPOLOGY_NODE=40, NVML_TOPOLOGY_SYSTEM=50, NVML_P2P_CAPS_INDEX_NVLINK=3, NVML_P2P_STATUS_OK=0,
-        nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: i,
+        NVML_TOPOLOGY_INTERNAL=0,
+        NVML_TOPOLOGY_SINGLE=10,
+        NVML_TOPOLOGY_MULTIPLE=20,
+        NVML_TOPOLOGY_HOSTBRIDGE=30,
+        NVML_TOPOLOGY_NODE=40,
+        NVML_TOPOLOGY_SYSTEM=50,
+        NVML_P2P_CAPS_INDEX_NVLINK=3,
+        NVML_P2P_STATUS_OK=0,
+        nvmlDeviceGetCount=lambda: 3,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40 if (a, b) in nvlinked else 50,
         nvmlDeviceGetP2PStatus=lambda a, b, cap: 0 if (a, b) in nvlinked and cap == 3 else 5,
     )

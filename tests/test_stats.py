@@ -73,8 +73,9 @@ def test_holm_by_hand():
 def test_bootstrap_p_value():
     same = list(np.random.default_rng(0).normal(10, 0.2, 20))
     assert ratio_p_value(same, same) == 1.0
-    assert ratio_p_value([11.0 + 0.01 * i for i in range(10)], [10.0 + 0.01 * i for i in range(10)],
-                         resamples=999) == pytest.approx(2 / 1000)
+    assert ratio_p_value(
+        [11.0 + 0.01 * i for i in range(10)], [10.0 + 0.01 * i for i in range(10)], resamples=999
+    ) == pytest.approx(2 / 1000)
 
 
 def test_anomalous_efficiency_is_above_one_beyond_its_interval():

@@ -31,7 +31,9 @@ def test_gradients_of_every_verify_configuration_match_the_reference(name):
     failed = [(r["config"], r["causal"], r["message"]) for r in rows if r["status"] != "pass"]
     assert not failed
     for r in rows:
-        assert r["mode"] == "fwd_bwd" and all(0 <= r[f"rel_err_{g}"] <= GRAD_TOLERANCE["fp32"] for g in ("dq", "dk", "dv"))
+        assert r["mode"] == "fwd_bwd" and all(
+            0 <= r[f"rel_err_{g}"] <= GRAD_TOLERANCE["fp32"] for g in ("dq", "dk", "dv")
+        )
 
 
 def test_a_wrong_gradient_fails(monkeypatch):
@@ -90,6 +92,7 @@ def test_block_sparse_in_several_pieces_keeps_only_the_inputs(pattern, causal):
 def test_overlapping_pieces_count_each_row_once():
     """Equal pieces whose last overlaps its neighbour (rows 32..47 computed twice, as the flex
     layout cuts them) and key windows: the gradients are dense attention's, not doubled."""
+
     def dense(q, k, v):
         return masked_attention(q, k, v, torch.ones(q.shape[2], q.shape[1], k.shape[1], dtype=torch.bool))
 

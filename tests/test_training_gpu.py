@@ -20,8 +20,10 @@ DILATED = {"segment_lengths": [256, 512], "dilation_rates": [1, 2]}
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("backend, dtype", [("auto", "bf16"), ("flash", "bf16"), ("cudnn", "bf16"),
-                                            ("efficient", "bf16"), ("efficient", "fp32")])
+@pytest.mark.parametrize(
+    "backend, dtype",
+    [("auto", "bf16"), ("flash", "bf16"), ("cudnn", "bf16"), ("efficient", "bf16"), ("efficient", "fp32")],
+)
 def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
     cfg = impls.build("dilated", **DILATED, backend=backend).config()
     row = run_case(VerifyCase("dilated", cfg, 2, 4096, 5, 64, causal, dtype, "cuda", mode="fwd_bwd"))
@@ -32,8 +34,14 @@ def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal):
     # 12 query blocks a piece over 64 blocks: six pieces, the last overlapping its neighbour
-    cfg = impls.build("block-sparse", pattern_type=pattern_type, block_size=64, sparsity_ratio=0.1, kernel="flex",
-                      max_chunk_tokens=64 * 12).config()
+    cfg = impls.build(
+        "block-sparse",
+        pattern_type=pattern_type,
+        block_size=64,
+        sparsity_ratio=0.1,
+        kernel="flex",
+        max_chunk_tokens=64 * 12,
+    ).config()
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")

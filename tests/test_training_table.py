@@ -9,10 +9,27 @@ from attnbench.report.training import training_records
 def _trial(series, label, mode, kind, seq_len, status="ok", peak=None, tflops=None):
     # ten step times of 9.9-10.1 ms around a 10 ms median: TFLOP/s within 1% of `tflops`
     times = [10.0 + d / 100 for d in (-10, -8, -5, -2, 0, 0, 2, 5, 8, 10)] if status == "ok" else []
-    return {"times_ms": times, "time_ms": 10.0 if times else None, "kind": kind, "series": series, "label": label, "impl": label.split("(")[0], "mode": mode,
-            "seq_len": seq_len, "status": status, "dtype": "bf16", "device": "cuda", "batch": 1, "heads": 8,
-            "head_dim": 64, "causal": False, "env": {"machine": "GPU x1"}, "peak_over_floor": peak,
-            "tflops_useful": tflops, "message": "out of memory" if status == "oom" else ""}
+    return {
+        "times_ms": times,
+        "time_ms": 10.0 if times else None,
+        "kind": kind,
+        "series": series,
+        "label": label,
+        "impl": label.split("(")[0],
+        "mode": mode,
+        "seq_len": seq_len,
+        "status": status,
+        "dtype": "bf16",
+        "device": "cuda",
+        "batch": 1,
+        "heads": 8,
+        "head_dim": 64,
+        "causal": False,
+        "env": {"machine": "GPU x1"},
+        "peak_over_floor": peak,
+        "tflops_useful": tflops,
+        "message": "out of memory" if status == "oom" else "",
+    }
 
 
 ROWS = [
@@ -28,8 +45,15 @@ ROWS = [
 def test_records_hold_the_largest_training_and_forward_lengths():
     dilated, block = training_records(ROWS)
     at_max, at_64k = dilated.pop("tflops_at_max"), dilated.pop("tflops_compare")
-    assert dilated == {"label": "dilated(a)", "dtype": "bf16", "machine": "GPU x1", "max_seq_len": 1 << 23,
-                       "peak_over_floor": 1.03, "fwd_max_seq_len": 1 << 25, "fwd_peak_over_floor": 1.0}
+    assert dilated == {
+        "label": "dilated(a)",
+        "dtype": "bf16",
+        "machine": "GPU x1",
+        "max_seq_len": 1 << 23,
+        "peak_over_floor": 1.03,
+        "fwd_max_seq_len": 1 << 25,
+        "fwd_peak_over_floor": 1.0,
+    }
     assert (at_max.value, at_max.n, at_64k.value) == (280.0, 10, 250.0)
     # a rate is work over time: the slowest plausible median gives the low end
     assert 280.0 * 10.0 / 10.1 <= at_max.low < 280.0 < at_max.high <= 280.0 * 10.0 / 9.9

@@ -23,8 +23,9 @@ ALLOCATOR_EXACT_KEYS = ("inputs_bytes",)
 DEFAULTS = Thresholds()
 
 
-def run_check(baseline: Path, current: Path, thresholds: Thresholds = DEFAULTS,
-              skip_unreadable: bool = False) -> CheckReport:
+def run_check(
+    baseline: Path, current: Path, thresholds: Thresholds = DEFAULTS, skip_unreadable: bool = False
+) -> CheckReport:
     """Compare two sets of result files; raises AttnbenchError when they cannot be compared."""
     thresholds.check()
     any_cpu = thresholds.deterministic
@@ -35,8 +36,12 @@ def run_check(baseline: Path, current: Path, thresholds: Thresholds = DEFAULTS,
     return CheckReport(
         baseline={"path": base.path, "rows": base.rows, "device_models": base.models},
         current={"path": cur.path, "rows": cur.rows, "device_models": cur.models},
-        thresholds=thresholds, findings=comparison.findings, added=comparison.added,
-        missing=comparison.missing, not_compared=comparison.not_compared, warnings=warn_b + warn_c,
+        thresholds=thresholds,
+        findings=comparison.findings,
+        added=comparison.added,
+        missing=comparison.missing,
+        not_compared=comparison.not_compared,
+        warnings=warn_b + warn_c,
     )
 
 
@@ -47,8 +52,8 @@ class Comparison:
         self.added: list[str] = []
         self.missing: list[str] = []
         self.not_compared: list[str] = []
-        self.measured = 0   # trials and max-seq series judged on both sides
-        self.checked = 0    # reference checks on both sides
+        self.measured = 0  # trials and max-seq series judged on both sides
+        self.checked = 0  # reference checks on both sides
 
     def wants(self, aspect: str) -> bool:
         return aspect in self.t.aspects
@@ -58,8 +63,12 @@ class Comparison:
         self.resamples = stats.RESAMPLES if not self.wants("time") else resamples_for(tests, self.t.alpha)
         self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
         self._holm()
-        self._match(self.base.capacity, self.cur.capacity, self._capacity,
-                    lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}")
+        self._match(
+            self.base.capacity,
+            self.cur.capacity,
+            self._capacity,
+            lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}",
+        )
         self._verify()
         # reference checks in common do not make two unrelated sweeps comparable
         if not self.measured and (self.not_compared or not self.checked or self.base.trials or self.cur.trials):
@@ -79,8 +88,10 @@ class Comparison:
         for key in sorted(base.keys() - cur.keys(), key=order):
             other = cur_models.get(key[0], set()) - base_models[key[0]]
             if other:
-                self.not_compared.append(f"{name(base[key])}: baseline on {key[1]}, current on "
-                                         f"{', '.join(sorted(other))}; different device models are never compared")
+                self.not_compared.append(
+                    f"{name(base[key])}: baseline on {key[1]}, current on "
+                    f"{', '.join(sorted(other))}; different device models are never compared"
+                )
             else:
                 self.missing.append(f"{name(base[key])} [{key[1]}]")
         for key in sorted(cur.keys() - base.keys(), key=order):
@@ -106,10 +117,22 @@ class Comparison:
             v = compare_times(b["processes"], c["processes"], self.t.time_factor, self.t.alpha, self.resamples)
             b_all = [x for g in b["processes"] for x in g]
             c_all = [x for g in c["processes"] for x in g]
-            self._add("time", v.verdict, cur_rows, model, format_ms(statistics.median(b_all), adaptive=True),
-                      format_ms(statistics.median(c_all), adaptive=True), format_ratio(v.ratio), v.evidence,
-                      ratio=v.ratio, p_value=v.p_value, n_baseline=len(b_all), n_current=len(c_all),
-                      processes_baseline=len(b["processes"]), processes_current=len(c["processes"]))
+            self._add(
+                "time",
+                v.verdict,
+                cur_rows,
+                model,
+                format_ms(statistics.median(b_all), adaptive=True),
+                format_ms(statistics.median(c_all), adaptive=True),
+                format_ratio(v.ratio),
+                v.evidence,
+                ratio=v.ratio,
+                p_value=v.p_value,
+                n_baseline=len(b_all),
+                n_current=len(c_all),
+                processes_baseline=len(b["processes"]),
+                processes_current=len(c["processes"]),
+            )
         if self.wants("memory"):
             self._memory(b, c, cur_rows, model)
         if self.wants("bytes"):
@@ -129,8 +152,9 @@ class Comparison:
         if b["status"] == c["status"] or (b["status"] != "ok" and c["status"] != "ok"):
             return
         if self.t.deterministic and "time-limit" in (b["status"], c["status"]):
-            self.not_compared.append(f"{describe_trial(cur_rows[0])}: {b['status']} -> {c['status']}; "
-                                     "a time limit is not deterministic")
+            self.not_compared.append(
+                f"{describe_trial(cur_rows[0])}: {b['status']} -> {c['status']}; a time limit is not deterministic"
+            )
             return
         if c["status"] != "ok":
             self._add("capacity", "regression", cur_rows, model, "ran", c["status"], "now fails", c["message"][:200])
@@ -143,9 +167,19 @@ class Comparison:
         ratio = c["peak"] / b["peak"]
         f = self.t.memory_factor
         verdict = "regression" if ratio > f else "improvement" if ratio < 1 / f else "unchanged"
-        self._add("memory", verdict, cur_rows, model, format_bytes(b["peak"]), format_bytes(c["peak"]),
-                  format_ratio(ratio), f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
-                  if verdict != "unchanged" else f"within x{f:g}", ratio=ratio)
+        self._add(
+            "memory",
+            verdict,
+            cur_rows,
+            model,
+            format_bytes(b["peak"]),
+            format_bytes(c["peak"]),
+            format_ratio(ratio),
+            f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
+            if verdict != "unchanged"
+            else f"within x{f:g}",
+            ratio=ratio,
+        )
 
     def _exact(self, b: dict, c: dict, cur_rows, model) -> None:
         keys = EXACT_KEYS + (ALLOCATOR_EXACT_KEYS if str(c.get("peak_counter", "")).startswith("cuda") else ())
@@ -154,9 +188,16 @@ class Comparison:
         if not compared:
             return
         if changed:
-            self._add("bytes", "regression", cur_rows, model, ", ".join(f"{k} {b[k]:,}" for k in changed),
-                      ", ".join(f"{k} {c[k]:,}" for k in changed), "changed",
-                      "exact counts differ: if the change is intended, regenerate the baseline")
+            self._add(
+                "bytes",
+                "regression",
+                cur_rows,
+                model,
+                ", ".join(f"{k} {b[k]:,}" for k in changed),
+                ", ".join(f"{k} {c[k]:,}" for k in changed),
+                "changed",
+                "exact counts differ: if the change is intended, regenerate the baseline",
+            )
         else:
             self._add("bytes", "unchanged", cur_rows, model, "equal", "equal", "", ", ".join(compared))
 
@@ -176,11 +217,18 @@ class Comparison:
         verdict = "regression" if hi < lo else "improvement" if hi > lo else "unchanged"
         if "time" in (b["stopped_by"], c["stopped_by"]) and abs(hi - lo) <= _resolution_step(b, c):
             verdict = "unchanged"  # a time limit moves with the clock by one bisection step
-        self._add("capacity", verdict, name, model, f"{short_tokens(lo)} (stopped by {b['stopped_by']})",
-                  f"{short_tokens(hi)} (stopped by {c['stopped_by']})",
-                  "" if hi == lo else f"{short_tokens(lo)} -> {short_tokens(hi)}",
-                  f"memory limit {format_bytes(c['row'].get('memory_limit'))}" if c["row"].get("memory_limit") else "",
-                  baseline_max_seq=lo, current_max_seq=hi)
+        self._add(
+            "capacity",
+            verdict,
+            name,
+            model,
+            f"{short_tokens(lo)} (stopped by {b['stopped_by']})",
+            f"{short_tokens(hi)} (stopped by {c['stopped_by']})",
+            "" if hi == lo else f"{short_tokens(lo)} -> {short_tokens(hi)}",
+            f"memory limit {format_bytes(c['row'].get('memory_limit'))}" if c["row"].get("memory_limit") else "",
+            baseline_max_seq=lo,
+            current_max_seq=hi,
+        )
 
     # --- correctness ----------------------------------------------------------------------
     def _verify(self) -> None:
@@ -194,18 +242,40 @@ class Comparison:
         if not self.wants("correctness"):
             return
         if not self.cur.verify:  # results that never met the reference cannot pass a correctness gate
-            self.missing.append("every reference check: the current results hold none (run with the reference check on)")
+            self.missing.append(
+                "every reference check: the current results hold none (run with the reference check on)"
+            )
         for key, rows in cur.items():
             for r in rows:
                 was = base[key]["status"] if key in base else "not checked"
                 if r["status"] == "pass":
-                    self._add("correctness", "unchanged", verify_name(r), r["device"], was, "pass", "",
-                              f"rel. error {r.get('rel_err') or 0:.1e} <= {r.get('tolerance')}")
+                    self._add(
+                        "correctness",
+                        "unchanged",
+                        verify_name(r),
+                        r["device"],
+                        was,
+                        "pass",
+                        "",
+                        f"rel. error {r.get('rel_err') or 0:.1e} <= {r.get('tolerance')}",
+                    )
                 else:
-                    why = (f"rel. error {r['rel_err']:.2e} > tolerance {r.get('tolerance')}" if r.get("rel_err") is not None
-                           else (r.get("message") or "no output")[:200])
-                    self._add("correctness", "regression", verify_name(r), r["device"], was, r["status"],
-                              "fails the float64 reference", why, rel_err=r.get("rel_err"))
+                    why = (
+                        f"rel. error {r['rel_err']:.2e} > tolerance {r.get('tolerance')}"
+                        if r.get("rel_err") is not None
+                        else (r.get("message") or "no output")[:200]
+                    )
+                    self._add(
+                        "correctness",
+                        "regression",
+                        verify_name(r),
+                        r["device"],
+                        was,
+                        r["status"],
+                        "fails the float64 reference",
+                        why,
+                        rel_err=r.get("rel_err"),
+                    )
 
     def _nothing_in_common(self) -> None:
         if self.not_compared:
@@ -213,7 +283,11 @@ class Comparison:
                 f"baseline was measured on {', '.join(self.base.models) or '?'}, current on "
                 f"{', '.join(self.cur.models) or '?'}: different device models are never compared; "
                 "compare results of the same device model"
-                + ("" if self.t.deterministic else " (or pass --deterministic to gate CPU results on what does not depend on the CPU model)")
+                + (
+                    ""
+                    if self.t.deterministic
+                    else " (or pass --deterministic to gate CPU results on what does not depend on the CPU model)"
+                )
             )
         raise AttnbenchError(
             f"baseline {self.base.path} and current {self.cur.path} have no trial or reference check in common "

@@ -28,8 +28,10 @@ def canon(row: dict[str, Any], keys: tuple[str, ...]) -> str:
 
 
 def trial_identity(row: dict[str, Any]) -> str:
-    return canon({**row, "world_size": row.get("world_size", 1), "strategy": row.get("strategy", "single")},
-                  WORKLOAD_KEYS + ("world_size", "strategy"))
+    return canon(
+        {**row, "world_size": row.get("world_size", 1), "strategy": row.get("strategy", "single")},
+        WORKLOAD_KEYS + ("world_size", "strategy"),
+    )
 
 
 def capacity_identity(row: dict[str, Any]) -> str:
@@ -66,5 +68,7 @@ def order(key: tuple[str, str]) -> tuple:
 
 def verify_name(r: dict[str, Any]) -> str:
     cfg = config_text(r["config"], sep=" ")
-    return (f"{r['impl']}{' ' + cfg if cfg else ''} {r['dtype']} B={r['batch']} N={r['seq_len']} H={r['heads']} "
-            f"D={r['head_dim']}{' causal' if r.get('causal') else ''} on {r['device']}")
+    return (
+        f"{r['impl']}{' ' + cfg if cfg else ''} {r['dtype']} B={r['batch']} N={r['seq_len']} H={r['heads']} "
+        f"D={r['head_dim']}{' causal' if r.get('causal') else ''} on {r['device']}"
+    )

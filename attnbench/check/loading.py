@@ -39,8 +39,9 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
     problems = [p.replace(" line skipped (", " line (").replace(" row skipped (", " row (") for p in problems]
     if problems and not skip_unreadable:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
-        raise AttnbenchError(f"{label} {problems[0]}{more}: repair or delete the line, "
-                             "or pass --skip-unreadable to compare the rest")
+        raise AttnbenchError(
+            f"{label} {problems[0]}{more}: repair or delete the line, or pass --skip-unreadable to compare the rest"
+        )
     warnings = [f"{label} {p}: skipped" for p in problems]
     rows = [r for r in rows if r.get("kind") in TRIAL_KINDS + ("verify", "max-seq-result")]
     if not rows:
@@ -49,8 +50,15 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
     for r in rows:
         if r["kind"] in TRIAL_KINDS:
             trials[(trial_identity(r), device_model(r, any_cpu))].append(r)
-    side = Side(label, str(path), len(rows), sorted({device_model(r, any_cpu) for r in rows if r["kind"] != "verify"}),
-                dict(trials), [r for r in rows if r["kind"] == "verify"], capacities(rows, any_cpu))
+    side = Side(
+        label,
+        str(path),
+        len(rows),
+        sorted({device_model(r, any_cpu) for r in rows if r["kind"] != "verify"}),
+        dict(trials),
+        [r for r in rows if r["kind"] == "verify"],
+        capacities(rows, any_cpu),
+    )
     return side, warnings
 
 

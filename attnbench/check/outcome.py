@@ -18,7 +18,7 @@ DETERMINISTIC_ASPECTS = ("correctness", "capacity", "bytes")
 class Thresholds:
     time_factor: float = 1.10
     memory_factor: float = 1.02
-    alpha: float = 0.05      # family-wise, across all time comparisons (Holm)
+    alpha: float = 0.05  # family-wise, across all time comparisons (Holm)
     aspects: tuple[str, ...] = ASPECTS
     deterministic: bool = False
     allow_missing: bool = False  # missing trials or reference checks do not fail the gate
@@ -41,7 +41,7 @@ class Thresholds:
 @dataclass
 class Finding:
     aspect: str
-    verdict: str         # regression | improvement | inconclusive | unchanged
+    verdict: str  # regression | improvement | inconclusive | unchanged
     trial: str
     device_model: str
     baseline: str
@@ -96,12 +96,19 @@ class CheckReport:
         return f"{verdict}: " + ", ".join(bits + rest)
 
     def to_json(self) -> dict[str, Any]:
-        return clean_floats({
-            "result": "fail" if self.exit_code else "pass", "exit_code": self.exit_code,
-            "baseline": self.baseline, "current": self.current, "thresholds": asdict(self.thresholds),
-            "min_samples_per_side": MIN_SAMPLES,
-            "counts": {v: len(self.of(v)) for v in ("regression", "improvement", "inconclusive", "unchanged")},
-            "findings": [{**asdict(f), "blocking": f.blocking} for f in self.findings],
-            "added": self.added, "missing": self.missing, "not_compared": self.not_compared,
-            "warnings": self.warnings,
-        })
+        return clean_floats(
+            {
+                "result": "fail" if self.exit_code else "pass",
+                "exit_code": self.exit_code,
+                "baseline": self.baseline,
+                "current": self.current,
+                "thresholds": asdict(self.thresholds),
+                "min_samples_per_side": MIN_SAMPLES,
+                "counts": {v: len(self.of(v)) for v in ("regression", "improvement", "inconclusive", "unchanged")},
+                "findings": [{**asdict(f), "blocking": f.blocking} for f in self.findings],
+                "added": self.added,
+                "missing": self.missing,
+                "not_compared": self.not_compared,
+                "warnings": self.warnings,
+            }
+        )

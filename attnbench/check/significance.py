@@ -15,8 +15,8 @@ MIN_SAMPLES = 5
 
 @dataclass(frozen=True)
 class TimeVerdict:
-    verdict: str        # regression | improvement | inconclusive | unchanged
-    ratio: float        # current median / baseline median
+    verdict: str  # regression | improvement | inconclusive | unchanged
+    ratio: float  # current median / baseline median
     p_value: float | None
     evidence: str
 
@@ -27,8 +27,13 @@ def resamples_for(tests: int, alpha: float) -> int:
     return max(stats.RESAMPLES, math.ceil(4 * max(tests, 1) / alpha))
 
 
-def compare_times(baseline: list[list[float]], current: list[list[float]], factor: float, alpha: float,
-                  resamples: int = stats.RESAMPLES) -> TimeVerdict:
+def compare_times(
+    baseline: list[list[float]],
+    current: list[list[float]],
+    factor: float,
+    alpha: float,
+    resamples: int = stats.RESAMPLES,
+) -> TimeVerdict:
     """asv's rule on the right unit: the median moved beyond ``factor`` and the bootstrap
     interval of the ratio of medians excludes 1 (p <= ``alpha`` before Holm's correction,
     which the comparison applies across all trials).
@@ -46,8 +51,12 @@ def compare_times(baseline: list[list[float]], current: list[list[float]], facto
     if not (slower or faster):
         return TimeVerdict("unchanged", ratio, None, f"within x{factor:g} ({n})")
     if min(len(b_all), len(c_all)) < MIN_SAMPLES:
-        return TimeVerdict("inconclusive", ratio, None,
-                           f"{n}: too few for an interval; record at least {MIN_SAMPLES} samples per trial (min_samples)")
+        return TimeVerdict(
+            "inconclusive",
+            ratio,
+            None,
+            f"{n}: too few for an interval; record at least {MIN_SAMPLES} samples per trial (min_samples)",
+        )
     p = stats.ratio_p_value(current, baseline, resamples)
     iv = stats.ratio_interval(current, baseline, resamples)
     where = f"ratio 95% interval [{iv.low:.3f}, {iv.high:.3f}], p = {p:.2g}, {n}"

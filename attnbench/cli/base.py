@@ -9,8 +9,12 @@ from typing import Any
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.",
+)
 # Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "pkg.mod:x:" stays text
@@ -21,4 +25,6 @@ def show(v: Any) -> str:
 
 
 def config_short(config: dict[str, Any]) -> str:
-    return " ".join(f"{k}={show(v)}" for k, v in config.items() if k != "max_chunk_tokens" and v not in (None, "")) or "-"
+    return (
+        " ".join(f"{k}={show(v)}" for k, v in config.items() if k != "max_chunk_tokens" and v not in (None, "")) or "-"
+    )

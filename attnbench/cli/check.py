@@ -17,14 +17,40 @@ from attnbench.errors import AttnbenchError
 def check(
     baseline: Annotated[Path, typer.Option("--baseline", help="results directory or trials.jsonl before the change")],
     current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],
-    time_factor: Annotated[float, typer.Option("--time-factor", help="a median slower than this factor may be a regression")] = 1.10,
-    memory_factor: Annotated[float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")] = 1.02,
-    alpha: Annotated[float, typer.Option("--alpha", help="family-wise significance level of the time test (Holm-corrected across comparisons)")] = 0.05,
-    only: Annotated[Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")] = None,
-    deterministic: Annotated[bool, typer.Option("--deterministic", help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)")] = False,
+    time_factor: Annotated[
+        float, typer.Option("--time-factor", help="a median slower than this factor may be a regression")
+    ] = 1.10,
+    memory_factor: Annotated[
+        float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")
+    ] = 1.02,
+    alpha: Annotated[
+        float,
+        typer.Option(
+            "--alpha", help="family-wise significance level of the time test (Holm-corrected across comparisons)"
+        ),
+    ] = 0.05,
+    only: Annotated[
+        Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")
+    ] = None,
+    deterministic: Annotated[
+        bool,
+        typer.Option(
+            "--deterministic",
+            help="only correctness, capacity and bytes, which do not depend on the clock or the CPU model (CPU results of different CPU models compare)",
+        ),
+    ] = False,
     fmt: Annotated[str, typer.Option("--format", help="text | markdown (a pull-request comment) | json")] = "text",
-    skip_unreadable: Annotated[bool, typer.Option("--skip-unreadable", help="skip unreadable lines (reported with file:line) instead of stopping")] = False,
-    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="pass although trials or reference checks of the baseline are missing from the current results")] = False,
+    skip_unreadable: Annotated[
+        bool,
+        typer.Option("--skip-unreadable", help="skip unreadable lines (reported with file:line) instead of stopping"),
+    ] = False,
+    allow_missing: Annotated[
+        bool,
+        typer.Option(
+            "--allow-missing",
+            help="pass although trials or reference checks of the baseline are missing from the current results",
+        ),
+    ] = False,
 ) -> None:
     """Compare results with a baseline: exit 0 when clean, 1 on any regression, 2 on unusable input."""
     from attnbench.check import ASPECTS, DETERMINISTIC_ASPECTS, FORMATS, Thresholds, render, run_check

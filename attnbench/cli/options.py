@@ -11,7 +11,9 @@ import typer
 
 from attnbench.errors import AttnbenchError
 
-ImplOpt = Annotated[Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")]
+ImplOpt = Annotated[
+    Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")
+]
 HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H [8]")]
 HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D [64]")]
 BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B [1]")]
@@ -22,16 +24,28 @@ CausalOpt = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help=
 SegOpt = Annotated[Optional[str], typer.Option("--segment-lengths", help="dilated: e.g. 2048,4096")]
 DilOpt = Annotated[Optional[str], typer.Option("--dilation-rates", help="dilated: e.g. 1,2")]
 BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="sdpa: auto|flash|cudnn|efficient|math")]
-ParamOpt = Annotated[Optional[list[str]], typer.Option("--param", help="any implementation parameter, KEY=VALUE (repeatable)")]
-TrialSecOpt = Annotated[Optional[float], typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit [60]")]
+ParamOpt = Annotated[
+    Optional[list[str]], typer.Option("--param", help="any implementation parameter, KEY=VALUE (repeatable)")
+]
+TrialSecOpt = Annotated[
+    Optional[float], typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit [60]")
+]
 MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="results directory [results/<date>-<machine>-<name>]")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
-GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4")]
-InProcOpt = Annotated[Optional[bool], typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each")]
+GpusOpt = Annotated[
+    Optional[str],
+    typer.Option("--gpus", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4"),
+]
+InProcOpt = Annotated[
+    Optional[bool],
+    typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each"),
+]
 BudgetOpt = Annotated[Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial [30]")]
-RepeatOpt = Annotated[Optional[int], typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) [1]")]
+RepeatOpt = Annotated[
+    Optional[int], typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) [1]")
+]
 
 
 def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:
@@ -72,4 +86,3 @@ def dated_results_dir(machine: str, name: str) -> Path:
     while (path / "trials.jsonl").exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1
     return path
-

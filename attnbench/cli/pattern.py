@@ -15,11 +15,16 @@ from attnbench.cli.options import CausalOpt, DilOpt, SegOpt, impl_params
 @app.command()
 def pattern(
     seq_len: Annotated[str, typer.Option("--seq-len", help="sequence length, e.g. 16384 or 16M")],
-    pattern_type: Annotated[str, typer.Option("--pattern-type", help="local_window | dilated_sparse | global_local | hierarchical")] = "local_window",
+    pattern_type: Annotated[
+        str, typer.Option("--pattern-type", help="local_window | dilated_sparse | global_local | hierarchical")
+    ] = "local_window",
     block_size: Annotated[int, typer.Option("--block-size", help="tokens per block")] = 128,
-    sparsity_ratio: Annotated[float, typer.Option("--sparsity-ratio", help="kept fraction of block pairs (0.05 = 95% sparse)")] = 0.05,
+    sparsity_ratio: Annotated[
+        float, typer.Option("--sparsity-ratio", help="kept fraction of block pairs (0.05 = 95% sparse)")
+    ] = 0.05,
     causal: CausalOpt = None,
-    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None,
+    segment_lengths: SegOpt = None,
+    dilation_rates: DilOpt = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="draw the pattern into this PNG file")] = None,
 ) -> None:
     """Build a block-sparse pattern from its block lists: print its kept fraction, build time and memory; draw it."""
@@ -35,8 +40,9 @@ def pattern(
         check_output_file(png, "--png", ".png")
     n = parse_tokens(seq_len)
     config = impl_params(segment_lengths, dilation_rates, None, None)
-    impl = impls.build("block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio,
-                       **config)
+    impl = impls.build(
+        "block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio, **config
+    )
     impl.check_length(n)
     reset_rss_peak()
     base = current_rss_bytes()
@@ -45,14 +51,20 @@ def pattern(
     seconds = time.perf_counter() - t0
     grown = max(0, rss_high_water() - base)
     counts = p.row_counts.float()
-    console.print(f"{p.pattern_type}{' causal' if p.causal else ''}  N={format_tokens(n)}  block {block_size}  "
-                  f"{p.num_blocks:,} query blocks  ({p.describe()})")
-    console.print(f"kept fraction {p.kept_fraction:.4f} of {'causal ' if p.causal else ''}block pairs "
-                  f"(sparsity_ratio {sparsity_ratio:g}); {p.kept_blocks:,} block pairs; per query block "
-                  f"min {int(counts.min())} / mean {float(counts.mean()):.1f} / max {int(counts.max())} key blocks"
-                  + (f"; {p.dense_rows} global rows keep everything" if p.dense_rows else ""))
-    console.print(f"built in {seconds:.2f} s; resident memory grew by at most {format_bytes(grown)}; "
-                  f"compact lists {format_bytes(p.progressions.numel() * 8)}")
+    console.print(
+        f"{p.pattern_type}{' causal' if p.causal else ''}  N={format_tokens(n)}  block {block_size}  "
+        f"{p.num_blocks:,} query blocks  ({p.describe()})"
+    )
+    console.print(
+        f"kept fraction {p.kept_fraction:.4f} of {'causal ' if p.causal else ''}block pairs "
+        f"(sparsity_ratio {sparsity_ratio:g}); {p.kept_blocks:,} block pairs; per query block "
+        f"min {int(counts.min())} / mean {float(counts.mean()):.1f} / max {int(counts.max())} key blocks"
+        + (f"; {p.dense_rows} global rows keep everything" if p.dense_rows else "")
+    )
+    console.print(
+        f"built in {seconds:.2f} s; resident memory grew by at most {format_bytes(grown)}; "
+        f"compact lists {format_bytes(p.progressions.numel() * 8)}"
+    )
     if png:
         from attnbench.report.pattern_plot import draw_pattern
 

@@ -16,16 +16,20 @@ class RichReporter:
     def verify_done(self, rows) -> None:
         for r in rows:
             mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
-            console.print(f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} "
-                          f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}")
+            console.print(
+                f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} "
+                f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}"
+            )
 
     def note(self, text) -> None:
         err_console.print(f"warning: {escape(text)}")
 
     def series_started(self, series, index, total) -> None:
         st = series.settings
-        console.rule(f"[{index + 1}/{total}] {series.name}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
-                     f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}")
+        console.rule(
+            f"[{index + 1}/{total}] {series.name}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
+            f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}"
+        )
 
     def trial_started(self, series, seq_len, phase) -> None:
         from attnbench.units import format_tokens
@@ -44,8 +48,10 @@ class RichReporter:
         if row.get("time_ms"):
             bits.append(f"{row['time_ms']:,.2f} ms")
         if row.get("peak_bytes"):
-            bits.append(f"peak {format_bytes(row['peak_bytes'])}" +
-                        (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else ""))
+            bits.append(
+                f"peak {format_bytes(row['peak_bytes'])}"
+                + (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else "")
+            )
         if row.get("tflops_executed"):
             bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
         if row["status"] != "ok" and row.get("message"):

@@ -14,7 +14,9 @@ from attnbench.cli.base import app, console, err_console
 @app.command()
 def report(
     results: Annotated[Path, typer.Argument(help="results directory (searched for trials.jsonl) or one trials.jsonl")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="where report.md, csv/ and the plots go [RESULTS/report]")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="where report.md, csv/ and the plots go [RESULTS/report]")
+    ] = None,
 ) -> None:
     """Write report.md (the five seed reports' tables, capacity prediction, plots) and CSV tables from result files."""
     from attnbench.report.build import write_report
@@ -22,8 +24,10 @@ def report(
     written = write_report(results, out)
     for line in written.problems:
         err_console.print(f"warning: {escape(line)}")
-    console.print(f"{len(written.files) - 1} tables and plots, {len(written.machines)} machine(s): "
-                  f"{escape(', '.join(written.machines))}")
+    console.print(
+        f"{len(written.files) - 1} tables and plots, {len(written.machines)} machine(s): "
+        f"{escape(', '.join(written.machines))}"
+    )
     console.print(f"report: {written.report}")
 
 

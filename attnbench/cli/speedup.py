@@ -26,19 +26,38 @@ from attnbench.cli.progress import SpeedupReporter
 def speedup(
     impl: Annotated[str, typer.Option("--impl", help="implementation; see `attnbench list`")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread over (on --device cpu: processes)")] = 2,
-    cases: Annotated[Optional[str], typer.Option("--cases", help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 [default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="dp, mp (comma-separated; single always runs as the baseline)")] = "dp,mp",
-    module: Annotated[str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")] = "attention",
-    grad_compression: Annotated[Optional[str], typer.Option("--grad-compression", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)")] = None,
+    cases: Annotated[
+        Optional[str],
+        typer.Option(
+            "--cases",
+            help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 [default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]",
+        ),
+    ] = None,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="dp, mp (comma-separated; single always runs as the baseline)")
+    ] = "dp,mp",
+    module: Annotated[
+        str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")
+    ] = "attention",
+    grad_compression: Annotated[
+        Optional[str],
+        typer.Option("--grad-compression", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)"),
+    ] = None,
     heads: Annotated[int, typer.Option("--heads", help="attention heads H")] = 8,
     head_dim: Annotated[int, typer.Option("--head-dim", help="head dimension D")] = 64,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | fp16 | bf16")] = "bf16",
     device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto")] = "auto",
     mode: Annotated[str, typer.Option("--mode", help="fwd | fwd_bwd")] = "fwd",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="causal masking")] = False,
-    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
-    max_trial_seconds: Annotated[float, typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit")] = 60.0,
-    out: OutOpt = None, resume: ResumeOpt = False,
+    segment_lengths: SegOpt = None,
+    dilation_rates: DilOpt = None,
+    backend: BackendOpt = None,
+    param: ParamOpt = None,
+    max_trial_seconds: Annotated[
+        float, typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit")
+    ] = 60.0,
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
     from attnbench.environment import capture_env
@@ -56,16 +75,33 @@ def speedup(
     if out:
         check_output_dir(out)
     device = resolve_device(device)
-    settings = check_settings(SpeedupSettings(
-        impl=impl, config=impl_params(segment_lengths, dilation_rates, backend, param), cases=parse_cases(SEED_CASES if cases is None else cases), gpus=gpus,
-        strategies=parse_strategies(strategy), module=module, grad_compression=grad_compression, dtype=dtype,
-        device=device, heads=heads, head_dim=head_dim, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
-    ), _cuda_device_count() if device == "cuda" else 0, cases_given=cases is not None)
+    settings = check_settings(
+        SpeedupSettings(
+            impl=impl,
+            config=impl_params(segment_lengths, dilation_rates, backend, param),
+            cases=parse_cases(SEED_CASES if cases is None else cases),
+            gpus=gpus,
+            strategies=parse_strategies(strategy),
+            module=module,
+            grad_compression=grad_compression,
+            dtype=dtype,
+            device=device,
+            heads=heads,
+            head_dim=head_dim,
+            mode=mode,
+            causal=causal,
+            max_trial_seconds=max_trial_seconds,
+        ),
+        _cuda_device_count() if device == "cuda" else 0,
+        cases_given=cases is not None,
+    )
     env = capture_env()
     out_dir = Path(out) if out else _speedup_out(settings, env)
     runner = SpeedupRunner(settings, out_dir, env, resume=resume, reporter=SpeedupReporter())
-    console.print(f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
-                  f"({', '.join(settings.order())}), {len(settings.cases)} case{'s' if len(settings.cases) != 1 else ''} on {env['machine']} -> {out_dir}")
+    console.print(
+        f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
+        f"({', '.join(settings.order())}), {len(settings.cases)} case{'s' if len(settings.cases) != 1 else ''} on {env['machine']} -> {out_dir}"
+    )
     interrupted, verified = False, True
     try:
         verified = runner.run()
@@ -75,7 +111,9 @@ def speedup(
         for path in write_speedup_tables(out_dir):
             console.print(f"wrote {path}")
     if interrupted:
-        err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
+        err_console.print(
+            f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
+        )
         raise typer.Exit(130)
     if not verified:
         err_console.print("the configuration failed the reference check; no speedup trial ran")

@@ -42,48 +42,113 @@ from attnbench.cli.progress import RichReporter, SpeedupReporter
 
 @app.command("max-seq")
 def max_seq(
-    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
-    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
-    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
+    impl: ImplOpt = None,
+    heads: HeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    batch: BatchOpt = None,
+    dtype: DtypeOpt = None,
+    device: DeviceOpt = None,
+    mode: ModeOpt = None,
+    causal: CausalOpt = None,
+    segment_lengths: SegOpt = None,
+    dilation_rates: DilOpt = None,
+    backend: BackendOpt = None,
+    param: ParamOpt = None,
     start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
     max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
-    resolution: Annotated[Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")] = None,
-    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
-    profile: ProfileOpt = None, out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
+    resolution: Annotated[
+        Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")
+    ] = None,
+    max_trial_seconds: TrialSecOpt = None,
+    memory_limit: MemLimitOpt = None,
+    gpus: GpusOpt = None,
+    profile: ProfileOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
+    in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
 ) -> None:
     """Largest sequence length each implementation runs: double until the first failure, then bisect."""
-    flags = sweep_flags(kind="max-seq", heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, device=device, mode=mode,
-                   causal=causal, start=start, max_seq_len=max_seq_len, resolution=resolution,
-                   max_trial_seconds=max_trial_seconds, memory_limit=memory_limit, isolate=in_process, gpus=gpus,
-                   timing_budget_s=timing_budget)
+    flags = sweep_flags(
+        kind="max-seq",
+        heads=heads,
+        head_dim=head_dim,
+        batch=batch,
+        dtype=dtype,
+        device=device,
+        mode=mode,
+        causal=causal,
+        start=start,
+        max_seq_len=max_seq_len,
+        resolution=resolution,
+        max_trial_seconds=max_trial_seconds,
+        memory_limit=memory_limit,
+        isolate=in_process,
+        gpus=gpus,
+        timing_budget_s=timing_budget,
+    )
     if profile:
         flags.pop("kind")
-    _run_plan("max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume)
+    _run_plan(
+        "max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume
+    )
 
 
 @app.command()
 def bench(
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
-    impl: ImplOpt = None, heads: HeadsOpt = None, head_dim: HeadDimOpt = None, batch: BatchOpt = None,
-    dtype: DtypeOpt = None, device: DeviceOpt = None, mode: ModeOpt = None, causal: CausalOpt = None,
-    segment_lengths: SegOpt = None, dilation_rates: DilOpt = None, backend: BackendOpt = None, param: ParamOpt = None,
-    max_trial_seconds: TrialSecOpt = None, memory_limit: MemLimitOpt = None, gpus: GpusOpt = None,
-    out: OutOpt = None, resume: ResumeOpt = False, in_process: InProcOpt = None,
-    timing_budget: BudgetOpt = None, repeat: RepeatOpt = None,
+    impl: ImplOpt = None,
+    heads: HeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    batch: BatchOpt = None,
+    dtype: DtypeOpt = None,
+    device: DeviceOpt = None,
+    mode: ModeOpt = None,
+    causal: CausalOpt = None,
+    segment_lengths: SegOpt = None,
+    dilation_rates: DilOpt = None,
+    backend: BackendOpt = None,
+    param: ParamOpt = None,
+    max_trial_seconds: TrialSecOpt = None,
+    memory_limit: MemLimitOpt = None,
+    gpus: GpusOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
+    in_process: InProcOpt = None,
+    timing_budget: BudgetOpt = None,
+    repeat: RepeatOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
-    flags = sweep_flags(kind="points", seq_lens=seq_lens, heads=heads, head_dim=head_dim, batch=batch, dtype=dtype,
-                   device=device, mode=mode, causal=causal, max_trial_seconds=max_trial_seconds,
-                   memory_limit=memory_limit, isolate=in_process, gpus=gpus, timing_budget_s=timing_budget,
-                   repeat=repeat)
-    _run_plan("bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume)
+    flags = sweep_flags(
+        kind="points",
+        seq_lens=seq_lens,
+        heads=heads,
+        head_dim=head_dim,
+        batch=batch,
+        dtype=dtype,
+        device=device,
+        mode=mode,
+        causal=causal,
+        max_trial_seconds=max_trial_seconds,
+        memory_limit=memory_limit,
+        isolate=in_process,
+        gpus=gpus,
+        timing_budget_s=timing_budget,
+        repeat=repeat,
+    )
+    _run_plan(
+        "bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume
+    )
 
 
 @app.command()
 def run(
-    profile: Annotated[str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")] = "auto",
-    out: OutOpt = None, resume: ResumeOpt = False, repeat: RepeatOpt = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")
+    ] = "auto",
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
+    repeat: RepeatOpt = None,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
@@ -126,7 +191,9 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
         _print_summary(out_dir)
         _scaling_readout(out_dir)
     if interrupted:
-        err_console.print(f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}")
+        err_console.print(
+            f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
+        )
         raise typer.Exit(130)
     console.print(f"results in {out_dir}")
     if any(not o.verified for o in outcomes) or runner.speedups_unverified:
@@ -147,9 +214,14 @@ def _print_summary(out_dir: Path) -> None:
     for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
-        t.add_row(s["label"], s["dtype"], max_seq_text(s),
-                  s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
-                  format_bytes(s["peak_bytes"]), f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-")
+        t.add_row(
+            s["label"],
+            s["dtype"],
+            max_seq_text(s),
+            s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
+            format_bytes(s["peak_bytes"]),
+            f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
+        )
     console.print(t)
 
 
@@ -169,7 +241,8 @@ def _scaling_readout(out_dir: Path) -> None:
 
 
 def _default_out(plan, env) -> Path:
-    on_gpu = (any(s.settings.device == "cuda" for s in plan.series)
-              or any(sp.device == "cuda" for sp in plan.speedups)) and env.get("gpus")
+    on_gpu = (
+        any(s.settings.device == "cuda" for s in plan.series) or any(sp.device == "cuda" for sp in plan.speedups)
+    ) and env.get("gpus")
     machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
     return dated_results_dir(machine, plan.name)

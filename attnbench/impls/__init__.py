@@ -81,6 +81,7 @@ def build_for_ranks(name: str, config: dict[str, Any], world: int) -> AttentionI
         impl.world_size = world
     return impl
 
+
 def recorded_metadata(name: str) -> dict[str, Any]:
     """What a result row records of an outside implementation, so the report never imports
     it: where it came from (import path, package, version) and its memory order."""
@@ -156,4 +157,14 @@ def _load() -> None:
         importlib.import_module(f"{__name__}.{name}")
 
 
-__all__ = ["AttentionImpl", "ImplSpec", "Param", "build", "build_for_ranks", "names", "spec", "register", "normalize_config"]
+__all__ = [
+    "AttentionImpl",
+    "ImplSpec",
+    "Param",
+    "build",
+    "build_for_ranks",
+    "names",
+    "spec",
+    "register",
+    "normalize_config",
+]

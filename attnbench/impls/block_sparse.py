@@ -21,7 +21,7 @@ Query blocks that keep every allowed block (the global rows of ``global_local``)
 plain dense attention (SDPA), except in a full-width flex mask, which holds them as well.
 
 The FlexAttention calls themselves are in ``attnbench.impls.flex_kernel``. This module is
-about 400 lines because it is one implementation: its shape rules, counts, both kernels'
+over 400 lines because it is one implementation: its shape rules, counts, both kernels'
 pieces (the flex layout and block masks, the gather path) and its registry entry.
 """
 
@@ -70,28 +70,46 @@ TRAINING_ONE_CHUNK_TOKENS = 1 << 18
 
 
 class BlockSparseAttention(AttentionImpl):
-    def __init__(self, pattern_type: str = "local_window", sparsity_ratio: float = 0.05, block_size: int = 128,
-                 segment_lengths: list[int] | None = None, dilation_rates: list[int] | None = None,
-                 kernel: str = "auto", kernel_options: str = "", compile_mode: str = "default",
-                 max_chunk_tokens: int = 1 << 20, index_width: str = "auto") -> None:
+    def __init__(
+        self,
+        pattern_type: str = "local_window",
+        sparsity_ratio: float = 0.05,
+        block_size: int = 128,
+        segment_lengths: list[int] | None = None,
+        dilation_rates: list[int] | None = None,
+        kernel: str = "auto",
+        kernel_options: str = "",
+        compile_mode: str = "default",
+        max_chunk_tokens: int = 1 << 20,
+        index_width: str = "auto",
+    ) -> None:
         super().__init__()
         if pattern_type not in PATTERN_TYPES:
-            raise ConfigError(f"block-sparse: unknown pattern_type {pattern_type!r}: choose one of {', '.join(PATTERN_TYPES)}")
+            raise ConfigError(
+                f"block-sparse: unknown pattern_type {pattern_type!r}: choose one of {', '.join(PATTERN_TYPES)}"
+            )
         if not 0 < sparsity_ratio <= 1:
-            raise ConfigError(f"block-sparse: sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and "
-                              "must be in (0, 1], e.g. 0.05 keeps 5% (95% sparse)")
+            raise ConfigError(
+                f"block-sparse: sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and "
+                "must be in (0, 1], e.g. 0.05 keeps 5% (95% sparse)"
+            )
         if block_size not in BLOCK_SIZES:
-            raise ConfigError(f"block-sparse: block_size {block_size} unsupported: choose one of "
-                              f"{', '.join(map(str, BLOCK_SIZES))}")
+            raise ConfigError(
+                f"block-sparse: block_size {block_size} unsupported: choose one of {', '.join(map(str, BLOCK_SIZES))}"
+            )
         for w in segment_lengths or []:
             if w <= 0 or w % block_size:
-                raise ConfigError(f"block-sparse: segment length {w} is not a multiple of block_size {block_size}; "
-                                  f"choose multiples of {block_size}")
+                raise ConfigError(
+                    f"block-sparse: segment length {w} is not a multiple of block_size {block_size}; "
+                    f"choose multiples of {block_size}"
+                )
         if max_chunk_tokens < block_size:
             raise ConfigError(f"block-sparse: max_chunk_tokens must be at least block_size ({block_size})")
         if kernel not in KERNELS or compile_mode not in COMPILE_MODES or index_width not in INDEX_WIDTHS:
-            raise ConfigError(f"block-sparse: kernel is one of {', '.join(KERNELS)}, compile_mode one of "
-                              f"{', '.join(COMPILE_MODES)}, index_width one of {', '.join(INDEX_WIDTHS)}")
+            raise ConfigError(
+                f"block-sparse: kernel is one of {', '.join(KERNELS)}, compile_mode one of "
+                f"{', '.join(COMPILE_MODES)}, index_width one of {', '.join(INDEX_WIDTHS)}"
+            )
         self.pattern_type = pattern_type
         self.sparsity_ratio = float(sparsity_ratio)
         self.block_size = block_size
@@ -105,8 +123,10 @@ class BlockSparseAttention(AttentionImpl):
         self.index_width = index_width
         if self.segment_lengths or self.dilation_rates:  # nesting etc., before any length is known
             if pattern_type not in MULTISCALE:
-                raise ConfigError(f"block-sparse: {pattern_type} takes no segment_lengths or dilation_rates (only "
-                                  f"{' and '.join(MULTISCALE)} do): drop them")
+                raise ConfigError(
+                    f"block-sparse: {pattern_type} takes no segment_lengths or dilation_rates (only "
+                    f"{' and '.join(MULTISCALE)} do): drop them"
+                )
             segments = self._segment_blocks()
             check_scales(pattern_type, segments[-1] if segments else 1, segments, self.dilation_rates)
         self._patterns: dict[tuple[int, bool], BlockPattern] = {}
@@ -115,10 +135,16 @@ class BlockSparseAttention(AttentionImpl):
 
     def config(self) -> dict[str, Any]:
         return {
-            "pattern_type": self.pattern_type, "sparsity_ratio": self.sparsity_ratio, "block_size": self.block_size,
-            "segment_lengths": self.segment_lengths, "dilation_rates": self.dilation_rates, "kernel": self.kernel,
-            "kernel_options": self.kernel_options, "compile_mode": self.compile_mode,
-            "max_chunk_tokens": self.max_chunk_tokens, "index_width": self.index_width,
+            "pattern_type": self.pattern_type,
+            "sparsity_ratio": self.sparsity_ratio,
+            "block_size": self.block_size,
+            "segment_lengths": self.segment_lengths,
+            "dilation_rates": self.dilation_rates,
+            "kernel": self.kernel,
+            "kernel_options": self.kernel_options,
+            "compile_mode": self.compile_mode,
+            "max_chunk_tokens": self.max_chunk_tokens,
+            "index_width": self.index_width,
         }
 
     @property
@@ -145,11 +171,15 @@ class BlockSparseAttention(AttentionImpl):
     def check_length(self, seq_len: int) -> None:
         """The length rules, before any pattern is built."""
         if seq_len <= 0 or seq_len % self.block_size:
-            raise ConfigError(f"block-sparse: block_size {self.block_size} does not divide sequence length {seq_len}; "
-                              f"choose a multiple of {self.granularity}")
+            raise ConfigError(
+                f"block-sparse: block_size {self.block_size} does not divide sequence length {seq_len}; "
+                f"choose a multiple of {self.granularity}"
+            )
         if seq_len % self.granularity:
-            raise ConfigError(f"block-sparse: sequence length {seq_len} is not a multiple of the longest segment "
-                              f"{self.granularity}; choose a multiple of {self.granularity}")
+            raise ConfigError(
+                f"block-sparse: sequence length {seq_len} is not a multiple of the longest segment "
+                f"{self.granularity}; choose a multiple of {self.granularity}"
+            )
 
     def _segment_blocks(self) -> list[int] | None:
         return [w // self.block_size for w in self.segment_lengths] if self.segment_lengths else None
@@ -158,8 +188,14 @@ class BlockSparseAttention(AttentionImpl):
         key = (seq_len, causal)
         if key not in self._patterns:
             try:
-                self._patterns[key] = build_pattern(self.pattern_type, seq_len // self.block_size, self.sparsity_ratio,
-                                                    causal, self._segment_blocks(), self.dilation_rates)
+                self._patterns[key] = build_pattern(
+                    self.pattern_type,
+                    seq_len // self.block_size,
+                    self.sparsity_ratio,
+                    causal,
+                    self._segment_blocks(),
+                    self.dilation_rates,
+                )
             except ConfigError as exc:
                 raise ConfigError(f"block-sparse at N={seq_len}, block {self.block_size}: {exc}") from None
         return self._patterns[key]
@@ -184,7 +220,7 @@ class BlockSparseAttention(AttentionImpl):
         return num_heads * ((p.kept_blocks - p.num_blocks) * b * b + p.num_blocks * b * (b + 1) // 2)
 
     def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
-        return num_heads * self.pattern(seq_len, causal).kept_blocks * self.block_size ** 2
+        return num_heads * self.pattern(seq_len, causal).kept_blocks * self.block_size**2
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, q, k, v, is_causal: bool = False):
@@ -205,8 +241,14 @@ class BlockSparseAttention(AttentionImpl):
             dense_rows = p.dense_rows
         if dense_rows:
             tokens = dense_rows * self.block_size
-            pieces.insert(0, Piece(slice(0, tokens), slice(0, tokens) if is_causal else slice(None),
-                                   functools.partial(_dense_rows, causal=is_causal)))
+            pieces.insert(
+                0,
+                Piece(
+                    slice(0, tokens),
+                    slice(0, tokens) if is_causal else slice(None),
+                    functools.partial(_dense_rows, causal=is_causal),
+                ),
+            )
         self.last_backend = ("flex" if use_flex else "gather") + ("+sdpa" if dense_rows else "")
         if len(pieces) == 1 and pieces[0].rows == slice(0, seq_len):
             return pieces[0].run(q, k, v)  # one piece holds every row: its output is the output, no copy
@@ -221,9 +263,14 @@ class BlockSparseAttention(AttentionImpl):
         width = int(p.row_counts[first:].max()) if first < nb else 1
         per_row = batch * width * b * (2 * num_heads * head_dim * q.element_size() + num_heads * b * 4 + b)
         rows_per_chunk = max(1, min(GATHER_BUDGET_BYTES // per_row, self.max_chunk_tokens // b))
-        return [Piece(slice(r0 * b, min(nb, r0 + rows_per_chunk) * b), slice(None),
-                      functools.partial(_gather_attend, p, r0, min(nb, r0 + rows_per_chunk), width, b))
-                for r0 in range(first, nb, rows_per_chunk)]
+        return [
+            Piece(
+                slice(r0 * b, min(nb, r0 + rows_per_chunk) * b),
+                slice(None),
+                functools.partial(_gather_attend, p, r0, min(nb, r0 + rows_per_chunk), width, b),
+            )
+            for r0 in range(first, nb, rows_per_chunk)
+        ]
 
     def _flex_layout(self, p: BlockPattern, device, grad: bool) -> FlexLayout:
         """How the flex path cuts the pattern. Index rows have one column per key block (the
@@ -235,10 +282,13 @@ class BlockSparseAttention(AttentionImpl):
         nb = p.num_blocks
         narrow_ok = compact_indices_ok(torch.device(device).type)
         if self.index_width == "compact" and not narrow_ok:
-            raise ConfigError("block-sparse: index_width=compact needs a GPU whose FlexAttention lowering takes "
-                              "narrow index rows; use index_width=auto")
+            raise ConfigError(
+                "block-sparse: index_width=compact needs a GPU whose FlexAttention lowering takes "
+                "narrow index rows; use index_width=auto"
+            )
         compact = self.index_width == "compact" or (
-            self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES)
+            self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES
+        )
         first = p.dense_rows  # rows that keep every allowed block run as dense SDPA: no tail of long rows
         most = int(p.row_counts[first:].max())
         lo, hi = progression_spans(p.progressions[first:])
@@ -254,8 +304,9 @@ class BlockSparseAttention(AttentionImpl):
         def index_width(rows: int) -> int:
             return 1 << (most - 1).bit_length() if compact else window_for(rows)
 
-        chunk_tokens = self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size,
-                                                                                      self.max_chunk_tokens)
+        chunk_tokens = (
+            self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens)
+        )
         limit = max(1, min(total, chunk_tokens // self.block_size))
         while limit > 1 and limit * (2 * index_width(limit) * 4 + most * 8 * 6) > INDEX_BUDGET_BYTES:
             limit //= 2  # two int32 index rows + the expansion's temporaries per query block
@@ -264,8 +315,10 @@ class BlockSparseAttention(AttentionImpl):
         # equal chunks (one compiled shape); the last may overlap its neighbour by fewer rows
         # than there are chunks, recomputing them identically
         starts = [first + min(c * rows, total - rows) for c in range(count)]
-        spans = [(int(lo[r0 - first:r0 - first + rows].min()), int(hi[r0 - first:r0 - first + rows].max()))
-                 for r0 in starts]
+        spans = [
+            (int(lo[r0 - first : r0 - first + rows].min()), int(hi[r0 - first : r0 - first + rows].max()))
+            for r0 in starts
+        ]
         window = max(k1 - k0 for k0, k1 in spans)
         key_starts = [min(k0, nb - window) for k0, _ in spans]
         width = 1 << (most - 1).bit_length() if compact else window
@@ -275,14 +328,25 @@ class BlockSparseAttention(AttentionImpl):
         key = (p.num_blocks, p.causal, str(device), grad)
         if key in self._masks:
             return self._masks[key]
-        masks = (self._block_mask(p, r0, layout.rows, layout.width, device, grad, k0, layout.window)
-                 for r0, k0 in zip(layout.starts, layout.key_starts))
+        masks = (
+            self._block_mask(p, r0, layout.rows, layout.width, device, grad, k0, layout.window)
+            for r0, k0 in zip(layout.starts, layout.key_starts)
+        )
         if len(layout.starts) * layout.rows * layout.width * 4 * 2 <= MASK_CACHE_BYTES:
             masks = self._masks[key] = list(masks)
         return masks
 
-    def _block_mask(self, p: BlockPattern, r0: int, rows: int, width: int, device, grad: bool, k0: int = 0,
-                    window: int | None = None):
+    def _block_mask(
+        self,
+        p: BlockPattern,
+        r0: int,
+        rows: int,
+        width: int,
+        device,
+        grad: bool,
+        k0: int = 0,
+        window: int | None = None,
+    ):
         """The BlockMask of query blocks [r0, r0 + rows) against key blocks [k0, k0 + window)
         (indices count from k0), built from the block lists: kept blocks are full; a causal
         pattern's diagonal is partial."""
@@ -298,9 +362,14 @@ class BlockSparseAttention(AttentionImpl):
         part_count = torch.full((rows,), int(p.causal), dtype=torch.int32, device=device)
         extra = {"compute_q_blocks": grad} if has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
-            part_count[None, None], part_idx[None, None],
-            full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
-            BLOCK_SIZE=b, mask_mod=diagonal_causal(b) if p.causal else None, seq_lengths=(rows * b, window * b), **extra,
+            part_count[None, None],
+            part_idx[None, None],
+            full_count.to(torch.int32)[None, None],
+            full_idx.to(torch.int32)[None, None],
+            BLOCK_SIZE=b,
+            mask_mod=diagonal_causal(b) if p.causal else None,
+            seq_lengths=(rows * b, window * b),
+            **extra,
         )
 
     def _flex_options(self, q, grad: bool = False) -> dict[str, Any] | None:
@@ -321,11 +390,11 @@ def _training_chunk_tokens(seq_len: int, max_chunk_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class FlexLayout:
-    first_row: int      # rows before it keep every allowed block and run as dense SDPA
-    width: int          # columns of an index row
-    rows: int           # query blocks per chunk
-    starts: list[int]   # first query block of each chunk
-    window: int         # key blocks a chunk reads
+    first_row: int  # rows before it keep every allowed block and run as dense SDPA
+    width: int  # columns of an index row
+    rows: int  # query blocks per chunk
+    starts: list[int]  # first query block of each chunk
+    window: int  # key blocks a chunk reads
     key_starts: list[int]  # first key block of each chunk's window
 
 
@@ -340,10 +409,18 @@ def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
         if cached is not None:
             mask = functools.partial(list.__getitem__, cached, i)
         else:  # built when the piece runs (again in the backward), so masks do not pile up
-            mask = functools.partial(impl._block_mask, p, r0, layout.rows, layout.width, q.device, grad, k0, layout.window)
+            mask = functools.partial(
+                impl._block_mask, p, r0, layout.rows, layout.width, q.device, grad, k0, layout.window
+            )
         rows = slice(r0 * b, r0 * b + tokens)
-        pieces.append(Piece(rows, slice(k0 * b, k0 * b + keys), functools.partial(_flex_piece, flex, mask, options),
-                            fresh=max(fresh, rows.start)))
+        pieces.append(
+            Piece(
+                rows,
+                slice(k0 * b, k0 * b + keys),
+                functools.partial(_flex_piece, flex, mask, options),
+                fresh=max(fresh, rows.start),
+            )
+        )
         fresh = rows.stop
     return pieces
 
@@ -360,8 +437,8 @@ def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, 
     value_blocks = v.view(batch, nb, b, num_heads, head_dim)
     offsets = torch.arange(b, device=q.device)
     idx, counts = p.expand(r0, r1, width, device=q.device)
-    kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]           # (rows, width)
-    allowed = kept[:, None, :, None].expand(rows, b, width, b)                        # (rows, t, block, u)
+    kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]  # (rows, width)
+    allowed = kept[:, None, :, None].expand(rows, b, width, b)  # (rows, t, block, u)
     if p.causal:
         key_pos = idx[:, None, :, None] * b + offsets
         query_pos = (torch.arange(r0, r1, device=q.device)[:, None] * b + offsets)[:, :, None, None]
@@ -369,11 +446,19 @@ def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, 
     mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
 
     def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
-        return x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
+        return (
+            x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
+        )
 
-    out = F.scaled_dot_product_attention(heads_first(q, b), heads_first(key_blocks[:, idx], width * b),
-                                         heads_first(value_blocks[:, idx], width * b), attn_mask=mask)
-    return out.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(batch, rows * b, num_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        heads_first(q, b),
+        heads_first(key_blocks[:, idx], width * b),
+        heads_first(value_blocks[:, idx], width * b),
+        attn_mask=mask,
+    )
+    return (
+        out.reshape(batch, rows, num_heads, b, head_dim).transpose(2, 3).reshape(batch, rows * b, num_heads, head_dim)
+    )
 
 
 def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
@@ -383,37 +468,83 @@ def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
     return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 
-def _block_sparse(pattern_type="local_window", sparsity_ratio=0.05, block_size=128, segment_lengths=None,
-                  dilation_rates=None, kernel="auto", kernel_options="", compile_mode="default",
-                  max_chunk_tokens=1 << 20, index_width="auto") -> BlockSparseAttention:
-    return BlockSparseAttention(pattern_type, sparsity_ratio, block_size, segment_lengths, dilation_rates, kernel,
-                                kernel_options, compile_mode, max_chunk_tokens, index_width)
+def _block_sparse(
+    pattern_type="local_window",
+    sparsity_ratio=0.05,
+    block_size=128,
+    segment_lengths=None,
+    dilation_rates=None,
+    kernel="auto",
+    kernel_options="",
+    compile_mode="default",
+    max_chunk_tokens=1 << 20,
+    index_width="auto",
+) -> BlockSparseAttention:
+    return BlockSparseAttention(
+        pattern_type,
+        sparsity_ratio,
+        block_size,
+        segment_lengths,
+        dilation_rates,
+        kernel,
+        kernel_options,
+        compile_mode,
+        max_chunk_tokens,
+        index_width,
+    )
 
 
 def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
     """Every pattern x two block sizes x two ratios (causal and not come from the cases).
     On a GPU each shape compiles a kernel, so there one block size and one ratio."""
     sizes, ratios = ((16, 32), (0.1, 0.25)) if device == "cpu" else ((32,), (0.1,))
-    return tuple({"pattern_type": t, "block_size": b, "sparsity_ratio": r}
-                 for t in PATTERN_TYPES for b in sizes for r in ratios)
+    return tuple(
+        {"pattern_type": t, "block_size": b, "sparsity_ratio": r} for t in PATTERN_TYPES for b in sizes for r in ratios
+    )
 
 
-register(ImplSpec(
-    name="block-sparse",
-    factory=_block_sparse,
-    summary="block-sparse attention (local_window, dilated_sparse, global_local, hierarchical): FlexAttention on GPU",
-    params=(
-        Param("pattern_type", "local_window", "block pattern", kind="str", choices=PATTERN_TYPES),
-        Param("sparsity_ratio", 0.05, "kept fraction of block pairs (0.05 = 95% sparse)", kind="float"),
-        Param("block_size", 128, "tokens per block: 16, 32, 64, 128 or 256"),
-        Param("segment_lengths", None, "dilated_sparse/hierarchical: segment lengths in tokens (optional)", kind="ints"),
-        Param("dilation_rates", None, "dilated_sparse/hierarchical: dilation rates in blocks (optional)", kind="ints"),
-        Param("kernel", "auto", "flex (compiled FlexAttention) or gather; auto: flex on GPU", kind="str", choices=KERNELS),
-        Param("kernel_options", "", "FlexAttention kernel options, e.g. BLOCK_M=128,BLOCK_N=64,num_warps=8", kind="str"),
-        Param("compile_mode", "default", "torch.compile mode for flex", kind="str", choices=COMPILE_MODES),
-        Param("max_chunk_tokens", 1 << 20, "query tokens per kernel call (bounds temporary memory)"),
-        Param("index_width", "auto", "flex mask rows: one column per key block (full), as many as a row keeps "
-              "(compact, GPU only), auto: full while small", kind="str", choices=INDEX_WIDTHS),
-    ),
-    verify_configs=_verify_configs,
-))
+register(
+    ImplSpec(
+        name="block-sparse",
+        factory=_block_sparse,
+        summary="block-sparse attention (local_window, dilated_sparse, global_local, hierarchical): FlexAttention on GPU",
+        params=(
+            Param("pattern_type", "local_window", "block pattern", kind="str", choices=PATTERN_TYPES),
+            Param("sparsity_ratio", 0.05, "kept fraction of block pairs (0.05 = 95% sparse)", kind="float"),
+            Param("block_size", 128, "tokens per block: 16, 32, 64, 128 or 256"),
+            Param(
+                "segment_lengths",
+                None,
+                "dilated_sparse/hierarchical: segment lengths in tokens (optional)",
+                kind="ints",
+            ),
+            Param(
+                "dilation_rates", None, "dilated_sparse/hierarchical: dilation rates in blocks (optional)", kind="ints"
+            ),
+            Param(
+                "kernel",
+                "auto",
+                "flex (compiled FlexAttention) or gather; auto: flex on GPU",
+                kind="str",
+                choices=KERNELS,
+            ),
+            Param(
+                "kernel_options",
+                "",
+                "FlexAttention kernel options, e.g. BLOCK_M=128,BLOCK_N=64,num_warps=8",
+                kind="str",
+            ),
+            Param("compile_mode", "default", "torch.compile mode for flex", kind="str", choices=COMPILE_MODES),
+            Param("max_chunk_tokens", 1 << 20, "query tokens per kernel call (bounds temporary memory)"),
+            Param(
+                "index_width",
+                "auto",
+                "flex mask rows: one column per key block (full), as many as a row keeps "
+                "(compact, GPU only), auto: full while small",
+                kind="str",
+                choices=INDEX_WIDTHS,
+            ),
+        ),
+        verify_configs=_verify_configs,
+    )
+)

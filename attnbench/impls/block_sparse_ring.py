@@ -51,13 +51,30 @@ EXPAND_ELEMENTS = 1 << 24
 class BlockSparseRingAttention(SequenceParallelAttention):
     counterpart_name = "block-sparse"
 
-    def __init__(self, pattern_type: str = "local_window", sparsity_ratio: float = 0.05, block_size: int = 128,
-                 segment_lengths: list[int] | None = None, dilation_rates: list[int] | None = None,
-                 kernel: str = "auto", compile_mode: str = "default", max_chunk_tokens: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        pattern_type: str = "local_window",
+        sparsity_ratio: float = 0.05,
+        block_size: int = 128,
+        segment_lengths: list[int] | None = None,
+        dilation_rates: list[int] | None = None,
+        kernel: str = "auto",
+        compile_mode: str = "default",
+        max_chunk_tokens: int = 1 << 20,
+    ) -> None:
         super().__init__()
         # the single-device implementation validates the configuration and builds the pattern
-        self.single = BlockSparseAttention(pattern_type, sparsity_ratio, block_size, segment_lengths, dilation_rates,
-                                           kernel, "", compile_mode, max_chunk_tokens)
+        self.single = BlockSparseAttention(
+            pattern_type,
+            sparsity_ratio,
+            block_size,
+            segment_lengths,
+            dilation_rates,
+            kernel,
+            "",
+            compile_mode,
+            max_chunk_tokens,
+        )
         self.single.name = "block-sparse"
         self.kernel, self.block_size = kernel, block_size
         self._needed: dict[tuple, torch.Tensor] = {}
@@ -65,8 +82,19 @@ class BlockSparseRingAttention(SequenceParallelAttention):
 
     def config(self) -> dict[str, Any]:
         c = self.single.config()
-        return {key: c[key] for key in ("pattern_type", "sparsity_ratio", "block_size", "segment_lengths",
-                                        "dilation_rates", "kernel", "compile_mode", "max_chunk_tokens")}
+        return {
+            key: c[key]
+            for key in (
+                "pattern_type",
+                "sparsity_ratio",
+                "block_size",
+                "segment_lengths",
+                "dilation_rates",
+                "kernel",
+                "compile_mode",
+                "max_chunk_tokens",
+            )
+        }
 
     def counterpart_config(self) -> dict[str, Any]:
         return {k: v for k, v in self.config().items() if k != "kernel"}
@@ -84,8 +112,10 @@ class BlockSparseRingAttention(SequenceParallelAttention):
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         world = self.world()
         if seq_len <= 0 or seq_len % (self.block_size * world):
-            raise ConfigError(f"{self.name}: {seq_len} tokens over {world} ranks is not whole {self.block_size}-token "
-                              f"blocks per rank; choose a multiple of {self.granularity}")
+            raise ConfigError(
+                f"{self.name}: {seq_len} tokens over {world} ranks is not whole {self.block_size}-token "
+                f"blocks per rank; choose a multiple of {self.granularity}"
+            )
         self.single.check_shape(seq_len, num_heads)
         super().check_shape(seq_len, num_heads)
 
@@ -100,7 +130,7 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         key = (p.num_blocks, p.causal, world, receiver, sender, str(device))
         if key not in self._needed:
             m = p.num_blocks // world
-            prog = clip_progressions(p.progressions[receiver * m:(receiver + 1) * m], sender * m, (sender + 1) * m)
+            prog = clip_progressions(p.progressions[receiver * m : (receiver + 1) * m], sender * m, (sender + 1) * m)
             kept = torch.zeros(m, dtype=torch.bool, device=device)
             for idx in _expanded(prog, device):
                 kept[idx - sender * m] = True
@@ -112,8 +142,10 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         p = self.single.pattern(q.shape[1] * world, is_causal)
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
         if use_flex and not q.is_cuda:
-            raise ConfigError(f"{self.name}: kernel=flex runs on CUDA only (torch's CPU FlexAttention returns no "
-                              "log-sum-exp to merge); use kernel=gather or auto on the CPU")
+            raise ConfigError(
+                f"{self.name}: kernel=flex runs on CUDA only (torch's CPU FlexAttention returns no "
+                "log-sum-exp to merge); use kernel=gather or auto on the CPU"
+            )
         schedule = BlockSparseSchedule(self, p, q, rank, world, use_flex)
         run_ring(schedule, k, v, rank, world, self.group, clock)
         self.last_backend = "flex" if use_flex else "gather"
@@ -127,7 +159,7 @@ def _expanded(prog: torch.Tensor, device):
         return
     rows = max(1, EXPAND_ELEMENTS // max(1, int(lengths.max())))
     for r0 in range(0, prog.shape[0], rows):
-        idx, counts = expand_progressions(prog[r0:r0 + rows].to(device))
+        idx, counts = expand_progressions(prog[r0 : r0 + rows].to(device))
         yield idx[torch.arange(idx.shape[1], device=device)[None, :] < counts[:, None]]
 
 
@@ -166,7 +198,7 @@ class BlockSparseSchedule(RingSchedule):
     def attend(self, sender: int, pieces) -> None:
         if not pieces:
             return
-        (k, v), = pieces
+        ((k, v),) = pieces
         kh, vh = k.transpose(1, 2), v.transpose(1, 2)
         # sender-local block -> position among the received blocks
         local = sender == self.rank or kh.shape[2] == self.n
@@ -185,7 +217,7 @@ class BlockSparseSchedule(RingSchedule):
     def _rows(self, sender: int, r0: int, r1: int, drop_diagonal: bool = False) -> torch.Tensor:
         """Local query blocks [r0, r1)'s kept blocks in ``sender``'s range, as progressions."""
         g0 = self.rank * self.m
-        prog = self.p.progressions[g0 + r0:g0 + r1]
+        prog = self.p.progressions[g0 + r0 : g0 + r1]
         hi = (sender + 1) * self.m
         if drop_diagonal:  # causal stops are <= i + 1: stopping at i leaves the partial block out
             rows = torch.arange(g0 + r0, g0 + r1)
@@ -224,13 +256,13 @@ class BlockSparseSchedule(RingSchedule):
             r1 = min(self.m, r0 + step)
             idx, counts = self._compact(self._rows(sender, r0, r1), sender, position, width)
             allowed = (torch.arange(width, device=kh.device)[None, :] < counts[:, None])[:, None, :, None]
-            allowed = allowed.expand(r1 - r0, b, width, b)                               # (rows, t, block, u)
+            allowed = allowed.expand(r1 - r0, b, width, b)  # (rows, t, block, u)
             if diagonal:  # the local step: keys at or before the query (local numbering)
                 key_pos = idx[:, None, :, None] * b + offsets
                 query_pos = (torch.arange(r0, r1, device=kh.device)[:, None] * b + offsets)[:, :, None, None]
                 allowed = allowed & (key_pos <= query_pos)
-            qc = self.qh[:, :, r0 * b:r1 * b].float().reshape(batch, heads, r1 - r0, b, head_dim)
-            kc = key_blocks[:, :, idx].float().flatten(3, 4)                              # (B, H, rows, width*b, D)
+            qc = self.qh[:, :, r0 * b : r1 * b].float().reshape(batch, heads, r1 - r0, b, head_dim)
+            kc = key_blocks[:, :, idx].float().flatten(3, 4)  # (B, H, rows, width*b, D)
             vc = value_blocks[:, :, idx].float().flatten(3, 4)
             scores = torch.einsum("bhrtd,bhrud->bhrtu", qc, kc) / math.sqrt(head_dim)
             scores.masked_fill_(~allowed.reshape(r1 - r0, b, width * b), float("-inf"))
@@ -247,8 +279,9 @@ class BlockSparseSchedule(RingSchedule):
         options = flex_options(self.qh, b, single.user_kernel_options)
         for t0, t1, skip, k0, k1, mask in self._chunk_masks(sender, position, kh.shape[2] // b, diagonal):
             keys = slice(k0 * b, k1 * b)
-            out, lse = flex_attend(flex, self.qh[:, :, t0:t1], kh[:, :, keys], vh[:, :, keys], mask, options,
-                                   with_lse=True)
+            out, lse = flex_attend(
+                flex, self.qh[:, :, t0:t1], kh[:, :, keys], vh[:, :, keys], mask, options, with_lse=True
+            )
             self._merge(t0 + skip, t1, out[:, :, skip:], lse[:, :, skip:])
 
     def _spans(self, sender, position) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,7 +313,7 @@ class BlockSparseSchedule(RingSchedule):
         count = -(-m // rows)
         rows = -(-m // count)
         starts = [min(c * rows, m - rows) for c in range(count)]
-        spans = [(int(lo[r0:r0 + rows].min()), int(hi[r0:r0 + rows].max())) for r0 in starts]
+        spans = [(int(lo[r0 : r0 + rows].min()), int(hi[r0 : r0 + rows].max())) for r0 in starts]
         window = max(k1 - k0 for k0, k1 in spans)
         chunks, done = [], 0
         for r0, (k0, k1) in zip(starts, spans):
@@ -310,10 +343,14 @@ class BlockSparseSchedule(RingSchedule):
         part_count = torch.full((rows,), int(diagonal), dtype=torch.int32, device=device)
         extra = {"compute_q_blocks": False} if has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
-            part_count[None, None], part_idx[None, None],
-            full_count.to(torch.int32)[None, None], full_idx.to(torch.int32)[None, None],
-            BLOCK_SIZE=self.b, mask_mod=diagonal_causal(self.b) if diagonal else None,
-            seq_lengths=(rows * self.b, window * self.b), **extra,
+            part_count[None, None],
+            part_idx[None, None],
+            full_count.to(torch.int32)[None, None],
+            full_idx.to(torch.int32)[None, None],
+            BLOCK_SIZE=self.b,
+            mask_mod=diagonal_causal(self.b) if diagonal else None,
+            seq_lengths=(rows * self.b, window * self.b),
+            **extra,
         )
 
     def finish(self) -> torch.Tensor:
@@ -322,8 +359,16 @@ class BlockSparseSchedule(RingSchedule):
 
 def _params() -> tuple[Param, ...]:
     """block-sparse's own parameters, less what the ring does not take."""
-    taken = ("pattern_type", "sparsity_ratio", "block_size", "segment_lengths", "dilation_rates", "kernel",
-             "compile_mode", "max_chunk_tokens")
+    taken = (
+        "pattern_type",
+        "sparsity_ratio",
+        "block_size",
+        "segment_lengths",
+        "dilation_rates",
+        "kernel",
+        "compile_mode",
+        "max_chunk_tokens",
+    )
     return tuple(p for p in spec("block-sparse").params if p.name in taken)
 
 
@@ -340,13 +385,15 @@ def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
     return tuple({**c, "block_size": 32} for c in configs[:4] if c["pattern_type"] != "dilated_sparse")
 
 
-register(ImplSpec(
-    name="block-sparse-ring",
-    factory=BlockSparseRingAttention,
-    summary="block-sparse attention over the split sequence: a rank receives only the K/V blocks its pattern keeps",
-    params=_params(),
-    verify_configs=_verify_configs,
-    distributed=True,
-    counterpart="block-sparse",
-    extra={"modes": ("fwd",)},
-))
+register(
+    ImplSpec(
+        name="block-sparse-ring",
+        factory=BlockSparseRingAttention,
+        summary="block-sparse attention over the split sequence: a rank receives only the K/V blocks its pattern keeps",
+        params=_params(),
+        verify_configs=_verify_configs,
+        distributed=True,
+        counterpart="block-sparse",
+        extra={"modes": ("fwd",)},
+    )
+)

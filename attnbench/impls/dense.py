@@ -100,16 +100,20 @@ def _sdpa(backend: str = "auto") -> SDPAAttention:
     return SDPAAttention(backend)
 
 
-register(ImplSpec(
-    name="naive",
-    factory=NaiveAttention,
-    summary="standard attention: materialises N x N scores (O(N^2) memory)",
-    memory_order=2,
-))
-register(ImplSpec(
-    name="sdpa",
-    factory=_sdpa,
-    summary="torch scaled_dot_product_attention; the row records the backend that ran",
-    params=(Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *SDPA_BACKENDS)),),
-    verify_configs=({"backend": "auto"}, {"backend": "math"}),
-))
+register(
+    ImplSpec(
+        name="naive",
+        factory=NaiveAttention,
+        summary="standard attention: materialises N x N scores (O(N^2) memory)",
+        memory_order=2,
+    )
+)
+register(
+    ImplSpec(
+        name="sdpa",
+        factory=_sdpa,
+        summary="torch scaled_dot_product_attention; the row records the backend that ran",
+        params=(Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *SDPA_BACKENDS)),),
+        verify_configs=({"backend": "auto"}, {"backend": "math"}),
+    )
+)

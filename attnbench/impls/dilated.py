@@ -73,8 +73,15 @@ def validate_pattern(segment_lengths, dilation_rates) -> None:
 
 
 class DilatedAttention(AttentionImpl):
-    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19,
-                 hilbert: bool = False, grid_width: int = 0, backend: str = "auto"):
+    def __init__(
+        self,
+        segment_lengths=(2048, 4096),
+        dilation_rates=(1, 2),
+        max_chunk_tokens: int = 1 << 19,
+        hilbert: bool = False,
+        grid_width: int = 0,
+        backend: str = "auto",
+    ):
         super().__init__()
         validate_pattern(segment_lengths, dilation_rates)
         if backend not in ("auto", *SDPA_BACKENDS):
@@ -131,8 +138,10 @@ class DilatedAttention(AttentionImpl):
 
     def check_causal(self, causal: bool) -> None:
         if causal and self.hilbert:
-            raise ConfigError("dilated with hilbert ordering runs non-causal only (a 2-D grid has no causal order); "
-                              "drop --causal or the hilbert option")
+            raise ConfigError(
+                "dilated with hilbert ordering runs non-causal only (a 2-D grid has no causal order); "
+                "drop --causal or the hilbert option"
+            )
 
     def groups(self, num_heads: int) -> list[HeadGroup]:
         return head_groups(num_heads, self.segment_lengths, self.dilation_rates)
@@ -147,17 +156,26 @@ class DilatedAttention(AttentionImpl):
         groups = self.groups(num_heads)
         kernels = sdpa_kernel([SDPA_BACKENDS[self.backend]]) if self.backend != "auto" else contextlib.nullcontext()
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            x = kept_tokens(q[:1, :groups[0].segment_length], groups[0])[0].transpose(1, 2)
+            x = kept_tokens(q[:1, : groups[0].segment_length], groups[0])[0].transpose(1, 2)
             kernel = fused_sdpa.pick_kernel(x, x, x, is_causal, self.backend)
-            out = DilatedTraining.apply(q, k, v, groups, is_causal, training_chunk_tokens(seq_len, self.max_chunk_tokens, TRAINING_LEAST_TOKENS),
-                                        kernel)
+            out = DilatedTraining.apply(
+                q,
+                k,
+                v,
+                groups,
+                is_causal,
+                training_chunk_tokens(seq_len, self.max_chunk_tokens, TRAINING_LEAST_TOKENS),
+                kernel,
+            )
             self.last_backend = "sdpa:" + kernel
         else:
             with kernels:
                 out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
                 for g in groups:
                     attend_group(q, k, v, out, g, is_causal, self.max_chunk_tokens)
-                self.last_backend = "sdpa:" + (self.backend if self.backend != "auto" else _picked(q, groups[0], is_causal))
+                self.last_backend = "sdpa:" + (
+                    self.backend if self.backend != "auto" else _picked(q, groups[0], is_causal)
+                )
         if self.hilbert:
             out = torch.empty_like(out).index_copy_(1, order, out)  # back to the original order
         return out
@@ -193,7 +211,7 @@ class DilatedAttention(AttentionImpl):
 def kept_tokens(x: torch.Tensor, g: HeadGroup) -> torch.Tensor:
     """``(B, N, H, D) -> (B, N / w, w / r, Hg, D)``: each segment's kept positions (offset
     o, every r-th) of group ``g``'s heads, a strided view (no copy). N must be a multiple of w."""
-    return x[:, :, g.heads].unflatten(1, (-1, g.segment_length))[:, :, g.offset::g.dilation_rate]
+    return x[:, :, g.heads].unflatten(1, (-1, g.segment_length))[:, :, g.offset :: g.dilation_rate]
 
 
 def chunk_views(tensors, g: HeadGroup, per_chunk: int):
@@ -203,7 +221,7 @@ def chunk_views(tensors, g: HeadGroup, per_chunk: int):
     views = [kept_tokens(x, g) for x in tensors]
     for b in range(views[0].shape[0]):
         for s0 in range(0, views[0].shape[1], per_chunk):
-            yield [x[b, s0:s0 + per_chunk].transpose(1, 2) for x in views]
+            yield [x[b, s0 : s0 + per_chunk].transpose(1, 2) for x in views]
 
 
 def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> None:
@@ -250,35 +268,59 @@ class DilatedTraining(torch.autograd.Function):
 
 def _picked(q, g: HeadGroup, is_causal: bool) -> str:
     """The SDPA backend the dispatcher picks for one folded segment of group ``g``."""
-    x = kept_tokens(q[:1, :g.segment_length], g)[0].transpose(1, 2)
+    x = kept_tokens(q[:1, : g.segment_length], g)[0].transpose(1, 2)
     return sdpa_backend_in_use(x, x, x, is_causal)
 
 
-def _dilated(segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens=1 << 19, hilbert=False, grid_width=0,
-             backend="auto"):
+def _dilated(
+    segment_lengths=(2048, 4096),
+    dilation_rates=(1, 2),
+    max_chunk_tokens=1 << 19,
+    hilbert=False,
+    grid_width=0,
+    backend="auto",
+):
     return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend)
 
 
-register(ImplSpec(
-    name="dilated",
-    factory=_dilated,
-    summary="LongNet dilated attention: head groups x (segment, dilation), dense SDPA per segment",
-    params=(
-        Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
-        Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
-        Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
-        Param("hilbert", False, "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first", kind="bool",
-              recorded_at_default=False),
-        Param("grid_width", 0, "hilbert: grid width in tokens (0: automatic from the length)", recorded_at_default=False),
-        Param("backend", "auto", "SDPA backend of the segment attentions", kind="str",
-              choices=("auto", *SDPA_BACKENDS), recorded_at_default=False),
-    ),
-    verify_configs=(
-        {"segment_lengths": [16], "dilation_rates": [1]},
-        {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
-        {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
-        {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
-        {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "hilbert": True},
-        {"segment_lengths": [16, 32], "dilation_rates": [2, 4], "hilbert": True, "grid_width": 16},
-    ),
-))
+register(
+    ImplSpec(
+        name="dilated",
+        factory=_dilated,
+        summary="LongNet dilated attention: head groups x (segment, dilation), dense SDPA per segment",
+        params=(
+            Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
+            Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
+            Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
+            Param(
+                "hilbert",
+                False,
+                "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first",
+                kind="bool",
+                recorded_at_default=False,
+            ),
+            Param(
+                "grid_width",
+                0,
+                "hilbert: grid width in tokens (0: automatic from the length)",
+                recorded_at_default=False,
+            ),
+            Param(
+                "backend",
+                "auto",
+                "SDPA backend of the segment attentions",
+                kind="str",
+                choices=("auto", *SDPA_BACKENDS),
+                recorded_at_default=False,
+            ),
+        ),
+        verify_configs=(
+            {"segment_lengths": [16], "dilation_rates": [1]},
+            {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
+            {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
+            {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
+            {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "hilbert": True},
+            {"segment_lengths": [16, 32], "dilation_rates": [2, 4], "hilbert": True, "grid_width": 16},
+        ),
+    )
+)

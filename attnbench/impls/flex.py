@@ -63,8 +63,10 @@ def load_mask_mod(path: str, mask_args: str | None = None):
 
     fn = load_object(path, what="mask_fn")
     if not callable(fn):
-        raise ConfigError(f"flex: mask {path} is a {type(fn).__name__}, not callable: name a function "
-                          "mask_mod(b, h, q_idx, kv_idx) returning a boolean tensor")
+        raise ConfigError(
+            f"flex: mask {path} is a {type(fn).__name__}, not callable: name a function "
+            "mask_mod(b, h, q_idx, kv_idx) returning a boolean tensor"
+        )
     args = _parse_args(mask_args)
     if not args:
         return fn
@@ -96,8 +98,10 @@ class FlexAttention(AttentionImpl):
         try:
             probe = masks.key_mask(self.mask_mod, 8, 2)
         except Exception as exc:
-            raise ConfigError(f"flex: mask {self.mask} fails on index tensors ({type(exc).__name__}: {exc}); "
-                              "a mask_mod takes (b, h, q_idx, kv_idx) tensors and returns booleans") from None
+            raise ConfigError(
+                f"flex: mask {self.mask} fails on index tensors ({type(exc).__name__}: {exc}); "
+                "a mask_mod takes (b, h, q_idx, kv_idx) tensors and returns booleans"
+            ) from None
         self.per_head = masks.heads_differ(self.mask_mod) if probe.shape == (2, 8, 8) else True
 
     def config(self) -> dict[str, Any]:
@@ -115,8 +119,11 @@ class FlexAttention(AttentionImpl):
             mod = masks.with_causal(self.mask_mod) if causal else self.mask_mod
             # a head-independent mask is one block mask broadcast over the heads
             heads = num_heads if self.per_head else None
-            self._block_masks = {key: create_block_mask(mod, None, heads, seq_len, seq_len, device=device,
-                                                        BLOCK_SIZE=masks.BLOCK, _compile=device == "cuda")}
+            self._block_masks = {
+                key: create_block_mask(
+                    mod, None, heads, seq_len, seq_len, device=device, BLOCK_SIZE=masks.BLOCK, _compile=device == "cuda"
+                )
+            }
         return self._block_masks[key]
 
     def forward(self, q, k, v, is_causal: bool = False):
@@ -145,20 +152,30 @@ class FlexAttention(AttentionImpl):
 
 def _flex(mask: str | None = None, mask_args: str | None = None) -> FlexAttention:
     if not mask:
-        raise ConfigError("flex needs a mask: --param mask=pkg.module:mask_fn (an attention-gym style "
-                          "mask_mod(b, h, q_idx, kv_idx))")
+        raise ConfigError(
+            "flex needs a mask: --param mask=pkg.module:mask_fn (an attention-gym style mask_mod(b, h, q_idx, kv_idx))"
+        )
     return FlexAttention(mask, mask_args)
 
 
-register(ImplSpec(
-    name="flex",
-    factory=_flex,
-    summary="FlexAttention (compiled on CUDA) over any mask_mod(b, h, q_idx, kv_idx): --param mask=pkg.module:mask_fn",
-    params=(
-        Param("mask", None, "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)", kind="str"),
-        Param("mask_args", None, "keyword arguments for a function that returns the mask_mod, e.g. window_size=256",
-              kind="str", recorded_at_default=False),
-    ),
-    verify_configs=({"mask": "attnbench.masks:sliding_window", "mask_args": "window_size=48"},
-                    {"mask": "attnbench.masks:document", "mask_args": "doc_len=80"}),
-))
+register(
+    ImplSpec(
+        name="flex",
+        factory=_flex,
+        summary="FlexAttention (compiled on CUDA) over any mask_mod(b, h, q_idx, kv_idx): --param mask=pkg.module:mask_fn",
+        params=(
+            Param("mask", None, "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)", kind="str"),
+            Param(
+                "mask_args",
+                None,
+                "keyword arguments for a function that returns the mask_mod, e.g. window_size=256",
+                kind="str",
+                recorded_at_default=False,
+            ),
+        ),
+        verify_configs=(
+            {"mask": "attnbench.masks:sliding_window", "mask_args": "window_size=48"},
+            {"mask": "attnbench.masks:document", "mask_args": "doc_len=80"},
+        ),
+    )
+)

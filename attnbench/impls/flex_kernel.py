@@ -31,8 +31,9 @@ def backward_tiles(block_size: int) -> dict[str, int]:
     return {"BLOCK_M1": small, "BLOCK_N1": big, "BLOCK_M2": big, "BLOCK_N2": small}
 
 
-def flex_options(q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False,
-                 grad: bool = False) -> dict[str, Any] | None:
+def flex_options(
+    q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False, grad: bool = False
+) -> dict[str, Any] | None:
     options = dict(user)
     if q.is_cuda and block_size < 128:
         # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
@@ -64,15 +65,19 @@ def flex_attend(flex, q, k, v, block_mask, options, with_lse: bool = False):
     if max(_max_offset(x) for x in (q, k, v)) < FLEX_MAX_OFFSET and q.numel() < FLEX_MAX_OFFSET:
         return _flex_result(flex(q, k, v, block_mask=block_mask, kernel_options=options, **extra), with_lse)
     if max(rows, k.shape[2]) * head_dim >= FLEX_MAX_OFFSET:
-        raise RuntimeError(f"block-sparse: FlexAttention indexes with 32-bit offsets and one head of "
-                           f"{max(rows, k.shape[2]):,} tokens x {head_dim} is past 2^31; use kernel=gather or a shorter N")
+        raise RuntimeError(
+            f"block-sparse: FlexAttention indexes with 32-bit offsets and one head of "
+            f"{max(rows, k.shape[2]):,} tokens x {head_dim} is past 2^31; use kernel=gather or a shorter N"
+        )
     out = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:3], dtype=torch.float32) if with_lse else None
     for b in range(batch):
         for h in range(heads):
             one = (slice(b, b + 1), slice(h, h + 1))
-            got = _flex_result(flex(*(x[one].contiguous() for x in (q, k, v)), block_mask=block_mask,
-                                    kernel_options=options, **extra), with_lse)
+            got = _flex_result(
+                flex(*(x[one].contiguous() for x in (q, k, v)), block_mask=block_mask, kernel_options=options, **extra),
+                with_lse,
+            )
             if with_lse:
                 out[one], lse[one] = got
             else:
@@ -101,8 +106,10 @@ def _flex_result(result, with_lse: bool):
 def diagonal_causal(block_size: int):
     """Causal mask inside a diagonal block. Partial blocks are only diagonal blocks and chunks
     start on block boundaries, so positions within the block decide."""
+
     def diagonal_causal(b, h, q_idx, kv_idx):
         return (q_idx % block_size) >= (kv_idx % block_size)
+
     return diagonal_causal
 
 
@@ -112,7 +119,9 @@ def parse_kernel_options(text: str) -> dict[str, Any]:
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"block-sparse: kernel_options item {item!r}: write KEY=VALUE, e.g. BLOCK_M=128,num_warps=8")
+            raise ConfigError(
+                f"block-sparse: kernel_options item {item!r}: write KEY=VALUE, e.g. BLOCK_M=128,num_warps=8"
+            )
         value = value.strip()
         if value.lower() in ("true", "false"):
             options[key.strip()] = value.lower() == "true"

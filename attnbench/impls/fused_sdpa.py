@@ -68,14 +68,16 @@ def forward(q, k, v, causal: bool, kernel: str) -> tuple[torch.Tensor, Saved]:
         return out, Saved(kernel, causal, lse)
     if kernel == "flash":
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, causal)
+            q, k, v, 0.0, causal
+        )
         return out, Saved(kernel, causal, lse, (cum_q, cum_k, max_q, max_k, seed, offset))
     if kernel == "efficient":
         out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)
         return out, Saved(kernel, causal, lse, (seed, offset))
     if kernel == "cudnn":
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, causal)
+            q, k, v, None, True, 0.0, causal
+        )
         return out, Saved(kernel, causal, lse, (cum_q, cum_k, max_q, max_k, seed, offset))
     if kernel == "math":
         with sdpa_kernel([SDPBackend.MATH]):
@@ -102,16 +104,29 @@ def backward(grad_out, q, k, v, out, saved: Saved) -> tuple[torch.Tensor, torch.
     if kernel == "flash":
         cum_q, cum_k, max_q, max_k, seed, offset = saved.extra
         return aten._scaled_dot_product_flash_attention_backward(
-            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset)
+            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+        )
     if kernel == "efficient":
         seed, offset = saved.extra
         return aten._scaled_dot_product_efficient_attention_backward(
-            dense_tokens(grad_out), q, k, v, None, dense_tokens(out), lse, seed, offset, 0.0,
-            [True, True, True, False], causal)[:3]
+            dense_tokens(grad_out),
+            q,
+            k,
+            v,
+            None,
+            dense_tokens(out),
+            lse,
+            seed,
+            offset,
+            0.0,
+            [True, True, True, False],
+            causal,
+        )[:3]
     if kernel == "cudnn":
         cum_q, cum_k, max_q, max_k, seed, offset = saved.extra
         return aten._scaled_dot_product_cudnn_attention_backward(
-            grad_out, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal)
+            grad_out, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal
+        )
     if kernel == "math":
         with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
             inputs = [x.detach().requires_grad_(True) for x in (q, k, v)]

@@ -36,8 +36,10 @@ _PAIRS_PER_CHUNK = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 def with_causal(mask_mod: MaskMod) -> MaskMod:
     """The mask_mod intersected with ``kv_idx <= q_idx``."""
+
     def causal_mask_mod(b, h, q_idx, kv_idx):
         return mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)
+
     return causal_mask_mod
 
 
@@ -63,7 +65,7 @@ def count_exact(mask_mod: MaskMod, seq_len: int, num_heads: int, device: str = "
     total = 0
     for h in range(num_heads):
         for start in range(0, seq_len, step):
-            total += int(_rows(mask_mod, h, idx[start:start + step], idx).sum())
+            total += int(_rows(mask_mod, h, idx[start : start + step], idx).sum())
     return total
 
 
@@ -88,8 +90,9 @@ def _head_block_pairs(mask_mod: MaskMod, h: int, seq_len: int, device: str) -> i
     def head_mask_mod(b, _h, q_idx, kv_idx):
         return mask_mod(b, torch.full_like(q_idx, h), q_idx, kv_idx)
 
-    block_mask = create_block_mask(head_mask_mod, 1, 1, seq_len, seq_len, device=device, BLOCK_SIZE=BLOCK,
-                                   _compile=device == "cuda")
+    block_mask = create_block_mask(
+        head_mask_mod, 1, 1, seq_len, seq_len, device=device, BLOCK_SIZE=BLOCK, _compile=device == "cuda"
+    )
     idx = torch.arange(seq_len, device=device)
     # tile extents: the last tile is short when BLOCK does not divide N
     extent = (idx[::BLOCK] + BLOCK).clamp(max=seq_len) - idx[::BLOCK]
@@ -113,17 +116,16 @@ def _partial_pairs(mask_mod: MaskMod, h: int, num: torch.Tensor, cols: torch.Ten
     total = 0
     for start in range(0, num.shape[0], step):
         qb = torch.arange(start, min(start + step, num.shape[0]), device=device)
-        used = torch.arange(width, device=device)[None, :] < num[qb, None]           # (Q, W)
-        q_idx = (qb[:, None] * BLOCK + offs[None, :])[:, None, :, None]               # (Q, 1, B, 1)
-        kv_idx = (cols[qb, :width, None] * BLOCK + offs)[:, :, None, :]               # (Q, W, 1, B)
+        used = torch.arange(width, device=device)[None, :] < num[qb, None]  # (Q, W)
+        q_idx = (qb[:, None] * BLOCK + offs[None, :])[:, None, :, None]  # (Q, 1, B, 1)
+        kv_idx = (cols[qb, :width, None] * BLOCK + offs)[:, :, None, :]  # (Q, W, 1, B)
         inside = (q_idx < seq_len) & (kv_idx < seq_len) & used[:, :, None, None]
         keep = torch.as_tensor(mask_mod(b, head, q_idx.clamp(max=seq_len - 1), kv_idx.clamp(max=seq_len - 1)))
         total += int((keep.to(torch.bool) & inside).sum())
     return total
 
 
-def count_pairs(mask_mod: MaskMod, seq_len: int, num_heads: int, causal: bool,
-                device: str = "cpu") -> tuple[int, str]:
+def count_pairs(mask_mod: MaskMod, seq_len: int, num_heads: int, causal: bool, device: str = "cpu") -> tuple[int, str]:
     """(pairs, how counted): exact on the CPU and on CUDA up to EXACT_MAX_SEQ_LEN_CUDA, block counts above."""
     mod = with_causal(mask_mod) if causal else mask_mod
     if seq_len <= EXACT_MAX_SEQ_LEN_CUDA or device != "cuda":

@@ -60,12 +60,15 @@ def load_object(path: str, what: str = "factory") -> Any:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
         first = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise ConfigError(f"{path}: module {module_name!r} does not import ({first}); install it or put its "
-                          "directory on PYTHONPATH") from None
+        raise ConfigError(
+            f"{path}: module {module_name!r} does not import ({first}); install it or put its directory on PYTHONPATH"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"{path}: module {module_name!r} has no attribute {attr!r}; name the {what} "
-                              f"defined there, pkg.module:{what}")
+            raise ConfigError(
+                f"{path}: module {module_name!r} has no attribute {attr!r}; name the {what} "
+                f"defined there, pkg.module:{what}"
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -92,8 +95,10 @@ def find_spec(name: str) -> ImplSpec | None:
             return None
     factory = load_object(path)
     if not callable(factory):
-        raise ConfigError(f"{path} is a {type(factory).__name__}, not a factory: name a function or class that "
-                          "returns a torch.nn.Module")
+        raise ConfigError(
+            f"{path} is a {type(factory).__name__}, not a factory: name a function or class that "
+            "returns a torch.nn.Module"
+        )
     package, version = package_of(path)
     summary = getattr(factory, "summary", None) or (inspect.getdoc(factory) or "").split("\n")[0]
     return ImplSpec(
@@ -132,17 +137,22 @@ def _factory(name: str, path: str, factory: Callable) -> Callable[..., Attention
             raise
         except Exception as exc:
             first = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-            raise ConfigError(f"{path} raised {first} when built with {config or 'no parameters'}; "
-                              "fix the factory or its --param values") from None
+            raise ConfigError(
+                f"{path} raised {first} when built with {config or 'no parameters'}; "
+                "fix the factory or its --param values"
+            ) from None
         if isinstance(module, AttentionImpl):
             impl = module
         elif isinstance(module, nn.Module):
             impl = OutsideImpl(module, config)
         else:
-            raise ConfigError(f"{path} returned a {type(module).__name__}, not a torch.nn.Module: return a module "
-                              "with forward(q, k, v, is_causal=False) on (B, N, H, D)")
+            raise ConfigError(
+                f"{path} returned a {type(module).__name__}, not a torch.nn.Module: return a module "
+                "with forward(q, k, v, is_causal=False) on (B, N, H, D)"
+            )
         impl.source = {"import_path": path, **dict(zip(("package", "version"), package_of(path)))}
         return impl
+
     return build
 
 
@@ -161,8 +171,10 @@ class OutsideImpl(AttentionImpl):
         self.pairs_counted = "closed-form"
         mask_mod = getattr(inner, "mask_mod", None)
         if mask_mod is not None and not callable(mask_mod):
-            raise ConfigError(f"{type(inner).__name__}.mask_mod is a {type(mask_mod).__name__}, not callable: "
-                              "define mask_mod(b, h, q_idx, kv_idx) returning a boolean tensor")
+            raise ConfigError(
+                f"{type(inner).__name__}.mask_mod is a {type(mask_mod).__name__}, not callable: "
+                "define mask_mod(b, h, q_idx, kv_idx) returning a boolean tensor"
+            )
         self.mask_mod = mask_mod
 
     @property
@@ -193,8 +205,10 @@ class OutsideImpl(AttentionImpl):
         if self.declares == "key_mask":
             mask = torch.as_tensor(self.inner.key_mask(seq_len, num_heads)).to("cpu", torch.bool)
             if mask.shape not in ((seq_len, seq_len), (num_heads, seq_len, seq_len)):
-                raise ConfigError(f"{type(self.inner).__name__}.key_mask({seq_len}, {num_heads}) has shape "
-                                  f"{tuple(mask.shape)}: return (H, N, N) or (N, N) booleans")
+                raise ConfigError(
+                    f"{type(self.inner).__name__}.key_mask({seq_len}, {num_heads}) has shape "
+                    f"{tuple(mask.shape)}: return (H, N, N) or (N, N) booleans"
+                )
             return mask.expand(num_heads, seq_len, seq_len)
         return torch.ones(num_heads, seq_len, seq_len, dtype=torch.bool)
 

@@ -18,8 +18,8 @@ import torch
 
 @dataclass(frozen=True)
 class Piece:
-    rows: slice   # query tokens it computes
-    keys: slice   # key tokens it reads
+    rows: slice  # query tokens it computes
+    keys: slice  # key tokens it reads
     #: (q rows, k keys, v keys), each (B, n, H, D) -> the rows' output (B, rows, H, D)
     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     #: the first row no earlier piece computed; rows before it are recomputed identically
@@ -60,8 +60,11 @@ class PiecewiseAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         grads = [torch.zeros_like(x) for x in (q, k, v)]
         for piece in ctx.pieces:
-            inputs = [q[:, piece.rows].detach().requires_grad_(True), k[:, piece.keys].detach().requires_grad_(True),
-                      v[:, piece.keys].detach().requires_grad_(True)]
+            inputs = [
+                q[:, piece.rows].detach().requires_grad_(True),
+                k[:, piece.keys].detach().requires_grad_(True),
+                v[:, piece.keys].detach().requires_grad_(True),
+            ]
             grad = grad_out[:, piece.rows]
             seen = piece.fresh - piece.rows.start
             if seen > 0:  # rows an earlier piece already carried back

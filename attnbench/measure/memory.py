@@ -24,15 +24,22 @@ SETTLE_FRACTION = CLOCK_MOVE_FRACTION
 SETTLE_S = 0.25
 # NVML's clock event (throttle) reason bits; stable across driver versions.
 THROTTLE_REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
 }
 
 
 class NvmlBackend(Protocol):
     def device_count(self) -> int: ...
     def used_bytes(self, index: int) -> int: ...
+
     # optional: clocks(index) -> {"sm_mhz", "mem_mhz", "power_w", "throttle"} (a backend
     # without it records memory only)
 
@@ -55,11 +62,15 @@ class PynvmlBackend:
 
     def clocks(self, index: int) -> dict[str, float]:
         nv, h = self._nvml, self._handles[index]
-        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        return {"sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                "mem_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-                "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                "throttle": int(reasons(h))}
+        reasons = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return {
+            "sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "mem_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+            "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "throttle": int(reasons(h)),
+        }
 
 
 def open_nvml() -> tuple[NvmlBackend | None, str]:

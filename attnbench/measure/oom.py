@@ -57,7 +57,11 @@ def classify(exc: BaseException) -> str:
     dtype, 'error' for anything else."""
     if is_oom(exc):
         return "oom"
-    return "unsupported" if isinstance(exc, (RuntimeError, NotImplementedError)) and is_unsupported_text(str(exc)) else "error"
+    return (
+        "unsupported"
+        if isinstance(exc, (RuntimeError, NotImplementedError)) and is_unsupported_text(str(exc))
+        else "error"
+    )
 
 
 def one_line(exc: BaseException) -> str:

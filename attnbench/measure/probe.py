@@ -62,8 +62,10 @@ class MemoryProbe:
                 "max_memory_reserved": torch.cuda.max_memory_reserved(0),
                 "device_total_bytes": torch.cuda.get_device_properties(0).total_memory,
             }
-        return {"cpu_peak_rss_delta": max(0, rss_high_water() - self.base) if self.base else None,
-                "cpu_peak_rss": rss_peak_bytes()}
+        return {
+            "cpu_peak_rss_delta": max(0, rss_high_water() - self.base) if self.base else None,
+            "cpu_peak_rss": rss_peak_bytes(),
+        }
 
 
 def reset_rss_peak() -> None:

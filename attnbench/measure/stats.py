@@ -84,8 +84,9 @@ def scaled(iv: Interval | None, numerator: float) -> Interval | None:
     return Interval(numerator / iv.value, numerator / iv.high, numerator / iv.low, iv.n)
 
 
-def ratio_distribution(num: Sequence[float] | Groups, den: Sequence[float] | Groups,
-                       resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, np.ndarray]:
+def ratio_distribution(
+    num: Sequence[float] | Groups, den: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED
+) -> tuple[float, np.ndarray]:
     """median(num) / median(den) and its bootstrap distribution (the two sets resampled
     independently)."""
     a, b = _groups(num), _groups(den)
@@ -93,8 +94,9 @@ def ratio_distribution(num: Sequence[float] | Groups, den: Sequence[float] | Gro
     return _point(a) / _point(b), _resampled_medians(a, rng, resamples) / _resampled_medians(b, rng, resamples)
 
 
-def ratio_interval(num: Sequence[float] | Groups, den: Sequence[float] | Groups,
-                   resamples: int = RESAMPLES, seed: int = SEED) -> Interval | None:
+def ratio_interval(
+    num: Sequence[float] | Groups, den: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED
+) -> Interval | None:
     """Ratio of the medians of two independent sample sets (a speedup: baseline time over
     time; an efficiency; sparse vs dense) with its 95% bootstrap interval."""
     if not _groups(num) or not _groups(den):
@@ -105,8 +107,9 @@ def ratio_interval(num: Sequence[float] | Groups, den: Sequence[float] | Groups,
     return Interval(value, float(lo), float(hi), n)
 
 
-def ratio_p_value(num: Groups | Sequence[float], den: Groups | Sequence[float],
-                  resamples: int = RESAMPLES, seed: int = SEED) -> float:
+def ratio_p_value(
+    num: Groups | Sequence[float], den: Groups | Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+) -> float:
     """Two-sided bootstrap p-value of "the medians are equal": twice the share of resampled
     ratios on the far side of 1, never below 1 / (resamples + 1)."""
     _, dist = ratio_distribution(num, den, resamples, seed)

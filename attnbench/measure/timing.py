@@ -36,12 +36,12 @@ GPU_SAMPLE_MS = 10.0
 
 @dataclass(frozen=True)
 class TimingPolicy:
-    warmup: int = 1          # warm-up calls after the first, at least
+    warmup: int = 1  # warm-up calls after the first, at least
     warmup_s: float | None = None  # warm-up time, at least; None: 1 s on a GPU, none on the CPU
     min_samples: int = 10
     max_samples: int = 50
     target_ms: float = 1000.0  # aim for this much timed work per trial
-    budget_s: float = 60.0     # the timing budget of a trial (not the per-call time limit)
+    budget_s: float = 60.0  # the timing budget of a trial (not the per-call time limit)
 
     def warmup_seconds(self, cuda: bool) -> float:
         return (1.0 if cuda else 0.0) if self.warmup_s is None else self.warmup_s
@@ -89,11 +89,17 @@ def collect(fn: Callable[[], object], timer: Timer, first_ms: float, policy: Tim
 class WarmUp:
     calls: int
     seconds: float
-    last_ms: float   # median of the last few warm-up calls: what the sample plan starts from
+    last_ms: float  # median of the last few warm-up calls: what the sample plan starts from
 
 
-def warm_up(fn: Callable[[], object], timer: Callable[[Callable[[], object]], float], policy: TimingPolicy,
-            cuda: bool, settled: Callable[[], bool] = lambda: True, cap_s: float | None = None) -> WarmUp:
+def warm_up(
+    fn: Callable[[], object],
+    timer: Callable[[Callable[[], object]], float],
+    policy: TimingPolicy,
+    cuda: bool,
+    settled: Callable[[], bool] = lambda: True,
+    cap_s: float | None = None,
+) -> WarmUp:
     """Call ``fn`` until ``policy``'s warm-up time and calls have passed and ``settled()``
     says the clocks are steady, for at most ``cap_s`` (half the budget by default)."""
     want_s = policy.warmup_seconds(cuda)
@@ -110,8 +116,9 @@ def warm_up(fn: Callable[[], object], timer: Callable[[Callable[[], object]], fl
     return WarmUp(len(times), time.monotonic() - t0, statistics.median(last))
 
 
-def timed_samples(fn: Callable[[], object], timer: Callable[[Callable[[], object]], float], warm_ms: float,
-                  policy: TimingPolicy) -> list[float]:
+def timed_samples(
+    fn: Callable[[], object], timer: Callable[[Callable[[], object]], float], warm_ms: float, policy: TimingPolicy
+) -> list[float]:
     """Eager samples planned from a warm call (the warm-up is already done)."""
     _, n = plan_calls(warm_ms, TimingPolicy(**{**policy.__dict__, "warmup": 0}))
     return [timer(fn) for _ in range(n)]
@@ -204,7 +211,9 @@ def time_intervals(row: dict[str, object]) -> dict[str, object]:
     if gpu:
         out.update(gpu_time_ms=gpu.value, **gpu.to_row("gpu_time"))
         if eager and eager.value > 0:
-            out.update(host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value))
+            out.update(
+                host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value)
+            )
     return out
 
 

@@ -42,24 +42,32 @@ def render(results: Results) -> Doc:
     doc = Doc()
     runs = sorted({str(r.get("run")) for r in results.rows if r.get("run")})
     doc.add("# attnbench report\n")
-    doc.add(f"Generated {now_utc()} by `attnbench report {results.source}` from {len(results.rows)} rows in "
-            f"{len(results.files)} result files ({len(runs)} runs, listed in the appendix). Nothing here ran a benchmark: "
-            "every number is read or derived from those rows, grouped by the machine that measured them "
-            "(never combined across machines). Tables hold raw values in `csv/` (times in ms, memory in bytes, "
-            "throughput in tokens/s). GB = 10^9 bytes, GiB = 2^30.\n")
+    doc.add(
+        f"Generated {now_utc()} by `attnbench report {results.source}` from {len(results.rows)} rows in "
+        f"{len(results.files)} result files ({len(runs)} runs, listed in the appendix). Nothing here ran a benchmark: "
+        "every number is read or derived from those rows, grouped by the machine that measured them "
+        "(never combined across machines). Tables hold raw values in `csv/` (times in ms, memory in bytes, "
+        "throughput in tokens/s). GB = 10^9 bytes, GiB = 2^30.\n"
+    )
     doc.add("\nMachines: " + "; ".join(f"**{m.name}** ({len(m.rows)} rows)" for m in machines) + "\n")
     opening(doc, machines, largest_records)
     if results.problems:
-        doc.add(f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
-                + "".join(f"- `{line}`\n" for line in results.problems))
+        doc.add(
+            f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
+            + "".join(f"- `{line}`\n" for line in results.problems)
+        )
     for title, seed, section in SECTIONS:
         doc.heading(2, title)
         if seed:
             doc.add(f"Regenerates the tables of seed report `{seed}` (see docs/semantics.md) from measurements.\n")
-        without: dict[str, list[str]] = {}   # a "no data" line -> machines that only have that to say
+        without: dict[str, list[str]] = {}  # a "no data" line -> machines that only have that to say
         for m in machines:
             part = Doc()
-            part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: CSV names stay unique
+            part.machine_slug, part.tables, part.figures = (
+                m.slug,
+                doc.tables,
+                doc.figures,
+            )  # shared: CSV names stay unique
             before = (len(doc.tables), len(doc.figures))
             section(part, m)
             missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))

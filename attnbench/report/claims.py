@@ -20,11 +20,21 @@ from attnbench.report.intervals import time_interval
 from attnbench.units import format_tokens
 
 CLAIMS_FILE = Path(__file__).with_name("seed_claims.toml")
-METRICS = ("speedup", "time_ms", "tokens_per_s", "peak_bytes", "peak_per_gpu", "inputs_bytes", "gpu0_bytes",
-           "gpu1_bytes", "max_seq", "max_seq_8gb")
-HARDWARE_BOUND = ("time_ms", "tokens_per_s")     # speed of one GPU: not comparable with a GTX 1080's
+METRICS = (
+    "speedup",
+    "time_ms",
+    "tokens_per_s",
+    "peak_bytes",
+    "peak_per_gpu",
+    "inputs_bytes",
+    "gpu0_bytes",
+    "gpu1_bytes",
+    "max_seq",
+    "max_seq_8gb",
+)
+HARDWARE_BOUND = ("time_ms", "tokens_per_s")  # speed of one GPU: not comparable with a GTX 1080's
 BYTES = ("peak_bytes", "peak_per_gpu", "inputs_bytes", "gpu0_bytes", "gpu1_bytes")
-UNIT_SCALE = {"GB": 1e9, "MB": 1e6}             # seed units to the rows' units (bytes); others as is
+UNIT_SCALE = {"GB": 1e9, "MB": 1e6}  # seed units to the rows' units (bytes); others as is
 ROW_KEYS = ("kind", "impl", "strategy", "seq_len", "batch", "world_size", "dtype", "heads", "head_dim", "mode")
 CONFIRMED, REFUTED, NOT_COMPARABLE, NOT_MEASURED = "confirmed", "refuted", "not comparable", "not measured yet"
 SEEDS_COMMAND = "attnbench run --profile seeds"
@@ -55,6 +65,7 @@ class Claim:
     def seed_text(self) -> str:
         def num(v: float) -> str:
             return f"{int(v):,}" if float(v).is_integer() and abs(v) >= 1000 else f"{v:g}"
+
         return f"{num(self.value)} {self.unit}" + (f" (of {num(self.per)})" if self.per else "")
 
 
@@ -71,8 +82,10 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
             raise AttnbenchError(f"{path}: claim {entry.get('id', '?')}: {e}") from None
         kind, _, _ = c.test.partition(":")
         if c.metric not in METRICS or kind not in ("near", "above", "below", "none") or c.id in seen:
-            raise AttnbenchError(f"{path}: claim {c.id}: metric must be one of {', '.join(METRICS)}, test "
-                                 "near:TOL|above:X|below:X|none, ids unique")
+            raise AttnbenchError(
+                f"{path}: claim {c.id}: metric must be one of {', '.join(METRICS)}, test "
+                "near:TOL|above:X|below:X|none, ids unique"
+            )
         if kind != "none" and not c.match:
             raise AttnbenchError(f"{path}: claim {c.id}: a test other than none needs a match")
         seen.add(c.id)
@@ -81,6 +94,7 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
 
 
 # --- rows that measure a claim ----------------------------------------------------------------------
+
 
 def matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
     """Every key of ``match`` agrees with the row (row field, else configuration parameter);
@@ -133,7 +147,7 @@ def _speedup(m, match) -> Measured | None:
     c = next(c for c in cases if c["row"] is newest)
     low, high, n = speedup_interval(c)
     out = Measured(c["speedup"], low, high, n, m.name, short_label(newest), d.row_date(newest))
-    out.notes += replica_notes(newest) + speedup_anomalies(c)[1:]   # "interval includes 1" is the verdict's
+    out.notes += replica_notes(newest) + speedup_anomalies(c)[1:]  # "interval includes 1" is the verdict's
     if older:
         out.notes.append(f"supersedes {older} older row{'s' * (older > 1)}")
     return out
@@ -173,8 +187,11 @@ def _row_value(metric: str, row: dict[str, Any]) -> float | None:
 
 
 def _row_metric(m, metric, match) -> Measured | None:
-    rows = [r for r in d.ok(d.trials(m.rows) + [c["row"] for c in m.speedups] + _singles(m))
-            if matches(r, match) and _row_value(metric, r) is not None]
+    rows = [
+        r
+        for r in d.ok(d.trials(m.rows) + [c["row"] for c in m.speedups] + _singles(m))
+        if matches(r, match) and _row_value(metric, r) is not None
+    ]
     row, older = _newest(rows)
     if row is None:
         return None
@@ -185,7 +202,9 @@ def _row_metric(m, metric, match) -> Measured | None:
         low, high = t_low, t_high
     elif metric == "tokens_per_s" and t_low and t_high:  # a rate: the bounds swap
         low, high = value * row["time_ms"] / t_high, value * row["time_ms"] / t_low
-    out = Measured(value, low, high, str(n if metric in HARDWARE_BOUND else 1), m.name, short_label(row), d.row_date(row))
+    out = Measured(
+        value, low, high, str(n if metric in HARDWARE_BOUND else 1), m.name, short_label(row), d.row_date(row)
+    )
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
     if older:
@@ -202,8 +221,16 @@ def _max_seq(m, match) -> Measured | None:
     if not found:
         return None
     s = max(found, key=lambda s: d.row_date(s["head"]))
-    return Measured(s["max_seq_len"], None, None, "1 search", m.name, short_label(s["head"]), d.row_date(s["head"]),
-                    [f"stopped by {s['stopped_by']}"])
+    return Measured(
+        s["max_seq_len"],
+        None,
+        None,
+        "1 search",
+        m.name,
+        short_label(s["head"]),
+        d.row_date(s["head"]),
+        [f"stopped by {s['stopped_by']}"],
+    )
 
 
 def _max_seq_8gb(m, match, device_bytes: float) -> Measured | None:
@@ -216,8 +243,16 @@ def _max_seq_8gb(m, match, device_bytes: float) -> Measured | None:
         notes.append(f"measured max here {format_tokens(c.measured_max)} ({c.stopped_by})")
     if c.error is not None and abs(c.error) > 0.05:
         notes.append(f"fit misses that maximum by {c.error * 100:+.0f}%: {fit_miss_cause(c)}")
-    return Measured(c.predict_for(device_bytes), None, None, f"{c.successful} trials", m.name, short_label(c.head),
-                    d.row_date(c.head), notes)
+    return Measured(
+        c.predict_for(device_bytes),
+        None,
+        None,
+        f"{c.successful} trials",
+        m.name,
+        short_label(c.head),
+        d.row_date(c.head),
+        notes,
+    )
 
 
 def measure_one(metric: str, m, match: dict[str, Any], device_bytes: float) -> Measured | None:
@@ -244,8 +279,16 @@ def measure(claim: Claim, m, device_bytes: float = 8 * GIB) -> Measured | None:
     low = high = None
     if None not in (top.low, top.high, bottom.low, bottom.high) and bottom.low and bottom.high:
         low, high = top.low / bottom.high, top.high / bottom.low
-    return Measured(top.value / bottom.value, low, high, f"{top.n}/{bottom.n}", m.name,
-                    f"{top.workload} over {bottom.workload}", max(top.date, bottom.date), top.notes)
+    return Measured(
+        top.value / bottom.value,
+        low,
+        high,
+        f"{top.n}/{bottom.n}",
+        m.name,
+        f"{top.workload} over {bottom.workload}",
+        max(top.date, bottom.date),
+        top.notes,
+    )
 
 
 def replica_notes(row: dict[str, Any]) -> list[str]:
@@ -258,18 +301,24 @@ def replica_notes(row: dict[str, Any]) -> list[str]:
 
 # --- labels ---------------------------------------------------------------------------------------
 
+
 def short_label(row: dict[str, Any]) -> str:
     """A series with its settings in a few characters (LEGEND explains the notation)."""
     p = d.world_size(row)
-    return (f"{d.short_name(row)} {row.get('dtype')} B{row.get('batch') or 1} H{row.get('heads')} "
-            f"D{row.get('head_dim')} {row.get('mode') or 'fwd'}" + (f" x{p}" if p > 1 else ""))
+    return (
+        f"{d.short_name(row)} {row.get('dtype')} B{row.get('batch') or 1} H{row.get('heads')} "
+        f"D{row.get('head_dim')} {row.get('mode') or 'fwd'}" + (f" x{p}" if p > 1 else "")
+    )
 
 
-LEGEND = ("Labels: `impl[segment lengths/dilation rates]`; `bs:PATTERN S%/BLOCK` is block-sparse keeping S% of "
-          "blocks of BLOCK tokens; then dtype, B batch, H heads, D head dim, mode (fwd, fwd_bwd), xP GPUs.")
+LEGEND = (
+    "Labels: `impl[segment lengths/dilation rates]`; `bs:PATTERN S%/BLOCK` is block-sparse keeping S% of "
+    "blocks of BLOCK tokens; then dtype, B batch, H heads, D head dim, mode (fwd, fwd_bwd), xP GPUs."
+)
 
 
 # --- verdicts -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Verdict:
@@ -303,7 +352,9 @@ def judge(claim: Claim, measured: list[Measured]) -> Verdict:
     m = max(measured, key=lambda x: x.date)
     notes = list(m.notes)
     if claim.metric in HARDWARE_BOUND and claim.over is None:
-        return Verdict(claim, NOT_COMPARABLE, "; ".join([f"absolute speed of {m.machine}, not of a GTX 1080", *notes]), m)
+        return Verdict(
+            claim, NOT_COMPARABLE, "; ".join([f"absolute speed of {m.machine}, not of a GTX 1080", *notes]), m
+        )
     if kind == "near":
         ratio = m.value / claim.seed_value if claim.seed_value else float("inf")
         verdict = CONFIRMED if abs(ratio - 1) <= float(arg) else REFUTED
@@ -326,6 +377,7 @@ def verdicts(machines, claims: list[Claim] | None = None) -> list[Verdict]:
 
 
 # --- formatting -----------------------------------------------------------------------------------
+
 
 def value_text(metric: str, v: float) -> str:
     if metric in BYTES:

@@ -22,7 +22,7 @@ class Results:
     source: Path
     files: list[Path]
     rows: list[dict[str, Any]]
-    problems: list[str]                     # one line per unreadable line: FILE:LINE: why
+    problems: list[str]  # one line per unreadable line: FILE:LINE: why
     by_machine: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -39,11 +39,15 @@ def load(path: Path) -> Results:
     path = Path(path)
     files = result_files(path)  # raises when the path does not exist
     if not files:
-        raise AttnbenchError(f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first")
+        raise AttnbenchError(
+            f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
+        )
     rows, problems = read_rows(path)
     if not rows:
-        raise AttnbenchError(f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
-                             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR")
+        raise AttnbenchError(
+            f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
+            f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
+        )
     rows = separate_memory_limits([{**r, "label": compact_label(r)} if r.get("label") else r for r in rows])
     rows = separate_code_versions(rows)
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -64,8 +68,11 @@ def separate_memory_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     labelled with its limit: a capacity under a limit is the limit's, not the GPU's, and never
     pools with or supersedes another. Trials carry the limit; the run's other rows of that
     series (its max-seq result) follow them."""
-    limits = {(r.get("run"), r["series"]): r.get("memory_limit") for r in rows
-              if r.get("kind") in TRIAL_KINDS and r.get("series")}
+    limits = {
+        (r.get("run"), r["series"]): r.get("memory_limit")
+        for r in rows
+        if r.get("kind") in TRIAL_KINDS and r.get("series")
+    }
     per_series: dict[str, set] = {}
     for (_, series), limit in limits.items():
         per_series.setdefault(series, set()).add(limit)
@@ -75,8 +82,11 @@ def separate_memory_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         limit = limits.get((r.get("run"), r.get("series")))
         if r.get("series") not in mixed or not limit:
             return r
-        return {**r, "series": f"{r['series']}~{limit}",
-                "label": f"{r.get('label') or r.get('impl')} under {format_gib(limit)}"}
+        return {
+            **r,
+            "series": f"{r['series']}~{limit}",
+            "label": f"{r.get('label') or r.get('impl')} under {format_gib(limit)}",
+        }
 
     return [rekey(r) for r in rows] if mixed else rows
 
@@ -86,7 +96,7 @@ def separate_code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     different code never pool into one search, one table or one fit (a before-and-after
     pair in one results tree stays a pair). Rows of such a series get the commit in their
     series key and label; series measured by one commit keep theirs."""
-    commits: dict[tuple[str, str], dict[str, str]] = {}   # series -> commit -> its newest row's date
+    commits: dict[tuple[str, str], dict[str, str]] = {}  # series -> commit -> its newest row's date
     for r in rows:
         if r.get("series"):
             dates = commits.setdefault((machine_of(r), r["series"]), {})
@@ -116,6 +126,7 @@ def superseded_by(dates: dict[str, str]) -> str | None:
 
 # --- row accessors ------------------------------------------------------------------------
 
+
 def trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("kind") in TRIAL_KINDS]
 
@@ -133,9 +144,15 @@ def gpu_memory(row: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for g in row.get("gpus") or []:
         before, peak = g.get("nvml_used_before"), g.get("nvml_used_peak")
-        out.append({"index": g.get("index"), "allocated": g.get("max_memory_allocated"),
-                    "reserved": g.get("max_memory_reserved"),
-                    "nvml_peak": peak, "nvml_added": peak - before if peak is not None and before is not None else None})
+        out.append(
+            {
+                "index": g.get("index"),
+                "allocated": g.get("max_memory_allocated"),
+                "reserved": g.get("max_memory_reserved"),
+                "nvml_peak": peak,
+                "nvml_added": peak - before if peak is not None and before is not None else None,
+            }
+        )
     return out
 
 
@@ -180,7 +197,7 @@ def short_name(row: dict[str, Any]) -> str:
     name = impl
     if impl.startswith("block-sparse"):
         kept = f"{float(cfg.get('sparsity_ratio') or 0) * 100:g}%"
-        prefix = "bs" + impl[len("block-sparse"):]
+        prefix = "bs" + impl[len("block-sparse") :]
         name = f"{prefix}:{cfg.get('pattern_type', '?')} {kept}/{cfg.get('block_size', '?')}"
     if cfg.get("segment_lengths"):
         name += f"[{','.join(map(str, cfg['segment_lengths']))}/{','.join(map(str, cfg.get('dilation_rates') or []))}]"
@@ -194,8 +211,11 @@ def compact_label(row: dict[str, Any]) -> str:
     m = _AUTO_LABEL.match(label)
     if not m or m["impl"] != row.get("impl"):
         return label
-    rest = [a for a in re.split(r", (?=\w+=)", m["args"] or "") if a
-            and a.split("=")[0] not in _SHOWN_COMPACTLY and a != "backend=auto"]
+    rest = [
+        a
+        for a in re.split(r", (?=\w+=)", m["args"] or "")
+        if a and a.split("=")[0] not in _SHOWN_COMPACTLY and a != "backend=auto"
+    ]
     return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "")
 
 
@@ -205,8 +225,10 @@ def settings_key(row: dict[str, Any]) -> tuple:
 
 
 def settings_text(row: dict[str, Any]) -> str:
-    return (f"{row.get('dtype')}, B={row.get('batch')}, H={row.get('heads')}, D={row.get('head_dim')}, "
-            f"{row.get('mode')}{', causal' if row.get('causal') else ''}, {row.get('device')}")
+    return (
+        f"{row.get('dtype')}, B={row.get('batch')}, H={row.get('heads')}, D={row.get('head_dim')}, "
+        f"{row.get('mode')}{', causal' if row.get('causal') else ''}, {row.get('device')}"
+    )
 
 
 def config_id(config: dict[str, Any] | None) -> str:

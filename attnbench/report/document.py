@@ -25,17 +25,18 @@ PRODUCERS = {
     "single": "attnbench run --profile auto",
     "seed-003": "attnbench run --profile seed-003",
     "block-sparse": "attnbench bench --impl block-sparse --seq-lens 64K,128K --param pattern_type=local_window "
-                    "--param sparsity_ratio=0.05",
+    "--param sparsity_ratio=0.05",
     "speedup": "attnbench speedup --impl dilated --gpus 2",  # the seeds' cases, dp and mp
     "speedup-block-sparse": "attnbench speedup --impl block-sparse --gpus 2",
     "ring-max-seq": "attnbench max-seq --impl ring-dilated --gpus 2 --segment-lengths 2048,4096 --dilation-rates 1,2",
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
-                   "--dilation-rates 1,2",
+    "--dilation-rates 1,2",
     "training": "attnbench run --profile gpu-fwd-bwd",
 }
 
 
 # --- formatting -----------------------------------------------------------------------------
+
 
 def gb(v: float) -> str:
     return format_bytes(v, "GB")
@@ -69,8 +70,8 @@ class Doc:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
-        self.tables: list[tuple[str, Table]] = []   # (csv file name, table)
-        self.figures: list[tuple[str, Any]] = []   # (png file name, matplotlib Figure)
+        self.tables: list[tuple[str, Table]] = []  # (csv file name, table)
+        self.figures: list[tuple[str, Any]] = []  # (png file name, matplotlib Figure)
         self.machine_slug = ""
 
     def add(self, text: str) -> None:
@@ -117,5 +118,11 @@ class Machine:
 
     def at_max(self, summary: dict[str, Any]) -> dict[str, Any] | None:
         """The successful trial at a max-seq series' largest length."""
-        return next((r for r in d.ok(self.trials)
-                     if r["series"] == summary["series"] and r["seq_len"] == summary["max_seq_len"]), None)
+        return next(
+            (
+                r
+                for r in d.ok(self.trials)
+                if r["series"] == summary["series"] and r["seq_len"] == summary["max_seq_len"]
+            ),
+            None,
+        )

@@ -89,8 +89,9 @@ class MemoryFit:
     def formula(self) -> str:
         from attnbench.units import format_bytes, format_bytes_short
 
-        terms = [format_bytes(self.coef[0])] + [f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "")
-                                                 for i, c in enumerate(self.coef[1:], 1)]
+        terms = [format_bytes(self.coef[0])] + [
+            f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "") for i, c in enumerate(self.coef[1:], 1)
+        ]
         return " + ".join(terms).replace("+ -", "- ")
 
 
@@ -104,21 +105,22 @@ def fit_memory(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFi
 
 # --- per series ----------------------------------------------------------------------------
 
+
 @dataclass
 class Capacity:
     series: str
     label: str
     impl: str
-    head: dict[str, Any]              # the series' first trial: its settings
+    head: dict[str, Any]  # the series' first trial: its settings
     world_size: int
     fit: MemoryFit | None
-    degree: int                       # of the memory model: 1 linear, 2 quadratic
-    successful: int                   # successful trials with a peak
-    successful_lengths: int           # distinct lengths among them
+    degree: int  # of the memory model: 1 linear, 2 quadratic
+    successful: int  # successful trials with a peak
+    successful_lengths: int  # distinct lengths among them
     device: str
-    device_total: float | None        # bytes the measured device (or limit) has
-    overhead: float | None            # bytes not available to the allocator
-    budget: float | None              # bytes the fitted peak may reach on the measured device
+    device_total: float | None  # bytes the measured device (or limit) has
+    overhead: float | None  # bytes not available to the allocator
+    budget: float | None  # bytes the fitted peak may reach on the measured device
     budget_note: str
     measured_max: int | None
     stopped_by: str | None
@@ -160,8 +162,15 @@ def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | 
     if head.get("device") != "cuda":
         if not limit:
             return None, None, None, "CPU run without --memory-limit: no memory bound was measured"
-        return limit, 0.0, float(limit), ("CPU: the trial's memory limit (an address-space cap) is the budget for "
-                                           "its resident-memory peak; indicative only")
+        return (
+            limit,
+            0.0,
+            float(limit),
+            (
+                "CPU: the trial's memory limit (an address-space cap) is the budget for "
+                "its resident-memory peak; indicative only"
+            ),
+        )
     totals = [r.get("device_total_bytes") for r in rows if r.get("device_total_bytes")]
     if not totals:
         totals = [g.get("memory_total_bytes") for g in ((head.get("env") or {}).get("gpus") or [])[:1]]
@@ -170,16 +179,21 @@ def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | 
         return None, None, None, "the device's total memory is not in the rows"
     extra = []
     for r in good[-OVERHEAD_TRIALS:]:
-        per_gpu = [g["nvml_peak"] - g["reserved"] for g in gpu_memory(r)
-                   if g["nvml_peak"] is not None and g["reserved"] is not None]
+        per_gpu = [
+            g["nvml_peak"] - g["reserved"]
+            for g in gpu_memory(r)
+            if g["nvml_peak"] is not None and g["reserved"] is not None
+        ]
         if per_gpu:
             extra.append(max(per_gpu))
     if extra:
         overhead = max(0.0, statistics.median(extra))
-        note = ("GPU: Set Aside is what the allocator cannot use: NVML device memory used at the peak minus "
-                f"max_memory_reserved, the median over the {OVERHEAD_TRIALS} longest successful trials (CUDA "
-                "context, library modules, driver reservation); the allocator's cache is not set aside, as it is "
-                "freed before an allocation fails")
+        note = (
+            "GPU: Set Aside is what the allocator cannot use: NVML device memory used at the peak minus "
+            f"max_memory_reserved, the median over the {OVERHEAD_TRIALS} longest successful trials (CUDA "
+            "context, library modules, driver reservation); the allocator's cache is not set aside, as it is "
+            "freed before an allocation fails"
+        )
     else:
         overhead = 0.0
         note = "GPU without NVML readings: nothing is set aside for the CUDA context, so predictions run high"
@@ -209,13 +223,26 @@ def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
         fit = fit_memory([r["seq_len"] for r in good], [fitted_peak(r) for r in good], degree)
         total, overhead, budget, note = _measured_budget(series_rows)
         stop = stops.get(key)
-        out.append(Capacity(
-            series=key, label=head.get("label") or head["impl"], impl=head["impl"], head=head,
-            world_size=world_size(head), fit=fit, degree=degree, successful=len(good),
-            successful_lengths=len({r["seq_len"] for r in good}), device=head.get("device", ""),
-            device_total=total, overhead=overhead, budget=budget, budget_note=note,
-            measured_max=stop["max_seq_len"] if stop else None, stopped_by=stop["stopped_by"] if stop else None,
-        ))
+        out.append(
+            Capacity(
+                series=key,
+                label=head.get("label") or head["impl"],
+                impl=head["impl"],
+                head=head,
+                world_size=world_size(head),
+                fit=fit,
+                degree=degree,
+                successful=len(good),
+                successful_lengths=len({r["seq_len"] for r in good}),
+                device=head.get("device", ""),
+                device_total=total,
+                overhead=overhead,
+                budget=budget,
+                budget_note=note,
+                measured_max=stop["max_seq_len"] if stop else None,
+                stopped_by=stop["stopped_by"] if stop else None,
+            )
+        )
     return out
 
 
@@ -224,6 +251,7 @@ def single_device_capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
 
 
 # --- `attnbench predict` ---------------------------------------------------------------------------
+
 
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
     """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``."""
@@ -245,19 +273,29 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
             if not c.fit:
                 continue
             n = c.predict_for(device_bytes)
-            where = f"{c.label} [{machine}, {c.head.get('dtype')}, B={c.head.get('batch')}, H={c.head.get('heads')}, " \
-                    f"D={c.head.get('head_dim')}, {c.head.get('mode')}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
+            where = (
+                f"{c.label} [{machine}, {c.head.get('dtype')}, B={c.head.get('batch')}, H={c.head.get('heads')}, "
+                f"D={c.head.get('head_dim')}, {c.head.get('mode')}"
+                + (f", {c.world_size} GPUs" if c.world_size > 1 else "")
+                + "]"
+            )
             if n is None:
-                lines.append(f"{where}: no sequence fits in {gpu_memory} (the fit needs {c.fit(0) / GIB:.2f} GiB at N=0 "
-                             f"plus {(c.overhead or 0) / GIB:.2f} GiB set aside)")
+                lines.append(
+                    f"{where}: no sequence fits in {gpu_memory} (the fit needs {c.fit(0) / GIB:.2f} GiB at N=0 "
+                    f"plus {(c.overhead or 0) / GIB:.2f} GiB set aside)"
+                )
                 continue
             measured_text = f"; measured max {format_tokens(c.measured_max)} on this device" if c.measured_max else ""
-            lines.append(f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
-                         f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
-                         f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})")
+            lines.append(
+                f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
+                f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
+                f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})"
+            )
     if not lines:
         scope = f" with label {label!r}" if label else ""
-        raise AttnbenchError(f"no series of {impl}{scope} in {source} has enough successful trials to fit "
-                             f"(2 lengths, 3 for a quadratic model): run `attnbench max-seq --impl {impl} --out DIR` "
-                             "and predict --from DIR")
+        raise AttnbenchError(
+            f"no series of {impl}{scope} in {source} has enough successful trials to fit "
+            f"(2 lengths, 3 for a quadratic model): run `attnbench max-seq --impl {impl} --out DIR` "
+            "and predict --from DIR"
+        )
     return lines

@@ -13,7 +13,10 @@ from attnbench.measure import stats
 from attnbench.measure.stats import Interval
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
-TIMER_NAMES = {"gpu": "GPU time (CUDA graph or back-to-back calls)", "eager": "eager time (one synchronised call, dispatch included)"}
+TIMER_NAMES = {
+    "gpu": "GPU time (CUDA graph or back-to-back calls)",
+    "eager": "eager time (one synchronised call, dispatch included)",
+}
 
 
 def timer_for(*rows: dict[str, Any] | None) -> str:

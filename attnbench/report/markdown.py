@@ -15,8 +15,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-RESULT_TEXT = {"ok": "✓ Success", "oom": "✗ OOM", "host-oom": "✗ Host OOM (killed)", "killed": "✗ Killed",
-               "time-limit": "✗ Time limit", "unsupported": "✗ Unsupported", "error": "✗ Error"}
+RESULT_TEXT = {
+    "ok": "✓ Success",
+    "oom": "✗ OOM",
+    "host-oom": "✗ Host OOM (killed)",
+    "killed": "✗ Killed",
+    "time-limit": "✗ Time limit",
+    "unsupported": "✗ Unsupported",
+    "error": "✗ Error",
+}
 
 
 def result_text(status: str) -> str:
@@ -42,8 +49,13 @@ class Table:
     tokens); ``formats`` turn a raw value into its markdown cell (default: as is, '-' for None).
     """
 
-    def __init__(self, name: str, headers: Sequence[str], records: Sequence[dict[str, Any]],
-                 formats: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        headers: Sequence[str],
+        records: Sequence[dict[str, Any]],
+        formats: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.headers = list(headers)
         self.records = list(records)
@@ -52,6 +64,7 @@ class Table:
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:
             return "-" if v is None else self.formats.get(h, lambda x: x)(v)
+
         return [[fmt(h, rec.get(h)) for h in self.headers] for rec in self.records]
 
     def markdown(self) -> str:

@@ -28,8 +28,12 @@ from attnbench.report.intervals import divided, speedup_interval, time_interval,
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 
 SPEEDUP_KIND = "speedup"
-STRATEGY_NAMES = {"single": "Single GPU", "dp": "DataParallel", "mp": "Multi-process data parallel (DDP)",
-                  "ring": "Ring (sequence parallel)"}
+STRATEGY_NAMES = {
+    "single": "Single GPU",
+    "dp": "DataParallel",
+    "mp": "Multi-process data parallel (DDP)",
+    "ring": "Ring (sequence parallel)",
+}
 
 
 def speedup_trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -37,8 +41,13 @@ def speedup_trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _case_key(r: dict[str, Any]) -> tuple:
-    return (r.get("impl"), config_id(r.get("config")), r.get("seq_len"), r.get("module") or "attention",
-            *settings_key(r))
+    return (
+        r.get("impl"),
+        config_id(r.get("config")),
+        r.get("seq_len"),
+        r.get("module") or "attention",
+        *settings_key(r),
+    )
 
 
 def _pick(candidates: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any] | None:
@@ -65,21 +74,35 @@ def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # GPU time where both sides have it, else eager time; the interval from both sample sets
         speedup_ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
         efficiency_ci = divided(speedup_ci, world_size(r))
-        cases.append({
-            "row": r, "single": base, "strategy": r.get("strategy"), "world_size": world_size(r),
-            "impl": r.get("impl"), "seq_len": r.get("seq_len"), "batch": r.get("batch"), "timer": timer,
-            "single_ms": time_interval(base, timer), "multi_ms": time_interval(r, timer),
-            "speedup": speedup_ci.value if speedup_ci else None, "speedup_ci": speedup_ci,
-            "efficiency": efficiency_ci.value if efficiency_ci else None, "efficiency_ci": efficiency_ci,
-            "output_match": r.get("output_match"), "note": r.get("note") or "",
-        })
+        cases.append(
+            {
+                "row": r,
+                "single": base,
+                "strategy": r.get("strategy"),
+                "world_size": world_size(r),
+                "impl": r.get("impl"),
+                "seq_len": r.get("seq_len"),
+                "batch": r.get("batch"),
+                "timer": timer,
+                "single_ms": time_interval(base, timer),
+                "multi_ms": time_interval(r, timer),
+                "speedup": speedup_ci.value if speedup_ci else None,
+                "speedup_ci": speedup_ci,
+                "efficiency": efficiency_ci.value if efficiency_ci else None,
+                "efficiency_ci": efficiency_ci,
+                "output_match": r.get("output_match"),
+                "note": r.get("note") or "",
+            }
+        )
     return cases
 
 
 def group_label(r: dict[str, Any]) -> str:
     cfg = config_text(r.get("config"))
-    return (f"{r.get('impl')}{f'({cfg})' if cfg else ''}, {r.get('module') or 'attention'}, {r.get('mode')}, "
-            f"{r.get('dtype')}, {world_size(r)} GPUs")
+    return (
+        f"{r.get('impl')}{f'({cfg})' if cfg else ''}, {r.get('module') or 'attention'}, {r.get('mode')}, "
+        f"{r.get('dtype')}, {world_size(r)} GPUs"
+    )
 
 
 def speedup_groups(cases: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
@@ -90,11 +113,16 @@ def speedup_groups(cases: list[dict[str, Any]]) -> dict[tuple, list[dict[str, An
         key = (c["strategy"], group_label(r))
         groups.setdefault(key, []).append(c)
     order = list(STRATEGY_NAMES)
-    return {k: sorted(v, key=lambda c: (c["seq_len"], c["batch"] or 0))
-            for k, v in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1]))}
+    return {
+        k: sorted(v, key=lambda c: (c["seq_len"], c["batch"] or 0))
+        for k, v in sorted(
+            groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])
+        )
+    }
 
 
 # --- ring runs against one GPU --------------------------------------------------------------
+
 
 def is_ring_trial(r: dict[str, Any]) -> bool:
     return world_size(r) > 1 and r.get("kind") in ("max-seq", "points")
@@ -109,13 +137,21 @@ def counterparts(impl: str) -> tuple[str, ...]:
 
 
 #: which single-GPU row a multi-GPU ring row is compared with
-EQUAL_WORK = "equal work"   # the single-device counterpart over the whole sequence (sdpa for ring, dilated for ring-dilated)
-SAME_SPLIT = "same split"   # the same implementation on one rank
+EQUAL_WORK = (
+    "equal work"  # the single-device counterpart over the whole sequence (sdpa for ring, dilated for ring-dilated)
+)
+SAME_SPLIT = "same split"  # the same implementation on one rank
 
 
 def _same_workload(row: dict[str, Any], impl: str, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
-    found = [c for c in candidates if c.get("impl") == impl and c.get("seq_len") == row.get("seq_len")
-             and settings_key(c) == settings_key(row) and configs_agree(c.get("config"), row.get("config"))]
+    found = [
+        c
+        for c in candidates
+        if c.get("impl") == impl
+        and c.get("seq_len") == row.get("seq_len")
+        and settings_key(c) == settings_key(row)
+        and configs_agree(c.get("config"), row.get("config"))
+    ]
     return _pick(found, row)
 
 
@@ -127,8 +163,10 @@ def baselines(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str
 
     impl = row.get("impl")
     counterpart = impls.counterpart(impl)
-    return {EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
-            SAME_SPLIT: _same_workload(row, impl, candidates)}
+    return {
+        EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
+        SAME_SPLIT: _same_workload(row, impl, candidates),
+    }
 
 
 def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
@@ -161,18 +199,27 @@ def rank_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for p in ring_pairs(rows):
         for i, rank in enumerate(p["row"].get("ranks") or []):
-            out.append({"row": p["row"], "rank": rank.get("rank", i), "compute_ms": rank.get("compute_ms"),
-                        "comm_wait_ms": rank.get("comm_wait_ms")})
+            out.append(
+                {
+                    "row": p["row"],
+                    "rank": rank.get("rank", i),
+                    "compute_ms": rank.get("compute_ms"),
+                    "comm_wait_ms": rank.get("comm_wait_ms"),
+                }
+            )
     return out
 
 
 # --- max-seq per GPU count ------------------------------------------------------------------
 
+
 def max_seq_by_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """max_seq_summary with each series' first trial (its settings and world size)."""
     groups = series_groups(trials(rows))
-    return [{**s, "head": groups[s["series"]][0], "world_size": world_size(groups[s["series"]][0])}
-            for s in max_seq_summary(rows)]  # with the max-seq-result rows: which searches finished
+    return [
+        {**s, "head": groups[s["series"]][0], "world_size": world_size(groups[s["series"]][0])}
+        for s in max_seq_summary(rows)
+    ]  # with the max-seq-result rows: which searches finished
 
 
 def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -189,8 +236,13 @@ def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fam["multi"].append(s)
         if fam["single"] is None:
             for impl in counterparts(head.get("impl")):
-                found = [x for x in singles if x["head"].get("impl") == impl and settings_key(x["head"]) == settings_key(head)
-                         and configs_agree(x["head"].get("config"), head.get("config"))]
+                found = [
+                    x
+                    for x in singles
+                    if x["head"].get("impl") == impl
+                    and settings_key(x["head"]) == settings_key(head)
+                    and configs_agree(x["head"].get("config"), head.get("config"))
+                ]
                 if found:
                     fam["single"] = _pick(found, head)
                     break
@@ -212,4 +264,3 @@ def memory_per_gpu_cells(row: dict[str, Any], n_gpus: int) -> dict[str, Any]:
 
 def gpus_in(rows: list[dict[str, Any]]) -> int:
     return max((max(world_size(r), len(r.get("gpus") or [])) for r in rows), default=1)
-

@@ -48,11 +48,12 @@ def memory_plot(rows: list[dict[str, Any]], machine: str):
     data = _series_points(rows, peak_per_gpu)
     if not data:
         return None
-    fig, ax = _figure(f"Peak memory per GPU vs sequence length — {machine}", "sequence length (tokens)",
-                      "peak memory (GB)")
+    fig, ax = _figure(
+        f"Peak memory per GPU vs sequence length — {machine}", "sequence length (tokens)", "peak memory (GB)"
+    )
     for label, good in data:
         n = [r["seq_len"] for r in good]
-        line, = ax.plot(n, [peak_per_gpu(r) / 1e9 for r in good], "o-", label=label)
+        (line,) = ax.plot(n, [peak_per_gpu(r) / 1e9 for r in good], "o-", label=label)
         floors = [(r["seq_len"], r["floor_bytes"] / 1e9 / world_size(r)) for r in good if r.get("floor_bytes")]
         if floors:
             ax.plot(*zip(*floors), "--", color=line.get_color(), alpha=0.6)
@@ -78,8 +79,12 @@ def time_plot(rows: list[dict[str, Any]], machine: str):
 
 
 def tflops_plot(rows: list[dict[str, Any]], machine: str):
-    return _per_length_plot(rows, "tflops_executed", f"Achieved TFLOP/s (executed FLOPs) vs sequence length — {machine}",
-                            "TFLOP/s (executed)")
+    return _per_length_plot(
+        rows,
+        "tflops_executed",
+        f"Achieved TFLOP/s (executed FLOPs) vs sequence length — {machine}",
+        "TFLOP/s (executed)",
+    )
 
 
 def speedup_plot(cases: list[dict[str, Any]], machine: str):
@@ -95,8 +100,12 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
     for j, (strategy, p, impl) in enumerate(kinds):
         xs, ys = [], []
         for i, case in enumerate(labels):
-            hit = [c["speedup"] for c in cases if (c["seq_len"], c["batch"] or 1) == case
-                   and (c["strategy"], c["world_size"], c["impl"]) == (strategy, p, impl)]
+            hit = [
+                c["speedup"]
+                for c in cases
+                if (c["seq_len"], c["batch"] or 1) == case
+                and (c["strategy"], c["world_size"], c["impl"]) == (strategy, p, impl)
+            ]
             if hit:
                 xs.append(i + j * width)
                 ys.append(hit[-1])

@@ -49,19 +49,32 @@ def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         speedup = speedup_ci.value if speedup_ci else None
         same = found[SAME_SPLIT]
         same_ci, _ = speedup_interval(same, r)
-        out.append({
-            "impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "seq_len": r["seq_len"],
-            "world_size": p, "time_ms": r["time_ms"], "tokens_per_s": r.get("tokens_per_s"),
-            "peak_bytes_per_gpu": r.get("peak_bytes"), "peak_counter": r.get("peak_counter"),
-            "baseline": f"{kind}: {base['impl']}" if base else None,
-            "speedup": speedup, "efficiency": speedup / p if speedup else None, "timer": timer,
-            "time_ci": time_interval(r, timer), "efficiency_ci": divided(speedup_ci, p),
-            "overhead": (p / speedup - 1) if speedup else None,
-            "efficiency_same_split": same_ci.value / p if same_ci else None,
-            "compute_ms": slowest.get("compute_ms"), "comm_wait_ms": slowest.get("comm_wait_ms"),
-            "sent_bytes": r.get("sent_bytes", slowest.get("sent_bytes")), "algbw_gbps": r.get("algbw_gbps"),
-            "backend": r.get("backend"),
-        })
+        out.append(
+            {
+                "impl": r["impl"],
+                "label": r.get("label"),
+                "config": r.get("config"),
+                "seq_len": r["seq_len"],
+                "world_size": p,
+                "time_ms": r["time_ms"],
+                "tokens_per_s": r.get("tokens_per_s"),
+                "peak_bytes_per_gpu": r.get("peak_bytes"),
+                "peak_counter": r.get("peak_counter"),
+                "baseline": f"{kind}: {base['impl']}" if base else None,
+                "speedup": speedup,
+                "efficiency": speedup / p if speedup else None,
+                "timer": timer,
+                "time_ci": time_interval(r, timer),
+                "efficiency_ci": divided(speedup_ci, p),
+                "overhead": (p / speedup - 1) if speedup else None,
+                "efficiency_same_split": same_ci.value / p if same_ci else None,
+                "compute_ms": slowest.get("compute_ms"),
+                "comm_wait_ms": slowest.get("comm_wait_ms"),
+                "sent_bytes": r.get("sent_bytes", slowest.get("sent_bytes")),
+                "algbw_gbps": r.get("algbw_gbps"),
+                "backend": r.get("backend"),
+            }
+        )
     return out
 
 
@@ -71,9 +84,17 @@ def max_seq_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in sorted(results, key=lambda r: (r["impl"], _ident(r), r["world_size"])):
         base = single.get(_ident(r))
-        out.append({"impl": r["impl"], "label": r.get("label"), "config": r.get("config"), "world_size": r["world_size"],
-                    "max_seq_len": r["seq_len"], "stopped_by": r.get("stopped_by"),
-                    "ratio": r["seq_len"] / base["seq_len"] if base and base["seq_len"] else None})
+        out.append(
+            {
+                "impl": r["impl"],
+                "label": r.get("label"),
+                "config": r.get("config"),
+                "world_size": r["world_size"],
+                "max_seq_len": r["seq_len"],
+                "stopped_by": r.get("stopped_by"),
+                "ratio": r["seq_len"] / base["seq_len"] if base and base["seq_len"] else None,
+            }
+        )
     return out
 
 
@@ -85,27 +106,74 @@ def scaling_markdown(rows: list[dict[str, Any]]) -> str:
     parts = []
     times = time_scaling(rows)
     if times:
-        parts += ["## Sequence-parallel time against one GPU\n\n", table(
-            ["Implementation", "Sequence", "GPUs", "Time", "Tokens/s", "Peak Memory/GPU", "Baseline", "Speedup",
-             "Efficiency", "Efficiency (same split)", "Sent/Call", "algbw (GB/s)", "Compute (ms)", "Comm Wait (ms)",
-             "Timer"],
-            [[t["label"], format_tokens(t["seq_len"]), t["world_size"], ms_cell(t["time_ci"]),
-              _f(t["tokens_per_s"], ",.0f"), format_bytes(t["peak_bytes_per_gpu"], "GB"), t["baseline"] or "-",
-              _f(t["speedup"], ".2f"), ratio_cell(t["efficiency_ci"], anomaly_above_one=True),
-              _f(t["efficiency_same_split"], ".3f"), format_bytes(t["sent_bytes"]), _f(t["algbw_gbps"], ",.2f"),
-              _f(t["compute_ms"], ",.2f"), _f(t["comm_wait_ms"], ",.2f"), t["timer"]] for t in times])]
-        parts.append("\nEfficiency = T(baseline) / (GPUs x T(GPUs)), ±half its 95% bootstrap interval (n samples). "
-                     "Baseline `equal work`: the single-device implementation of the same key sets over the whole "
-                     "sequence on one GPU (sdpa for ring, dilated for ring-dilated, block-sparse for block-sparse-ring), "
-                     "measured in the same results; `same split`: the same implementation on one rank, used only where "
-                     "no equal-work row exists, and shown as its own column. Timer `gpu` where both rows have GPU time, "
-                     "else `eager`. Sent/Call: bytes the busiest rank sends per call; algbw: those bytes over the call's "
-                     "time (as nccl-tests' algbw). Compute and communication wait are the slowest rank's medians; "
-                     "memory is the fullest GPU's `max_memory_allocated` (CPU: resident-set growth).\n")
+        parts += [
+            "## Sequence-parallel time against one GPU\n\n",
+            table(
+                [
+                    "Implementation",
+                    "Sequence",
+                    "GPUs",
+                    "Time",
+                    "Tokens/s",
+                    "Peak Memory/GPU",
+                    "Baseline",
+                    "Speedup",
+                    "Efficiency",
+                    "Efficiency (same split)",
+                    "Sent/Call",
+                    "algbw (GB/s)",
+                    "Compute (ms)",
+                    "Comm Wait (ms)",
+                    "Timer",
+                ],
+                [
+                    [
+                        t["label"],
+                        format_tokens(t["seq_len"]),
+                        t["world_size"],
+                        ms_cell(t["time_ci"]),
+                        _f(t["tokens_per_s"], ",.0f"),
+                        format_bytes(t["peak_bytes_per_gpu"], "GB"),
+                        t["baseline"] or "-",
+                        _f(t["speedup"], ".2f"),
+                        ratio_cell(t["efficiency_ci"], anomaly_above_one=True),
+                        _f(t["efficiency_same_split"], ".3f"),
+                        format_bytes(t["sent_bytes"]),
+                        _f(t["algbw_gbps"], ",.2f"),
+                        _f(t["compute_ms"], ",.2f"),
+                        _f(t["comm_wait_ms"], ",.2f"),
+                        t["timer"],
+                    ]
+                    for t in times
+                ],
+            ),
+        ]
+        parts.append(
+            "\nEfficiency = T(baseline) / (GPUs x T(GPUs)), ±half its 95% bootstrap interval (n samples). "
+            "Baseline `equal work`: the single-device implementation of the same key sets over the whole "
+            "sequence on one GPU (sdpa for ring, dilated for ring-dilated, block-sparse for block-sparse-ring), "
+            "measured in the same results; `same split`: the same implementation on one rank, used only where "
+            "no equal-work row exists, and shown as its own column. Timer `gpu` where both rows have GPU time, "
+            "else `eager`. Sent/Call: bytes the busiest rank sends per call; algbw: those bytes over the call's "
+            "time (as nccl-tests' algbw). Compute and communication wait are the slowest rank's medians; "
+            "memory is the fullest GPU's `max_memory_allocated` (CPU: resident-set growth).\n"
+        )
     sizes = max_seq_scaling(rows)
     if sizes:
-        parts += ["\n## Sequence-parallel largest sequence against one GPU\n\n", table(
-            ["Implementation", "GPUs", "Max Sequence", "Stopped By", "x One GPU"],
-            [[s["label"], s["world_size"], format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
-              s["stopped_by"], _f(s["ratio"], ".2f")] for s in sizes])]
+        parts += [
+            "\n## Sequence-parallel largest sequence against one GPU\n\n",
+            table(
+                ["Implementation", "GPUs", "Max Sequence", "Stopped By", "x One GPU"],
+                [
+                    [
+                        s["label"],
+                        s["world_size"],
+                        format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+                        s["stopped_by"],
+                        _f(s["ratio"], ".2f"),
+                    ]
+                    for s in sizes
+                ],
+            ),
+        ]
     return "".join(parts)

@@ -17,13 +17,32 @@ from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"
 DENSE = "sdpa"
-HEADERS = ["Sequence Length", "Time (ms)", "Memory (MB)", "Result", "Sparsity", "Pattern", "Block",
-           "Kept (achieved)", "Speedup vs Dense", "TFLOP/s (executed)", "Compile (s)"]
+HEADERS = [
+    "Sequence Length",
+    "Time (ms)",
+    "Memory (MB)",
+    "Result",
+    "Sparsity",
+    "Pattern",
+    "Block",
+    "Kept (achieved)",
+    "Speedup vs Dense",
+    "TFLOP/s (executed)",
+    "Compile (s)",
+]
 
 
 def _workload(r: dict[str, Any]) -> tuple:
-    return (r["dtype"], r["batch"], r["heads"], r["head_dim"], r["mode"], bool(r["causal"]), r["device"],
-            (r.get("env") or {}).get("machine"))
+    return (
+        r["dtype"],
+        r["batch"],
+        r["heads"],
+        r["head_dim"],
+        r["mode"],
+        bool(r["causal"]),
+        r["device"],
+        (r.get("env") or {}).get("machine"),
+    )
 
 
 def achieved_kept(r: dict[str, Any]) -> float | None:
@@ -57,8 +76,10 @@ def sparsity_table(rows: list[dict[str, Any]], level: int = 5) -> str:
         if not any(r["impl"] == SPARSE for r in group):
             continue
         dtype, batch, heads, head_dim, mode, causal, device, machine = key
-        parts.append(f"\n{'#' * level} {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
-                     f"{machine or device}\n\n")
+        parts.append(
+            f"\n{'#' * level} {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
+            f"{machine or device}\n\n"
+        )
         parts.append(table(HEADERS, [_row(r, _fastest_dense(group, r["seq_len"])) for r in _ordered(group)]))
     if parts:
         parts.append(
@@ -76,13 +97,22 @@ def _ordered(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def key(r):
         c = r.get("config") or {}
         sparse = r["impl"] == SPARSE
-        return (r["seq_len"], sparse, -(c.get("sparsity_ratio") or 1.0), c.get("pattern_type") or "",
-                c.get("block_size") or 0, c.get("backend") or "")
+        return (
+            r["seq_len"],
+            sparse,
+            -(c.get("sparsity_ratio") or 1.0),
+            c.get("pattern_type") or "",
+            c.get("block_size") or 0,
+            c.get("backend") or "",
+        )
+
     return sorted(group, key=key)
 
 
 def _fastest_dense(group: list[dict[str, Any]], seq_len: int) -> dict[str, Any] | None:
-    dense = [r for r in group if r["impl"] == DENSE and r["seq_len"] == seq_len and r["status"] == "ok" and r.get("time_ms")]
+    dense = [
+        r for r in group if r["impl"] == DENSE and r["seq_len"] == seq_len and r["status"] == "ok" and r.get("time_ms")
+    ]
     return min(dense, key=lambda r: r["time_ms"], default=None)
 
 

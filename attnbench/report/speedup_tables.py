@@ -23,16 +23,72 @@ from attnbench.units import format_bytes
 
 KIND = "speedup"
 # a single row and a multi-GPU row answer the same question when these agree
-MATCH_FIELDS = ("run", "impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype", "device", "mode", "causal", "module")
+MATCH_FIELDS = (
+    "run",
+    "impl",
+    "config",
+    "batch",
+    "seq_len",
+    "heads",
+    "head_dim",
+    "dtype",
+    "device",
+    "mode",
+    "causal",
+    "module",
+)
 GROUP_FIELDS = ("run", "impl", "config", "heads", "head_dim", "dtype", "device", "mode", "causal", "module")
 CSV_COLUMNS = [
-    "run", "machine", "impl", "config", "module", "grad_compression", "strategy", "world_size", "seq_len", "batch",
-    "heads", "head_dim", "dtype", "device", "mode", "causal", "status", "time_ms", "time_iqr_ms", "time_min_ms",
-    "time_max_ms", "samples", "single_time_ms", "speedup", "speedup_ci_low", "speedup_ci_high", "timer", "efficiency", "output_match", "output_rel_err",
-    "grad_rel_err", "backend", "note", "message",
+    "run",
+    "machine",
+    "impl",
+    "config",
+    "module",
+    "grad_compression",
+    "strategy",
+    "world_size",
+    "seq_len",
+    "batch",
+    "heads",
+    "head_dim",
+    "dtype",
+    "device",
+    "mode",
+    "causal",
+    "status",
+    "time_ms",
+    "time_iqr_ms",
+    "time_min_ms",
+    "time_max_ms",
+    "samples",
+    "single_time_ms",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "timer",
+    "efficiency",
+    "output_match",
+    "output_rel_err",
+    "grad_rel_err",
+    "backend",
+    "note",
+    "message",
 ]
-MEMORY_COLUMNS = ["run", "machine", "impl", "strategy", "world_size", "seq_len", "batch", "gpu", "nvml_index",
-                  "nvml_used_before", "nvml_used_peak", "max_memory_allocated", "max_memory_reserved"]
+MEMORY_COLUMNS = [
+    "run",
+    "machine",
+    "impl",
+    "strategy",
+    "world_size",
+    "seq_len",
+    "batch",
+    "gpu",
+    "nvml_index",
+    "nvml_used_before",
+    "nvml_used_peak",
+    "max_memory_allocated",
+    "max_memory_reserved",
+]
 
 
 def _ident(row: dict[str, Any], fields) -> str:
@@ -57,10 +113,19 @@ def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # GPU time where both sides have it, else eager; the interval resamples both sides
         ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
         speedup = ci.value if ci else None
-        out.append({**r, "single_time_ms": base.get("time_ms") if ran else None, "speedup": speedup,
-                    "efficiency": speedup / r["world_size"] if speedup else None, "timer": timer,
-                    "speedup_ci_low": ci.low if ci else None, "speedup_ci_high": ci.high if ci else None,
-                    "_single": base if ran else None, "_speedup_ci": ci})
+        out.append(
+            {
+                **r,
+                "single_time_ms": base.get("time_ms") if ran else None,
+                "speedup": speedup,
+                "efficiency": speedup / r["world_size"] if speedup else None,
+                "timer": timer,
+                "speedup_ci_low": ci.low if ci else None,
+                "speedup_ci_high": ci.high if ci else None,
+                "_single": base if ran else None,
+                "_speedup_ci": ci,
+            }
+        )
     return out
 
 
@@ -85,12 +150,21 @@ def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
         elif r["status"] != "ok":
             notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
         if r.get("dispatch_share") is not None:
-            notes.append(f"dispatch {r['dispatch_share']:.0%} of eager time{' (host-bound)' if r.get('host_bound') else ''}")
+            notes.append(
+                f"dispatch {r['dispatch_share']:.0%} of eager time{' (host-bound)' if r.get('host_bound') else ''}"
+            )
         if r.get("note") and r["status"] != "skipped":
             notes.append(r["note"])
-        body.append([f"{r['seq_len']:,} tokens", r["batch"], ms_cell(time_interval(r["_single"], r["timer"])),
-                     ms_cell(time_interval(r, r["timer"])) if r["status"] == "ok" else result_text(r["status"]),
-                     ratio_cell(r["_speedup_ci"]), "; ".join(notes)])
+        body.append(
+            [
+                f"{r['seq_len']:,} tokens",
+                r["batch"],
+                ms_cell(time_interval(r["_single"], r["timer"])),
+                ms_cell(time_interval(r, r["timer"])) if r["status"] == "ok" else result_text(r["status"]),
+                ratio_cell(r["_speedup_ci"]),
+                "; ".join(notes),
+            ]
+        )
     return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
 
 
@@ -124,11 +198,16 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _title(r: dict[str, Any]) -> str:
-    config = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in (r.get("config") or {}).items()
-                       if k != "max_chunk_tokens")
+    config = ", ".join(
+        f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in (r.get("config") or {}).items()
+        if k != "max_chunk_tokens"
+    )
     module = "multi-head module (q/k/v/out projections)" if r.get("module") == "multihead" else "attention"
-    return (f"{r['impl']}{f' ({config})' if config else ''}: {module}, {r['dtype']}, H={r['heads']}, D={r['head_dim']}, "
-            f"{r['mode']}{', causal' if r.get('causal') else ''}, {r['device']}")
+    return (
+        f"{r['impl']}{f' ({config})' if config else ''}: {module}, {r['dtype']}, H={r['heads']}, D={r['head_dim']}, "
+        f"{r['mode']}{', causal' if r.get('causal') else ''}, {r['device']}"
+    )
 
 
 def _environment(r: dict[str, Any]) -> str:
@@ -139,7 +218,9 @@ def _environment(r: dict[str, Any]) -> str:
     if gpus:
         bits.append("NVLinks active per GPU: " + ", ".join(str(g.get("nvlinks_active")) for g in gpus))
     for link in links:
-        bits.append(f"GPU {link['gpus'][0]}-{link['gpus'][1]}: {link.get('topology')}, P2P over NVLink {link.get('p2p_nvlink')}")
+        bits.append(
+            f"GPU {link['gpus'][0]}-{link['gpus'][1]}: {link.get('topology')}, P2P over NVLink {link.get('p2p_nvlink')}"
+        )
     for key in ("driver", "cuda", "nccl", "torch"):
         if env.get(key):
             bits.append(f"{key} {env[key]}")
@@ -155,8 +236,10 @@ def speedup_markdown(rows: list[dict[str, Any]]) -> str:
             worlds = sorted({r["world_size"] for r in members if r["strategy"] == strategy})
             compression = {r.get("grad_compression") for r in members if r["strategy"] == strategy} - {None}
             extra = f", gradient compression {', '.join(sorted(compression))}" if compression else ""
-            parts += [f"\n### {strategy} on {_units(head, ', '.join(map(str, worlds)))}{extra}\n\n",
-                      strategy_table(members, strategy)]
+            parts += [
+                f"\n### {strategy} on {_units(head, ', '.join(map(str, worlds)))}{extra}\n\n",
+                strategy_table(members, strategy),
+            ]
         mem = memory_table(members)
         if mem:
             parts += ["\n### Memory per GPU\n\n", mem]
@@ -166,15 +249,24 @@ def speedup_markdown(rows: list[dict[str, Any]]) -> str:
             "start together after a barrier and take the slowest rank's time. Speedup = single-GPU time / multi-GPU "
             "time; efficiency = speedup / GPUs. Memory: `torch.cuda.max_memory_allocated` of the process that used the "
             "GPU, and NVML device memory used at peak (which also counts CUDA contexts, NCCL buffers and other "
-            "processes). GB = 10^9 bytes, MB = 10^6 bytes.\n")
+            "processes). GB = 10^9 bytes, MB = 10^6 bytes.\n"
+        )
     return "".join(parts)
 
 
 def speedup_csv(rows: list[dict[str, Any]]) -> str:
     flat = []
     for r in speedup_rows(rows):
-        flat.append({c: (r.get("env") or {}).get("machine") if c == "machine" else
-                     len(r.get("times_ms") or []) if c == "samples" else r.get(c) for c in CSV_COLUMNS})
+        flat.append(
+            {
+                c: (r.get("env") or {}).get("machine")
+                if c == "machine"
+                else len(r.get("times_ms") or [])
+                if c == "samples"
+                else r.get(c)
+                for c in CSV_COLUMNS
+            }
+        )
     return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
 
 
@@ -182,9 +274,19 @@ def memory_csv(rows: list[dict[str, Any]]) -> str:
     flat = []
     for r in speedup_rows(rows):
         for g in r.get("gpus") or []:
-            flat.append({"run": r["run"], "machine": (r.get("env") or {}).get("machine"), "impl": r["impl"],
-                         "strategy": r["strategy"], "world_size": r["world_size"], "seq_len": r["seq_len"],
-                         "batch": r["batch"], "gpu": g["index"], **{k: g.get(k) for k in MEMORY_COLUMNS[8:]}})
+            flat.append(
+                {
+                    "run": r["run"],
+                    "machine": (r.get("env") or {}).get("machine"),
+                    "impl": r["impl"],
+                    "strategy": r["strategy"],
+                    "world_size": r["world_size"],
+                    "seq_len": r["seq_len"],
+                    "batch": r["batch"],
+                    "gpu": g["index"],
+                    **{k: g.get(k) for k in MEMORY_COLUMNS[8:]},
+                }
+            )
     return pd.DataFrame(flat, columns=MEMORY_COLUMNS).to_csv(index=False)
 
 
@@ -194,7 +296,11 @@ def write_speedup_tables(out_dir: Path) -> list[Path]:
     rows, _ = read_rows(out_dir)
     if not any(r.get("kind") == KIND for r in rows):
         return []
-    files = {"speedup.md": speedup_markdown(rows), "speedup.csv": speedup_csv(rows), "speedup_memory.csv": memory_csv(rows)}
+    files = {
+        "speedup.md": speedup_markdown(rows),
+        "speedup.csv": speedup_csv(rows),
+        "speedup_memory.csv": memory_csv(rows),
+    }
     for name, text in files.items():
         write_text_atomic(out_dir / name, text)
     return [out_dir / name for name in files]

@@ -49,7 +49,6 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-
 def write_sweep_tables(out_dir: Path) -> list[Path]:
     """Regenerate ``sweep.md``, ``trials.csv`` and ``max_seq.csv`` from ``trials.jsonl``."""
     out_dir = Path(out_dir)

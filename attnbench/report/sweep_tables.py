@@ -20,12 +20,51 @@ from attnbench.units import format_bytes, format_sparsity, format_tokens
 TRIAL_KINDS = ("max-seq", "points")
 INTERRUPTED = "search interrupted"
 CSV_COLUMNS = [
-    "run", "label", "impl", "kind", "phase", "seq_len", "status", "message", "batch", "heads", "head_dim",
-    "dtype", "device", "mode", "causal", "time_ms", "time_iqr_ms", "time_min_ms", "time_max_ms", "time_ci_low",
-    "time_ci_high", "time_n", "gpu_time_ms", "gpu_time_ci_low", "gpu_time_ci_high", "gpu_timer", "host_bound",
-    "dispatch_share", "warmup_calls", "warmup_s", "clocks_moved", "process", "tokens_per_s",
-    "tflops_executed", "tflops_useful", "kept_fraction", "inputs_bytes", "peak_bytes", "peak_counter",
-    "max_memory_allocated", "max_memory_reserved", "floor_bytes", "peak_over_floor", "backend", "machine",
+    "run",
+    "label",
+    "impl",
+    "kind",
+    "phase",
+    "seq_len",
+    "status",
+    "message",
+    "batch",
+    "heads",
+    "head_dim",
+    "dtype",
+    "device",
+    "mode",
+    "causal",
+    "time_ms",
+    "time_iqr_ms",
+    "time_min_ms",
+    "time_max_ms",
+    "time_ci_low",
+    "time_ci_high",
+    "time_n",
+    "gpu_time_ms",
+    "gpu_time_ci_low",
+    "gpu_time_ci_high",
+    "gpu_timer",
+    "host_bound",
+    "dispatch_share",
+    "warmup_calls",
+    "warmup_s",
+    "clocks_moved",
+    "process",
+    "tokens_per_s",
+    "tflops_executed",
+    "tflops_useful",
+    "kept_fraction",
+    "inputs_bytes",
+    "peak_bytes",
+    "peak_counter",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "floor_bytes",
+    "peak_over_floor",
+    "backend",
+    "machine",
 ]
 
 
@@ -55,22 +94,32 @@ def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stop = min(failures, key=lambda r: r["seq_len"]) if failures else None
         best_row = next((r for r in ok if r["seq_len"] == best), None)
         done = results.get(key)
-        out.append({
-            "series": key, "label": trials[0]["label"], "impl": trials[0]["impl"], "dtype": trials[0]["dtype"],
-            "device": trials[0]["device"], "machine": (trials[0].get("env") or {}).get("machine"),
-            "max_seq_len": best, "first_failure": stop["seq_len"] if stop else None,
-            # without its max-seq-result row the search never finished: a lower bound only
-            "stopped_by": INTERRUPTED if done is None else STOPPED_BY.get(stop["status"], stop["status"]) if stop else
-            STOPPED_BY["cap"],
-            "stop_message": stop.get("message") if stop else "",
-            "complete": done is not None,
-            "peak_bytes": best_row.get("peak_bytes") if best_row else None,
-            "peak_over_floor": best_row.get("peak_over_floor") if best_row else None,
-            "time_ms": best_row.get("time_ms") if best_row else None,
-            **_time_ci(best_row),
-            "tokens_per_s": best_row.get("tokens_per_s") if best_row else None,
-            "trials": len(trials),
-        })
+        out.append(
+            {
+                "series": key,
+                "label": trials[0]["label"],
+                "impl": trials[0]["impl"],
+                "dtype": trials[0]["dtype"],
+                "device": trials[0]["device"],
+                "machine": (trials[0].get("env") or {}).get("machine"),
+                "max_seq_len": best,
+                "first_failure": stop["seq_len"] if stop else None,
+                # without its max-seq-result row the search never finished: a lower bound only
+                "stopped_by": INTERRUPTED
+                if done is None
+                else STOPPED_BY.get(stop["status"], stop["status"])
+                if stop
+                else STOPPED_BY["cap"],
+                "stop_message": stop.get("message") if stop else "",
+                "complete": done is not None,
+                "peak_bytes": best_row.get("peak_bytes") if best_row else None,
+                "peak_over_floor": best_row.get("peak_over_floor") if best_row else None,
+                "time_ms": best_row.get("time_ms") if best_row else None,
+                **_time_ci(best_row),
+                "tokens_per_s": best_row.get("tokens_per_s") if best_row else None,
+                "trials": len(trials),
+            }
+        )
     return out
 
 
@@ -105,9 +154,20 @@ def _notes(r: dict[str, Any]) -> str:
 def memory_table(trials: list[dict[str, Any]]) -> str:
     return table(
         ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
-        [[format_tokens(r["seq_len"]), format_bytes(r.get("inputs_bytes"), "GB"),
-          format_bytes(r.get("peak_bytes"), "GB") if r["status"] == "ok" else format_bytes(r.get("peak_bytes"), "GB") + " at failure" if r.get("peak_bytes") else "-",
-          result_text(r["status"]), _notes(r)] for r in trials],
+        [
+            [
+                format_tokens(r["seq_len"]),
+                format_bytes(r.get("inputs_bytes"), "GB"),
+                format_bytes(r.get("peak_bytes"), "GB")
+                if r["status"] == "ok"
+                else format_bytes(r.get("peak_bytes"), "GB") + " at failure"
+                if r.get("peak_bytes")
+                else "-",
+                result_text(r["status"]),
+                _notes(r),
+            ]
+            for r in trials
+        ],
     )
 
 
@@ -115,10 +175,17 @@ def time_table(trials: list[dict[str, Any]]) -> str:
     """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
     return table(
         ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
-        [[format_tokens(r["seq_len"]), ms_cell(time_interval(r)) if r.get("time_ms") else "-",
-          _gpu_cell(r),
-          f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
-          result_text(r["status"]), format_sparsity(r.get("kept_fraction"), r.get("causal", False))] for r in trials],
+        [
+            [
+                format_tokens(r["seq_len"]),
+                ms_cell(time_interval(r)) if r.get("time_ms") else "-",
+                _gpu_cell(r),
+                f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
+                result_text(r["status"]),
+                format_sparsity(r.get("kept_fraction"), r.get("causal", False)),
+            ]
+            for r in trials
+        ],
     )
 
 
@@ -131,13 +198,29 @@ def max_seq_text(s: dict[str, Any]) -> str:
 
 def summary_table(summary: list[dict[str, Any]]) -> str:
     return table(
-        ["Implementation", "Dtype", "Device", "Max Sequence (ran – failed)", "Stopped By", "Peak at Max", "Peak / Floor",
-         "Eager Time at Max"],
-        [[s["label"], s["dtype"], s["machine"] or s["device"],
-          bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
-          s["stopped_by"], format_bytes(s["peak_bytes"], "GB"),
-          f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
-          ms_cell(time_interval(s)) if s["time_ms"] else "-"] for s in summary],
+        [
+            "Implementation",
+            "Dtype",
+            "Device",
+            "Max Sequence (ran – failed)",
+            "Stopped By",
+            "Peak at Max",
+            "Peak / Floor",
+            "Eager Time at Max",
+        ],
+        [
+            [
+                s["label"],
+                s["dtype"],
+                s["machine"] or s["device"],
+                bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
+                s["stopped_by"],
+                format_bytes(s["peak_bytes"], "GB"),
+                f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
+                ms_cell(time_interval(s)) if s["time_ms"] else "-",
+            ]
+            for s in summary
+        ],
     )
 
 

@@ -30,17 +30,31 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if head.get("mode") != "fwd_bwd":
             continue
         where = (head["label"], head["dtype"], (head.get("env") or {}).get("machine") or head["device"])
-        rec = records.setdefault(where, {"label": where[0], "dtype": where[1], "machine": where[2], "max_seq_len": None,
-                                         "peak_over_floor": None, "tflops_at_max": None, "tflops_compare": None,
-                                         "fwd_max_seq_len": None, "fwd_peak_over_floor": None})
+        rec = records.setdefault(
+            where,
+            {
+                "label": where[0],
+                "dtype": where[1],
+                "machine": where[2],
+                "max_seq_len": None,
+                "peak_over_floor": None,
+                "tflops_at_max": None,
+                "tflops_compare": None,
+                "fwd_max_seq_len": None,
+                "fwd_peak_over_floor": None,
+            },
+        )
         compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
         if compare and compare.get("tflops_useful"):
             rec["tflops_compare"] = tflops_interval(compare)
         train = searches.get(head.get("series"))
         if train and train["max_seq_len"]:
             best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
-            rec.update(max_seq_len=train["max_seq_len"], peak_over_floor=train["peak_over_floor"],
-                       tflops_at_max=tflops_interval(best))
+            rec.update(
+                max_seq_len=train["max_seq_len"],
+                peak_over_floor=train["peak_over_floor"],
+                tflops_at_max=tflops_interval(best),
+            )
         fwd = largest.get((*where, "fwd"))
         if fwd and fwd["max_seq_len"]:
             rec.update(fwd_max_seq_len=fwd["max_seq_len"], fwd_peak_over_floor=fwd["peak_over_floor"])
@@ -61,14 +75,21 @@ def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 
 HEADERS = {  # column: record field
-    "Implementation": "label", "Dtype": "dtype", "Device": "machine",
-    "Largest Training Sequence": "max_seq_len", "Peak / Training Floor": "peak_over_floor",
-    "Training TFLOP/s at Largest": "tflops_at_max", f"Training TFLOP/s at {COMPARE_LABEL}": "tflops_compare",
-    "Largest Forward Sequence": "fwd_max_seq_len", "Peak / Forward Floor": "fwd_peak_over_floor",
+    "Implementation": "label",
+    "Dtype": "dtype",
+    "Device": "machine",
+    "Largest Training Sequence": "max_seq_len",
+    "Peak / Training Floor": "peak_over_floor",
+    "Training TFLOP/s at Largest": "tflops_at_max",
+    f"Training TFLOP/s at {COMPARE_LABEL}": "tflops_compare",
+    "Largest Forward Sequence": "fwd_max_seq_len",
+    "Peak / Forward Floor": "fwd_peak_over_floor",
 }
-NOTE = ("The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
-        "and the output. Training TFLOP/s count useful pairs x 4 D x 3.5 (forward 1, backward 2.5) over the step's "
-        "median time (eager timer), ± half its 95% bootstrap interval (n samples). '-': no such trial in these rows.\n")
+NOTE = (
+    "The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
+    "and the output. Training TFLOP/s count useful pairs x 4 D x 3.5 (forward 1, backward 2.5) over the step's "
+    "median time (eager timer), ± half its 95% bootstrap interval (n samples). '-': no such trial in these rows.\n"
+)
 
 
 def training_table(records: list[dict[str, Any]]) -> Table:
@@ -81,9 +102,14 @@ def training_table(records: list[dict[str, Any]]) -> Table:
     def tflops(iv):
         return plus_minus(iv, fmt=lambda x: f"{x:,.1f}")
 
-    formats = {"Largest Training Sequence": tokens, "Largest Forward Sequence": tokens,
-               "Peak / Training Floor": ratio, "Peak / Forward Floor": ratio,
-               "Training TFLOP/s at Largest": tflops, f"Training TFLOP/s at {COMPARE_LABEL}": tflops}
+    formats = {
+        "Largest Training Sequence": tokens,
+        "Largest Forward Sequence": tokens,
+        "Peak / Training Floor": ratio,
+        "Peak / Forward Floor": ratio,
+        "Training TFLOP/s at Largest": tflops,
+        f"Training TFLOP/s at {COMPARE_LABEL}": tflops,
+    }
     return Table("training", list(HEADERS), [{h: r[f] for h, f in HEADERS.items()} for r in records], formats)
 
 

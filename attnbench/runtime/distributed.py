@@ -40,8 +40,14 @@ RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def launch(job: RankJob | str, payload: dict[str, Any], nprocs: int, device: str, phase_limit_s: float,
-           collective_timeout_s: float = 300.0) -> list[dict[str, Any]]:
+def launch(
+    job: RankJob | str,
+    payload: dict[str, Any],
+    nprocs: int,
+    device: str,
+    phase_limit_s: float,
+    collective_timeout_s: float = 300.0,
+) -> list[dict[str, Any]]:
     """Run ``job`` (a function or ``"module:function"``) on ``nprocs`` ranks; one result
     per rank, in rank order.
 
@@ -50,15 +56,24 @@ def launch(job: RankJob | str, payload: dict[str, Any], nprocs: int, device: str
     """
     with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps({"function": function_ref(job), "payload": payload, "device": device,
-                                        "collective_timeout_s": collective_timeout_s}))
+        job_path.write_text(
+            json.dumps(
+                {
+                    "function": function_ref(job),
+                    "payload": payload,
+                    "device": device,
+                    "collective_timeout_s": collective_timeout_s,
+                }
+            )
+        )
         worker = ["-m", "attnbench.runtime.distributed", str(job_path), tmp]
         if nprocs == 1:
             # one rank needs no agent: set torchrun's environment ourselves and save its start-up
             cmd, env = [sys.executable, *worker], {**MULTICAST_OFF, **_single_rank_env()}
         else:
-            cmd = python_module("torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-                                "--max-restarts=0", *worker)
+            cmd = python_module(
+                "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0", *worker
+            )
             env = MULTICAST_OFF
         outcome = supervise(cmd, phase_limit_s, extra_env=env)
         results = []
@@ -67,8 +82,15 @@ def launch(job: RankJob | str, payload: dict[str, Any], nprocs: int, device: str
             if path.exists():
                 results.append(json.loads(path.read_text()))
             else:
-                results.append({"status": "killed", "rank": rank, "outcome": outcome.get("status"),
-                                "message": outcome.get("message") or "stopped before writing a result", "times_ms": []})
+                results.append(
+                    {
+                        "status": "killed",
+                        "rank": rank,
+                        "outcome": outcome.get("status"),
+                        "message": outcome.get("message") or "stopped before writing a result",
+                        "times_ms": [],
+                    }
+                )
         return results
 
 
@@ -76,8 +98,14 @@ def _single_rank_env() -> dict[str, str]:
     with socket.socket() as s:  # a free port for the rank's own rendezvous store
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
@@ -104,13 +132,23 @@ def main(job_path: str, out_dir: str) -> None:
     try:
         if device == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                timeout=dt.timedelta(seconds=spec["collective_timeout_s"]),
-                                **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}))
+        dist.init_process_group(
+            "nccl" if device == "cuda" else "gloo",
+            timeout=dt.timedelta(seconds=spec["collective_timeout_s"]),
+            **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}),
+        )
         result = resolve(spec["function"])(spec["payload"], rank, world, device)
     except BaseException as exc:  # write why, then leave at once so torchrun stops the others
-        write_json_atomic(result_path, {"status": oom.classify(exc) if isinstance(exc, Exception) else "error",
-                             "rank": rank, "message": oom.one_line(exc), "times_ms": [], "failed_at": time.time()})
+        write_json_atomic(
+            result_path,
+            {
+                "status": oom.classify(exc) if isinstance(exc, Exception) else "error",
+                "rank": rank,
+                "message": oom.one_line(exc),
+                "times_ms": [],
+                "failed_at": time.time(),
+            },
+        )
         sys.stderr.write(f"attnbench rank {rank} failed: {oom.one_line(exc)}\n")
         sys.stderr.flush()
         os._exit(1)

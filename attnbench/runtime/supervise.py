@@ -80,15 +80,22 @@ def die_with_parent() -> None:
         pass
 
 
-def supervise(cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None,
-              memory_limit: int | None = None) -> dict[str, Any]:
+def supervise(
+    cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None, memory_limit: int | None = None
+) -> dict[str, Any]:
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit. The
     child dies with this process (parent-death signal), and its exit is classified by
     evidence: the cgroup's OOM-kill counter and its resident memory against the limit."""
     oom_kills_before = cgroup_oom_kills()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(extra_env), start_new_session=True,
-                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(extra_env),
+        start_new_session=True,
+        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+    )
     state = {"phase": "startup", "since": time.monotonic(), "limit": None}
     stderr_tail: deque[str] = deque(maxlen=40)
 
@@ -163,24 +170,39 @@ def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, A
         elif returncode == -signal.SIGKILL and limit and rss >= 0.9 * limit:
             why = f"its resident memory reached {rss / 2**20:,.0f} MiB of the {limit / 2**20:,.0f} MiB limit"
         else:
-            return {"status": "killed", "message": f"trial process killed by {name}, not by attnbench "
-                    "(no sign of the OOM killer)", "times_ms": []}
-        return {"status": "host-oom", "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
-                "times_ms": []}
-    return {"status": classify_text(last), "message": f"trial process exited with {returncode}: {last}"[:400],
-            "times_ms": []}
+            return {
+                "status": "killed",
+                "message": f"trial process killed by {name}, not by attnbench (no sign of the OOM killer)",
+                "times_ms": [],
+            }
+        return {
+            "status": "host-oom",
+            "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
+            "times_ms": [],
+        }
+    return {
+        "status": classify_text(last),
+        "message": f"trial process exited with {returncode}: {last}"[:400],
+        "times_ms": [],
+    }
 
 
 def cgroup_oom_kills() -> int | None:
     """The OOM-kill counter of this process's memory cgroup (v2, or v1's oom_control), or None."""
     try:
-        rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if line.startswith("0::") or ":memory:" in line)
+        rel = next(
+            line.split(":", 2)[2]
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.startswith("0::") or ":memory:" in line
+        )
     except (OSError, StopIteration):
         rel = "/"
-    for path in (Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events"),
-                 Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control",
-                 Path("/sys/fs/cgroup/memory/memory.oom_control")):
+    for path in (
+        Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events",
+        Path("/sys/fs/cgroup/memory.events"),
+        Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control",
+        Path("/sys/fs/cgroup/memory/memory.oom_control"),
+    ):
         try:
             for line in path.read_text().splitlines():
                 key, _, value = line.partition(" ")

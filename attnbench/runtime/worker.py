@@ -45,16 +45,20 @@ def resolve(ref: str) -> Callable:
 TEMP_PREFIX = "attnbench-trial-"
 
 
-def run_in_child(fn: JobFunction | str, args: dict[str, Any], phase_limit_s: float,
-                 memory_limit: int | None = None) -> dict[str, Any]:
+def run_in_child(
+    fn: JobFunction | str, args: dict[str, Any], phase_limit_s: float, memory_limit: int | None = None
+) -> dict[str, Any]:
     """Run ``fn(args)`` in a fresh worker process; its result, or how the process ended
     (``memory_limit`` is evidence for telling the OOM killer from another kill)."""
     remove_orphaned_temp_dirs()
     with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({"function": function_ref(fn), "args": args}))
-        outcome = supervise(python_module("attnbench.runtime.worker", str(job_path), str(result_path)), phase_limit_s,
-                            memory_limit=memory_limit)
+        outcome = supervise(
+            python_module("attnbench.runtime.worker", str(job_path), str(result_path)),
+            phase_limit_s,
+            memory_limit=memory_limit,
+        )
         if result_path.exists():
             return json.loads(result_path.read_text())
         return outcome
@@ -65,7 +69,7 @@ def remove_orphaned_temp_dirs(root: Path | None = None) -> list[Path]:
     died with them, so nothing else uses the dirs."""
     removed = []
     for d in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
-        pid = d.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        pid = d.name[len(TEMP_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or alive(int(pid)) or d.is_symlink() or d.stat().st_uid != os.getuid():
             continue
         shutil.rmtree(d, ignore_errors=True)

@@ -30,8 +30,9 @@ OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
 EntrySplitter = Callable[..., tuple[str, dict[str, Any], dict[str, Any]]]
 
 
-def parse_entries(entries: list[dict[str, Any]], base: dict[str, Any], profile: str,
-                  split_entry: EntrySplitter) -> list[SpeedupSettings]:
+def parse_entries(
+    entries: list[dict[str, Any]], base: dict[str, Any], profile: str, split_entry: EntrySplitter
+) -> list[SpeedupSettings]:
     """Each table as SpeedupSettings (``device`` may still be ``auto``); bad keys name the table.
     ``split_entry`` is the plan's: it splits a table's keys into settings (parsed) and the
     implementation's parameters (passed in: the plan imports this module)."""
@@ -39,28 +40,36 @@ def parse_entries(entries: list[dict[str, Any]], base: dict[str, Any], profile: 
 
 
 def _known_keys(impl: str, params: set[str]) -> str:
-    return f"speedup keys: {', '.join(OWN + SHARED + TIMING)}; parameters of {impl}: {', '.join(sorted(params)) or 'none'}"
+    return (
+        f"speedup keys: {', '.join(OWN + SHARED + TIMING)}; parameters of {impl}: {', '.join(sorted(params)) or 'none'}"
+    )
 
 
-def parse_entry(entry: dict[str, Any], base: dict[str, Any], where: str,
-                split_entry: EntrySplitter) -> SpeedupSettings:
+def parse_entry(entry: dict[str, Any], base: dict[str, Any], where: str, split_entry: EntrySplitter) -> SpeedupSettings:
     impl, settings, config = split_entry(entry, where, SHARED + TIMING, OWN, _known_keys)
     merged = {k: v for k, v in base.items() if k in SHARED + TIMING}
     merged.update(settings)
     cases = entry.get("cases")
     if cases is None:
-        raise AttnbenchError(f"{where}: missing key 'cases', e.g. cases = [\"2048x8\", \"4096x4\"]")
+        raise AttnbenchError(f'{where}: missing key \'cases\', e.g. cases = ["2048x8", "4096x4"]')
     gpus = entry.get("gpus", 2)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise AttnbenchError(f"{where}: 'gpus' must be a positive number of GPUs, got {gpus!r}")
     strategies = entry.get("strategies", ["dp", "mp"])
     return SpeedupSettings(
-        impl=impl, config=config,
+        impl=impl,
+        config=config,
         cases=parse_cases(",".join(cases) if isinstance(cases, list) else cases),
-        gpus=gpus, strategies=parse_strategies(",".join(strategies) if isinstance(strategies, list) else strategies),
-        module=entry.get("module", "attention"), grad_compression=entry.get("grad_compression"),
-        dtype=merged.get("dtype", "bf16"), device=merged.get("device", "auto"), heads=merged.get("heads", 8),
-        head_dim=merged.get("head_dim", 64), mode=merged.get("mode", "fwd"), causal=merged.get("causal", False),
+        gpus=gpus,
+        strategies=parse_strategies(",".join(strategies) if isinstance(strategies, list) else strategies),
+        module=entry.get("module", "attention"),
+        grad_compression=entry.get("grad_compression"),
+        dtype=merged.get("dtype", "bf16"),
+        device=merged.get("device", "auto"),
+        heads=merged.get("heads", 8),
+        head_dim=merged.get("head_dim", 64),
+        mode=merged.get("mode", "fwd"),
+        causal=merged.get("causal", False),
         max_trial_seconds=merged.get("max_trial_seconds", 60.0),
         timing={k: merged[k] for k in TIMING if k in merged},
     )

@@ -6,6 +6,9 @@ reference check, so bad input leaves no results file behind. ``resume`` replays 
 already in the directory instead of running those trials again, when they were measured
 under the same limits and timing settings (their identity); any other row is measured
 again, and the reporter says so. The run holds an exclusive lock on the directory.
+
+Over 400 lines (formatted) because a sweep's order of events (plan check, reference
+checks, resume, trials, the max-seq search's probes and retries) reads best in one place.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ def resolve(plan: Plan) -> Plan:
         if device in ("auto", "cuda"):
             have_cuda = cuda_available() if have_cuda is None else have_cuda
             if device == "cuda" and not have_cuda:
-                raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
+                raise AttnbenchError(
+                    "--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu"
+                )
             device = "cuda" if have_cuda else "cpu"
         s = replace(s, settings=replace(s.settings, device=device))
         if plan.clip_ranks and s.distributed and device == "cuda" and s.world_size > _visible_gpus():
@@ -103,8 +108,10 @@ def check_series(s: Series) -> None:
     if st.max_samples < max(1, st.min_samples):
         raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
     if st.kind == "max-seq" and s.start() > st.max_seq_len:
-        raise AttnbenchError(f"{s.name}: --max-seq-len {st.max_seq_len:,} is below the first length {s.start():,}: "
-                             "raise --max-seq-len or lower --start")
+        raise AttnbenchError(
+            f"{s.name}: --max-seq-len {st.max_seq_len:,} is below the first length {s.start():,}: "
+            "raise --max-seq-len or lower --start"
+        )
     impl = s.build()
     if s.distributed:
         from attnbench.sweeps import seqpar
@@ -112,8 +119,9 @@ def check_series(s: Series) -> None:
         seqpar.check_world(st.device, s.world_size)
         seqpar.check_modes(s.impl, st.mode, st.causal, impl)
     elif st.causal and not impl.supports_causal:
-        raise AttnbenchError(f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); "
-                             "drop --causal")
+        raise AttnbenchError(
+            f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); drop --causal"
+        )
     lengths = list(st.seq_lens) if st.kind == "points" else [s.start()]
     if st.kind == "points" and not lengths:
         raise AttnbenchError(f"{s.name}: a points sweep needs seq_lens, e.g. --seq-lens 65536,131072")
@@ -133,8 +141,21 @@ def verify_cases(plan: Plan) -> list[VerifyCase]:
         st = s.settings
         # a training series checks its gradients too (sequence-parallel ones run forward only)
         mode = st.mode if s.world_size == 1 and not impls.spec(s.impl).distributed else "fwd"
-        cases.append(VerifyCase(s.impl, impl.config(), min(st.batch, 2), impl.verify_seq_len(), st.heads,
-                                st.head_dim, st.causal, st.dtype, st.device, s.world_size, mode))
+        cases.append(
+            VerifyCase(
+                s.impl,
+                impl.config(),
+                min(st.batch, 2),
+                impl.verify_seq_len(),
+                st.heads,
+                st.head_dim,
+                st.causal,
+                st.dtype,
+                st.device,
+                s.world_size,
+                mode,
+            )
+        )
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
     return list(unique.values())
 
@@ -147,8 +168,15 @@ class SeriesOutcome:
 
 
 class SweepRunner(RunSession):
-    def __init__(self, plan: Plan, out_dir: Path, env: dict[str, Any], resume: bool = False,
-                 reporter: Reporter | None = None, speedup_reporter=None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        out_dir: Path,
+        env: dict[str, Any],
+        resume: bool = False,
+        reporter: Reporter | None = None,
+        speedup_reporter=None,
+    ) -> None:
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
         self._done: dict[tuple[str, int], dict[str, Any]] = {}
@@ -207,7 +235,9 @@ class SweepRunner(RunSession):
         return outcomes
 
     def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
-        failed = {(r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"}
+        failed = {
+            (r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"
+        }
         outcomes = []
         for i, s in enumerate(self.plan.series):
             self.reporter.series_started(s, i, len(self.plan.series))
@@ -219,8 +249,10 @@ class SweepRunner(RunSession):
             outcomes.append(SeriesOutcome(s, True, result))
             self.reporter.series_done(s, result)
         if self._remeasured:
-            self.reporter.note(f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
-                               "or timing settings and were measured again")
+            self.reporter.note(
+                f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
+                "or timing settings and were measured again"
+            )
         return outcomes
 
     def _run_series(self, s: Series) -> SearchResult | None:
@@ -230,17 +262,32 @@ class SweepRunner(RunSession):
             return None
         result = grow_then_bisect(
             lambda n, phase: self._probe(s, n, phase),
-            start=s.start(), granularity=s.granularity(), max_len=s.settings.max_seq_len,
+            start=s.start(),
+            granularity=s.granularity(),
+            max_len=s.settings.max_seq_len,
             resolution=s.settings.resolution,
         )
-        self._append_once({
-            "kind": "max-seq-result", "run": self.run_id, "series": self._key(s), "label": s.name,
-            **_workload_fields(s.workload(result.best or s.start())), "seq_len": result.best,
-            "first_failure": result.first_failure, "stop_status": result.stop_status,
-            "stopped_by": result.stopped_by, "granularity": s.granularity(), **_parallelism(s),
-            "resolution": s.settings.resolution, "start": s.start(), "max_seq_len": s.settings.max_seq_len,
-            "trials": len(result.tried), "env": self.env,
-        }, RESULT_IDENTITY)
+        self._append_once(
+            {
+                "kind": "max-seq-result",
+                "run": self.run_id,
+                "series": self._key(s),
+                "label": s.name,
+                **_workload_fields(s.workload(result.best or s.start())),
+                "seq_len": result.best,
+                "first_failure": result.first_failure,
+                "stop_status": result.stop_status,
+                "stopped_by": result.stopped_by,
+                "granularity": s.granularity(),
+                **_parallelism(s),
+                "resolution": s.settings.resolution,
+                "start": s.start(),
+                "max_seq_len": s.settings.max_seq_len,
+                "trials": len(result.tried),
+                "env": self.env,
+            },
+            RESULT_IDENTITY,
+        )
         return result
 
     def _key(self, s: Series) -> str:
@@ -264,9 +311,11 @@ class SweepRunner(RunSession):
                 self.reporter.trial_done(s, earlier, True)
                 return earlier
             self._remeasured += 1
-            self.reporter.note(f"{s.name} at {seq_len:,}: the earlier trial ran under "
-                               f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
-                               "measuring again")
+            self.reporter.note(
+                f"{s.name} at {seq_len:,}: the earlier trial ran under "
+                f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+                "measuring again"
+            )
         pause_after_trials(len(self._done))
         # a timed point in several fresh processes: the gate's unit is the process
         repeats = s.settings.repeat if s.settings.kind == "points" else 1
@@ -276,8 +325,9 @@ class SweepRunner(RunSession):
                 break
         return row
 
-    def _measure(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int,
-                 process: int | None) -> dict[str, Any]:
+    def _measure(
+        self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None
+    ) -> dict[str, Any]:
         self.reporter.trial_started(s, seq_len, phase)
         started, t0 = now_utc(), time.monotonic()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
@@ -287,10 +337,21 @@ class SweepRunner(RunSession):
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
         row = {
-            "kind": s.settings.kind, "run": self.run_id, "trial": uuid.uuid4().hex[:12], "series": key[0],
-            "label": s.name, "phase": phase, "attempt": attempt, **_workload_fields(s.workload(seq_len)),
-            **_parallelism(s), **spec_fields(spec, s), **({"process": process} if process is not None else {}),
-            **measured, "started_at": started, "duration_s": round(time.monotonic() - t0, 3), "env": self.env,
+            "kind": s.settings.kind,
+            "run": self.run_id,
+            "trial": uuid.uuid4().hex[:12],
+            "series": key[0],
+            "label": s.name,
+            "phase": phase,
+            "attempt": attempt,
+            **_workload_fields(s.workload(seq_len)),
+            **_parallelism(s),
+            **spec_fields(spec, s),
+            **({"process": process} if process is not None else {}),
+            **measured,
+            "started_at": started,
+            "duration_s": round(time.monotonic() - t0, 3),
+            "env": self.env,
         }
         self.append(row)
         self._done[key] = row
@@ -300,12 +361,18 @@ class SweepRunner(RunSession):
     def _spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
         return TrialSpec(
-            workload=s.workload(seq_len).to_dict(), max_trial_seconds=st.max_trial_seconds,
+            workload=s.workload(seq_len).to_dict(),
+            max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
-            timing={"warmup": st.warmup, "warmup_s": st.warmup_s, "min_samples": st.min_samples,
-                    "max_samples": st.max_samples, "target_ms": st.target_ms,
-                    # sequence-parallel ranks are supervised per phase at the per-call limit
-                    "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s},
+            timing={
+                "warmup": st.warmup,
+                "warmup_s": st.warmup_s,
+                "min_samples": st.min_samples,
+                "max_samples": st.max_samples,
+                "target_ms": st.target_ms,
+                # sequence-parallel ranks are supervised per phase at the per-call limit
+                "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s,
+            },
             seed=seq_len,
         )
 
@@ -319,8 +386,19 @@ class SweepRunner(RunSession):
 
 
 # What makes two rows the same reference check, or the same search result.
-VERIFY_IDENTITY = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "causal", "dtype", "device",
-                   "world_size", "status")
+VERIFY_IDENTITY = (
+    "impl",
+    "config",
+    "batch",
+    "seq_len",
+    "heads",
+    "head_dim",
+    "causal",
+    "dtype",
+    "device",
+    "world_size",
+    "status",
+)
 RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
 # The settings besides the workload that can change a trial's outcome: a row measured under
 # other values is not this run's trial.
@@ -328,8 +406,12 @@ TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
 
 
 def spec_fields(spec: TrialSpec, s: Series) -> dict[str, Any]:
-    return {"max_trial_seconds": spec.max_trial_seconds, "memory_limit": spec.memory_limit,
-            "isolate": s.settings.isolate or s.distributed, "timing": spec.timing}
+    return {
+        "max_trial_seconds": spec.max_trial_seconds,
+        "memory_limit": spec.memory_limit,
+        "isolate": s.settings.isolate or s.distributed,
+        "timing": spec.timing,
+    }
 
 
 def trial_identity(row: dict[str, Any]) -> dict[str, Any]:
@@ -341,8 +423,10 @@ def _identity_text(fields: dict[str, Any]) -> str:
 
     limit = fields.get("memory_limit")
     timing = fields.get("timing")
-    return (f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
-            f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}")
+    return (
+        f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
+        f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}"
+    )
 
 
 def _workload_fields(wl) -> dict[str, Any]:
@@ -356,4 +440,3 @@ def _parallelism(s: Series) -> dict[str, Any]:
 
         return {"world_size": s.world_size, "strategy": STRATEGY}
     return {"world_size": 1, "strategy": "single"}
-

@@ -17,9 +17,9 @@ Probe = Callable[[int, str], str]
 
 @dataclass
 class SearchResult:
-    best: int                      # largest length that ran (0: none did)
-    first_failure: int | None      # smallest length that failed (None: none did, up to the cap)
-    stop_status: str               # status of first_failure, or "cap"
+    best: int  # largest length that ran (0: none did)
+    first_failure: int | None  # smallest length that failed (None: none did, up to the cap)
+    stop_status: str  # status of first_failure, or "cap"
     tried: list[tuple[int, str]] = field(default_factory=list)
 
     @property

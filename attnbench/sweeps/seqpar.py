@@ -58,8 +58,10 @@ def check_world(device: str, world: int) -> None:
     if world > limit:
         if device == "cuda":
             raise AttnbenchError(f"--gpus {world}: only {limit} CUDA GPU(s) visible; choose --gpus {limit} or fewer")
-        raise AttnbenchError(f"--gpus {world}: on the CPU at most {limit} gloo ranks (one per core, at least 4); "
-                             f"choose --gpus {limit} or fewer")
+        raise AttnbenchError(
+            f"--gpus {world}: on the CPU at most {limit} gloo ranks (one per core, at least 4); "
+            f"choose --gpus {limit} or fewer"
+        )
 
 
 def check_modes(name: str, mode: str, causal: bool, impl) -> None:
@@ -67,13 +69,16 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
     if modes and mode not in modes:
         raise AttnbenchError(f"{name} runs {', '.join(modes)} only; use --mode {modes[0]}")
     if causal and not impl.supports_causal:
-        raise AttnbenchError(f"{name} {'with this configuration ' if name == 'dilated' else ''}runs non-causal only "
-                             "(a 2-D grid has no causal order); drop --causal")
+        raise AttnbenchError(
+            f"{name} {'with this configuration ' if name == 'dilated' else ''}runs non-causal only "
+            "(a 2-D grid has no causal order); drop --causal"
+        )
 
 
 # ---------------------------------------------------------------------------------------
 # Parent side
 # ---------------------------------------------------------------------------------------
+
 
 def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict[str, Any]:
     """One trial on ``world`` ranks; the row fields (status, times, memory per GPU, ranks)."""
@@ -105,7 +110,13 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     row["gpus"] = [r["gpu"] for r in results if r.get("gpu")]
     if any(r.get("nvml_note") for r in results):
         row["nvml_note"] = next(r["nvml_note"] for r in results if r.get("nvml_note"))
-    for key in ("max_memory_allocated", "max_memory_reserved", "cpu_peak_rss_delta", "inputs_bytes", "device_total_bytes"):
+    for key in (
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "cpu_peak_rss_delta",
+        "inputs_bytes",
+        "device_total_bytes",
+    ):
         values = [r[key] for r in results if r.get(key) is not None]
         if values:
             row[key] = max(values)  # per GPU: the fullest rank
@@ -136,8 +147,21 @@ def traffic(ranks: list[dict[str, Any]], time_ms: float | None) -> dict[str, Any
 
 def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
     times = r.get("times_ms") or []
-    keep = ("rank", "status", "message", "compile_ms", "first_call_ms", "compute_ms", "comm_wait_ms", "sent_bytes", "comm_steps",
-            "max_memory_allocated", "max_memory_reserved", "cpu_peak_rss_delta", "inputs_bytes")
+    keep = (
+        "rank",
+        "status",
+        "message",
+        "compile_ms",
+        "first_call_ms",
+        "compute_ms",
+        "comm_wait_ms",
+        "sent_bytes",
+        "comm_steps",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "cpu_peak_rss_delta",
+        "inputs_bytes",
+    )
     out = {k: r.get(k) for k in keep if r.get(k) is not None}
     out["time_ms"] = statistics.median(times) if times else None
     if r.get("status") == "ok":
@@ -157,8 +181,9 @@ def cases_for(name: str, device: str, dtypes: list[str], world: int) -> list[Ver
         for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
             for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
-                    cases.append(VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype,
-                                            device, world))
+                    cases.append(
+                        VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device, world)
+                    )
     return cases
 
 
@@ -170,20 +195,42 @@ def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[dict[s
     rows: list[dict[str, Any]] = []
     for (world, device), group in groups.items():
         check_world(device, world)
-        payload = {"cases": [{"case": asdict(c), "seed": random.randrange(2**31 - 1)} for c in group],
-                   "fail_rank": fail_rank}
+        payload = {
+            "cases": [{"case": asdict(c), "seed": random.randrange(2**31 - 1)} for c in group],
+            "fail_rank": fail_rank,
+        }
         results = launch(VERIFY_JOB, payload, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
         status, message = agreed_status(results)
         if status == "ok":
             rows.extend(results[0]["rows"])
         else:  # the run ended on a failing rank: every case of it is an error with that rank's reason
-            rows.extend({**case_row(p["case"], p["seed"]), "status": "error", "rel_err": None, "rel_err_single": None,
-                         "message": message} for p in payload["cases"])
+            rows.extend(
+                {
+                    **case_row(p["case"], p["seed"]),
+                    "status": "error",
+                    "rel_err": None,
+                    "rel_err_single": None,
+                    "message": message,
+                }
+                for p in payload["cases"]
+            )
     return rows
 
 
 def case_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
-    return {"kind": "verify", "impl": case["impl"], "config": case["config"], "batch": case["batch"],
-            "seq_len": case["seq_len"], "heads": case["heads"], "head_dim": case["head_dim"], "causal": case["causal"],
-            "dtype": case["dtype"], "device": case["device"], "world_size": case["world_size"], "seed": seed,
-            "tolerance": TOLERANCE[case["dtype"]], "strategy": STRATEGY}
+    return {
+        "kind": "verify",
+        "impl": case["impl"],
+        "config": case["config"],
+        "batch": case["batch"],
+        "seq_len": case["seq_len"],
+        "heads": case["heads"],
+        "head_dim": case["head_dim"],
+        "causal": case["causal"],
+        "dtype": case["dtype"],
+        "device": case["device"],
+        "world_size": case["world_size"],
+        "seed": seed,
+        "tolerance": TOLERANCE[case["dtype"]],
+        "strategy": STRATEGY,
+    }

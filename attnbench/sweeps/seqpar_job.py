@@ -80,10 +80,26 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     err, err_single = relative_error(full, ref), relative_error(full, single)
     tol = TOLERANCE[case.dtype]
     ok = err == err and err <= tol and err_single == err_single and err_single <= tol
-    why = "" if ok else ("relative error above tolerance" if err == err and err > tol else
-                         "differs from the single-device counterpart" if err == err else "non-finite output")
-    return {**row, "status": "pass" if ok else "fail", "rel_err": err, "rel_err_single": err_single,
-            "counterpart": counterpart.name, "backend": impl.last_backend, "message": why}
+    why = (
+        ""
+        if ok
+        else (
+            "relative error above tolerance"
+            if err == err and err > tol
+            else "differs from the single-device counterpart"
+            if err == err
+            else "non-finite output"
+        )
+    )
+    return {
+        **row,
+        "status": "pass" if ok else "fail",
+        "rel_err": err,
+        "rel_err_single": err_single,
+        "counterpart": counterpart.name,
+        "backend": impl.last_backend,
+        "message": why,
+    }
 
 
 def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
@@ -134,7 +150,9 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank plans the same number of calls
         slowest_ms = float(slowest.item())
         if slowest_ms > spec.max_trial_seconds * 1e3:
-            row.update(status="time-limit", message=f"one call took {slowest_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s")
+            row.update(
+                status="time-limit", message=f"one call took {slowest_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s"
+            )
         else:
             phase("timing")
             row.update(_timed_calls(impl, step, timer, plan_calls(slowest_ms, spec.policy())), status="ok")
@@ -142,9 +160,13 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     row.update(probe.peaks())
     gpu = sampler.per_gpu()
     if dev.type == "cuda":
-        entry = {**(gpu[0] if gpu else {}), "rank": rank, "cuda_device": dev.index,
-                 "max_memory_allocated": row.get("max_memory_allocated"),
-                 "max_memory_reserved": row.get("max_memory_reserved")}
+        entry = {
+            **(gpu[0] if gpu else {}),
+            "rank": rank,
+            "cuda_device": dev.index,
+            "max_memory_allocated": row.get("max_memory_allocated"),
+            "max_memory_reserved": row.get("max_memory_reserved"),
+        }
         entry["index"] = getattr(nvml, "index", dev.index)
         row["gpu"] = entry
     return row
@@ -239,6 +261,8 @@ class _RankMemory:
 
         if self.cpu:
             return self.cpu.peaks()
-        return {"max_memory_allocated": torch.cuda.max_memory_allocated(self.dev),
-                "max_memory_reserved": torch.cuda.max_memory_reserved(self.dev),
-                "device_total_bytes": torch.cuda.get_device_properties(self.dev).total_memory}
+        return {
+            "max_memory_allocated": torch.cuda.max_memory_allocated(self.dev),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(self.dev),
+            "device_total_bytes": torch.cuda.get_device_properties(self.dev).total_memory,
+        }

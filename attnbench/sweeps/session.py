@@ -38,8 +38,9 @@ class RunSession:
         """The rows a resumed run continues from; refuses a used directory without --resume."""
         return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
-    def run_checks(self, cases: list[VerifyCase], isolate: bool = False,
-                   memory_limit: int | None = None) -> list[dict[str, Any]]:
+    def run_checks(
+        self, cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None
+    ) -> list[dict[str, Any]]:
         """Run the reference check and refuse a case that cannot run; writes nothing, so a
         run with several parts can check all of them before its first row."""
         rows = run_reference_checks(cases, isolate, memory_limit)

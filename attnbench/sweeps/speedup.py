@@ -7,7 +7,7 @@ strategy's output is compared with it (relative L2 error within the dtype's tole
 the row fails). Speedup and scaling efficiency are not stored: tables compute them from the
 rows (``attnbench.report.speedup_tables``), matching each row to the single row of its run.
 
-About 400 lines on purpose: a run's settings and cases, how the ranks' results become its
+Over 400 lines on purpose: a run's settings and cases, how the ranks' results become its
 rows, and the runner belong to one run and are read together; the rank side is
 ``attnbench.sweeps.speedup_job``.
 """
@@ -41,8 +41,22 @@ from attnbench.workload import Workload, check_workload_fields
 SEED_CASES = "2048x8,4096x4,8192x2,16384x1"  # reports 000 and 001
 KIND = "speedup"
 # what makes two speedup rows the same trial (resume skips a trial it finds)
-KEY_FIELDS = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype", "device", "mode", "causal",
-              "strategy", "world_size", "module", "grad_compression")
+KEY_FIELDS = (
+    "impl",
+    "config",
+    "batch",
+    "seq_len",
+    "heads",
+    "head_dim",
+    "dtype",
+    "device",
+    "mode",
+    "causal",
+    "strategy",
+    "world_size",
+    "module",
+    "grad_compression",
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,18 @@ class SpeedupSettings:
     timing: dict[str, Any] = field(default_factory=dict)  # TimingPolicy fields
 
     def workload(self, case: Case) -> Workload:
-        return Workload(impl=self.impl, config=self.config, batch=case.batch, seq_len=case.seq_len, heads=self.heads,
-                        head_dim=self.head_dim, dtype=self.dtype, device=self.device, mode=self.mode, causal=self.causal)
+        return Workload(
+            impl=self.impl,
+            config=self.config,
+            batch=case.batch,
+            seq_len=case.seq_len,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            mode=self.mode,
+            causal=self.causal,
+        )
 
     def order(self) -> tuple[str, ...]:
         return ("single", *self.strategies)
@@ -120,11 +144,15 @@ def check_settings(s: SpeedupSettings, cuda_devices: int, cases_given: bool = Tr
     if not (math.isfinite(s.max_trial_seconds) and s.max_trial_seconds > 0):
         raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
     if s.device == "cpu" and s.gpus > (os.cpu_count() or 1):
-        raise AttnbenchError(f"--gpus {s.gpus} on the CPU starts {s.gpus} processes but this machine has "
-                             f"{os.cpu_count()} cores: use --gpus {os.cpu_count() or 1} or fewer")
+        raise AttnbenchError(
+            f"--gpus {s.gpus} on the CPU starts {s.gpus} processes but this machine has "
+            f"{os.cpu_count()} cores: use --gpus {os.cpu_count() or 1} or fewer"
+        )
     if s.device == "cuda" and s.gpus > cuda_devices:
-        raise AttnbenchError(f"--gpus {s.gpus} but this machine has {cuda_devices} CUDA GPU{'s' if cuda_devices != 1 else ''}: "
-                             f"ask for at most {cuda_devices}")
+        raise AttnbenchError(
+            f"--gpus {s.gpus} but this machine has {cuda_devices} CUDA GPU{'s' if cuda_devices != 1 else ''}: "
+            f"ask for at most {cuda_devices}"
+        )
     if s.module not in MODULES:
         raise AttnbenchError(f"unknown module {s.module!r}: choose {' or '.join(MODULES)}")
     _check_compression(s)
@@ -159,13 +187,19 @@ def _check_compression(s: SpeedupSettings) -> None:
     if s.grad_compression is None:
         return
     if s.grad_compression not in GRAD_COMPRESSION:
-        raise AttnbenchError(f"unknown --grad-compression {s.grad_compression!r}: choose {' or '.join(GRAD_COMPRESSION)}")
+        raise AttnbenchError(
+            f"unknown --grad-compression {s.grad_compression!r}: choose {' or '.join(GRAD_COMPRESSION)}"
+        )
     if s.module != "multihead" or s.mode != "fwd_bwd" or "mp" not in s.strategies:
-        raise AttnbenchError("--grad-compression compresses DistributedDataParallel's gradient all-reduce: "
-                             "use it with --module multihead --mode fwd_bwd --strategy mp")
+        raise AttnbenchError(
+            "--grad-compression compresses DistributedDataParallel's gradient all-reduce: "
+            "use it with --module multihead --mode fwd_bwd --strategy mp"
+        )
     if s.grad_compression == "bf16" and s.device != "cuda":
-        raise AttnbenchError("bf16 gradient compression needs CUDA and NCCL (torch's hook refuses gloo): "
-                             "use --grad-compression fp16 on the CPU")
+        raise AttnbenchError(
+            "bf16 gradient compression needs CUDA and NCCL (torch's hook refuses gloo): "
+            "use --grad-compression fp16 on the CPU"
+        )
 
 
 def trial_key(row: dict[str, Any]) -> str:
@@ -177,6 +211,7 @@ def trial_key(row: dict[str, Any]) -> str:
 # Rank results -> one row
 # ---------------------------------------------------------------------------------------
 
+
 def slowest_per_iteration(per_rank: list[list[float]]) -> list[float]:
     """Iteration i of a data-parallel step ends when its slowest rank ends."""
     if not per_rank or any(len(t) != len(per_rank[0]) for t in per_rank):
@@ -184,8 +219,12 @@ def slowest_per_iteration(per_rank: list[list[float]]) -> list[float]:
     return [max(column) for column in zip(*per_rank)]
 
 
-def gpu_rows(count: int, nvml: list[dict[str, int]] | None, nvml_index: dict[str, int] | None,
-             allocator: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+def gpu_rows(
+    count: int,
+    nvml: list[dict[str, int]] | None,
+    nvml_index: dict[str, int] | None,
+    allocator: dict[str, dict[str, int]],
+) -> list[dict[str, Any]]:
     """One row per GPU of the run (CUDA index): NVML used memory before and at peak, and
     the allocator peaks of the process that used it (None where none did)."""
     by_nvml = {g["index"]: g for g in nvml or []}
@@ -194,10 +233,16 @@ def gpu_rows(count: int, nvml: list[dict[str, int]] | None, nvml_index: dict[str
         j = (nvml_index or {}).get(str(i), i)
         seen = by_nvml.get(j, {})
         alloc = allocator.get(str(i), {})
-        rows.append({"index": i, "nvml_index": j if nvml else None,
-                     "nvml_used_before": seen.get("nvml_used_before"), "nvml_used_peak": seen.get("nvml_used_peak"),
-                     "max_memory_allocated": alloc.get("max_memory_allocated"),
-                     "max_memory_reserved": alloc.get("max_memory_reserved")})
+        rows.append(
+            {
+                "index": i,
+                "nvml_index": j if nvml else None,
+                "nvml_used_before": seen.get("nvml_used_before"),
+                "nvml_used_peak": seen.get("nvml_used_peak"),
+                "max_memory_allocated": alloc.get("max_memory_allocated"),
+                "max_memory_reserved": alloc.get("max_memory_reserved"),
+            }
+        )
     return rows
 
 
@@ -227,9 +272,11 @@ def merge_ranks(results: list[dict[str, Any]], s: SpeedupSettings, case: Case, s
     lead = results[0]
     allocator = {d: a for r in results for d, a in (r.get("allocator") or {}).items()}
     row["gpus"] = gpu_rows(s.gpus, lead.get("nvml"), lead.get("nvml_index"), allocator) if s.device == "cuda" else []
-    row["ranks"] = [{k: r.get(k) for k in ("rank", "status", "devices", "cpu_peak_rss")}
-                    | {"first_call_ms": r.get("rank_first_call_ms"), "time_ms": summarize(r.get("times_ms") or [])["time_ms"]}
-                    for r in results]
+    row["ranks"] = [
+        {k: r.get(k) for k in ("rank", "status", "devices", "cpu_peak_rss")}
+        | {"first_call_ms": r.get("rank_first_call_ms"), "time_ms": summarize(r.get("times_ms") or [])["time_ms"]}
+        for r in results
+    ]
     row["backend"] = lead.get("backend")
     if ok and len(results) == 1 and lead.get("gpu_times_ms") is not None:
         row.update(gpu_times_ms=lead["gpu_times_ms"], gpu_timer=lead.get("gpu_timer"))
@@ -253,17 +300,28 @@ def _output_check(results, s: SpeedupSettings, case: Case, strategy: Strategy, o
         return {**out, "output_message": "no single-GPU output to compare with"}
     width = s.heads * s.head_dim
     if elements != case.batch * case.seq_len * width:
-        return {**out, "output_rel_err": rel, "output_match": False,
-                "output_message": f"ranks returned {elements} output values, the single run {case.batch * case.seq_len * width}"}
+        return {
+            **out,
+            "output_rel_err": rel,
+            "output_match": False,
+            "output_message": f"ranks returned {elements} output values, the single run {case.batch * case.seq_len * width}",
+        }
     grad_rel, _ = relative_error([results[0].get("grad_compare")]) if results[0].get("grad_compare") else (None, 0)
     # a compressed all-reduce rounds the gradients to its own dtype
     grad_tol = max(tol, TOLERANCE[s.grad_compression]) if s.grad_compression and strategy.name == "mp" else tol
     match = rel <= tol and (grad_rel is None or grad_rel <= grad_tol)
-    out.update(output_rel_err=rel, output_match=match, grad_rel_err=grad_rel,
-               grad_tolerance=grad_tol if grad_rel is not None else None)
+    out.update(
+        output_rel_err=rel,
+        output_match=match,
+        grad_rel_err=grad_rel,
+        grad_tolerance=grad_tol if grad_rel is not None else None,
+    )
     if not match:
-        what = (f"output relative error {rel:.2e} > tolerance {tol:.0e}" if not rel <= tol else
-                f"parameter-gradient relative error {grad_rel:.2e} > tolerance {grad_tol:.0e}")
+        what = (
+            f"output relative error {rel:.2e} > tolerance {tol:.0e}"
+            if not rel <= tol
+            else f"parameter-gradient relative error {grad_rel:.2e} > tolerance {grad_tol:.0e}"
+        )
         out["output_message"] = f"differs from the single-GPU run: {what} ({s.dtype})"
     return out
 
@@ -287,6 +345,7 @@ def notes_for(row: dict[str, Any], strategy: Strategy) -> str:
 # The run
 # ---------------------------------------------------------------------------------------
 
+
 class Reporter(BaseReporter, Protocol):
     def trial_started(self, case: Case, strategy: str) -> None: ...
     def trial_done(self, row: dict[str, Any], replayed: bool) -> None: ...
@@ -298,8 +357,15 @@ RANK_JOB = "attnbench.sweeps.speedup_job:speedup_rank"
 
 
 class SpeedupRunner(RunSession):
-    def __init__(self, settings: SpeedupSettings, out_dir: Path, env: dict[str, Any], resume: bool = False,
-                 reporter: Reporter | None = None, launcher: Launcher | None = None) -> None:
+    def __init__(
+        self,
+        settings: SpeedupSettings,
+        out_dir: Path,
+        env: dict[str, Any],
+        resume: bool = False,
+        reporter: Reporter | None = None,
+        launcher: Launcher | None = None,
+    ) -> None:
         from attnbench.runtime.distributed import launch
 
         super().__init__(out_dir, env, resume, reporter)
@@ -315,16 +381,32 @@ class SpeedupRunner(RunSession):
             self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
             case = asdict(self._verify_case())
             # a forward-only check row names no mode (only fwd_bwd is written)
-            self.verified = any(r.get("kind") == "verify" and r.get("status") == "pass" and
-                                all(r.get(k, "fwd" if k == "mode" else None) == v
-                                    for k, v in case.items() if k not in ("batch", "seq_len")) for r in rows)
+            self.verified = any(
+                r.get("kind") == "verify"
+                and r.get("status") == "pass"
+                and all(
+                    r.get(k, "fwd" if k == "mode" else None) == v
+                    for k, v in case.items()
+                    if k not in ("batch", "seq_len")
+                )
+                for r in rows
+            )
             self.run_id = next((r["run"] for r in rows if r.get("kind") == KIND and r.get("run")), self.run_id)
 
     def _verify_case(self) -> VerifyCase:
         s = self.s
         impl = impls.build(s.impl, **s.config)
-        return VerifyCase(s.impl, impl.config(), min(s.cases[0].batch, 2), impl.verify_seq_len(), s.heads, s.head_dim,
-                          s.causal, s.dtype, s.device)
+        return VerifyCase(
+            s.impl,
+            impl.config(),
+            min(s.cases[0].batch, 2),
+            impl.verify_seq_len(),
+            s.heads,
+            s.head_dim,
+            s.causal,
+            s.dtype,
+            s.device,
+        )
 
     def run(self) -> bool:
         """Every case and strategy; False when the reference check failed (nothing ran)."""
@@ -363,8 +445,20 @@ class SpeedupRunner(RunSession):
             self.reporter.trial_started(case, name)
             reason = refusal(self.s, case, strategy)
             if reason:
-                self._finish({**fields, "key": key, "status": "skipped", "message": reason, "times_ms": [],
-                              "output_match": None, "note": reason, "gpus": []}, time.monotonic(), now_utc())
+                self._finish(
+                    {
+                        **fields,
+                        "key": key,
+                        "status": "skipped",
+                        "message": reason,
+                        "times_ms": [],
+                        "output_match": None,
+                        "note": reason,
+                        "gpus": [],
+                    },
+                    time.monotonic(),
+                    now_utc(),
+                )
                 continue
             if name != "single" and not have_reference:
                 have_reference = self._replay_reference(case, reference)
@@ -376,7 +470,9 @@ class SpeedupRunner(RunSession):
                 have_reference = row["status"] == "ok"
             elif not have_reference and row["status"] == "ok":
                 single = self.done.get(trial_key(self._fields(case, strategies.get("single"))), {})
-                row["output_message"] = f"no single-GPU output to compare with (single: {single.get('status', 'not run')})"
+                row["output_message"] = (
+                    f"no single-GPU output to compare with (single: {single.get('status', 'not run')})"
+                )
             row["note"] = notes_for(row, strategy)
             self._finish(row, t0, started)
 
@@ -392,22 +488,39 @@ class SpeedupRunner(RunSession):
 
     def _launch(self, case: Case, strategy: Strategy, reference: Path, role: str) -> list[dict[str, Any]]:
         s = self.s
-        payload = {"strategy": strategy.name, "strategy_module": strategy.module_name,
-                   "workload": s.workload(case).to_dict(), "module": s.module, "gpus": s.gpus,
-                   "grad_compression": s.grad_compression if strategy.name == "mp" else None,
-                   "seed": case.seq_len * 131 + case.batch, "timing": s.timing,
-                   "max_trial_seconds": s.max_trial_seconds, "reference_dir": str(reference), "role": role}
+        payload = {
+            "strategy": strategy.name,
+            "strategy_module": strategy.module_name,
+            "workload": s.workload(case).to_dict(),
+            "module": s.module,
+            "gpus": s.gpus,
+            "grad_compression": s.grad_compression if strategy.name == "mp" else None,
+            "seed": case.seq_len * 131 + case.batch,
+            "timing": s.timing,
+            "max_trial_seconds": s.max_trial_seconds,
+            "reference_dir": str(reference),
+            "role": role,
+        }
         return self.launch(RANK_JOB, payload, strategy.processes(s.gpus), s.device, phase_limit_s=s.max_trial_seconds)
 
     def _fields(self, case: Case, strategy: Strategy) -> dict[str, Any]:
         s = self.s
-        return {"kind": KIND, "run": self.run_id, "case": case.label, "strategy": strategy.name,
-                "world_size": strategy.world_size(s.gpus), "module": s.module,
-                "grad_compression": s.grad_compression if strategy.name == "mp" else None,
-                **s.workload(case).to_dict(), "max_trial_seconds": s.max_trial_seconds}
+        return {
+            "kind": KIND,
+            "run": self.run_id,
+            "case": case.label,
+            "strategy": strategy.name,
+            "world_size": strategy.world_size(s.gpus),
+            "module": s.module,
+            "grad_compression": s.grad_compression if strategy.name == "mp" else None,
+            **s.workload(case).to_dict(),
+            "max_trial_seconds": s.max_trial_seconds,
+        }
 
     def _finish(self, row: dict[str, Any], t0: float, started: str) -> None:
-        row.update(trial=uuid.uuid4().hex[:12], started_at=started, duration_s=round(time.monotonic() - t0, 3), env=self.env)
+        row.update(
+            trial=uuid.uuid4().hex[:12], started_at=started, duration_s=round(time.monotonic() - t0, 3), env=self.env
+        )
         self.append(row)
         self.done[row["key"]] = row
         self.reporter.trial_done(row, False)

@@ -54,13 +54,25 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
 
 
 def context(payload: dict[str, Any], rank: int = 0, world: int = 1, local_rank: int = 0) -> RankContext:
-    return RankContext(workload=Workload(**payload["workload"]), module=payload["module"],
-                       grad_compression=payload.get("grad_compression"), gpus=payload["gpus"],
-                       rank=rank, world=world, local_rank=local_rank, seed=payload["seed"])
+    return RankContext(
+        workload=Workload(**payload["workload"]),
+        module=payload["module"],
+        grad_compression=payload.get("grad_compression"),
+        gpus=payload["gpus"],
+        rank=rank,
+        world=world,
+        local_rank=local_rank,
+        seed=payload["seed"],
+    )
 
 
-def measure(strategy: Strategy, ctx: RankContext, payload: dict[str, Any], nvml: NvmlBackend | None,
-            phase: Callable[[str], None] = lambda name: None) -> dict[str, Any]:
+def measure(
+    strategy: Strategy,
+    ctx: RankContext,
+    payload: dict[str, Any],
+    nvml: NvmlBackend | None,
+    phase: Callable[[str], None] = lambda name: None,
+) -> dict[str, Any]:
     """One rank's trial. ``payload``: ``timing`` (TimingPolicy fields), ``max_trial_seconds``,
     ``reference_dir``, ``role`` (``measure``, ``reference``: also save the output, or
     ``reference-only``: save the output without timing)."""
@@ -80,8 +92,13 @@ def measure(strategy: Strategy, ctx: RankContext, payload: dict[str, Any], nvml:
     out["nvml"] = sampler.per_gpu() if nvml is not None else None
     if nvml is not None and ctx.cuda:
         out["nvml_index"] = cuda_to_nvml(ctx.gpus)
-    out["allocator"] = {str(d): {"max_memory_allocated": torch.cuda.max_memory_allocated(d),
-                                 "max_memory_reserved": torch.cuda.max_memory_reserved(d)} for d in devices}
+    out["allocator"] = {
+        str(d): {
+            "max_memory_allocated": torch.cuda.max_memory_allocated(d),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(d),
+        }
+        for d in devices
+    }
     if not ctx.cuda:
         from attnbench.measure.memory import rss_peak_bytes
 
@@ -108,16 +125,23 @@ def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, phase) -> 
     own_first_ms = timer(prepared.step)
     first_ms = agree_max(ctx, own_first_ms)  # every rank plans the same number of calls
     if first_ms > policy.budget_s * 1e3:
-        return {"status": "time-limit", "first_call_ms": first_ms, "rank_first_call_ms": own_first_ms,
-                "message": f"one call took {first_ms / 1e3:.1f} s > {policy.budget_s:g} s"}
+        return {
+            "status": "time-limit",
+            "first_call_ms": first_ms,
+            "rank_first_call_ms": own_first_ms,
+            "message": f"one call took {first_ms / 1e3:.1f} s > {policy.budget_s:g} s",
+        }
     phase("timing")
 
     def after_barrier(fn):
         _barrier(ctx)
         return timer(fn)
 
-    out = {"first_call_ms": first_ms, "rank_first_call_ms": own_first_ms,
-           "times_ms": collect(prepared.step, after_barrier, first_ms, policy)}
+    out = {
+        "first_call_ms": first_ms,
+        "rank_first_call_ms": own_first_ms,
+        "times_ms": collect(prepared.step, after_barrier, first_ms, policy),
+    }
     if ctx.cuda and ctx.world == 1:  # one process: its GPU time beside the eager time
         phase("gpu-timing")
         out.update(gpu_time(prepared.step, out["times_ms"]))
@@ -168,6 +192,7 @@ def cuda_to_nvml(count: int) -> dict[str, int]:
 # Output equality with the single-GPU run
 # ---------------------------------------------------------------------------------------
 
+
 def save_reference(prepared: Prepared, ref: Path, ctx: RankContext) -> None:
     ref.mkdir(parents=True, exist_ok=True)
     out = prepared.output()
@@ -191,15 +216,16 @@ def compare(out: torch.Tensor, prepared: Prepared, ref: Path) -> dict[str, Any] 
         expected = torch.load(path, mmap=True)[prepared.tokens].reshape(-1)
         got = out[i].reshape(-1)
         if got.numel() != expected.numel():
-            raise RuntimeError(f"output of batch element {b} has {got.numel()} elements, the single run's {expected.numel()}")
+            raise RuntimeError(
+                f"output of batch element {b} has {got.numel()} elements, the single run's {expected.numel()}"
+            )
         for s in range(0, got.numel(), COMPARE_CHUNK):
-            e = expected[s:s + COMPARE_CHUNK].to(got.device, torch.float32)
-            g = got[s:s + COMPARE_CHUNK].float()
+            e = expected[s : s + COMPARE_CHUNK].to(got.device, torch.float32)
+            g = got[s : s + COMPARE_CHUNK].float()
             sq_err += float((g - e).square().sum())
             sq_ref += float(e.square().sum())
         elements += got.numel()
-    return {"sq_err": sq_err, "sq_ref": sq_ref, "elements": elements,
-            "nonfinite": not bool(torch.isfinite(out).all())}
+    return {"sq_err": sq_err, "sq_ref": sq_ref, "elements": elements, "nonfinite": not bool(torch.isfinite(out).all())}
 
 
 def compare_grads(grads: torch.Tensor | None, ref: Path) -> dict[str, Any] | None:
@@ -207,5 +233,8 @@ def compare_grads(grads: torch.Tensor | None, ref: Path) -> dict[str, Any] | Non
     if grads is None or not path.exists():
         return None
     expected = torch.load(path).to(grads.device)
-    return {"sq_err": float((grads - expected).square().sum()), "sq_ref": float(expected.square().sum()),
-            "elements": grads.numel()}
+    return {
+        "sq_err": float((grads - expected).square().sum()),
+        "sq_ref": float(expected.square().sum()),
+        "elements": grads.numel(),
+    }

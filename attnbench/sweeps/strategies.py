@@ -32,10 +32,10 @@ GRAD_COMPRESSION = ("bf16", "fp16")
 class RankContext:
     """What one rank knows: the whole problem and its place in the world."""
 
-    workload: Workload           # global batch and sequence length
-    module: str                  # attention | multihead
+    workload: Workload  # global batch and sequence length
+    module: str  # attention | multihead
     grad_compression: str | None
-    gpus: int                    # GPUs of the run (processes on the CPU)
+    gpus: int  # GPUs of the run (processes on the CPU)
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -55,13 +55,13 @@ class RankContext:
 class Prepared:
     """A rank's share of the work, ready to run."""
 
-    step: Callable[[], None]                  # one timed iteration (forward, or forward + backward)
-    output: Callable[[], torch.Tensor]        # this rank's output, (len(batch), tokens, ...) in global order
-    batch: range                              # global batch indices this rank's output holds
+    step: Callable[[], None]  # one timed iteration (forward, or forward + backward)
+    output: Callable[[], torch.Tensor]  # this rank's output, (len(batch), tokens, ...) in global order
+    batch: range  # global batch indices this rank's output holds
     tokens: slice = field(default_factory=lambda: slice(None))  # global tokens held (all unless sequence-parallel)
     grads: Callable[[], torch.Tensor | None] = lambda: None  # flat parameter gradients after one step
-    backend: Callable[[], str | None] = lambda: None         # what the kernel really ran
-    facts: dict[str, Any] = field(default_factory=dict)      # observed while running, for the notes
+    backend: Callable[[], str | None] = lambda: None  # what the kernel really ran
+    facts: dict[str, Any] = field(default_factory=dict)  # observed while running, for the notes
 
 
 def _no_check(wl: Workload, gpus: int) -> None:
@@ -72,11 +72,11 @@ def _no_check(wl: Workload, gpus: int) -> None:
 class Strategy:
     name: str
     summary: str
-    processes: Callable[[int], int]                  # ranks to launch for P GPUs
-    devices: Callable[[RankContext], list[int]]      # CUDA devices a rank uses (allocator peaks read there)
+    processes: Callable[[int], int]  # ranks to launch for P GPUs
+    devices: Callable[[RankContext], list[int]]  # CUDA devices a rank uses (allocator peaks read there)
     prepare: Callable[[RankContext], Prepared]
     world_size: Callable[[int], int] = lambda gpus: gpus  # the GPUs a row of this strategy names
-    check: Callable[[Workload, int], None] = _no_check    # bad input: raise AttnbenchError naming the fix
+    check: Callable[[Workload, int], None] = _no_check  # bad input: raise AttnbenchError naming the fix
     skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type
     notes: Callable[[dict[str, Any]], list[str]] = lambda row: []  # what really happened, from the row
 
@@ -98,13 +98,16 @@ def register(strategy: Strategy) -> Strategy:
 
 def get(name: str) -> Strategy:
     if name not in STRATEGIES:
-        raise AttnbenchError(f"unknown strategy {name!r}: choose from {', '.join(n for n in STRATEGIES if n != 'single')}")
+        raise AttnbenchError(
+            f"unknown strategy {name!r}: choose from {', '.join(n for n in STRATEGIES if n != 'single')}"
+        )
     return STRATEGIES[name]
 
 
 # ---------------------------------------------------------------------------------------
 # The module every strategy runs, and its inputs
 # ---------------------------------------------------------------------------------------
+
 
 class MultiheadSelfAttention(nn.Module):
     """q/k/v/out projections around a registered attention implementation: what a training
@@ -125,7 +128,9 @@ class MultiheadSelfAttention(nn.Module):
         # float32 parameters, 16-bit compute (mixed precision); entered here rather than by the
         # caller because DataParallel's replica threads would not inherit the autocast dtype
         with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
-            out = self.attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)), is_causal=is_causal)
+            out = self.attention(
+                heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)), is_causal=is_causal
+            )
             return self.out_proj(out.reshape(b, n, e))
 
 
@@ -170,8 +175,16 @@ def output_shape(ctx: RankContext) -> tuple[int, ...]:
     return (wl.seq_len, wl.heads, wl.head_dim) if ctx.module == "attention" else (wl.seq_len, wl.heads * wl.head_dim)
 
 
-def plan_work(ctx: RankContext, model: nn.Module, plain: nn.Module, impl, inputs, batch: range,
-              device: torch.device, tokens: slice = slice(None)) -> Prepared:
+def plan_work(
+    ctx: RankContext,
+    model: nn.Module,
+    plain: nn.Module,
+    impl,
+    inputs,
+    batch: range,
+    device: torch.device,
+    tokens: slice = slice(None),
+) -> Prepared:
     """The step, output and gradient closures of any strategy.
 
     ``model`` is what the step calls (possibly wrapped), ``plain`` what the output check
@@ -211,13 +224,15 @@ def plan_work(ctx: RankContext, model: nn.Module, plain: nn.Module, impl, inputs
         step()
         return torch.cat([p.grad.detach().float().flatten() for p in params])
 
-    return Prepared(step=step, output=output, batch=batch, tokens=tokens, grads=grads,
-                    backend=lambda: impl.last_backend)
+    return Prepared(
+        step=step, output=output, batch=batch, tokens=tokens, grads=grads, backend=lambda: impl.last_backend
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # single: the baseline on GPU 0
 # ---------------------------------------------------------------------------------------
+
 
 def _prepare_single(ctx: RankContext) -> Prepared:
     device = ctx.device(0)
@@ -226,27 +241,31 @@ def _prepare_single(ctx: RankContext) -> Prepared:
     return plan_work(ctx, model, model, impl, make_inputs(ctx, batch, device), batch, device)
 
 
-register(Strategy(
-    name="single",
-    summary="the implementation on GPU 0 (the baseline every speedup divides)",
-    processes=lambda gpus: 1,
-    devices=lambda ctx: [0] if ctx.cuda else [],
-    prepare=_prepare_single,
-    world_size=lambda gpus: 1,
-))
+register(
+    Strategy(
+        name="single",
+        summary="the implementation on GPU 0 (the baseline every speedup divides)",
+        processes=lambda gpus: 1,
+        devices=lambda ctx: [0] if ctx.cuda else [],
+        prepare=_prepare_single,
+        world_size=lambda gpus: 1,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------
 # dp: torch.nn.DataParallel, as the seeds used it
 # ---------------------------------------------------------------------------------------
 
+
 def _prepare_dp(ctx: RankContext) -> Prepared:
     device = ctx.device(0)
     model, impl = build_model(ctx, device)
     replicas: list[tuple[int, int]] = []
     # every replica calls the module's pre-hooks with its own chunk: record what each GPU got
-    model.register_forward_pre_hook(lambda m, args: replicas.append((args[0].device.index, args[0].shape[0]))
-                                    if args else None)
+    model.register_forward_pre_hook(
+        lambda m, args: replicas.append((args[0].device.index, args[0].shape[0])) if args else None
+    )
     dp = nn.DataParallel(model, device_ids=list(range(ctx.gpus)))
     batch = range(ctx.workload.batch)
     prepared = plan_work(ctx, dp, dp, impl, make_inputs(ctx, batch, device), batch, device)
@@ -271,10 +290,14 @@ def _dp_notes(row: dict[str, Any]) -> list[str]:
     notes = []
     if len(used) < gpus:
         idle = [g for g in row.get("gpus") or [] if g.get("index") not in used]
-        what = "; ".join(f"GPU {g['index']} idle ({_idle_text(g)})" for g in idle) or \
-            ", ".join(f"GPU {i} idle" for i in range(gpus) if i not in used)
-        notes.append(f"batch {batch} < {gpus} GPUs: DataParallel ran {len(used)} replica{'s' if len(used) > 1 else ''}; {what}"
-                     if batch < gpus else f"DataParallel ran {len(used)} of {gpus} replicas; {what}")
+        what = "; ".join(f"GPU {g['index']} idle ({_idle_text(g)})" for g in idle) or ", ".join(
+            f"GPU {i} idle" for i in range(gpus) if i not in used
+        )
+        notes.append(
+            f"batch {batch} < {gpus} GPUs: DataParallel ran {len(used)} replica{'s' if len(used) > 1 else ''}; {what}"
+            if batch < gpus
+            else f"DataParallel ran {len(used)} of {gpus} replicas; {what}"
+        )
     sizes = sorted({b for _, b in ran})
     if len(sizes) > 1:
         notes.append("uneven split: " + ", ".join(f"GPU {d} got {b}" for d, b in ran))
@@ -290,25 +313,33 @@ def _idle_text(gpu: dict[str, Any]) -> str:
         bits.append(f"NVML {gpu['nvml_used_peak'] / 2**30:.2f} GiB used at peak")
         if gpu.get("nvml_used_before") is not None:
             rise = gpu["nvml_used_peak"] - gpu["nvml_used_before"]
-            bits.append(f"+{rise / 2**30:.2f} GiB during the run" + (" = CUDA context" if rise > 0 and not alloc else ""))
+            bits.append(
+                f"+{rise / 2**30:.2f} GiB during the run" + (" = CUDA context" if rise > 0 and not alloc else "")
+            )
     return ", ".join(bits)
 
 
-register(Strategy(
-    name="dp",
-    summary="torch.nn.DataParallel over the GPUs in one process: the batch is scattered from GPU 0, outputs gathered back",
-    processes=lambda gpus: 1,
-    devices=lambda ctx: list(range(ctx.gpus)),
-    prepare=_prepare_dp,
-    skip=lambda device: None if device == "cuda" else
-    "DataParallel splits a batch over CUDA GPUs; on the CPU it runs the module once, so there is nothing to compare",
-    notes=_dp_notes,
-))
+register(
+    Strategy(
+        name="dp",
+        summary="torch.nn.DataParallel over the GPUs in one process: the batch is scattered from GPU 0, outputs gathered back",
+        processes=lambda gpus: 1,
+        devices=lambda ctx: list(range(ctx.gpus)),
+        prepare=_prepare_dp,
+        skip=lambda device: (
+            None
+            if device == "cuda"
+            else "DataParallel splits a batch over CUDA GPUs; on the CPU it runs the module once, so there is nothing to compare"
+        ),
+        notes=_dp_notes,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------
 # mp: one process per GPU under torchrun, the batch split across ranks
 # ---------------------------------------------------------------------------------------
+
 
 def _check_mp(wl: Workload, gpus: int) -> None:
     if wl.batch % gpus:
@@ -345,13 +376,15 @@ def _mp_notes(row: dict[str, Any]) -> list[str]:
     return notes
 
 
-register(Strategy(
-    name="mp",
-    summary="multi-process data parallel: torchrun, one process per GPU, the batch split across ranks "
-            "(multihead fwd_bwd: DistributedDataParallel)",
-    processes=lambda gpus: gpus,
-    devices=lambda ctx: [ctx.local_rank] if ctx.cuda else [],
-    prepare=_prepare_mp,
-    check=_check_mp,
-    notes=_mp_notes,
-))
+register(
+    Strategy(
+        name="mp",
+        summary="multi-process data parallel: torchrun, one process per GPU, the batch split across ranks "
+        "(multihead fwd_bwd: DistributedDataParallel)",
+        processes=lambda gpus: gpus,
+        devices=lambda ctx: [ctx.local_rank] if ctx.cuda else [],
+        prepare=_prepare_mp,
+        check=_check_mp,
+        notes=_mp_notes,
+    )
+)

@@ -16,8 +16,9 @@ from attnbench.reference import VerifyCase, run_case
 from attnbench.trial import run_verify_isolated
 
 
-def run_reference_checks(cases: list[VerifyCase], isolate: bool = False,
-                         memory_limit: int | None = None) -> list[dict[str, Any]]:
+def run_reference_checks(
+    cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None
+) -> list[dict[str, Any]]:
     """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
     a child under ``memory_limit`` like a trial (always on the GPU)."""
     ranked = [c for c in cases if impls.spec(c.impl).distributed]

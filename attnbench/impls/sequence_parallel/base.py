@@ -37,7 +37,9 @@ class SequenceParallelAttention(AttentionImpl):
         if dist.is_available() and dist.is_initialized():
             actual = dist.get_world_size(self.group)
             if self.world_size not in (None, actual):
-                raise ConfigError(f"{self.name}: configured for {self.world_size} ranks but the process group has {actual}")
+                raise ConfigError(
+                    f"{self.name}: configured for {self.world_size} ranks but the process group has {actual}"
+                )
             return actual
         return self.world_size or 1
 
@@ -73,8 +75,10 @@ class SequenceParallelAttention(AttentionImpl):
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         world = self.world()
         if seq_len % world:
-            raise ConfigError(f"{self.name}: sequence length {seq_len} does not split over {world} ranks; "
-                              f"choose a multiple of {self.granularity}")
+            raise ConfigError(
+                f"{self.name}: sequence length {seq_len} does not split over {world} ranks; "
+                f"choose a multiple of {self.granularity}"
+            )
         super().check_shape(seq_len, num_heads)
 
     def check_causal(self, causal: bool) -> None:
@@ -117,6 +121,11 @@ class DenseSequenceParallel(SequenceParallelAttention):
         return zigzag_positions(seq_len, world, rank) if causal else contiguous_positions(seq_len, world, rank)
 
 
-KERNEL_PARAM = Param("backend", "auto", "fused kernel per block on CUDA (auto: the one SDPA picks); the CPU has one",
-                     kind="str", choices=("auto", *CUDA_KERNELS))
+KERNEL_PARAM = Param(
+    "backend",
+    "auto",
+    "fused kernel per block on CUDA (auto: the one SDPA picks); the CPU has one",
+    kind="str",
+    choices=("auto", *CUDA_KERNELS),
+)
 SEQPAR_EXTRA = {"modes": ("fwd",)}  # forward only: the ring has no backward pass yet

@@ -65,7 +65,9 @@ class ContextParallelAttention(DenseSequenceParallel):
         from attnbench.impls.dense import SDPA_BACKENDS
 
         if q.device.type != "cuda":
-            raise ConfigError("context-parallel runs on CUDA only (PyTorch's ring handles the CUDA SDPA kernels); use ring on the CPU")
+            raise ConfigError(
+                "context-parallel runs on CUDA only (PyTorch's ring handles the CUDA SDPA kernels); use ring on the CPU"
+            )
         if self._mesh is None or self._mesh.size() != world:
             self._mesh = init_device_mesh("cuda", (world,))
         set_rotate_method(self.rotate_method)
@@ -89,17 +91,19 @@ class ContextParallelAttention(DenseSequenceParallel):
         return out.to_local().transpose(1, 2)
 
 
-register(ImplSpec(
-    name="context-parallel",
-    factory=ContextParallelAttention,
-    summary="PyTorch's context parallel (torch.distributed.tensor.experimental: its ring over the fused SDPA kernels), CUDA only",
-    params=(
-        Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *CUDA_KERNELS)),
-        Param("rotate_method", "allgather", "how PyTorch moves K/V", kind="str", choices=("allgather", "alltoall")),
-    ),
-    devices=("cuda",),
-    dtypes=("fp16", "bf16", "fp32"),
-    distributed=True,
-    counterpart="sdpa",
-    extra={**SEQPAR_EXTRA, "availability": context_parallel_availability},
-))
+register(
+    ImplSpec(
+        name="context-parallel",
+        factory=ContextParallelAttention,
+        summary="PyTorch's context parallel (torch.distributed.tensor.experimental: its ring over the fused SDPA kernels), CUDA only",
+        params=(
+            Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *CUDA_KERNELS)),
+            Param("rotate_method", "allgather", "how PyTorch moves K/V", kind="str", choices=("allgather", "alltoall")),
+        ),
+        devices=("cuda",),
+        dtypes=("fp16", "bf16", "fp32"),
+        distributed=True,
+        counterpart="sdpa",
+        extra={**SEQPAR_EXTRA, "availability": context_parallel_availability},
+    )
+)

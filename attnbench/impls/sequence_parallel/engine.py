@@ -82,6 +82,7 @@ class LseAccumulator:
 # Where the time goes: compute vs waiting on communication
 # ---------------------------------------------------------------------------------------
 
+
 class StepClock:
     """Marks on the compute stream (CUDA events) or the host clock (CPU). An interval is
     booked to the label of the mark that ends it: "wait" for the stall while the compute
@@ -107,13 +108,18 @@ class StepClock:
         for (_, a), (label, b) in zip(self.marks, self.marks[1:]):
             ms = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
             totals[label] = totals.get(label, 0.0) + ms
-        return {"compute_ms": totals["compute"], "comm_wait_ms": totals["wait"],
-                "sent_bytes": self.sent_bytes, "comm_steps": self.steps}
+        return {
+            "compute_ms": totals["compute"],
+            "comm_wait_ms": totals["wait"],
+            "sent_bytes": self.sent_bytes,
+            "comm_steps": self.steps,
+        }
 
 
 # ---------------------------------------------------------------------------------------
 # The ring engine
 # ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -152,8 +158,15 @@ def _heads(sel: Selection, num_heads: int) -> int:
     return len(range(*sel.heads.indices(num_heads)))
 
 
-def run_ring(schedule: RingSchedule, k: torch.Tensor, v: torch.Tensor, rank: int, world: int,
-             group=None, clock: StepClock | None = None) -> None:
+def run_ring(
+    schedule: RingSchedule,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rank: int,
+    world: int,
+    group=None,
+    clock: StepClock | None = None,
+) -> None:
     """Drive ``schedule`` around the ring: exchange of step s+1 in flight while step s computes."""
     import torch.distributed as dist
 
@@ -180,7 +193,7 @@ def run_ring(schedule: RingSchedule, k: torch.Tensor, v: torch.Tensor, rank: int
             pair = []
             for j in range(2):
                 shape = (batch, sel.count, _heads(sel, num_heads), head_dim)
-                t = buffers[step % len(buffers)][offset:offset + math.prod(shape)].view(shape)
+                t = buffers[step % len(buffers)][offset : offset + math.prod(shape)].view(shape)
                 offset += t.numel()
                 ops.append(dist.P2POp(dist.irecv, t, src, group, tag=2 * i + j))
                 pair.append(t)

@@ -38,7 +38,7 @@ class DenseSchedule(RingSchedule):
         return [Selection(tokens, slice(None), count)]
 
     def attend(self, sender, pieces) -> None:
-        (k, v), = pieces
+        ((k, v),) = pieces
         kh, vh = k.transpose(1, 2), v.transpose(1, 2)
         if self.causal and sender > self.rank:
             half = self.n // 2
@@ -69,13 +69,15 @@ class RingAttention(DenseSequenceParallel):
         return schedule.finish()
 
 
-register(ImplSpec(
-    name="ring",
-    factory=RingAttention,
-    summary="dense ring attention: K/V around the ranks, overlapped with compute, log-sum-exp merge (zigzag when causal)",
-    params=(KERNEL_PARAM,),
-    verify_configs=({},),
-    distributed=True,
-    counterpart="sdpa",
-    extra=SEQPAR_EXTRA,
-))
+register(
+    ImplSpec(
+        name="ring",
+        factory=RingAttention,
+        summary="dense ring attention: K/V around the ranks, overlapped with compute, log-sum-exp merge (zigzag when causal)",
+        params=(KERNEL_PARAM,),
+        verify_configs=({},),
+        distributed=True,
+        counterpart="sdpa",
+        extra=SEQPAR_EXTRA,
+    )
+)

@@ -38,8 +38,9 @@ class DilatedSchedule(RingSchedule):
     (no communication). A group whose segment spans k = w / n shards exchanges, between the
     k ranks of a segment, only the kept (dilated) K/V positions of its heads."""
 
-    def __init__(self, q, k, v, rank: int, causal: bool, groups: list[HeadGroup], max_chunk_tokens: int,
-                 backend: str) -> None:
+    def __init__(
+        self, q, k, v, rank: int, causal: bool, groups: list[HeadGroup], max_chunk_tokens: int, backend: str
+    ) -> None:
         self.q, self.k, self.v = q, k, v
         self.rank, self.causal, self.backend = rank, causal, backend
         self.n = q.shape[1]
@@ -74,8 +75,9 @@ class DilatedSchedule(RingSchedule):
             g = self.spanning[sel.key]
             rows, _ = self.kept(g, self.rank)
             qh = self.q[:, rows, g.heads].transpose(1, 2)
-            out, lse, self.kernel = attend_with_lse(qh, k.transpose(1, 2), v.transpose(1, 2),
-                                                    self.causal and sender == self.rank, self.backend)
+            out, lse, self.kernel = attend_with_lse(
+                qh, k.transpose(1, 2), v.transpose(1, 2), self.causal and sender == self.rank, self.backend
+            )
             self.acc.setdefault(sel.key, LseAccumulator(tuple(qh.shape), qh.device, qh.dtype)).add(out, lse)
 
     def finish(self) -> torch.Tensor:
@@ -89,8 +91,13 @@ class DilatedSchedule(RingSchedule):
 class RingDilatedAttention(SequenceParallelAttention):
     counterpart_name = "dilated"
 
-    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19,
-                 backend: str = "auto") -> None:
+    def __init__(
+        self,
+        segment_lengths=(2048, 4096),
+        dilation_rates=(1, 2),
+        max_chunk_tokens: int = 1 << 19,
+        backend: str = "auto",
+    ) -> None:
         super().__init__()
         validate_pattern(segment_lengths, dilation_rates)
         if max_chunk_tokens <= 0:
@@ -101,12 +108,19 @@ class RingDilatedAttention(SequenceParallelAttention):
         self.backend = backend
 
     def config(self):
-        return {"segment_lengths": self.segment_lengths, "dilation_rates": self.dilation_rates,
-                "max_chunk_tokens": self.max_chunk_tokens, "backend": self.backend}
+        return {
+            "segment_lengths": self.segment_lengths,
+            "dilation_rates": self.dilation_rates,
+            "max_chunk_tokens": self.max_chunk_tokens,
+            "backend": self.backend,
+        }
 
     def counterpart_config(self):
-        return {"segment_lengths": self.segment_lengths, "dilation_rates": self.dilation_rates,
-                "max_chunk_tokens": self.max_chunk_tokens}
+        return {
+            "segment_lengths": self.segment_lengths,
+            "dilation_rates": self.dilation_rates,
+            "max_chunk_tokens": self.max_chunk_tokens,
+        }
 
     @property
     def granularity(self) -> int:
@@ -126,8 +140,10 @@ class RingDilatedAttention(SequenceParallelAttention):
         self.counterpart().check_shape(seq_len, num_heads)
         world = self.world()
         if seq_len % world:
-            raise ConfigError(f"{self.name}: sequence length {seq_len} does not split over {world} ranks; "
-                              f"choose a multiple of {self.granularity}")
+            raise ConfigError(
+                f"{self.name}: sequence length {seq_len} does not split over {world} ranks; "
+                f"choose a multiple of {self.granularity}"
+            )
         check_segments_fit(self.name, seq_len, world, self.segment_lengths)
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
@@ -150,13 +166,15 @@ DILATED_VERIFY = (
     {"segment_lengths": [16], "dilation_rates": [8]},  # some ranks keep no query of a segment
 )
 
-register(ImplSpec(
-    name="ring-dilated",
-    factory=RingDilatedAttention,
-    summary="LongNet dilated attention over the split sequence: local segments stay local, spanning ones send kept K/V only",
-    params=(*SEGMENT_PARAMS, KERNEL_PARAM),
-    verify_configs=DILATED_VERIFY,
-    distributed=True,
-    counterpart="dilated",
-    extra=SEQPAR_EXTRA,
-))
+register(
+    ImplSpec(
+        name="ring-dilated",
+        factory=RingDilatedAttention,
+        summary="LongNet dilated attention over the split sequence: local segments stay local, spanning ones send kept K/V only",
+        params=(*SEGMENT_PARAMS, KERNEL_PARAM),
+        verify_configs=DILATED_VERIFY,
+        distributed=True,
+        counterpart="dilated",
+        extra=SEQPAR_EXTRA,
+    )
+)

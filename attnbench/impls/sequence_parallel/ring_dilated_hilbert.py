@@ -20,8 +20,14 @@ class RingDilatedHilbertAttention(RingDilatedAttention):
 
     supports_causal = False
 
-    def __init__(self, segment_lengths=(2048, 4096), dilation_rates=(1, 2), max_chunk_tokens: int = 1 << 19,
-                 grid_width: int = 0, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        segment_lengths=(2048, 4096),
+        dilation_rates=(1, 2),
+        max_chunk_tokens: int = 1 << 19,
+        grid_width: int = 0,
+        backend: str = "auto",
+    ) -> None:
         super().__init__(segment_lengths, dilation_rates, max_chunk_tokens, backend)
         if grid_width < 0:
             raise ConfigError(f"ring-dilated-hilbert: grid_width must be 0 (automatic) or positive, got {grid_width}")
@@ -35,20 +41,27 @@ class RingDilatedHilbertAttention(RingDilatedAttention):
 
     def shard_positions(self, seq_len, rank, causal):
         n = seq_len // self.world()
-        return hilbert_curve.curve_order(seq_len, self.grid_width)[rank * n:(rank + 1) * n]
+        return hilbert_curve.curve_order(seq_len, self.grid_width)[rank * n : (rank + 1) * n]
 
     def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
         self.check_causal(causal)
         return super().key_mask(seq_len, num_heads, causal)
 
 
-register(ImplSpec(
-    name="ring-dilated-hilbert",
-    factory=RingDilatedHilbertAttention,
-    summary="ring-dilated over a 2-D token grid in Hilbert-curve order (shards = curve runs); non-causal",
-    params=(*SEGMENT_PARAMS, Param("grid_width", 0, "grid width in tokens (0: automatic from the length)"), KERNEL_PARAM),
-    verify_configs=DILATED_VERIFY[:2] + ({"segment_lengths": [16, 32], "dilation_rates": [2, 4], "grid_width": 16},),
-    distributed=True,
-    counterpart="dilated",
-    extra=SEQPAR_EXTRA,
-))
+register(
+    ImplSpec(
+        name="ring-dilated-hilbert",
+        factory=RingDilatedHilbertAttention,
+        summary="ring-dilated over a 2-D token grid in Hilbert-curve order (shards = curve runs); non-causal",
+        params=(
+            *SEGMENT_PARAMS,
+            Param("grid_width", 0, "grid width in tokens (0: automatic from the length)"),
+            KERNEL_PARAM,
+        ),
+        verify_configs=DILATED_VERIFY[:2]
+        + ({"segment_lengths": [16, 32], "dilation_rates": [2, 4], "grid_width": 16},),
+        distributed=True,
+        counterpart="dilated",
+        extra=SEQPAR_EXTRA,
+    )
+)

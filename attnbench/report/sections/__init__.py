@@ -28,7 +28,11 @@ from attnbench.report.training import training_section
 SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Executive summary", None, executive_summary),
     ("Report 000: block-sparse multi-GPU analysis", "000_d442633bf7a6a946.txt", block_sparse_multi_gpu),
-    ("Report 001: multi-GPU capabilities (single GPU vs data parallel)", "001_f351c47f35f6c2cf.txt", data_parallel_speedup),
+    (
+        "Report 001: multi-GPU capabilities (single GPU vs data parallel)",
+        "001_f351c47f35f6c2cf.txt",
+        data_parallel_speedup,
+    ),
     ("Report 002: extreme sequence length", "002_eb8e9fa29ff73d94.txt", extreme_length),
     ("Report 003: dilated configurations and multi-GPU scaling", "003_44f2437c03de4e52.txt", dilation_configurations),
     ("Report 004: ring attention, single GPU vs multi-GPU", "004_e2d2d58acab56c17.txt", ring_vs_single_gpu),

@@ -15,19 +15,30 @@ def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[d
     fits, here, sizes = [], [], []
     for c in caps:
         name = c.label + (f" ({c.world_size} GPUs)" if c.world_size > 1 else "")
-        fits.append({
-            "Implementation": name, "Dtype": c.head.get("dtype"),
-            "Model": ("quadratic" if c.fit.degree == 2 else "linear") + f": peak ≈ {c.fit.formula()}",
-            "Successful Trials": c.successful, "Max Fit Error": c.fit.max_error,
-            "Fit Error at Largest N": c.fit.error_at_largest,
-        })
-        here.append({
-            "Implementation": name, "Device Memory": c.device_total, "Set Aside": c.overhead, "Budget": c.budget,
-            "Predicted Max": c.predicted, "Measured Max": c.measured_max, "Stopped By": c.stopped_by,
-            "Prediction Error": c.error,
-            "Within 5%": (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
-            "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
-        })
+        fits.append(
+            {
+                "Implementation": name,
+                "Dtype": c.head.get("dtype"),
+                "Model": ("quadratic" if c.fit.degree == 2 else "linear") + f": peak ≈ {c.fit.formula()}",
+                "Successful Trials": c.successful,
+                "Max Fit Error": c.fit.max_error,
+                "Fit Error at Largest N": c.fit.error_at_largest,
+            }
+        )
+        here.append(
+            {
+                "Implementation": name,
+                "Device Memory": c.device_total,
+                "Set Aside": c.overhead,
+                "Budget": c.budget,
+                "Predicted Max": c.predicted,
+                "Measured Max": c.measured_max,
+                "Stopped By": c.stopped_by,
+                "Prediction Error": c.error,
+                "Within 5%": (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
+                "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
+            }
+        )
         sizes.append({"Implementation": name, **{f"{g} GB": c.predict_for(g * GIB) for g in GPU_SIZES_GIB}})
     return fits, here, sizes
 
@@ -40,26 +51,51 @@ def capacity(doc: Doc, m: Machine) -> None:
         capacity_tables(doc, caps)
     for c in m.capacities:
         if not c.fit:
-            doc.add(f"\nNot fitted: {c.label} ({c.successful_lengths} successful lengths; a "
-                    f"{'quadratic' if c.degree == 2 else 'linear'} model needs {c.degree + 1}).\n")
+            doc.add(
+                f"\nNot fitted: {c.label} ({c.successful_lengths} successful lengths; a "
+                f"{'quadratic' if c.degree == 2 else 'linear'} model needs {c.degree + 1}).\n"
+            )
 
 
 def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
     fits, here, sizes = capacity_records(caps)
-    doc.add("Peak memory per GPU (`max_memory_reserved` on a GPU, the allocator's whole footprint, fragmentation "
-            "included; resident-set growth on a CPU) fitted against sequence length over each series' successful trials by least squares (linear; "
-            "quadratic where N × N scores are held). Max Fit Error: the largest relative error of the fit on the "
-            "measured points (small lengths, where fixed costs dominate, weigh most); Fit Error at Largest N: its "
-            "error at the longest measured length.\n")
-    doc.table(Table("capacity-fit", list(fits[0]), fits,
-                    {"Max Fit Error": lambda v: f"{v * 100:.1f}%", "Fit Error at Largest N": pct}))
-    doc.add("\nOn the measured device: Predicted Max solves the fit for Budget, the memory the allocator can use "
-            "(Device Memory minus Set Aside); Prediction Error compares it with the measured max-seq where memory "
-            f"stopped the search. Target: within {ACCURACY_TARGET:.0%} for every GPU series with at least "
-            f"{MIN_TRIALS_FOR_TARGET} successful trials.\n")
-    doc.table(Table("capacity-measured", list(here[0]), here,
-                    {"Device Memory": gb, "Set Aside": gb, "Budget": gb, "Predicted Max": tokens_cell,
-                     "Measured Max": tokens_cell, "Prediction Error": pct, "Within 5%": yes_no}))
+    doc.add(
+        "Peak memory per GPU (`max_memory_reserved` on a GPU, the allocator's whole footprint, fragmentation "
+        "included; resident-set growth on a CPU) fitted against sequence length over each series' successful trials by least squares (linear; "
+        "quadratic where N × N scores are held). Max Fit Error: the largest relative error of the fit on the "
+        "measured points (small lengths, where fixed costs dominate, weigh most); Fit Error at Largest N: its "
+        "error at the longest measured length.\n"
+    )
+    doc.table(
+        Table(
+            "capacity-fit",
+            list(fits[0]),
+            fits,
+            {"Max Fit Error": lambda v: f"{v * 100:.1f}%", "Fit Error at Largest N": pct},
+        )
+    )
+    doc.add(
+        "\nOn the measured device: Predicted Max solves the fit for Budget, the memory the allocator can use "
+        "(Device Memory minus Set Aside); Prediction Error compares it with the measured max-seq where memory "
+        f"stopped the search. Target: within {ACCURACY_TARGET:.0%} for every GPU series with at least "
+        f"{MIN_TRIALS_FOR_TARGET} successful trials.\n"
+    )
+    doc.table(
+        Table(
+            "capacity-measured",
+            list(here[0]),
+            here,
+            {
+                "Device Memory": gb,
+                "Set Aside": gb,
+                "Budget": gb,
+                "Predicted Max": tokens_cell,
+                "Measured Max": tokens_cell,
+                "Prediction Error": pct,
+                "Within 5%": yes_no,
+            },
+        )
+    )
     doc.add("\nAssumption: " + "; ".join(distinct(c.budget_note for c in caps)) + ".\n")
     doc.add("\nPredicted max sequence for other GPU sizes (nominal GiB, the same memory set aside as here):\n")
     doc.table(Table("capacity-gpus", list(sizes[0]), sizes, {f"{g} GB": tokens_cell for g in GPU_SIZES_GIB}))

@@ -15,17 +15,29 @@ from attnbench.report.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_ce
 def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> None:
     """Report 000/001's per-GPU memory: allocator peak per GPU, NVML device memory at peak after."""
     n = gpus_in([c["row"] for c in cases])
-    headers = (["Strategy", "Sequence Length", "Batch Size"] + [f"GPU {i} Memory" for i in range(n)]
-               + [f"NVML GPU {i}" for i in range(n)])
-    records = [{"Strategy": c["strategy"], "Sequence Length": c["seq_len"], "Batch Size": c["batch"],
-                **memory_per_gpu_cells(c["row"], n)} for c in cases]
-    doc.add("\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
-            "(includes the CUDA context).\n")
+    headers = (
+        ["Strategy", "Sequence Length", "Batch Size"]
+        + [f"GPU {i} Memory" for i in range(n)]
+        + [f"NVML GPU {i}" for i in range(n)]
+    )
+    records = [
+        {
+            "Strategy": c["strategy"],
+            "Sequence Length": c["seq_len"],
+            "Batch Size": c["batch"],
+            **memory_per_gpu_cells(c["row"], n),
+        }
+        for c in cases
+    ]
+    doc.add(
+        "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
+        "(includes the CUDA context).\n"
+    )
     doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: gb for h in headers[3:]}}))
 
 
 def speedup_notes(c: dict[str, Any]) -> str:
-    bits = speedup_anomalies(c) if c["speedup"] else []   # first: a cell is cut to one line
+    bits = speedup_anomalies(c) if c["speedup"] else []  # first: a cell is cut to one line
     bits += [c["note"]] if c["note"] else []
     r = c["row"]
     if r.get("status", "ok") != "ok":
@@ -43,20 +55,51 @@ def data_parallel_speedup(doc: Doc, m: Machine) -> None:
         return
     for (strategy, label), cases in speedup_groups(m.speedups).items():
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
-        records = [{
-            "Sequence Length": c["seq_len"], "Batch Size": c["batch"], "Single GPU Time": c["single_ms"],
-            "Multi-GPU Time": c["multi_ms"] if c["row"].get("status", "ok") == "ok" else None,
-            "Speedup": c["speedup_ci"], "Notes": speedup_notes(c), "Efficiency": c["efficiency_ci"],
-            "Output Match": c["output_match"], "Timer": c["timer"],
-        } for c in cases]
-        doc.table(Table(f"001-{strategy}", ["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time",
-                                            "Speedup", "Notes", "Efficiency", "Output Match", "Timer"], records,
-                        {"Sequence Length": tokens_cell, "Single GPU Time": ms_cell, "Multi-GPU Time": ms_cell,
-                         "Speedup": ratio_cell, "Efficiency": lambda v: ratio_cell(v, anomaly_above_one=True),
-                         "Output Match": yes_no, "Notes": short_message}))
+        records = [
+            {
+                "Sequence Length": c["seq_len"],
+                "Batch Size": c["batch"],
+                "Single GPU Time": c["single_ms"],
+                "Multi-GPU Time": c["multi_ms"] if c["row"].get("status", "ok") == "ok" else None,
+                "Speedup": c["speedup_ci"],
+                "Notes": speedup_notes(c),
+                "Efficiency": c["efficiency_ci"],
+                "Output Match": c["output_match"],
+                "Timer": c["timer"],
+            }
+            for c in cases
+        ]
+        doc.table(
+            Table(
+                f"001-{strategy}",
+                [
+                    "Sequence Length",
+                    "Batch Size",
+                    "Single GPU Time",
+                    "Multi-GPU Time",
+                    "Speedup",
+                    "Notes",
+                    "Efficiency",
+                    "Output Match",
+                    "Timer",
+                ],
+                records,
+                {
+                    "Sequence Length": tokens_cell,
+                    "Single GPU Time": ms_cell,
+                    "Multi-GPU Time": ms_cell,
+                    "Speedup": ratio_cell,
+                    "Efficiency": lambda v: ratio_cell(v, anomaly_above_one=True),
+                    "Output Match": yes_no,
+                    "Notes": short_message,
+                },
+            )
+        )
         memory_distribution(doc, cases, f"001-{strategy}-memory")
-    doc.add("\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
-            "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians "
-            "±half their 95% bootstrap interval (n samples); a ratio's interval resamples both sides. Timer: "
-            "`gpu` where both rows have GPU time (CUDA graph or back-to-back calls), else `eager` (one "
-            "synchronised call, dispatch included).\n")
+    doc.add(
+        "\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
+        "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians "
+        "±half their 95% bootstrap interval (n samples); a ratio's interval resamples both sides. Timer: "
+        "`gpu` where both rows have GPU time (CUDA graph or back-to-back calls), else `eager` (one "
+        "synchronised call, dispatch included).\n"
+    )

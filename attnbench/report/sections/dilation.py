@@ -40,10 +40,16 @@ def dilation_records(m: Machine, group: list[dict[str, Any]]) -> tuple[list[dict
         if base_tps and at:
             mine = ok_rows[s["series"]][at].get("tokens_per_s")
             impact = mine / base_tps if mine else None
-        records.append({"Configuration": s["label"], "Max Tokens": s["max_seq_len"] or None,
-                        "Memory": best.get("peak_bytes") if best else None,
-                        "Throughput": best.get("tokens_per_s") if best else None,
-                        "Dilation Impact": impact, "Stopped By": s["stopped_by"]})
+        records.append(
+            {
+                "Configuration": s["label"],
+                "Max Tokens": s["max_seq_len"] or None,
+                "Memory": best.get("peak_bytes") if best else None,
+                "Throughput": best.get("tokens_per_s") if best else None,
+                "Dilation Impact": impact,
+                "Stopped By": s["stopped_by"],
+            }
+        )
     return records, at, base["label"] if base else ""
 
 
@@ -58,28 +64,55 @@ def dilation_configurations(doc: Doc, m: Machine) -> None:
     for group in groups.values():
         records, at, base = dilation_records(m, group)
         doc.heading(5, d.settings_text(group[0]["head"]))
-        doc.table(Table("003-configurations", ["Configuration", "Max Tokens", "Memory", "Throughput",
-                                               "Dilation Impact", "Stopped By"], records,
-                        {"Max Tokens": tokens_cell, "Memory": gb, "Throughput": tok_s,
-                         "Dilation Impact": lambda v: f"{v:.2f}x"}))
+        doc.table(
+            Table(
+                "003-configurations",
+                ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"],
+                records,
+                {
+                    "Max Tokens": tokens_cell,
+                    "Memory": gb,
+                    "Throughput": tok_s,
+                    "Dilation Impact": lambda v: f"{v:.2f}x",
+                },
+            )
+        )
         if base and at:
-            doc.add(f"\nMemory and Throughput at each configuration's Max Tokens. Dilation Impact: tokens/s relative to "
-                    f"'{base}' at N={at:,}, the longest length every configuration ran.\n")
+            doc.add(
+                f"\nMemory and Throughput at each configuration's Max Tokens. Dilation Impact: tokens/s relative to "
+                f"'{base}' at N={at:,}, the longest length every configuration ran.\n"
+            )
         else:
-            doc.add("\nDilation Impact needs a single-segment, dilation-1 configuration and a length every "
-                    "configuration ran; this group has none.\n")
+            doc.add(
+                "\nDilation Impact needs a single-segment, dilation-1 configuration and a length every "
+                "configuration ran; this group has none.\n"
+            )
     doc.heading(4, "Multi-GPU results")
-    multi = sorted((r for r in d.ok(m.trials) if d.world_size(r) > 1),
-                   key=lambda r: (d.world_size(r), r["seq_len"], d.describe(r)))
+    multi = sorted(
+        (r for r in d.ok(m.trials) if d.world_size(r) > 1), key=lambda r: (d.world_size(r), r["seq_len"], d.describe(r))
+    )
     if not multi:
         doc.missing("no multi-GPU ring trials on this machine", "ring-points")
     for p in sorted({d.world_size(r) for r in multi}):
         doc.heading(5, f"{p} GPUs")
-        doc.table(Table("003-distributed", ["Sequence", "Configuration", "Time", "Throughput", "Memory/GPU"],
-                        [{"Sequence": r["seq_len"], "Configuration": d.describe(r), "Time": r.get("time_ms"),
-                          "Throughput": r.get("tokens_per_s"), "Memory/GPU": d.peak_per_gpu(r)}
-                         for r in multi if d.world_size(r) == p],
-                        {"Sequence": tokens_cell, "Time": ms, "Throughput": tok_s, "Memory/GPU": gb}))
+        doc.table(
+            Table(
+                "003-distributed",
+                ["Sequence", "Configuration", "Time", "Throughput", "Memory/GPU"],
+                [
+                    {
+                        "Sequence": r["seq_len"],
+                        "Configuration": d.describe(r),
+                        "Time": r.get("time_ms"),
+                        "Throughput": r.get("tokens_per_s"),
+                        "Memory/GPU": d.peak_per_gpu(r),
+                    }
+                    for r in multi
+                    if d.world_size(r) == p
+                ],
+                {"Sequence": tokens_cell, "Time": ms, "Throughput": tok_s, "Memory/GPU": gb},
+            )
+        )
     doc.heading(4, "Scaling: theoretical vs actual")
     families = scaling_families(m.rows)
     if not families:
@@ -95,11 +128,25 @@ def dilation_configurations(doc: Doc, m: Machine) -> None:
             records.append({"GPUs": 1, "Theoretical Max": one, "Expected": c1.predicted if c1 else None, "Actual": one})
         for s in fam["multi"]:
             cp = caps.get(s["series"])
-            records.append({"GPUs": s["world_size"], "Theoretical Max": one * s["world_size"] if one else None,
-                            "Expected": cp.predicted if cp else None, "Actual": s["max_seq_len"] or None})
-        doc.table(Table("003-scaling", ["GPUs", "Theoretical Max", "Expected", "Actual"], records,
-                        {"Theoretical Max": tokens_cell, "Expected": tokens_cell, "Actual": tokens_cell}))
-        doc.add("\nTheoretical Max: GPUs × the measured single-GPU maximum (memory split perfectly, O(N/P) per GPU)"
-                + ("" if single else "; no single-GPU max-seq of this configuration was measured here") +
-                ". Expected: the capacity fit of that GPU count's own per-GPU peaks, solved for this GPU's memory. "
-                "Actual: the measured max-seq.\n")
+            records.append(
+                {
+                    "GPUs": s["world_size"],
+                    "Theoretical Max": one * s["world_size"] if one else None,
+                    "Expected": cp.predicted if cp else None,
+                    "Actual": s["max_seq_len"] or None,
+                }
+            )
+        doc.table(
+            Table(
+                "003-scaling",
+                ["GPUs", "Theoretical Max", "Expected", "Actual"],
+                records,
+                {"Theoretical Max": tokens_cell, "Expected": tokens_cell, "Actual": tokens_cell},
+            )
+        )
+        doc.add(
+            "\nTheoretical Max: GPUs × the measured single-GPU maximum (memory split perfectly, O(N/P) per GPU)"
+            + ("" if single else "; no single-GPU max-seq of this configuration was measured here")
+            + ". Expected: the capacity fit of that GPU count's own per-GPU peaks, solved for this GPU's memory. "
+            "Actual: the measured max-seq.\n"
+        )

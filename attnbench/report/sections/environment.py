@@ -46,24 +46,49 @@ def environment(doc: Doc, m: Machine) -> None:
         ("Date", [f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else dates[0]] if dates else []),
         ("Host", distinct(e.get("hostname") for e in envs)),
     ]
-    doc.table(Table("environment", ["Item", "Value"],
-                    [{"Item": k, "Value": "; ".join(map(str, v)) if v else None} for k, v in items]))
+    doc.table(
+        Table(
+            "environment",
+            ["Item", "Value"],
+            [{"Item": k, "Value": "; ".join(map(str, v)) if v else None} for k, v in items],
+        )
+    )
     runs: dict[tuple, int] = {}
     for r in m.rows:
         key = (r.get("run"), d.short_commit(r), command_text((r.get("env") or {}).get("command", "")))
         runs[key] = runs.get(key, 0) + 1
-    doc.add("\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "
-            "commit that ran them:\n")
-    doc.table(Table("commands", ["Run", "Commit", "Command", "Rows"],
-                    [{"Run": run, "Commit": commit, "Command": cmd, "Rows": n} for (run, commit, cmd), n in runs.items()],
-                    {"Command": lambda c: f"`{c}`"}))
+    doc.add(
+        "\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "
+        "commit that ran them:\n"
+    )
+    doc.table(
+        Table(
+            "commands",
+            ["Run", "Commit", "Command", "Rows"],
+            [{"Run": run, "Commit": commit, "Command": cmd, "Rows": n} for (run, commit, cmd), n in runs.items()],
+            {"Command": lambda c: f"`{c}`"},
+        )
+    )
     verify = [r for r in m.rows if r.get("kind") == "verify"]
     if verify:
         doc.add("\nReference checks against the float64 masked reference (relative error ‖out − ref‖ / ‖ref‖):\n")
-        doc.table(Table("reference-checks", ["Implementation", "Config", "Dtype", "Device", "N", "Rel. Error",
-                                              "Tolerance", "Result"],
-                        [{"Implementation": r.get("impl"), "Config": d.config_text(r.get("config")) or None,
-                          "Dtype": r.get("dtype"), "Device": r.get("device"), "N": r.get("seq_len"),
-                          "Rel. Error": r.get("rel_err"), "Tolerance": r.get("tolerance"), "Result": r.get("status")}
-                         for r in verify],
-                        {"Rel. Error": lambda v: f"{v:.1e}", "Tolerance": lambda v: f"{v:.0e}"}))
+        doc.table(
+            Table(
+                "reference-checks",
+                ["Implementation", "Config", "Dtype", "Device", "N", "Rel. Error", "Tolerance", "Result"],
+                [
+                    {
+                        "Implementation": r.get("impl"),
+                        "Config": d.config_text(r.get("config")) or None,
+                        "Dtype": r.get("dtype"),
+                        "Device": r.get("device"),
+                        "N": r.get("seq_len"),
+                        "Rel. Error": r.get("rel_err"),
+                        "Tolerance": r.get("tolerance"),
+                        "Result": r.get("status"),
+                    }
+                    for r in verify
+                ],
+                {"Rel. Error": lambda v: f"{v:.1e}", "Tolerance": lambda v: f"{v:.0e}"},
+            )
+        )

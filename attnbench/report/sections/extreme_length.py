@@ -38,11 +38,27 @@ def multi_gpu_max_tables(doc: Doc, m: Machine) -> bool:
         records = []
         for r in rows:
             cells = memory_per_gpu_cells(r, n)
-            records.append({"Sequence Length": r["seq_len"], **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
-                            "Result": r["status"], "Notes": r.get("message") or ""})
-        doc.table(Table("002-multi-gpu-max", headers, records,
-                        {"Sequence Length": tokens_cell, "Result": result_text, "Notes": short_message,
-                         **{f"GPU{i} Memory": gb for i in range(n)}}))
+            records.append(
+                {
+                    "Sequence Length": r["seq_len"],
+                    **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
+                    "Result": r["status"],
+                    "Notes": r.get("message") or "",
+                }
+            )
+        doc.table(
+            Table(
+                "002-multi-gpu-max",
+                headers,
+                records,
+                {
+                    "Sequence Length": tokens_cell,
+                    "Result": result_text,
+                    "Notes": short_message,
+                    **{f"GPU{i} Memory": gb for i in range(n)},
+                },
+            )
+        )
     return found
 
 
@@ -59,8 +75,11 @@ def extreme_length(doc: Doc, m: Machine) -> None:
             doc.add(memory_table(rows))
     else:
         doc.missing("no single-GPU max-seq search on this machine", "single")
-    points = [g for g in series_groups(m.trials).values()
-              if g[0]["kind"] == "points" and d.world_size(g[0]) == 1 and not g[0]["impl"].startswith("block-sparse")]
+    points = [
+        g
+        for g in series_groups(m.trials).values()
+        if g[0]["kind"] == "points" and d.world_size(g[0]) == 1 and not g[0]["impl"].startswith("block-sparse")
+    ]
     if points:
         doc.heading(4, "Fixed-length measurements")
         for rows in points:
@@ -71,7 +90,9 @@ def extreme_length(doc: Doc, m: Machine) -> None:
     if sparse.strip():
         doc.add(sparse)
     else:
-        doc.missing("no block-sparse rows on this machine (or the block-sparse tables are not installed)", "block-sparse")
+        doc.missing(
+            "no block-sparse rows on this machine (or the block-sparse tables are not installed)", "block-sparse"
+        )
     doc.heading(4, "2. Multi-GPU maximum")
     if not multi_gpu_max_tables(doc, m):
         doc.missing("no multi-GPU max-seq search on this machine", "ring-max-seq")
@@ -82,16 +103,43 @@ def extreme_length(doc: Doc, m: Machine) -> None:
         if not best:
             continue
         peak = d.peak_per_gpu(best)
-        records.append({"Implementation": s["label"], "GPUs": s["world_size"], "Sequence Length": best["seq_len"],
-                        "Input Tensors (QKV)": best.get("inputs_bytes"), "Peak Memory": peak,
-                        "Memory per Token": peak / (d.tokens(best) / s["world_size"]) if peak else None,
-                        "Peak / Floor": best.get("peak_over_floor")})
+        records.append(
+            {
+                "Implementation": s["label"],
+                "GPUs": s["world_size"],
+                "Sequence Length": best["seq_len"],
+                "Input Tensors (QKV)": best.get("inputs_bytes"),
+                "Peak Memory": peak,
+                "Memory per Token": peak / (d.tokens(best) / s["world_size"]) if peak else None,
+                "Peak / Floor": best.get("peak_over_floor"),
+            }
+        )
     if records:
-        doc.table(Table("002-memory-efficiency", ["Implementation", "GPUs", "Sequence Length", "Input Tensors (QKV)",
-                                                  "Peak Memory", "Memory per Token", "Peak / Floor"], records,
-                        {"Sequence Length": tokens_cell, "Input Tensors (QKV)": gb, "Peak Memory": gb,
-                         "Memory per Token": per_token, "Peak / Floor": times}))
+        doc.table(
+            Table(
+                "002-memory-efficiency",
+                [
+                    "Implementation",
+                    "GPUs",
+                    "Sequence Length",
+                    "Input Tensors (QKV)",
+                    "Peak Memory",
+                    "Memory per Token",
+                    "Peak / Floor",
+                ],
+                records,
+                {
+                    "Sequence Length": tokens_cell,
+                    "Input Tensors (QKV)": gb,
+                    "Peak Memory": gb,
+                    "Memory per Token": per_token,
+                    "Peak / Floor": times,
+                },
+            )
+        )
     else:
         doc.missing("no successful max-seq trial on this machine", "single")
-    doc.add("\nScaling to larger GPUs and the memory estimation formula: see Capacity prediction (a fit of the "
-            "measured peaks, not a linear extrapolation of one number).\n")
+    doc.add(
+        "\nScaling to larger GPUs and the memory estimation formula: see Capacity prediction (a fit of the "
+        "measured peaks, not a linear extrapolation of one number).\n"
+    )

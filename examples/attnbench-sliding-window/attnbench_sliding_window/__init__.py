@@ -18,15 +18,17 @@ from torch import nn
 
 def sliding_window_mask(window_size: int):
     """attention-gym style: a ``mask_mod(b, h, q_idx, kv_idx)`` keeping |q - kv| <= window_size."""
+
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() <= window_size
+
     return mask_mod
 
 
 class SlidingWindowFlex(nn.Module):
     """FlexAttention with a sliding-window block mask (built once per shape)."""
 
-    compiles = True   # on CUDA the first call compiles the kernel: attnbench times it apart
+    compiles = True  # on CUDA the first call compiles the kernel: attnbench times it apart
     granularity = 128  # FlexAttention's block size
 
     def __init__(self, window: int) -> None:
@@ -43,8 +45,10 @@ class SlidingWindowFlex(nn.Module):
         if self._key != (n, is_causal, device):
             mod = self.mask_mod
             if is_causal:
+
                 def mod(b, h, q_idx, kv_idx):
                     return self.mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)
+
             cuda = device.type == "cuda"
             self._block_mask = create_block_mask(mod, None, None, n, n, device=device, _compile=cuda)
             self._key = (n, is_causal, device)
