@@ -1,6 +1,6 @@
 # attnbench: two commands on a fresh machine.
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
-#   make test     set up, lint (ruff check), run every test, then the CI gate (make ci-gate)
+#   make test     set up, lint (ruff check, ruff format --check), run every test, then the CI gate (make ci-gate)
 #   make test-fast  the unit tests only (no slow, distributed or GPU test): under a minute
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,7 +34,8 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not distributed and not gpu"
 
 lint: setup
-	$(BIN)/ruff check attnbench tests
+	$(BIN)/ruff check attnbench tests scripts examples
+	$(BIN)/ruff format --check attnbench tests scripts examples
 
 # This project's own regression gate: run the ci profile (CPU, under a minute) and compare
 # what does not depend on the machine (reference checks, max-seq under a memory limit, byte
