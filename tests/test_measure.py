@@ -192,6 +192,7 @@ def test_host_bound_threshold():
     assert host_bound(1.0, None) is None
 
 
+@pytest.mark.slow
 def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(tmp_path):
     from conftest import run_cli
 
@@ -244,6 +245,7 @@ def test_a_gpu_without_clock_counters_keeps_its_memory_sampling():
     assert sampler.clock_summary() == {} and sampler.peak == [5000, 500]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow_calls,status", [(1, "ok"), (99, "time-limit")])
 def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status):
     """A cold first call over the limit (library setup) is not a time-limit; a warm one is."""

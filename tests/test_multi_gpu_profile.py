@@ -101,6 +101,7 @@ def test_unknown_key_in_a_speedup_table_names_it(tmp_path):
         build_plan("bad", [], {}, {}, str(bad))
 
 
+@pytest.mark.slow
 def test_bad_speedup_table_exits_2_with_one_line_and_no_results(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('device = "cpu"\n[[speedup]]\nimpl = "sdpa"\ncases = ["256x2"]\ngpus = 0\n')
@@ -222,6 +223,7 @@ def _attnbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     out = tmp_path / "run"
     first = _attnbench("run", "--profile", "multi-gpu-cpu", "--out", str(out))

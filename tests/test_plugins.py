@@ -167,6 +167,7 @@ def test_each_violation_is_reported(user_module, factory, expected):
         ("userattn:not_a_module", "not a torch.nn.Module"),
     ],
 )
+@pytest.mark.slow
 def test_bad_outside_implementation_is_one_line_exit_2_nothing_written(user_module, tmp_path, name, expected):
     out = tmp_path / "run"
     r = run_cli("max-seq", "--impl", name, *TINY, "--out", out, env={"PYTHONPATH": os.environ["PYTHONPATH"]})
@@ -223,6 +224,7 @@ def installed(tmp_path_factory):
     return {"PYTHONPATH": f"{ROOT}{os.pathsep}{target}"}
 
 
+@pytest.mark.slow
 def test_installed_plugin_is_listed_and_verifies(installed):
     r = run_cli("list", env=installed)
     assert r.returncode == 0, r.stderr
@@ -245,6 +247,7 @@ def test_installed_plugin_is_listed_and_verifies(installed):
     assert "8 of 8 cases pass" in r.stdout and "contract violated" not in r.stdout
 
 
+@pytest.mark.slow
 def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, tmp_path):
     profile = tmp_path / "plugin.toml"
     profile.write_text(

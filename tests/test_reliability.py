@@ -189,6 +189,7 @@ def one_line_exit_2(proc, hint: str) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_out_that_is_a_file_stops_before_the_reference_check(tmp_path):
     target = tmp_path / "file"
     target.write_text("keep me")
@@ -198,6 +199,7 @@ def test_out_that_is_a_file_stops_before_the_reference_check(tmp_path):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_report_out_that_is_a_file_and_a_png_named_otherwise(tmp_path):
     target = tmp_path / "file"
     target.write_text("keep me")
@@ -247,6 +249,7 @@ def small_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_report_and_check_survive_an_undecodable_byte(small_run, tmp_path):
     from attnbench.check import Thresholds, run_check
 
@@ -266,6 +269,7 @@ def test_report_and_check_survive_an_undecodable_byte(small_run, tmp_path):
 # --- 6. the reference check runs isolated, under the trials' limits ----------------------
 
 
+@pytest.mark.slow
 def test_a_reference_check_too_big_for_the_memory_limit_is_one_line(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
@@ -309,6 +313,7 @@ def wait_for(condition, what: str, limit_s: float = 300.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_trial_dies_with_its_parent_and_its_temp_dir_is_removed(tmp_path):
     from attnbench.runtime.worker import alive as _alive
     from attnbench.runtime.worker import remove_orphaned_temp_dirs
@@ -528,6 +533,7 @@ INVALID = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(INVALID))
 def test_invalid_values_are_exit_2(name, tmp_path):
     args, hint = INVALID[name]
@@ -544,6 +550,7 @@ def test_negative_profile_counts_are_exit_2(tmp_path, line):
         build("p", [], {}, {}, str(profile_with(tmp_path, line)))
 
 
+@pytest.mark.slow
 def test_verify_out_into_another_machines_directory(tmp_path):
     out = tmp_path / "gpu-run"
     out.mkdir()

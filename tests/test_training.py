@@ -52,6 +52,7 @@ def test_a_wrong_gradient_fails(monkeypatch):
     assert row["rel_err"] < 1e-4 and row["rel_err_dk"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_verify_cli_checks_gradients_and_refuses_sequence_parallel():
     ok = run_cli("verify", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--mode", "fwd_bwd")
     assert ok.returncode == 0 and "dq err" in ok.stdout and "4 of 4 cases pass" in ok.stdout
