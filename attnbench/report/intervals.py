@@ -62,6 +62,20 @@ def divided(iv: Interval | None, by: float) -> Interval | None:
     return None if iv is None else Interval(iv.value / by, iv.low / by, iv.high / by, iv.n)
 
 
+def tflops_interval(row: dict[str, Any]) -> Interval | None:
+    """A row's useful TFLOP/s with the 95% interval of its median (eager) time: rate = work / time."""
+    value = row.get("tflops_useful")
+    if not value:
+        return None
+    iv = stats.scaled(time_interval(row), value * row["time_ms"]) if row.get("time_ms") else None
+    return iv or Interval(value, value, value, 1)
+
+
+def tflops_cell(iv: Interval | None) -> str:
+    """``309.0 ±0.7 (n=50)``, one decimal."""
+    return stats.plus_minus(iv, lambda x: f"{x:,.1f}")
+
+
 def ms_cell(iv: Interval | None) -> str:
     """``19.1 ms ±0.3 (n=20)``, three significant digits."""
     return stats.plus_minus(iv, lambda x: f"{x:,.3g}" if x < 1000 else f"{x:,.0f}", "ms")

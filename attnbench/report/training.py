@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.measure.stats import Interval, plus_minus, scaled
-from attnbench.report.intervals import time_interval
+from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.units import format_tokens
@@ -61,15 +60,6 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
 
 
-def tflops_interval(row: dict[str, Any]) -> Interval | None:
-    """A row's useful TFLOP/s with the 95% interval of its median step time (rate = work / time)."""
-    value = row.get("tflops_useful")
-    if not value:
-        return None
-    iv = scaled(time_interval(row), value * row["time_ms"]) if row.get("time_ms") else None
-    return iv or Interval(value, value, value, 1)
-
-
 def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return next((r.get("mode", "fwd") for r in rows if r.get("series") == summary["series"]), "fwd")
 
@@ -99,16 +89,13 @@ def training_table(records: list[dict[str, Any]]) -> Table:
     def ratio(v):
         return f"{v:.2f}x"
 
-    def tflops(iv):
-        return plus_minus(iv, fmt=lambda x: f"{x:,.1f}")
-
     formats = {
         "Largest Training Sequence": tokens,
         "Largest Forward Sequence": tokens,
         "Peak / Training Floor": ratio,
         "Peak / Forward Floor": ratio,
-        "Training TFLOP/s at Largest": tflops,
-        f"Training TFLOP/s at {COMPARE_LABEL}": tflops,
+        "Training TFLOP/s at Largest": tflops_cell,
+        f"Training TFLOP/s at {COMPARE_LABEL}": tflops_cell,
     }
     return Table("training", list(HEADERS), [{h: r[f] for h, f in HEADERS.items()} for r in records], formats)
 
