@@ -48,6 +48,19 @@ from attnbench.patterns import PATTERN_TYPES
 EXPAND_ELEMENTS = 1 << 24
 
 
+# block-sparse's parameters the ring takes (its constructor's), in its configuration's order
+RING_PARAMS = (
+    "pattern_type",
+    "sparsity_ratio",
+    "block_size",
+    "segment_lengths",
+    "dilation_rates",
+    "kernel",
+    "compile_mode",
+    "max_chunk_tokens",
+)
+
+
 class BlockSparseRingAttention(SequenceParallelAttention):
     counterpart_name = "block-sparse"
 
@@ -82,19 +95,7 @@ class BlockSparseRingAttention(SequenceParallelAttention):
 
     def config(self) -> dict[str, Any]:
         c = self.single.config()
-        return {
-            key: c[key]
-            for key in (
-                "pattern_type",
-                "sparsity_ratio",
-                "block_size",
-                "segment_lengths",
-                "dilation_rates",
-                "kernel",
-                "compile_mode",
-                "max_chunk_tokens",
-            )
-        }
+        return {key: c[key] for key in RING_PARAMS}
 
     def counterpart_config(self) -> dict[str, Any]:
         return {k: v for k, v in self.config().items() if k != "kernel"}
@@ -359,17 +360,7 @@ class BlockSparseSchedule(RingSchedule):
 
 def _params() -> tuple[Param, ...]:
     """block-sparse's own parameters, less what the ring does not take."""
-    taken = (
-        "pattern_type",
-        "sparsity_ratio",
-        "block_size",
-        "segment_lengths",
-        "dilation_rates",
-        "kernel",
-        "compile_mode",
-        "max_chunk_tokens",
-    )
-    return tuple(p for p in spec("block-sparse").params if p.name in taken)
+    return tuple(p for p in spec("block-sparse").params if p.name in RING_PARAMS)
 
 
 def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
