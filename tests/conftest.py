@@ -26,22 +26,30 @@ def cli():
     return run_cli
 
 
+def flex_pieces_config(pattern_type: str, **options) -> dict:
+    """block-sparse through FlexAttention in pieces of 12 query blocks of 64 tokens: at 4096
+    tokens six pieces, the last overlapping its neighbour (the GPU tests' configuration)."""
+    from attnbench import impls
+
+    return impls.build(
+        "block-sparse",
+        pattern_type=pattern_type,
+        block_size=64,
+        sparsity_ratio=0.1,
+        kernel="flex",
+        max_chunk_tokens=64 * 12,
+        **options,
+    ).config()
+
+
 def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
     """The reference check of block-sparse through FlexAttention on CUDA with flex's offset
     limit lowered from 2^31 to 2^19 (above one (batch, head) of q, k, v at 4096 x 64, below the
     whole tensors), so flex runs once per (batch, head), as it does past 2^31 offsets."""
     # imported here: every test run loads conftest, and most need neither torch nor a GPU
-    from attnbench import impls
     from attnbench.impls import flex_kernel
     from attnbench.reference import VerifyCase, run_case
 
     monkeypatch.setattr(flex_kernel, "FLEX_MAX_OFFSET", 1 << 19)
-    cfg = impls.build(
-        "block-sparse",
-        pattern_type="hierarchical",
-        block_size=64,
-        sparsity_ratio=0.1,
-        kernel="flex",
-        max_chunk_tokens=64 * 12,
-    ).config()
+    cfg = flex_pieces_config("hierarchical")
     return run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode=mode))

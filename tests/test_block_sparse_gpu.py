@@ -10,7 +10,7 @@ from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 
-from conftest import flex_per_head_row
+from conftest import flex_per_head_row, flex_pieces_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -21,15 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
     if index_width == "compact" and not fk.compact_indices_ok("cuda"):
         pytest.skip("this torch's FlexAttention lowering asks for full index rows")
-    cfg = impls.build(
-        "block-sparse",
-        pattern_type=pattern_type,
-        block_size=64,
-        sparsity_ratio=0.1,
-        kernel="flex",
-        index_width=index_width,
-        max_chunk_tokens=64 * 12,
-    ).config()
+    cfg = flex_pieces_config(pattern_type, index_width=index_width)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")

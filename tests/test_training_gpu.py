@@ -12,7 +12,7 @@ from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 from attnbench.workload import Workload
 
-from conftest import flex_per_head_row
+from conftest import flex_per_head_row, flex_pieces_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -34,14 +34,7 @@ def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal):
     # 12 query blocks a piece over 64 blocks: six pieces, the last overlapping its neighbour
-    cfg = impls.build(
-        "block-sparse",
-        pattern_type=pattern_type,
-        block_size=64,
-        sparsity_ratio=0.1,
-        kernel="flex",
-        max_chunk_tokens=64 * 12,
-    ).config()
+    cfg = flex_pieces_config(pattern_type)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")
