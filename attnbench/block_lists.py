@@ -49,11 +49,18 @@ class BlockPattern:
 
     # --- explicit indices, a chunk of rows at a time -----------------------------------
     def expand(
-        self, row_start: int, row_stop: int, width: int | None = None, device=None, drop_diagonal: bool = False
+        self,
+        row_start: int,
+        row_stop: int,
+        width: int | None = None,
+        device=None,
+        drop_diagonal: bool = False,
+        keys: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(indices, counts)`` for rows ``[row_start, row_stop)``: indices ``(rows, width)``
         int64, ascending in each row, padded with 0 after ``counts[r]`` entries.
-        ``drop_diagonal`` leaves out block ``i`` of row ``i`` (a causal pattern's partial block)."""
+        ``drop_diagonal`` leaves out block ``i`` of row ``i`` (a causal pattern's partial block);
+        ``keys`` keeps only the key blocks in ``[lo, hi)``."""
         prog = self.progressions[row_start:row_stop]
         if device is not None:
             prog = prog.to(device)
@@ -61,7 +68,13 @@ class BlockPattern:
             rows = torch.arange(row_start, row_stop, device=prog.device)
             prog = prog.clone()
             prog[:, :, 1] = torch.minimum(prog[:, :, 1], rows[:, None])  # causal stops are <= i + 1
+        if keys is not None:
+            prog = clip_progressions(prog, *keys)
         return expand_progressions(prog, width)
+
+    def kept_in(self, row_start: int, row_stop: int, lo: int, hi: int) -> int:
+        """Kept blocks of rows ``[row_start, row_stop)`` among key blocks ``[lo, hi)``."""
+        return int(progression_lengths(clip_progressions(self.progressions[row_start:row_stop], lo, hi)).sum())
 
     def dense(self) -> torch.Tensor:
         """The ``(nb, nb)`` boolean block mask: for pictures and tests at small nb only."""

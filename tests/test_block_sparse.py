@@ -144,6 +144,43 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
     assert len({len(range(r0, r0 + layout.rows)) for r0 in layout.starts}) == 1  # one compiled shape
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
+def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
+    """Under autograd the wide patterns' chunks read every key; the backward takes a chunk's
+    window in parts of the chunk's length. Between them the parts' block masks hold each kept
+    block of the chunk's rows exactly once (global rows included: no dense SDPA rows under
+    autograd), the diagonal as the only partial block; a part that is left out keeps none."""
+    impl = impls.build(
+        "block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1, max_chunk_tokens=16 * 7
+    )
+    p = impl.pattern(1024, causal)
+    layout = impl._flex_layout(p, "cpu", grad=True)
+    assert layout.first_row == 0
+    if layout.window <= 2 * layout.rows:  # local_window: a chunk's neighbourhood, taken whole
+        assert pattern_type == "local_window" and layout.part_starts == ()
+        return
+    assert len(layout.part_starts) == -(-layout.window // layout.rows) > 2
+    for r0, k0 in zip(layout.starts, layout.key_starts):
+        found = {r0 + r: [] for r in range(layout.rows)}
+        for part in bs._flex_key_parts(impl, None, None, p, layout, r0, k0, "cpu"):
+            mask = part.grads.args[0].args[1]()  # grads_by_recompute(_flex_piece_lse(flex, mask, ...))
+            first = part.keys.start // 16
+            assert (
+                mask.seq_lengths
+                == (layout.rows * 16, layout.rows * 16)
+                == (layout.rows * 16, part.keys.stop - part.keys.start)
+            )
+            for r, (partial, full) in enumerate(block_mask_rows(mask)):
+                found[r0 + r] += [(first + j, "partial") for j in partial] + [(first + j, "full") for j in full]
+        for i, blocks in found.items():  # so no part that keeps a block was left out
+            expected = [
+                j for j in range(p.num_blocks) if kept_by_rule(pattern_type, p.shape, p.num_blocks, causal, i, j)
+            ]
+            assert sorted(j for j, _ in blocks) == expected  # each kept block once
+            assert [j for j, kind in blocks if kind == "partial"] == ([i] if causal else [])
+
+
 def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
     monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
     impl = impls.build("block-sparse", pattern_type="global_local", block_size=128, sparsity_ratio=0.05)

@@ -1,11 +1,13 @@
 """Training checks against the float64 reference: dq, dk, dv of every single-device
 implementation at small N (`attnbench verify --mode fwd_bwd`), causal and not, on the CPU."""
 
+import functools
+
 import pytest
 import torch
 
 from attnbench import impls
-from attnbench.impls.pieces import Piece, PiecewiseAttention
+from attnbench.impls.pieces import KeyPart, Piece, PiecewiseAttention, grads_by_recompute
 from attnbench.reference import (
     GRAD_TOLERANCE,
     default_cases,
@@ -75,14 +77,14 @@ def _reference_grads(impl, q, k, v, grad_out, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_sparse_in_several_pieces_keeps_only_the_inputs(pattern, causal):
     """Query chunks of two blocks (several pieces, and SDPA's dense rows for global_local): the
-    training step runs through one node that keeps q, k and v alone, recomputes each piece in
-    the backward and gets the float64 reference's gradients."""
+    training step runs through one node that keeps q, k, v and its own output alone,
+    recomputes each piece in the backward and gets the float64 reference's gradients."""
     impl = impls.build("block-sparse", pattern_type=pattern, sparsity_ratio=0.25, block_size=16, max_chunk_tokens=32)
     q, k, v = _float64_inputs((2, 256, 3, 8), 0)
     grad_out = torch.randn(2, 256, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out = impl(q, k, v, is_causal=causal)
     assert type(out.grad_fn).__name__ == "PiecewiseAttentionBackward"
-    assert [s.data_ptr() for s in out.grad_fn.saved_tensors] == [x.data_ptr() for x in (q, k, v)]
+    assert [s.data_ptr() for s in out.grad_fn.saved_tensors] == [x.data_ptr() for x in (q, k, v, out)]
     got = torch.autograd.grad(out, (q, k, v), grad_out)
     ref, want = _reference_grads(impl, q, k, v, grad_out, causal)
     torch.testing.assert_close(out, ref)
@@ -103,5 +105,62 @@ def test_overlapping_pieces_count_each_row_once():
     got = torch.autograd.grad(PiecewiseAttention.apply(q, k, v, pieces), (q, k, v), grad_out)
     inputs = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     want = torch.autograd.grad(dense(*inputs), inputs, grad_out)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def _band(q0: int, k0: int, rows: int, keys: int) -> torch.Tensor:
+    """(H=1, rows, keys) mask of |i - j| <= 5 at absolute positions (some rows keep no key of a
+    narrow key range)."""
+    i = torch.arange(q0, q0 + rows)[:, None]
+    j = torch.arange(k0, k0 + keys)[None, :]
+    return ((i - j).abs() <= 5)[None]
+
+
+def _band_attention_lse(q0, k0, q, k, v):
+    """Band attention over a range of keys with its log-sum-exp, as a kernel returns them: a
+    row that keeps no key gets output 0 and log-sum-exp -inf."""
+    mask = _band(q0, k0, q.shape[1], k.shape[1])
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / q.shape[-1] ** 0.5
+    kept = mask.any(-1)  # (1, rows)
+    lse = torch.logsumexp(scores.masked_fill(~mask, -1e30), dim=-1)
+    weights = torch.exp(scores - lse.masked_fill(~kept, 0)[..., None]).masked_fill(~mask, 0)
+    out = torch.einsum("bhij,bjhd->bihd", weights, v)
+    return out, torch.where(kept, lse, float("-inf")).transpose(1, 2)
+
+
+def test_key_parts_carry_back_the_gradients_of_the_whole_piece():
+    """Pieces whose backward takes their keys in parts (given the piece's output and
+    log-sum-exp), the last piece overlapping its neighbour, some rows keeping no key of a part:
+    the gradients are band attention's, computed whole by autograd in float64."""
+    q, k, v = _float64_inputs((2, 64, 3, 8), 5)
+    n = 64
+
+    def piece(r0, r1, fresh=0):
+        attend_lse = functools.partial(_band_attention_lse, r0, 0)
+        parts = tuple(
+            KeyPart(
+                slice(k0, k0 + 16),
+                functools.partial(grads_by_recompute, functools.partial(_band_attention_lse, r0, k0)),
+            )
+            for k0 in range(0, n, 16)
+        )
+        return Piece(
+            slice(r0, r1),
+            slice(0, n),
+            lambda q, k, v: attend_lse(q, k, v)[0],
+            fresh=fresh,
+            key_parts=parts,
+            attend_lse=attend_lse,
+        )
+
+    pieces = [piece(0, 24), piece(24, 48), piece(40, 64, fresh=48)]
+    grad_out = torch.randn(2, 64, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    out = PiecewiseAttention.apply(q, k, v, pieces)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    inputs = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    ref = masked_attention(*inputs, _band(0, 0, n, n).expand(3, n, n))
+    want = torch.autograd.grad(ref, inputs, grad_out)
+    torch.testing.assert_close(out, ref)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)

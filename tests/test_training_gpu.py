@@ -67,15 +67,9 @@ def test_dilated_training_peak_is_within_ten_percent_of_the_floor():
 
 
 # The target: at most 1.15x the training floor. local_window's pieces read a key window near
-# their rows and meet it (1.10x at 1M on an H200). The wider patterns' pieces read (nearly)
-# every key, so each piece's backward makes full-size dk and dv: 1.54x at 1M on an H200. Meeting the target there needs the backward split
-# over key chunks as well; until then these cases are expected to fail, strictly, so that the
-# fix shows up.
-WIDE = pytest.mark.xfail(strict=True, reason="pieces of wide patterns hold full-size dk, dv: about 1.5x the floor")
-CASES = [pytest.param(p, marks=() if p == "local_window" else WIDE) for p in PATTERN_TYPES]
-
-
-@pytest.mark.parametrize("pattern_type", CASES)
+# their rows; the wider patterns' pieces read every key, and their backward takes the keys in
+# parts of a piece's length (1.54x at 1M on an H200 when it took them whole).
+@pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_sparse_training_peak_near_the_floor(pattern_type):
     # 1M tokens in the default pieces (a 16th of the sequence above 256K): the pieces'
     # temporaries, not one piece's whole output

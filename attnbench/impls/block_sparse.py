@@ -18,7 +18,13 @@ progressions. Two kernels run the same math:
   gathered keys stay under a fixed budget.
 
 Query blocks that keep every allowed block (the global rows of ``global_local``) run as
-plain dense attention (SDPA), except in a full-width flex mask, which holds them as well.
+plain dense attention (SDPA), except under autograd on the flex path, where the block mask
+holds them as well (no piece then reads every key with an SDPA backward).
+
+Under autograd a chunk's backward makes dk, dv as long as its key window; where the window
+is more than twice the chunk (the wide patterns read every key) the backward takes it in
+parts of the chunk's length (``attnbench.impls.pieces``), so that one training step holds a
+few chunks' worth beyond the floor at any length.
 
 The FlexAttention calls themselves are in ``attnbench.impls.flex_kernel``. This module is
 over 400 lines because it is one implementation: its shape rules, counts, both kernels'
@@ -48,7 +54,14 @@ from attnbench.impls.flex_kernel import (
     has_compute_q_blocks,
     parse_kernel_options,
 )
-from attnbench.impls.pieces import Piece, PiecewiseAttention, training_chunk_tokens, write_pieces
+from attnbench.impls.pieces import (
+    KeyPart,
+    Piece,
+    PiecewiseAttention,
+    grads_by_recompute,
+    training_chunk_tokens,
+    write_pieces,
+)
 from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -277,8 +290,10 @@ class BlockSparseAttention(AttentionImpl):
         layout create_block_mask makes) while that is small: every pattern and ratio at one
         length then shares one compiled kernel, global rows included. Longer sequences get
         rows as narrow as the compiler allows (a power of two, so few shapes) where a release
-        takes them. Global rows always go to SDPA. The backward's transposed indices assume full
-        rows in some releases: never compact under autograd."""
+        takes them. Global rows go to SDPA, except under autograd. The backward's transposed
+        indices assume full rows in some releases: never compact under autograd. Under autograd
+        a key window over twice the chunk is cut into parts of the chunk's length for the
+        backward; the last part overlaps its neighbour and keeps only the blocks after it."""
         nb = p.num_blocks
         narrow_ok = compact_indices_ok(torch.device(device).type)
         if self.index_width == "compact" and not narrow_ok:
@@ -289,8 +304,10 @@ class BlockSparseAttention(AttentionImpl):
         compact = self.index_width == "compact" or (
             self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES
         )
-        first = p.dense_rows  # rows that keep every allowed block run as dense SDPA: no tail of long rows
-        most = int(p.row_counts[first:].max())
+        # rows that keep every allowed block run as dense SDPA (no tail of long rows), but not
+        # under autograd, where SDPA's backward would make dk, dv of the whole sequence
+        first = 0 if grad else p.dense_rows
+        most = int(p.row_counts[p.dense_rows :].max())  # the global rows are few: left out of the budget
         lo, hi = progression_spans(p.progressions[first:])
         # chunks read a window of the keys, as long as the widest chunk's span (local_window:
         # its neighbourhood, so offsets stay small, index rows short and a chunk's dk, dv in
@@ -322,7 +339,10 @@ class BlockSparseAttention(AttentionImpl):
         window = max(k1 - k0 for k0, k1 in spans)
         key_starts = [min(k0, nb - window) for k0, _ in spans]
         width = 1 << (most - 1).bit_length() if compact else window
-        return FlexLayout(first, width, rows, starts, window, key_starts)
+        part_starts = ()
+        if grad and window > 2 * rows:
+            part_starts = tuple(min(j * rows, window - rows) for j in range(-(-window // rows)))
+        return FlexLayout(first, width, rows, starts, window, key_starts, part_starts)
 
     def _chunk_masks(self, p: BlockPattern, layout: FlexLayout, device, grad: bool):
         key = (p.num_blocks, p.causal, str(device), grad)
@@ -346,20 +366,25 @@ class BlockSparseAttention(AttentionImpl):
         grad: bool,
         k0: int = 0,
         window: int | None = None,
+        keys: tuple[int, int] | None = None,
     ):
         """The BlockMask of query blocks [r0, r0 + rows) against key blocks [k0, k0 + window)
         (indices count from k0), built from the block lists: kept blocks are full; a causal
-        pattern's diagonal is partial."""
+        pattern's diagonal is partial. ``keys`` keeps only key blocks in [lo, hi) (a part of the
+        window)."""
         from torch.nn.attention.flex_attention import BlockMask
 
         b = self.block_size
         window = window or p.num_blocks
-        full_idx, full_count = p.expand(r0, r0 + rows, width=width, device=device, drop_diagonal=p.causal)
+        full_idx, full_count = p.expand(r0, r0 + rows, width=width, device=device, drop_diagonal=p.causal, keys=keys)
         full_idx = (full_idx - k0).clamp(min=0)  # padding after a row's count stays in range
         part_idx = torch.zeros(rows, 1 if width < window else window, dtype=torch.int32, device=device)
-        if p.causal:
-            part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
         part_count = torch.full((rows,), int(p.causal), dtype=torch.int32, device=device)
+        if p.causal:
+            diagonal = torch.arange(r0, r0 + rows, device=device)
+            part_idx[:, 0] = (diagonal - k0).clamp(0, window - 1)
+            if keys is not None:
+                part_count = ((diagonal >= keys[0]) & (diagonal < keys[1])).to(torch.int32)
         extra = {"compute_q_blocks": grad} if has_compute_q_blocks() else {}
         return BlockMask.from_kv_blocks(
             part_count[None, None],
@@ -396,6 +421,9 @@ class FlexLayout:
     starts: list[int]  # first query block of each chunk
     window: int  # key blocks a chunk reads
     key_starts: list[int]  # first key block of each chunk's window
+    #: under autograd, where the window is over twice the chunk: each key part's first block
+    #: in the window, parts of ``rows`` blocks (empty: the backward takes the window whole)
+    part_starts: tuple[int, ...] = ()
 
 
 def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
@@ -413,20 +441,43 @@ def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
                 impl._block_mask, p, r0, layout.rows, layout.width, q.device, grad, k0, layout.window
             )
         rows = slice(r0 * b, r0 * b + tokens)
+        parts = tuple(_flex_key_parts(impl, flex, options, p, layout, r0, k0, q.device)) if grad else ()
         pieces.append(
             Piece(
                 rows,
                 slice(k0 * b, k0 * b + keys),
                 functools.partial(_flex_piece, flex, mask, options),
                 fresh=max(fresh, rows.start),
+                key_parts=parts,
+                attend_lse=functools.partial(_flex_piece_lse, flex, mask, options) if parts else None,
             )
         )
         fresh = rows.stop
     return pieces
 
 
+def _flex_key_parts(impl, flex, options, p, layout, r0: int, k0: int, device):
+    """The parts of one chunk's key window that its rows reach, each with its own block mask
+    (built when the backward runs it)."""
+    b, size = impl.block_size, layout.rows
+    for j, start in enumerate(layout.part_starts):
+        lo, hi = k0 + j * size, k0 + min((j + 1) * size, layout.window)
+        if not p.kept_in(r0, r0 + layout.rows, lo, hi):
+            continue
+        mask = functools.partial(impl._block_mask, p, r0, layout.rows, size, device, True, k0 + start, size, (lo, hi))
+        attend = functools.partial(_flex_piece_lse, flex, mask, options)
+        yield KeyPart(slice((k0 + start) * b, (k0 + start + size) * b), functools.partial(grads_by_recompute, attend))
+
+
 def _flex_piece(flex, mask, options, q, k, v):
     return flex_attend(flex, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask(), options).transpose(1, 2)
+
+
+def _flex_piece_lse(flex, mask, options, q, k, v):
+    """The piece's output and its log-sum-exp ``(B, rows, H)``."""
+    heads_first = (x.transpose(1, 2) for x in (q, k, v))
+    out, lse = flex_attend(flex, *heads_first, mask(), options, with_lse=True)
+    return out.transpose(1, 2), lse.transpose(1, 2)
 
 
 def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, v):
