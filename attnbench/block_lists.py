@@ -62,15 +62,13 @@ class BlockPattern:
         ``drop_diagonal`` leaves out block ``i`` of row ``i`` (a causal pattern's partial block);
         ``keys`` keeps only the key blocks in ``[lo, hi)``."""
         prog = self.progressions[row_start:row_stop]
-        if device is not None:
-            prog = prog.to(device)
         if drop_diagonal:
             rows = torch.arange(row_start, row_stop, device=prog.device)
             prog = prog.clone()
             prog[:, :, 1] = torch.minimum(prog[:, :, 1], rows[:, None])  # causal stops are <= i + 1
         if keys is not None:
             prog = clip_progressions(prog, *keys)
-        return expand_progressions(prog, width)
+        return expand_progressions(prog, width, device)
 
     def kept_in(self, row_start: int, row_stop: int, lo: int, hi: int) -> int:
         """Kept blocks of rows ``[row_start, row_stop)`` among key blocks ``[lo, hi)``."""
@@ -125,22 +123,26 @@ def progression_spans(prog: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(any_kept, first, 0), torch.where(any_kept, stop, 0)
 
 
-def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts."""
+def expand_progressions(prog: torch.Tensor, width: int | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts, on
+    ``device`` (default: prog's). The sizes are read where prog lies (the CPU, for a pattern's
+    own lists), so expanding onto a GPU never waits for the work queued there."""
     rows, num_prog, _ = prog.shape
-    device = prog.device
     lengths = progression_lengths(prog)  # (rows, R)
+    total, most = int(lengths.sum()), int(lengths.sum(dim=1).max()) if rows else 0
+    width = max(most if width is None else width, 1)
+    if most > width:
+        raise ValueError(f"a row keeps {most} blocks, more than the width {width}")
+    device = prog.device if device is None else torch.device(device)
+    if prog.device != device:
+        prog = to_device(prog, device)
+        lengths = progression_lengths(prog)
     counts = lengths.sum(dim=1)
-    width = int(counts.max()) if width is None and rows else (width or 0)
-    width = max(width, 1)
     out = torch.zeros(rows, width, dtype=torch.int64, device=device)
-    flat_len = lengths.reshape(-1)
-    total = int(flat_len.sum())
     if total == 0:
         return out, counts
-    if int(counts.max()) > width:
-        raise ValueError(f"a row keeps {int(counts.max())} blocks, more than the width {width}")
-    prog_id = torch.repeat_interleave(torch.arange(rows * num_prog, device=device), flat_len)
+    flat_len = lengths.reshape(-1)
+    prog_id = torch.repeat_interleave(torch.arange(rows * num_prog, device=device), flat_len, output_size=total)
     prog_first = torch.cumsum(flat_len, 0) - flat_len  # flat position of each progression's first element
     k = torch.arange(total, device=device) - prog_first[prog_id]
     flat = prog.reshape(-1, 3)
@@ -150,3 +152,11 @@ def expand_progressions(prog: torch.Tensor, width: int | None = None) -> tuple[t
     col = torch.arange(total, device=device) - row_first[row]
     out[row, col] = values
     return out, counts
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of a CPU tensor on ``device``. To a GPU through pinned memory, without waiting:
+    a copy from pageable memory waits for everything queued on the GPU first."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)

@@ -148,7 +148,7 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
     """Under autograd the wide patterns' chunks read every key; the backward takes a chunk's
-    window in parts of the chunk's length. Between them the parts' block masks hold each kept
+    window in parts. Between them the parts' block masks hold each kept
     block of the chunk's rows exactly once (global rows included: no dense SDPA rows under
     autograd), the diagonal as the only partial block; a part that is left out keeps none."""
     impl = impls.build(
@@ -160,7 +160,8 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
     if layout.window <= 2 * layout.rows:  # local_window: a chunk's neighbourhood, taken whole
         assert pattern_type == "local_window" and layout.part_starts == ()
         return
-    assert len(layout.part_starts) == -(-layout.window // layout.rows) > 2
+    assert layout.part_blocks >= layout.rows
+    assert len(layout.part_starts) == -(-layout.window // layout.part_blocks) > 2
     for r0, k0 in zip(layout.starts, layout.key_starts):
         found = {r0 + r: [] for r in range(layout.rows)}
         for part in bs._flex_key_parts(impl, None, None, p, layout, r0, k0, "cpu"):
@@ -168,7 +169,7 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
             first = part.keys.start // 16
             assert (
                 mask.seq_lengths
-                == (layout.rows * 16, layout.rows * 16)
+                == (layout.rows * 16, layout.part_blocks * 16)
                 == (layout.rows * 16, part.keys.stop - part.keys.start)
             )
             for r, (partial, full) in enumerate(block_mask_rows(mask)):

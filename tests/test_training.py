@@ -130,8 +130,8 @@ def _band_attention_lse(q0, k0, q, k, v):
 
 
 def test_key_parts_carry_back_the_gradients_of_the_whole_piece():
-    """Pieces whose backward takes their keys in parts (given the piece's output and
-    log-sum-exp), the last piece overlapping its neighbour, some rows keeping no key of a part:
+    """Pieces whose backward takes their keys in parts (given the piece's log-sum-exp and
+    delta), the last piece overlapping its neighbour, some rows keeping no key of a part:
     the gradients are band attention's, computed whole by autograd in float64."""
     q, k, v = _float64_inputs((2, 64, 3, 8), 5)
     n = 64

@@ -23,8 +23,8 @@ holds them as well (no piece then reads every key with an SDPA backward).
 
 Under autograd a chunk's backward makes dk, dv as long as its key window; where the window
 is more than twice the chunk (the wide patterns read every key) the backward takes it in
-parts of the chunk's length (``attnbench.impls.pieces``), so that one training step holds a
-few chunks' worth beyond the floor at any length.
+parts (``attnbench.impls.pieces``), so that one training step holds a few chunks' worth
+beyond the floor at any length.
 
 The FlexAttention calls themselves are in ``attnbench.impls.flex_kernel``. This module is
 over 400 lines because it is one implementation: its shape rules, counts, both kernels'
@@ -80,6 +80,12 @@ FULL_WIDTH_MASK_BYTES = 64 << 20
 # beyond the floor (a chunk's recomputed output, its dq and its window's dk, dv) stays a few
 # percent of it: with 256K-token chunks the peak at 1M was 1.32x the training floor on an H200
 TRAINING_ONE_CHUNK_TOKENS = 1 << 18
+# Under autograd, a chunk whose key window is over twice its length (the wide patterns read
+# every key) has its backward take the window in this many parts: each part's dk, dv are an
+# eighth of k, v, and the parts' own costs (a mask, a recomputed output and log-sum-exp) stay
+# few. At 1M on an H200, parts of the chunk's length (16) cost up to 1.7x the step time of the
+# whole window for 1.07x the floor instead of 1.28x.
+TRAINING_KEY_PARTS = 8
 
 
 class BlockSparseAttention(AttentionImpl):
@@ -292,8 +298,9 @@ class BlockSparseAttention(AttentionImpl):
         rows as narrow as the compiler allows (a power of two, so few shapes) where a release
         takes them. Global rows go to SDPA, except under autograd. The backward's transposed
         indices assume full rows in some releases: never compact under autograd. Under autograd
-        a key window over twice the chunk is cut into parts of the chunk's length for the
-        backward; the last part overlaps its neighbour and keeps only the blocks after it."""
+        a key window over twice the chunk is cut into TRAINING_KEY_PARTS parts (at least a chunk
+        long) for the backward; the last part overlaps its neighbour and keeps only the blocks
+        after it."""
         nb = p.num_blocks
         narrow_ok = compact_indices_ok(torch.device(device).type)
         if self.index_width == "compact" and not narrow_ok:
@@ -339,10 +346,11 @@ class BlockSparseAttention(AttentionImpl):
         window = max(k1 - k0 for k0, k1 in spans)
         key_starts = [min(k0, nb - window) for k0, _ in spans]
         width = 1 << (most - 1).bit_length() if compact else window
-        part_starts = ()
+        part, part_starts = window, ()
         if grad and window > 2 * rows:
-            part_starts = tuple(min(j * rows, window - rows) for j in range(-(-window // rows)))
-        return FlexLayout(first, width, rows, starts, window, key_starts, part_starts)
+            part = max(rows, -(-window // TRAINING_KEY_PARTS))
+            part_starts = tuple(min(j * part, window - part) for j in range(-(-window // part)))
+        return FlexLayout(first, width, rows, starts, window, key_starts, part, part_starts)
 
     def _chunk_masks(self, p: BlockPattern, layout: FlexLayout, device, grad: bool):
         key = (p.num_blocks, p.causal, str(device), grad)
@@ -421,8 +429,9 @@ class FlexLayout:
     starts: list[int]  # first query block of each chunk
     window: int  # key blocks a chunk reads
     key_starts: list[int]  # first key block of each chunk's window
-    #: under autograd, where the window is over twice the chunk: each key part's first block
-    #: in the window, parts of ``rows`` blocks (empty: the backward takes the window whole)
+    #: under autograd, where the window is over twice the chunk: key blocks of a part, and each
+    #: part's first block in the window (none: the backward takes the window whole)
+    part_blocks: int = 0
     part_starts: tuple[int, ...] = ()
 
 
@@ -459,7 +468,7 @@ def _flex_pieces(impl, q, p, layout, grad: bool) -> list[Piece]:
 def _flex_key_parts(impl, flex, options, p, layout, r0: int, k0: int, device):
     """The parts of one chunk's key window that its rows reach, each with its own block mask
     (built when the backward runs it)."""
-    b, size = impl.block_size, layout.rows
+    b, size = impl.block_size, layout.part_blocks
     for j, start in enumerate(layout.part_starts):
         lo, hi = k0 + j * size, k0 + min((j + 1) * size, layout.window)
         if not p.kept_in(r0, r0 + layout.rows, lo, hi):

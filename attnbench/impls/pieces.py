@@ -11,7 +11,7 @@ piece's worth.
 A piece that reads many keys (a wide block-sparse pattern reads them all) would still make
 dk and dv as long as the sequence in its backward. Such a piece lists its keys in parts
 (``KeyPart``): the forward keeps the piece's log-sum-exp, and the backward takes one part at
-a time, given the piece's output and log-sum-exp (``grads_by_recompute``).
+a time, given the piece's log-sum-exp and ``delta = dO . out`` per row (``grads_by_recompute``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class KeyPart:
     """A range of a piece's keys whose backward runs on its own."""
 
     keys: slice
-    #: (output gradient, q rows, k part, v part, the rows' output over all the piece's keys,
-    #: their log-sum-exp) -> this part's share of dq and its dk, dv
+    #: (output gradient, q rows, k part, v part, the rows' log-sum-exp over all the piece's keys,
+    #: their delta = dO . out) -> this part's share of dq and its dk, dv
     grads: Callable[..., tuple[torch.Tensor | None, ...]]
 
 
@@ -70,22 +70,22 @@ def write_pieces(q, k, v, pieces: list[Piece]) -> torch.Tensor:
     return out
 
 
-def grads_by_recompute(attend_lse: AttendLse, grad, q, k, v, out, lse):
+def grads_by_recompute(attend_lse: AttendLse, grad, q, k, v, lse, delta):
     """One key part's dq, dk, dv, recomputing the part under autograd. The piece's output is
     ``out = sum_j w_j out_j`` over its parts, ``w_j = exp(lse_j - lse)`` the part's share of each
     row's softmax, so the part's output gets ``w_j dO`` and its log-sum-exp
-    ``w_j dO . (out_j - out)`` (the share moves as lse_j does); a part that keeps no key of a
+    ``w_j (dO . out_j - delta)`` (the share moves as lse_j does); a part that keeps no key of a
     row has lse_j = -inf there and gets nothing."""
     inputs = [x.detach().requires_grad_(True) for x in (q, k, v)]
     with torch.enable_grad():
         part_out, part_lse = attend_lse(*inputs)
     share = torch.exp(part_lse.detach() - lse)
     grad_out = grad * share.unsqueeze(-1).to(grad.dtype)
-    grad_lse = share * (_row_dot(grad, part_out.detach()) - _row_dot(grad, out))
+    grad_lse = share * (row_dot(grad, part_out.detach()) - delta)
     return torch.autograd.grad((part_out, part_lse), inputs, (grad_out, grad_lse), allow_unused=True)
 
 
-def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per (batch, row, head) dot product over the head dimension, in float32 (or float64)."""
     wide = torch.promote_types(a.dtype, torch.float32)
     return torch.linalg.vecdot(a.to(wide), b.to(wide))
@@ -119,10 +119,10 @@ class PiecewiseAttention(torch.autograd.Function):
                 grad = grad.clone()
                 grad[:, :seen] = 0
             if piece.key_parts:
-                rows_q, rows_out = q[:, piece.rows], out[:, piece.rows]
+                rows_q, delta = q[:, piece.rows], row_dot(grad, out[:, piece.rows])
                 for part in piece.key_parts:  # one part's dk, dv at a time, each dropped once added
                     where = (piece.rows, part.keys, part.keys)
-                    _add(grads, where, part.grads(grad, rows_q, k[:, part.keys], v[:, part.keys], rows_out, lse))
+                    _add(grads, where, part.grads(grad, rows_q, k[:, part.keys], v[:, part.keys], lse, delta))
             else:
                 _add(grads, (piece.rows, piece.keys, piece.keys), _recomputed_grads(piece, grad, q, k, v))
         ctx.pieces = ctx.lses = None
