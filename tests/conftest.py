@@ -37,8 +37,7 @@ def flex_pieces_config(pattern_type: str, **options) -> dict:
         block_size=64,
         sparsity_ratio=0.1,
         kernel="flex",
-        max_chunk_tokens=64 * 12,
-        **options,
+        **{"max_chunk_tokens": 64 * 12, **options},
     ).config()
 
 

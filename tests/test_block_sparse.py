@@ -150,13 +150,15 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
     """Under autograd the wide patterns' chunks read every key; the backward takes a chunk's
     window in parts. Between them the parts' block masks hold each kept
     block of the chunk's rows exactly once (global rows included: no dense SDPA rows under
-    autograd), the diagonal as the only partial block; a part that is left out keeps none."""
+    autograd in several chunks), the diagonal as the only partial block; a part that is left out keeps none."""
     impl = impls.build(
         "block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1, max_chunk_tokens=16 * 7
     )
     p = impl.pattern(1024, causal)
     layout = impl._flex_layout(p, "cpu", grad=True)
     assert layout.first_row == 0
+    one_chunk = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1)
+    assert one_chunk._flex_layout(p, "cpu", grad=True).first_row == p.dense_rows  # SDPA's, joined
     if layout.window <= 2 * layout.rows:  # local_window: a chunk's neighbourhood, taken whole
         assert pattern_type == "local_window" and layout.part_starts == ()
         return

@@ -33,11 +33,21 @@ def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal):
-    # 12 query blocks a piece over 64 blocks: six pieces, the last overlapping its neighbour
+    # 12 query blocks a piece over 64 blocks: six pieces, the last overlapping its neighbour,
+    # each wide piece's backward in parts of its keys
     cfg = flex_pieces_config(pattern_type)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
     assert row["status"] == "pass", row
     assert row["backend"].startswith("flex")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_flex_gradients_in_one_chunk_beside_dense_rows(causal):
+    # global_local in one chunk: SDPA's global rows and the flex chunk under their own autograd
+    cfg = flex_pieces_config("global_local", max_chunk_tokens=1 << 20)
+    row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
+    assert row["status"] == "pass", row
+    assert row["backend"] == "flex+sdpa"
 
 
 def test_block_sparse_flex_gradients_in_per_head_calls(monkeypatch):

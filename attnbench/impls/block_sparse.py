@@ -18,8 +18,8 @@ progressions. Two kernels run the same math:
   gathered keys stay under a fixed budget.
 
 Query blocks that keep every allowed block (the global rows of ``global_local``) run as
-plain dense attention (SDPA), except under autograd on the flex path, where the block mask
-holds them as well (no piece then reads every key with an SDPA backward).
+plain dense attention (SDPA), except under autograd on the flex path in several chunks,
+where the block mask holds them as well (no piece then reads every key with an SDPA backward).
 
 Under autograd a chunk's backward makes dk, dv as long as its key window; where the window
 is more than twice the chunk (the wide patterns read every key) the backward takes it in
@@ -271,6 +271,10 @@ class BlockSparseAttention(AttentionImpl):
         self.last_backend = ("flex" if use_flex else "gather") + ("+sdpa" if dense_rows else "")
         if len(pieces) == 1 and pieces[0].rows == slice(0, seq_len):
             return pieces[0].run(q, k, v)  # one piece holds every row: its output is the output, no copy
+        if grad and use_flex and len(layout.starts) == 1:
+            # one chunk and the dense rows: each under its kernel's own autograd (no
+            # recomputation), joined; a copy of the output more than one piece, short sequences only
+            return torch.cat([piece.run(q, k, v) for piece in pieces], dim=1)
         if grad:
             return PiecewiseAttention.apply(q, k, v, pieces)
         return write_pieces(q, k, v, pieces)
@@ -311,9 +315,14 @@ class BlockSparseAttention(AttentionImpl):
         compact = self.index_width == "compact" or (
             self.index_width == "auto" and narrow_ok and not grad and nb * nb * 8 > FULL_WIDTH_MASK_BYTES
         )
-        # rows that keep every allowed block run as dense SDPA (no tail of long rows), but not
-        # under autograd, where SDPA's backward would make dk, dv of the whole sequence
-        first = 0 if grad else p.dense_rows
+        chunk_tokens = (
+            self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens)
+        )
+        # rows that keep every allowed block run as dense SDPA: in one flex call their long
+        # rows are a tail (global_local trained at 0.48x sdpa's TFLOP/s at 64K on an H200).
+        # Not under autograd in several chunks, where SDPA's backward would make dk, dv of the
+        # whole sequence and the long rows are a few in one part of one chunk.
+        first = 0 if grad and chunk_tokens < nb * self.block_size else p.dense_rows
         most = int(p.row_counts[p.dense_rows :].max())  # the global rows are few: left out of the budget
         lo, hi = progression_spans(p.progressions[first:])
         # chunks read a window of the keys, as long as the widest chunk's span (local_window:
@@ -328,9 +337,6 @@ class BlockSparseAttention(AttentionImpl):
         def index_width(rows: int) -> int:
             return 1 << (most - 1).bit_length() if compact else window_for(rows)
 
-        chunk_tokens = (
-            self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens)
-        )
         limit = max(1, min(total, chunk_tokens // self.block_size))
         while limit > 1 and limit * (2 * index_width(limit) * 4 + most * 8 * 6) > INDEX_BUDGET_BYTES:
             limit //= 2  # two int32 index rows + the expansion's temporaries per query block
