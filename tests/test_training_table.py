@@ -50,6 +50,7 @@ def test_records_hold_the_largest_training_and_forward_lengths():
         "dtype": "bf16",
         "machine": "GPU x1",
         "max_seq_len": 1 << 23,
+        "memory_limit": 0,  # the whole GPU
         "peak_over_floor": 1.03,
         "fwd_max_seq_len": 1 << 25,
         "fwd_peak_over_floor": 1.0,
@@ -63,9 +64,9 @@ def test_records_hold_the_largest_training_and_forward_lengths():
 def test_sweep_markdown_has_the_training_table_only_with_training_rows():
     text = sweep_markdown(ROWS)
     assert "## Training: forward plus backward" in text
-    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | 1.03x | 280.0 ±" in text
+    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | whole GPU | 1.03x | 280.0 ±" in text
     assert "(n=10) | 33,554,432 (32M) | 1.00x |" in text
-    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | 120.0 ±" in text
+    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | - | 120.0 ±" in text
     assert "Training: forward plus backward" not in sweep_markdown([r for r in ROWS if r["mode"] == "fwd"])
 
 
@@ -84,3 +85,31 @@ def test_a_search_and_points_of_one_configuration_make_one_record():
     (record,) = training_records(rows)
     assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"].value) == (1 << 20, 1.10, 270.0)
     assert record["tflops_compare"].value == 300.0
+
+
+def test_a_search_joins_the_points_of_its_own_code_version():
+    # the report labels a series measured by two commits with each commit ("@ c"); a search
+    # measured by one keeps its plain label, and joins the points of its own commit only
+    def by(commit, row, label=None):
+        return {**row, "env": {**row["env"], "commit": commit}, "label": label or row["label"]}
+
+    limited = {"memory_limit": 16 << 30}  # searched under an allocator limit
+    rows = [
+        by("new", {**_trial("b-search", "bs", "fwd_bwd", "max-seq", 1 << 21, peak=1.07, tflops=250.0), **limited}),
+        by("new", {**_trial("b-search", "bs", "fwd_bwd", "max-seq", 1 << 22, status="oom"), **limited}),
+        by(
+            "old",
+            _trial("b-points@old", "bs", "fwd_bwd", "points", 65536, tflops=200.0),
+            "bs @ old (superseded by new)",
+        ),
+        by("new", _trial("b-points@new", "bs", "fwd_bwd", "points", 65536, tflops=240.0), "bs @ new"),
+    ]
+    new, old = sorted(training_records(rows), key=lambda r: r["label"])
+    assert (new["label"], new["max_seq_len"], new["tflops_compare"].value) == ("bs @ new", 1 << 21, 240.0)
+    assert new["memory_limit"] == 16 << 30 and old["memory_limit"] is None
+    assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in sweep_markdown(rows)
+    assert (old["label"], old["max_seq_len"], old["tflops_compare"].value) == (
+        "bs @ old (superseded by new)",
+        None,
+        200.0,
+    )

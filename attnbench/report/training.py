@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnbench.report.data import short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
-from attnbench.units import format_tokens
+from attnbench.units import format_gib, format_tokens
 
 COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's
 
 
 def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per (configuration, dtype, machine) with a training max-seq search or a
-    training trial at 64K."""
+    """One record per (configuration, code version, dtype, machine) with a training max-seq
+    search or a training trial at 64K. A search and 64K points of one configuration are two
+    series; where the points were also measured by other code, only theirs carry the commit in
+    their label (``data.separate_code_versions``), so records key on the label without it and
+    the commit, and show the label that names it."""
     summaries = max_seq_summary(rows)
     # a configuration may run as several series (a search, and points at 64K): the training
     # search belongs to its own series; the forward one is found by configuration
@@ -30,12 +34,13 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         where = (head["label"], head["dtype"], (head.get("env") or {}).get("machine") or head["device"])
         rec = records.setdefault(
-            where,
+            (head["label"].split(" @ ")[0], short_commit(head), *where[1:]),
             {
                 "label": where[0],
                 "dtype": where[1],
                 "machine": where[2],
                 "max_seq_len": None,
+                "memory_limit": None,
                 "peak_over_floor": None,
                 "tflops_at_max": None,
                 "tflops_compare": None,
@@ -43,6 +48,8 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "fwd_peak_over_floor": None,
             },
         )
+        if " @ " in where[0]:
+            rec["label"] = where[0]
         compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
         if compare and compare.get("tflops_useful"):
             rec["tflops_compare"] = tflops_interval(compare)
@@ -51,6 +58,7 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
             rec.update(
                 max_seq_len=train["max_seq_len"],
+                memory_limit=best.get("memory_limit") or 0,  # 0: the whole GPU
                 peak_over_floor=train["peak_over_floor"],
                 tflops_at_max=tflops_interval(best),
             )
@@ -69,6 +77,7 @@ HEADERS = {  # column: record field
     "Dtype": "dtype",
     "Device": "machine",
     "Largest Training Sequence": "max_seq_len",
+    "Searched Under": "memory_limit",
     "Peak / Training Floor": "peak_over_floor",
     "Training TFLOP/s at Largest": "tflops_at_max",
     f"Training TFLOP/s at {COMPARE_LABEL}": "tflops_compare",
@@ -78,7 +87,8 @@ HEADERS = {  # column: record field
 NOTE = (
     "The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
     "and the output. Training TFLOP/s count useful pairs x 4 D x 3.5 (forward 1, backward 2.5) over the step's "
-    "median time (eager timer), ± half its 95% bootstrap interval (n samples). '-': no such trial in these rows.\n"
+    "median time (eager timer), ± half its 95% bootstrap interval (n samples). Searched Under: the allocator limit the "
+    "search ran under (a capacity under a limit is the limit's). '-': no such trial in these rows.\n"
 )
 
 
@@ -92,6 +102,7 @@ def training_table(records: list[dict[str, Any]]) -> Table:
     formats = {
         "Largest Training Sequence": tokens,
         "Largest Forward Sequence": tokens,
+        "Searched Under": lambda v: format_gib(v) if v else "whole GPU",
         "Peak / Training Floor": ratio,
         "Peak / Forward Floor": ratio,
         "Training TFLOP/s at Largest": tflops_cell,
