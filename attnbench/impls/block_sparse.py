@@ -300,7 +300,7 @@ class BlockSparseAttention(AttentionImpl):
         layout create_block_mask makes) while that is small: every pattern and ratio at one
         length then shares one compiled kernel, global rows included. Longer sequences get
         rows as narrow as the compiler allows (a power of two, so few shapes) where a release
-        takes them. Global rows go to SDPA, except under autograd. The backward's transposed
+        takes them. Global rows go to SDPA, except in training chunks. The backward's transposed
         indices assume full rows in some releases: never compact under autograd. Under autograd
         a key window over twice the chunk is cut into TRAINING_KEY_PARTS parts (at least a chunk
         long) for the backward; the last part overlaps its neighbour and keeps only the blocks
@@ -319,7 +319,7 @@ class BlockSparseAttention(AttentionImpl):
             self.max_chunk_tokens if not grad else _training_chunk_tokens(nb * self.block_size, self.max_chunk_tokens)
         )
         # rows that keep every allowed block run as dense SDPA: in one flex call their long
-        # rows are a tail (global_local trained at 0.48x sdpa's TFLOP/s at 64K on an H200).
+        # rows are a tail (at 64K on an H200 global_local trained 12% slower with them inside).
         # Not under autograd in several chunks, where SDPA's backward would make dk, dv of the
         # whole sequence and the long rows are a few in one part of one chunk.
         first = 0 if grad and chunk_tokens < nb * self.block_size else p.dense_rows
