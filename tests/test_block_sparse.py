@@ -10,6 +10,7 @@ from test_block_patterns import kept_by_rule
 
 from attnbench import impls
 from attnbench.impls import block_sparse as bs
+from attnbench.impls import block_sparse_flex as bsf
 from attnbench.impls import flex_kernel as fk
 from attnbench.patterns import PATTERN_TYPES
 from attnbench.reference import TOLERANCE, VerifyCase, default_cases, run_case
@@ -108,7 +109,7 @@ def block_mask_rows(mask):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern_type", PATTERN_TYPES)
 def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypatch):
-    monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
+    monkeypatch.setattr(bsf, "compact_indices_ok", lambda device_type: True)
     impl = impls.build(
         "block-sparse",
         pattern_type=pattern_type,
@@ -119,12 +120,12 @@ def test_block_masks_hold_the_block_lists(pattern_type, causal, width, monkeypat
     )
     n = 1024
     p = impl.pattern(n, causal)
-    layout = impl._flex_layout(p, "cpu", grad=False)
+    layout = bsf.flex_layout(impl, p, "cpu", grad=False)
     assert layout.first_row == p.dense_rows  # global rows run as dense SDPA
     covered = set()
     assert len(layout.key_starts) == len(layout.starts)
     for r0, k0 in zip(layout.starts, layout.key_starts):
-        mask = impl._block_mask(p, r0, layout.rows, layout.width, "cpu", grad=False, k0=k0, window=layout.window)
+        mask = bsf.block_mask(impl, p, r0, layout.rows, layout.width, "cpu", grad=False, k0=k0, window=layout.window)
         assert mask.seq_lengths == (layout.rows * 16, layout.window * 16) and k0 + layout.window <= p.num_blocks
         assert mask.kv_indices.shape[-1] == (layout.window if width == "full" else 1)
         for r, (partial, full) in enumerate(block_mask_rows(mask)):
@@ -155,10 +156,10 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
         "block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1, max_chunk_tokens=16 * 7
     )
     p = impl.pattern(1024, causal)
-    layout = impl._flex_layout(p, "cpu", grad=True)
+    layout = bsf.flex_layout(impl, p, "cpu", grad=True)
     assert layout.first_row == 0
     one_chunk = impls.build("block-sparse", pattern_type=pattern_type, block_size=16, sparsity_ratio=0.1)
-    assert one_chunk._flex_layout(p, "cpu", grad=True).first_row == p.dense_rows  # SDPA's, joined
+    assert bsf.flex_layout(one_chunk, p, "cpu", grad=True).first_row == p.dense_rows  # SDPA's, joined
     if layout.window <= 2 * layout.rows:  # local_window: a chunk's neighbourhood, taken whole
         assert pattern_type == "local_window" and layout.part_starts == ()
         return
@@ -166,7 +167,7 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
     assert len(layout.part_starts) == -(-layout.window // layout.part_blocks) > 2
     for r0, k0 in zip(layout.starts, layout.key_starts):
         found = {r0 + r: [] for r in range(layout.rows)}
-        for part in bs._flex_key_parts(impl, None, None, p, layout, r0, k0, "cpu"):
+        for part in bsf._flex_key_parts(impl, None, None, p, layout, r0, k0, "cpu"):
             mask = part.grads.args[0].args[1]()  # grads_by_recompute(_flex_piece_lse(flex, mask, ...))
             first = part.keys.start // 16
             assert (
@@ -185,23 +186,23 @@ def test_training_key_parts_split_each_chunk_exactly(pattern_type, causal):
 
 
 def test_long_sequences_use_narrow_index_rows_and_bounded_chunks(monkeypatch):
-    monkeypatch.setattr(bs, "compact_indices_ok", lambda device_type: True)
+    monkeypatch.setattr(bsf, "compact_indices_ok", lambda device_type: True)
     impl = impls.build("block-sparse", pattern_type="global_local", block_size=128, sparsity_ratio=0.05)
     p = impl.pattern(4 << 20, causal=False)  # 4M tokens, 32,768 blocks
-    layout = impl._flex_layout(p, "cuda", grad=False)
+    layout = bsf.flex_layout(impl, p, "cuda", grad=False)
     most = int(p.row_counts[p.dense_rows :].max())
     assert layout.first_row == p.dense_rows > 0  # global rows go to dense SDPA
     assert most <= layout.width < 2 * most  # a power of two at least the fullest row
-    assert layout.rows * layout.width * 4 * 2 <= bs.INDEX_BUDGET_BYTES
+    assert layout.rows * layout.width * 4 * 2 <= bsf.INDEX_BUDGET_BYTES
     assert layout.starts[-1] + layout.rows == p.num_blocks and layout.starts[0] == p.dense_rows
-    assert impl._flex_layout(p, "cuda", grad=True).width == p.num_blocks  # the backward gets full rows
+    assert bsf.flex_layout(impl, p, "cuda", grad=True).width == p.num_blocks  # the backward gets full rows
 
 
 @pytest.mark.slow
 def test_local_window_chunks_read_their_neighbourhood_only():
     impl = impls.build("block-sparse", pattern_type="local_window", block_size=128, sparsity_ratio=0.0005)
     p = impl.pattern(32 << 20, causal=False)  # 32M tokens, 262,144 blocks
-    layout = impl._flex_layout(p, "cuda", grad=False)
+    layout = bsf.flex_layout(impl, p, "cuda", grad=False)
     w = int(p.row_counts.max())
     assert layout.window <= layout.rows + w and layout.width == layout.window
     assert layout.window * 128 * 8 * 64 < fk.FLEX_MAX_OFFSET  # 8 heads of 64: no per-head fallback

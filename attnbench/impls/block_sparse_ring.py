@@ -33,12 +33,8 @@ from attnbench.block_lists import (
 from attnbench.errors import ConfigError
 from attnbench.impls import register, spec
 from attnbench.impls.base import ImplSpec, Param, lcm
-from attnbench.impls.block_sparse import (
-    GATHER_BUDGET_BYTES,
-    INDEX_BUDGET_BYTES,
-    MASK_CACHE_BYTES,
-    BlockSparseAttention,
-)
+from attnbench.impls.block_sparse import GATHER_BUDGET_BYTES, BlockSparseAttention
+from attnbench.impls.block_sparse_flex import INDEX_BUDGET_BYTES, MASK_CACHE_BYTES
 from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
