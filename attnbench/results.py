@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.schema import SCHEMA_VERSION, SchemaError, validate
+from attnbench.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
 
 TRIALS_FILE = "trials.jsonl"
 # Trial statuses; everything but "ok" is a failure that stops a max-seq search.
@@ -202,13 +202,33 @@ REQUIRED_KEYS = {
 
 
 def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    """All rows under the given files or directories, each valid for its kind's schema, and
-    one ``FILE:LINE`` problem line per line skipped (undecodable, not JSON, or not a valid row:
-    the field is named). A row of another schema version stops the read with one line: its
-    meaning is not this code's."""
+    """All rows under the given files or directories, each valid for its kind's schema (with
+    ``_file`` naming its file), and one ``FILE:LINE`` problem line per line skipped
+    (undecodable, not JSON, or not a valid row: the field is named). A row of another schema
+    version stops the read with one line: its meaning is not this code's."""
+    rows, problems = [], []
+    for row, file, _ in _valid_rows(paths, problems):
+        row["_file"] = str(file)
+        rows.append(row)
+    return rows, problems
+
+
+def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
+    """The typed loader every reader uses: the rows of ``read_rows`` as schema objects
+    (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), each with ``source`` set to its
+    ``FILE:LINE``, and the same ``FILE:LINE`` problem lines."""
+    rows, problems = [], []
+    for d, file, lineno in _valid_rows(paths, problems):
+        row = row_from_json(d)
+        row.source = f"{file}:{lineno}"
+        rows.append(row)
+    return rows, problems
+
+
+def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
+    """(row, file, line) of every valid row; a skipped line is appended to ``problems``."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
-    rows, problems = [], []
     for root in paths:
         for file in result_files(Path(root)):
             try:
@@ -232,9 +252,7 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
                 except SchemaError as exc:
                     problems.append(f"{file}:{lineno}: invalid row skipped ({exc})")
                     continue
-                row["_file"] = str(file)
-                rows.append(row)
-    return rows, problems
+                yield row, file, lineno
 
 
 def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -123,6 +124,21 @@ class Workload(Row):
     world_size: int | None = None  # GPUs (ranks) the call was spread over; None: one device
     strategy: str | None = None  # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
     impl_source: dict[str, Any] | None = None  # outside implementation: import path, package, version, memory order
+
+    def identity(self, seq_len: bool = True) -> dict[str, Any]:
+        """What makes two rows the same attention call: every workload field (derived from
+        this class, so a new workload field joins it), one device meaning world size 1 and
+        strategy "single"; ``seq_len=False`` for a series (the call but its length)."""
+        ident = {name: getattr(self, name) for name in _workload_field_names()}
+        ident["world_size"] = ident["world_size"] or 1
+        ident["strategy"] = ident["strategy"] or "single"
+        if not seq_len:
+            del ident["seq_len"]
+        return ident
+
+    def identity_key(self, seq_len: bool = True) -> str:
+        """``identity`` as one canonical string, for grouping and dictionary keys."""
+        return json.dumps(self.identity(seq_len), sort_keys=True, default=str)
 
 
 @dataclass(kw_only=True)
@@ -257,6 +273,16 @@ class Speedup(Workload, Timing):
     grad_tolerance: float | None = None
     note: str | None = None  # what the row's numbers mean, for the table
     replica_batches: list[list[int]] | None = None  # dp: [first, end) batch indices of each replica
+
+
+# Workload fields that are bookkeeping, not part of what was measured.
+NOT_IDENTITY = ("impl_source",)
+
+
+@functools.cache
+def _workload_field_names() -> tuple[str, ...]:
+    own = {f.name for f in dataclasses.fields(Row)}
+    return tuple(f.name for f in dataclasses.fields(Workload) if f.name not in own and f.name not in NOT_IDENTITY)
 
 
 ROW_TYPES: tuple[type[Row], ...] = (Trial, MaxSeqResult, Verify, Speedup)

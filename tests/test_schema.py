@@ -140,3 +140,30 @@ def test_writer_refuses_a_row_that_breaks_the_schema(tmp_path):
     with pytest.raises(SchemaError, match="missing field 'status'"):
         ResultsWriter(tmp_path).append(row)
     assert not (tmp_path / "trials.jsonl").exists()
+
+
+def test_the_typed_loader_names_each_rows_file_and_line():
+    from attnbench.results import load_rows
+
+    rows, problems = load_rows(FIXTURE)
+    expected = [(i, d) for i, d in lines(FIXTURE) if d.get("kind") in schema.KINDS]
+    assert problems == [] and len(rows) == len(expected)
+    for row, (lineno, d) in zip(rows, expected):
+        assert row.source == f"{FIXTURE}:{lineno}" and row.kind == d["kind"]
+
+
+def test_a_workload_identity_is_every_workload_field_but_the_length():
+    d = {"schema": 1, "kind": "verify", "run": "r", "impl": "sdpa", "config": {"backend": "auto"}, "batch": 1}
+    d |= {"seq_len": 256, "heads": 2, "head_dim": 16, "dtype": "fp32", "device": "cpu", "causal": True}
+    d |= {"status": "pass", "message": ""}
+    row = row_from_json(d)
+    ident = row.identity()
+    assert ident == {k: d[k] for k in ("impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype")} | {
+        "device": "cpu",
+        "causal": True,
+        "mode": None,
+        "world_size": 1,
+        "strategy": "single",
+    }
+    other = row_from_json({**d, "seq_len": 512})
+    assert other.identity_key() != row.identity_key() and other.identity_key(seq_len=False) == row.identity_key(False)
