@@ -10,16 +10,27 @@ a reader skips (and reports) a truncated last line.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
+from attnbench.schema import (
+    MAX_DEPTH,
+    SCHEMA_VERSION,
+    Row,
+    SchemaError,
+    check_possible,
+    nesting_depth,
+    row_from_json,
+    validate,
+)
 
 TRIALS_FILE = "trials.jsonl"
 # Trial statuses; everything but "ok" is a failure that stops a max-seq search.
@@ -69,6 +80,9 @@ class ResultsWriter:
         self._repaired = False
 
     def append(self, row: dict[str, Any]) -> None:
+        """Append one row, or raise one AttnbenchError line when it cannot be written whole
+        (a full file system, a file-size limit): the partial line is cut off again, so every
+        row written before stays readable and the file ends on a line of its own."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if not self._repaired:
             self._repaired = True
@@ -80,22 +94,63 @@ class ResultsWriter:
         validate(json.loads(line))  # the row as a reader will see it
         fd = _open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            end = os.fstat(fd).st_size
+            try:
+                _write_all(fd, line.encode())
+                os.fsync(fd)
+            except OSError as exc:
+                raise AttnbenchError(self._cut_back(fd, end, exc)) from None
         finally:
             os.close(fd)
 
+    def _cut_back(self, fd: int, end: int, exc: OSError) -> str:
+        """Truncate a row that was not written whole; the message for the failed write."""
+        why = f"cannot write a result row to {self.path} ({exc.strerror or exc})"
+        fix = "free space, then run the same command with --resume"
+        try:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        except OSError:
+            return f"{why}, nor cut the partial row off (a resumed run moves it aside): {fix}"
+        return f"{why}: the run stops here and every row written before is kept; {fix}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written: a short write is retried, and the retry
+    raises the file system's error (ENOSPC, EFBIG) when no more fits."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
 
 def _open_no_follow(path: Path, flags: int) -> int:
+    """Open a results file for writing: never through a symbolic link, and only a regular
+    file (O_NONBLOCK: a FIFO planted at the name must not block the open)."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if Path(path).is_symlink():
             raise AttnbenchError(
                 f"{path} is a symbolic link: attnbench does not write through links; "
                 "replace it with the file or choose another --out"
             ) from None
+        if os.path.lexists(path) and not Path(path).is_file():
+            raise _not_regular(Path(path)) from None
         raise AttnbenchError(f"cannot write {path} ({exc.strerror}): choose a writable --out") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_regular(Path(path))
+    return fd
+
+
+def _not_regular(path: Path) -> AttnbenchError:
+    return AttnbenchError(
+        f"{path} is not a regular file (a FIFO, device or directory): results are plain files; "
+        "remove it or choose another --out"
+    )
 
 
 def repair_torn_tail(path: Path) -> str | None:
@@ -120,7 +175,7 @@ def repair_torn_tail(path: Path) -> str | None:
         torn = path.with_name(path.name + ".torn")
         keep = _open_no_follow(torn, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            os.write(keep, data[cut:] + b"\n")
+            _write_all(keep, data[cut:] + b"\n")
             os.fsync(keep)
         finally:
             os.close(keep)
@@ -185,11 +240,26 @@ def clean_floats(row: dict[str, Any]) -> dict[str, Any]:
 
 def result_files(path: Path) -> list[Path]:
     path = Path(path)
-    if path.is_file():
-        return [path]
+    if path.exists() and not path.is_dir():
+        return [path]  # a file (read_file refuses one that is not a regular file)
     if not path.exists():
         raise AttnbenchError(f"results path {path} does not exist: give a results directory or trials.jsonl")
     return sorted(path.rglob(TRIALS_FILE))
+
+
+def read_file(file: Path) -> bytes:
+    """A results file's bytes; a FIFO or device at its name is refused, never waited on."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise AttnbenchError(f"{file} is not a regular file (a FIFO or device): give a results file or directory")
+        try:
+            return f.read()
+        except OSError as exc:
+            raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
 
 
 # Keys a row of each kind cannot be used without; a row lacking one is skipped as incomplete.
@@ -204,8 +274,9 @@ REQUIRED_KEYS = {
 def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows under the given files or directories, each valid for its kind's schema (with
     ``_file`` naming its file), and one ``FILE:LINE`` problem line per line skipped
-    (undecodable, not JSON, or not a valid row: the field is named). A row of another schema
-    version stops the read with one line: its meaning is not this code's."""
+    (undecodable, not JSON, not a valid or not a possible row: the field is named; a trial
+    already read: counted once). A row of another schema version stops the read with one
+    line: its meaning is not this code's."""
     rows, problems = [], []
     for row, file, _ in _valid_rows(paths, problems):
         row["_file"] = str(file)
@@ -226,32 +297,42 @@ def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
 
 
 def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
-    """(row, file, line) of every valid row; a skipped line is appended to ``problems``."""
+    """(row, file, line) of every valid, possible row, each trial once; a skipped line is
+    appended to ``problems``."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
+    seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
     for root in paths:
         for file in result_files(Path(root)):
-            try:
-                data = file.read_bytes()
-            except OSError as exc:
-                raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
-            for lineno, raw in enumerate(data.split(b"\n"), 1):
+            for lineno, raw in enumerate(read_file(file).split(b"\n"), 1):
                 if not raw.strip():
                     continue
+                where = f"{file}:{lineno}"
                 row, problem = _parse_line(raw)
                 if problem:
-                    problems.append(f"{file}:{lineno}: {problem}")
+                    problems.append(f"{where}: {problem}")
                     continue
                 if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
                     raise AttnbenchError(
-                        f"{file}:{lineno}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
+                        f"{where}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
                         "read it with the attnbench version that wrote it"
                     )
                 try:
                     validate(row)
                 except SchemaError as exc:
-                    problems.append(f"{file}:{lineno}: invalid row skipped ({exc})")
+                    problems.append(f"{where}: invalid row skipped ({exc})")
                     continue
+                try:
+                    check_possible(row)
+                except SchemaError as exc:
+                    problems.append(f"{where}: impossible row skipped ({exc})")
+                    continue
+                trial = row.get("trial")
+                if isinstance(trial, str) and trial in seen:
+                    problems.append(f"{where}: duplicate row skipped (trial {trial}, counted once at {seen[trial]})")
+                    continue
+                if isinstance(trial, str):
+                    seen[trial] = where
                 yield row, file, lineno
 
 
@@ -260,10 +341,15 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
         row = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
+    except RecursionError:
+        return {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
     except ValueError as exc:
         return {}, f"unreadable line skipped ({exc})"
     if not isinstance(row, dict) or "kind" not in row:
         return {}, "unreadable line skipped (not a result row: no 'kind')"
+    depth = nesting_depth(row)
+    if depth > MAX_DEPTH:
+        return {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
     missing = [k for k in REQUIRED_KEYS.get(row["kind"], ("status",)) if k not in row]
     if missing:
         return {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
@@ -301,14 +387,25 @@ def check_same_machine(out_dir: Path, machine: str) -> list[dict[str, Any]]:
     return rows
 
 
+# Free space below which a results directory is refused before any work: a few hundred rows.
+MIN_FREE_BYTES = 1 << 20
+
+
 def check_output_dir(path: Path, option: str = "--out") -> None:
-    """Before any work: the results directory must be a directory we can create and write."""
+    """Before any work: the results directory must be a directory we can create and write,
+    not a symbolic link (nothing is written through links), with names the file system
+    takes and room for rows."""
     path = Path(path)
-    if path.is_symlink() and not path.is_dir():
-        raise AttnbenchError(f"{option} {path} is a dangling symbolic link: give a directory")
+    existing = _check_names(path, option)
+    if path.is_symlink():
+        raise AttnbenchError(
+            f"{option} {path} is a symbolic link (to {os.readlink(path)}): attnbench does not write through "
+            "links; give the directory itself"
+        )
     if path.exists() and not path.is_dir():
         raise AttnbenchError(f"{option} {path} is a file, not a directory: give a directory path")
     _check_writable(path, option)
+    _check_free(existing, path, option)
 
 
 def check_output_file(path: Path, option: str, suffix: str) -> None:
@@ -316,9 +413,34 @@ def check_output_file(path: Path, option: str, suffix: str) -> None:
     path = Path(path)
     if path.suffix.lower() != suffix:
         raise AttnbenchError(f"{option} {path}: the file is written as {suffix[1:].upper()}; name it with {suffix}")
+    _check_names(path, option)
     if path.is_dir():
         raise AttnbenchError(f"{option} {path} is a directory: give a file name ending in {suffix}")
     _check_writable(path.parent, option)
+
+
+def _check_names(path: Path, option: str) -> Path:
+    """Refuse a name the file system cannot hold (os.stat would fail with ENAMETOOLONG);
+    returns the nearest existing directory."""
+    existing = Path(os.path.abspath(path))
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        name_max = os.pathconf(existing if existing.is_dir() else existing.parent, "PC_NAME_MAX")
+        path_max = os.pathconf(existing if existing.is_dir() else existing.parent, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise AttnbenchError(
+                f"{option}: a name of {len(os.fsencode(part))} bytes ({part[:24]}...) is longer than the file "
+                f"system's {name_max}; choose a shorter name"
+            )
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise AttnbenchError(
+            f"{option}: the path is longer than the file system's {path_max} bytes; choose a shorter one"
+        )
+    return existing
 
 
 def _check_writable(path: Path, option: str) -> None:
@@ -331,6 +453,19 @@ def _check_writable(path: Path, option: str) -> None:
         raise AttnbenchError(f"{option} {path}: {existing} is not writable; choose a writable directory")
 
 
+def _check_free(existing: Path, path: Path, option: str) -> None:
+    try:
+        fs = os.statvfs(existing)
+    except OSError:
+        return  # nothing to say before the first write, which is checked
+    free = fs.f_bavail * fs.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise AttnbenchError(
+            f"{option} {path}: its file system has {free:,} bytes free, too little for results; "
+            "free space or choose another --out"
+        )
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a derived file (CSV, markdown) so a reader never sees half of it: through an
     unpredictable temporary name in the target directory (created exclusively, so a planted
@@ -339,15 +474,23 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """``write_text_atomic`` for bytes (a PNG); a write that fails (a full file system) is
+    one AttnbenchError and leaves the target as it was."""
     import tempfile
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): choose a writable place") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): free space or choose another place") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
