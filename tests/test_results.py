@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import results
 from attnbench.errors import AttnbenchError
 from attnbench.results import ResultsWriter, check_output_dir, read_rows, rows_to_resume
 
@@ -217,9 +216,7 @@ def test_a_300_character_out_name_is_one_line(tmp_path):
 
 def test_out_on_a_full_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
     full = os.statvfs(tmp_path)
-    monkeypatch.setattr(
-        results.os, "statvfs", lambda p: os.statvfs_result((*full[:4], 0, *full[5:]))
-    )  # f_bavail: no block left for us
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((*full[:4], 0, *full[5:])))  # f_bavail: none left
     with pytest.raises(AttnbenchError, match="0 bytes free"):
         check_output_dir(tmp_path / "run")
 
@@ -250,14 +247,14 @@ def test_a_short_write_is_cut_back_and_said(tmp_path, monkeypatch):
             return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(results.os, "write", full_disk)
+    monkeypatch.setattr(os, "write", full_disk)
     with pytest.raises(
         AttnbenchError, match=r"cannot write a result row to .*trials.jsonl \(No space left on device\)"
     ):
         writer.append(ROWS[1])
     assert len(calls) == 2  # the short write was noticed and retried
     assert (tmp_path / "trials.jsonl").read_bytes() == before
-    monkeypatch.setattr(results.os, "write", real_write)  # space freed: the next row starts its own line
+    monkeypatch.setattr(os, "write", real_write)  # space freed: the next row starts its own line
     writer.append(ROWS[2])
     rows, problems = read_rows(tmp_path)
     assert problems == [] and [r["impl"] for r in rows] == [ROWS[0]["impl"], ROWS[2]["impl"]]
