@@ -293,3 +293,28 @@ def test_a_file_size_limit_stops_the_run_with_one_line_and_every_row_readable(tm
     rows, problems = read_rows(out)
     assert problems == [] and len(rows) == data.count(b"\n")
     assert (len(rows) == 0) == (limit_bytes == 1000)
+
+
+def test_a_table_that_does_not_fit_is_one_line_and_leaves_the_old_one(tmp_path):
+    """A derived file (CSV, markdown, PNG) written into a full file system: one AttnbenchError
+    line, the previous file untouched, no temporary file left."""
+    (tmp_path / "sweep.md").write_text("old\n")
+    code = (
+        "from attnbench.errors import AttnbenchError\n"
+        "from attnbench.results import write_text_atomic\n"
+        "try:\n"
+        f"    write_text_atomic(__import__('pathlib').Path({str(tmp_path / 'sweep.md')!r}), 'x' * 100_000)\n"
+        "except AttnbenchError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=limited(4096),
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith(f"cannot write {tmp_path / 'sweep.md'} (File too large)"), proc.stdout
+    assert (tmp_path / "sweep.md").read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["sweep.md"]
