@@ -88,7 +88,7 @@ class ResultsWriter:
 
 def _open_no_follow(path: Path, flags: int) -> int:
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+        return os.open(path, flags | os.O_NOFOLLOW, 0o666)  # the umask decides, as for any file
     except OSError as exc:
         if Path(path).is_symlink():
             raise AttnbenchError(
@@ -338,6 +338,12 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     import tempfile
 
@@ -345,6 +351,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name, not the result
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -30,7 +30,8 @@ def check(
         ),
     ] = 0.05,
     only: Annotated[
-        Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")
+        Optional[str],
+        typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes \\[default: all]"),
     ] = None,
     deterministic: Annotated[
         bool,

@@ -52,7 +52,7 @@ def verify(
         Optional[str],
         typer.Option(
             "--gpus",
-            help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 [2; CUDA: 2 if there are 2 GPUs]",
+            help="ranks for the sequence-parallel implementations, e.g. 2 or 2,4 \\[default: 2; CUDA: 2 if there are 2 GPUs]",
         ),
     ] = None,
     out: Annotated[Optional[Path], typer.Option(help="also append the verify rows to DIR/trials.jsonl")] = None,
