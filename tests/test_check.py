@@ -1,11 +1,11 @@
 """`attnbench check` against result files written by real attnbench runs on the CPU.
 
-Four real runs of one small profile: `base`, a `rerun` of the same code, `hungry` (naive
-attention that also holds a second N x N buffer, patched into every process of that run
-through a sitecustomize module) and `wrong` (naive attention that applies its 1/sqrt(D)
-scale twice). Where a change cannot be produced by a real run, a real file is transformed
-and the transformation is written next to it: samples multiplied by 1.3, peaks by 1.05, a
-rerun's samples drawn as a random half of the real samples, the CPU model renamed.
+Three real runs of one small profile: `base`, `hungry` (naive attention that also holds a
+second N x N buffer, patched into every process of that run through a sitecustomize module)
+and `wrong` (naive attention that applies its 1/sqrt(D) scale twice). Where a change cannot be
+produced by a real run, a real file is transformed and the transformation is written next to
+it: samples multiplied by 2, peaks by 1.05, the CPU model renamed. Identical reruns on a busy
+CPU and a doubled copy of one are in test_check_reruns.py.
 """
 
 import json
@@ -178,9 +178,9 @@ def findings(report, aspect=None, verdict=None):
 
 
 def synthetic_side(rng, template, processes, shift=1.0, samples=20):
-    """Rows of one trial run in ``processes`` fresh processes, with noise as GPUs show it:
-    each process its own level (clocks, kernel choice: 2% spread), each call its own jitter
-    (1%), and one call in twenty preempted (+25%)."""
+    """Rows of one trial run in ``processes`` fresh processes on a GPU, with noise as GPUs
+    show it: each process its own level (clocks, kernel choice: 2% spread), each call its own
+    jitter (1%), and one call in twenty preempted (+25%)."""
     rows = []
     for index in range(processes):
         level = shift * rng.lognormvariate(0.0, 0.02)
@@ -188,7 +188,10 @@ def synthetic_side(rng, template, processes, shift=1.0, samples=20):
             template["time_ms"] * level * rng.lognormvariate(0.0, 0.01) * (1.25 if rng.random() < 0.05 else 1.0)
             for _ in range(samples)
         ]
-        rows.append({**template, "process": index, "times_ms": times, **summarize(times)})
+        trial = f"{template['trial']}-{rng.getrandbits(32):08x}"  # each process its own trial
+        rows.append(
+            {**template, "device": "cuda", "trial": trial, "process": index, "times_ms": times, **summarize(times)}
+        )
     return rows
 
 
@@ -204,6 +207,7 @@ def gate_failures(runs, tmp_path, shift, seeds, processes=3):
             write_rows(tmp_path / "b", base), write_rows(tmp_path / "c", cur), Thresholds(aspects=("time",))
         )
         assert len(report.findings) == len(templates)
+        assert not report.of("not gated"), [f.evidence for f in report.of("not gated")]
         failed += report.exit_code
     return failed
 
@@ -213,83 +217,67 @@ def test_the_gate_passes_identical_distributions_in_100_of_100_seeds(runs, tmp_p
 
 
 def test_the_gate_fails_a_15_percent_slowdown_and_passes_a_3_percent_one(runs, tmp_path):
+    # on a GPU the stated minimum is x1.10 and three processes agree within a few percent
     assert gate_failures(runs, tmp_path, 1.15, 20) == 20
     assert gate_failures(runs, tmp_path, 1.03, 20) == 0
 
 
-def test_processes_are_the_unit_not_the_samples_of_one():
+def test_processes_are_the_unit_and_one_process_is_not_gated():
     # two processes per side, each tight but at its own level: the 11% move of the medians is
-    # less than the spread between processes, so the samples' tightness proves nothing
+    # less than the 20% between two processes of one side, so the samples' tightness proves nothing
     base = [[10.0 + 0.001 * i for i in range(10)], [12.0 + 0.001 * i for i in range(10)]]
     cur = [[11.2 + 0.001 * i for i in range(10)], [13.2 + 0.001 * i for i in range(10)]]
-    assert compare_times(base, cur, 1.10, 0.05).verdict == "unchanged"
-    # the same samples as one process per side would have been called significant
-    assert compare_times([base[0]], [cur[0]], 1.10, 0.05).verdict == "regression"
+    v = compare_times(base, cur, "cuda", 1.10)
+    assert v.verdict == "not gated" and v.evidence.startswith(
+        "too noisy: two processes of one side differ by up to x1.20"
+    )
+    # the same samples as one process per side: the noise between processes is unmeasured
+    v = compare_times([base[0]], [cur[0]], "cuda", 1.10)
+    assert v.verdict == "not gated" and "--repeat 3" in v.evidence
+    # a move beyond both the factor and the noise between processes is a regression
+    v = compare_times(base, [[x * 1.5 for x in p] for p in base], "cuda", 1.10)
+    assert v.verdict == "regression" and v.ratio == pytest.approx(1.5) and v.noise == pytest.approx(1.2, rel=1e-3)
+    # the noise seen on other trials of the same device counts too
+    v = compare_times(base, [[x * 1.5 for x in p] for p in base], "cuda", 1.10, noise=1.6)
+    assert v.verdict == "not gated" and "x1.60" in v.evidence
 
 
-def test_too_few_samples_is_inconclusive_not_pass():
-    v = compare_times([[1.0, 1.1, 1.2]], [[2.0, 2.1, 2.2]], 1.10, 0.05)
-    assert v.verdict == "inconclusive" and "at least 5 samples" in v.evidence
-    five = [1.0, 1.01, 1.02, 1.03, 1.04]
-    assert compare_times([five], [[2 * x for x in five]], 1.10, 0.05).verdict == "regression"
-    assert compare_times([five], [[x / 2 for x in five]], 1.10, 0.05).verdict == "improvement"
+def test_on_a_cpu_a_process_is_its_fastest_call():
+    # other work only adds time: a rerun whose calls were preempted more often is not slower
+    calm = [[1.0, 1.01, 1.02, 1.03, 1.05, 1.1], [1.02, 1.03, 1.04, 1.06, 1.08, 1.2]]
+    busy = [[1.0, 1.9, 2.0, 2.1, 2.2, 2.3], [1.03, 1.95, 2.05, 2.15, 2.25, 2.4]]
+    v = compare_times(calm, busy, "cpu", 1.5)
+    assert v.verdict == "unchanged" and v.ratio == pytest.approx(1.015 / 1.01) and "fastest call" in v.evidence
+    assert compare_times(calm, busy, "cuda", 1.10).verdict == "regression"  # the medians moved 1.9x
+    # a slowdown of every call moves the fastest one too
+    v = compare_times(calm, [[2 * x for x in p] for p in calm], "cpu", 1.5)
+    assert v.verdict == "regression" and v.ratio == pytest.approx(2.0)
+    # the CPU's stated minimum: a 1.4x move is within it
+    assert compare_times(calm, [[1.4 * x for x in p] for p in calm], "cpu", 1.5).verdict == "unchanged"
 
 
-# ---------------------------------------------------------------------------------------
-# Time: a rerun is not flagged, a 30% slowdown is
-# ---------------------------------------------------------------------------------------
+def test_too_few_samples_or_too_short_calls_are_not_gated():
+    v = compare_times([[1.0, 1.1], [1.2, 1.0]], [[2.0, 2.1], [2.2, 2.0]], "cuda", 1.10)
+    assert v.verdict == "not gated" and "at least 5" in v.evidence
+    five = [[1.0, 1.01, 1.02], [1.03, 1.04]]
+    assert compare_times(five, [[2 * x for x in p] for p in five], "cuda", 1.10).verdict == "regression"
+    assert compare_times(five, [[x / 2 for x in p] for p in five], "cuda", 1.10).verdict == "improvement"
+    short = [[0.004, 0.0041, 0.0042], [0.0043, 0.0044]]
+    v = compare_times(short, [[2 * x for x in p] for p in short], "cuda", 1.10)
+    assert v.verdict == "not gated" and "too short" in v.evidence
 
 
-def split_rerun(rows, seed, slowdown=1.0):
-    """A rerun of the same code on the same machine: each trial's real samples shuffled with
-    ``seed`` and cut in two halves, one for the baseline and one for the current side (the
-    current half multiplied by ``slowdown`` to inject a regression)."""
-    rng = random.Random(seed)
-    base, cur = [], []
-    for r in rows:
-        samples = list(r["times_ms"])
-        rng.shuffle(samples)
-        half = len(samples) // 2
-        for side, part, factor in ((base, samples[:half], 1.0), (cur, samples[half:], slowdown)):
-            part = [x * factor for x in part]
-            side.append({**r, "times_ms": part, **summarize(part)})
-    return base, cur
-
-
-def test_a_rerun_is_not_flagged_and_a_30_percent_slowdown_is_caught_in_20_seeded_trials(runs, tmp_path):
-    timed = [r for r in rows_of(runs["base"]) if r["kind"] == "points"]
-    assert len(timed) == 3 and all(len(r["times_ms"]) == 200 for r in timed)
-    only_time = Thresholds(aspects=("time",))
-    false_alarms, caught, flagged = 0, 0, 0
-    for seed in range(20):
-        base, cur = split_rerun(timed, seed)
-        report = run_check(write_rows(tmp_path / f"b{seed}", base), write_rows(tmp_path / f"c{seed}", cur), only_time)
-        assert len(report.findings) == 3
-        false_alarms += report.exit_code != 0
-        base, slow = split_rerun(timed, seed, slowdown=1.3)
-        report = run_check(write_rows(tmp_path / f"b{seed}", base), write_rows(tmp_path / f"s{seed}", slow), only_time)
-        caught += report.exit_code == 1
-        flagged += sum(f.verdict == "regression" for f in report.findings)
-    assert false_alarms <= 1, f"{false_alarms} of 20 reruns flagged"
-    assert caught >= 19, f"the 30% slowdown failed the gate in only {caught} of 20 ({flagged} of 60 trials flagged)"
-
-
-def test_injected_slowdown_fails_the_gate_with_exit_1(runs, tmp_path, capsys):
-    # the current side is the base run with every raw sample multiplied by 1.3
+def test_a_slowdown_in_runs_of_one_process_each_is_not_gated_and_says_why(runs, tmp_path, capsys):
+    # the current side is the base run with every raw sample doubled; each point ran in one process
     slow = [
-        {**r, "times_ms": [x * 1.3 for x in r["times_ms"]]} if r["kind"] == "points" else r
-        for r in rows_of(runs["base"])
+        {**r, "times_ms": [x * 2 for x in r["times_ms"]]} if r["kind"] == "points" else r for r in rows_of(runs["base"])
     ]
     code, report = check_json(capsys, "--baseline", runs["base"], "--current", write_rows(tmp_path / "slow", slow))
-    assert code == 1 and report["result"] == "fail"
-    regressions = findings(report, "time", "regression")
-    assert len(regressions) == 3
-    assert all(
-        math.isclose(f["numbers"]["ratio"], 1.3, rel_tol=1e-9) and f["numbers"]["p_value"] <= 0.05 for f in regressions
-    )
-    # the max-seq trials were left as they ran: unchanged, not inconclusive
-    assert not findings(report, "time", "inconclusive")
-    assert not [f for f in report["findings"] if f["verdict"] != "unchanged" and f["aspect"] != "time"]
+    assert code == 0 and report["result"] == "pass"
+    timed = findings(report, "time")
+    assert timed and all(f["verdict"] == "not gated" for f in timed)
+    assert all("one process on a side" in f["evidence"] and "--repeat 3" in f["evidence"] for f in timed)
+    assert report["counts"]["not gated"] >= len(timed)
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,15 +286,18 @@ def test_injected_slowdown_fails_the_gate_with_exit_1(runs, tmp_path, capsys):
 
 
 def test_a_5_percent_memory_increase_is_caught_and_1_percent_is_not(runs, tmp_path, capsys):
-    base = rows_of(runs["base"])
-    ran = [r for r in base if r["kind"] in ("points", "max-seq") and r["status"] == "ok" and r["peak_bytes"]]
+    # the base run's peaks as if counted by the CUDA allocator, which is exact run to run
+    exact = [
+        {**r, "peak_counter": "cuda.max_memory_allocated"} if r.get("peak_bytes") else r for r in rows_of(runs["base"])
+    ]
+    ran = [r for r in exact if r["kind"] in ("points", "max-seq") and r["status"] == "ok" and r["peak_bytes"]]
     for factor, expected in ((1.05, 1), (1.01, 0)):
-        # the current side is the base run with every peak multiplied by the factor
-        more = [{**r, "peak_bytes": round(r["peak_bytes"] * factor)} if r.get("peak_bytes") else r for r in base]
+        # the current side with every peak multiplied by the factor
+        more = [{**r, "peak_bytes": round(r["peak_bytes"] * factor)} if r.get("peak_bytes") else r for r in exact]
         code, report = check_json(
             capsys,
             "--baseline",
-            runs["base"],
+            write_rows(tmp_path / "exact", exact),
             "--current",
             write_rows(tmp_path / f"m{factor}", more),
             "--only",
@@ -316,6 +307,18 @@ def test_a_5_percent_memory_increase_is_caught_and_1_percent_is_not(runs, tmp_pa
         flagged = findings(report, "memory", "regression")
         assert len(flagged) == (len(ran) if expected else 0)
         assert all(math.isclose(f["numbers"]["ratio"], factor, rel_tol=1e-3) for f in flagged)
+
+
+def test_a_resident_set_change_within_its_noise_is_not_gated(runs, tmp_path, capsys):
+    # on the CPU the peak is resident-set growth: 5% more of a few MiB is within its noise
+    base = rows_of(runs["base"])
+    more = [{**r, "peak_bytes": round(r["peak_bytes"] * 1.05)} if r.get("peak_bytes") else r for r in base]
+    code, report = check_json(
+        capsys, "--baseline", runs["base"], "--current", write_rows(tmp_path / "more", more), "--only", "memory"
+    )
+    assert code == 0 and not findings(report, "memory", "regression")
+    moved = findings(report, "memory", "not gated")
+    assert moved and all("within the noise of cpu.peak_rss_delta (16.78 MB)" in f["evidence"] for f in moved)
 
 
 def test_a_hungrier_implementation_loses_one_bisection_step_and_its_memory_grows(runs, capsys):
@@ -479,7 +482,6 @@ def test_nothing_in_common(runs, tmp_path, capsys):
         (["--only", "speed"], "choose from"),
         (["--deterministic", "--only", "time"], "--deterministic"),
         (["--time-factor", "0.9"], "at least 1.0"),
-        (["--alpha", "0"], "--alpha"),
     ],
 )
 def test_bad_options(runs, args, hint, capsys):
@@ -488,17 +490,16 @@ def test_bad_options(runs, args, hint, capsys):
 
 def test_a_time_limited_capacity_compares_within_one_bisection_step():
     from attnbench.check.compare import Comparison
+    from attnbench.check.loading import Search
+    from attnbench.schema import Trial
 
-    row = {"impl": "sdpa", "config": {}, "dtype": "bf16", "batch": 1, "heads": 8, "head_dim": 64, "mode": "fwd"}
+    fields = {"schema": 1, "kind": "max-seq", "run": "r", "series": "s", "label": "sdpa", "impl": "sdpa"}
+    fields |= {"config": {}, "batch": 1, "seq_len": 1024, "heads": 8, "head_dim": 64, "dtype": "bf16"}
+    fields |= {"device": "cuda", "causal": False, "mode": "fwd", "status": "ok", "message": "", "times_ms": [1.0]}
+    row = Trial.from_json(fields)
 
     def search(largest, first_failure, stopped_by="time"):
-        return {
-            "complete": True,
-            "stopped_by": stopped_by,
-            "max_seq_len": largest,
-            "first_failure": first_failure,
-            "row": row,
-        }
+        return Search(row, largest, first_failure, stopped_by, complete=True)
 
     def verdict(b, c):
         comparison = Comparison(None, None, Thresholds())

@@ -4,13 +4,14 @@ Trials match by identity: implementation, configuration, shape, dtype, device, m
 causality, world size and strategy, and the device model they ran on (results of different
 device models are never compared). Each matched pair is judged on
 
-- time: a regression only when the current median is slower than ``time_factor`` times the
-  baseline's *and* the bootstrap interval of the ratio of medians excludes 1, with the
-  processes a trial ran in (``--repeat``) as the resampled unit and Holm's correction across
-  all time comparisons at family-wise ``alpha`` (asv's rule on the right unit); improvements
-  the same way. Fewer than ``MIN_SAMPLES`` samples make a moved median *inconclusive*, which
-  fails the gate, never a pass;
-- memory: peak allocated memory above ``memory_factor`` times the baseline's;
+- time: a regression only when the current time is slower than the stated minimum factor
+  (``--time-factor``; 1.10 on a GPU, 1.5 on a CPU) and than the noise between processes (the
+  largest ratio between two processes of one trial on one side, over all trials of that device
+  model); a process's time is its median call on a GPU, its fastest call on a CPU. A point
+  timed in one process on a side, with too few samples or calls too short for the timer, or
+  moved within the noise, is *not gated*: reported with the reason, never a regression;
+- memory: peak memory above ``memory_factor`` times the baseline's and beyond the noise of its
+  counter (the spread between processes; a CPU resident set at least ``RSS_NOISE_BYTES``);
 - capacity: a lower max-seq for the same series (one stopped by the time limit only beyond
   one bisection step), or a trial that ran and now fails;
 - correctness: any reference check (``verify`` row) in the current results that does not pass;

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from attnbench.check.identity import VERIFY_KEYS, canon, describe_trial, order, short_tokens, verify_name
-from attnbench.check.loading import Side, contents, load_side
-from attnbench.check.outcome import CheckReport, Finding, Thresholds
-from attnbench.check.significance import compare_times, resamples_for
+from attnbench.check.identity import describe_trial, order, short_tokens, verify_name
+from attnbench.check.loading import Search, Side, contents, load_side
+from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Finding, Thresholds
+from attnbench.check.significance import NOT_GATED, compare_times, process_spread
 from attnbench.errors import AttnbenchError
-from attnbench.measure import stats
+from attnbench.schema import Trial, Verify
 from attnbench.units import format_bytes, format_ms, format_ratio
 
 # Exact counts a trial row carries; q, k, v bytes only where the allocator counts them
@@ -54,20 +54,20 @@ class Comparison:
         self.not_compared: list[str] = []
         self.measured = 0  # trials and max-seq series judged on both sides
         self.checked = 0  # reference checks on both sides
+        self.noise: dict[str, float] = {}  # per device model: the largest spread between processes
 
     def wants(self, aspect: str) -> bool:
         return aspect in self.t.aspects
 
     def run(self) -> None:
-        tests = len(self.base.trials.keys() & self.cur.trials.keys())
-        self.resamples = stats.RESAMPLES if not self.wants("time") else resamples_for(tests, self.t.alpha)
+        common = self.base.trials.keys() & self.cur.trials.keys()
+        self.noise = time_noise(*({k: side.trials[k] for k in common} for side in (self.base, self.cur)))
         self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
-        self._holm()
         self._match(
             self.base.capacity,
             self.cur.capacity,
             self._capacity,
-            lambda s: f"max-seq of {describe_trial(s['row'], with_len=False)}",
+            lambda s: f"max-seq of {describe_trial(s.row, with_len=False)}",
         )
         self._verify()
         # reference checks in common do not make two unrelated sweeps comparable
@@ -101,90 +101,98 @@ class Comparison:
     def _add(self, aspect, verdict, rows, model, baseline, current, change, evidence="", **numbers) -> None:
         """``rows``: a trial's rows, or the name of what was judged."""
         if isinstance(rows, list):
-            rows, numbers = describe_trial(rows[0]), {"seq_len": rows[0].get("seq_len"), **numbers}
+            rows, numbers = describe_trial(rows[0]), {"seq_len": rows[0].seq_len, **numbers}
         self.findings.append(Finding(aspect, verdict, rows, model, baseline, current, change, evidence, numbers))
 
     # --- one matched trial --------------------------------------------------------------
-    def _trial(self, base_rows: list[dict], cur_rows: list[dict], model: str) -> None:
-        b, c = _pooled(base_rows), _pooled(cur_rows)
+    def _trial(self, base_rows: list[Trial], cur_rows: list[Trial], model: str) -> None:
+        b, c = Pooled.of(base_rows), Pooled.of(cur_rows)
         if self.wants("capacity"):
             self._status(b, c, cur_rows, model)
-        if b["status"] != "ok" or c["status"] != "ok":
+        if b.status != "ok" or c.status != "ok":
             if self.wants("bytes"):
                 self._exact(base_rows[0], cur_rows[0], cur_rows, model)
             return
-        if self.wants("time") and b["processes"] and c["processes"]:
-            v = compare_times(b["processes"], c["processes"], self.t.time_factor, self.t.alpha, self.resamples)
-            b_all = [x for g in b["processes"] for x in g]
-            c_all = [x for g in c["processes"] for x in g]
-            self._add(
-                "time",
-                v.verdict,
-                cur_rows,
-                model,
-                format_ms(statistics.median(b_all), adaptive=True),
-                format_ms(statistics.median(c_all), adaptive=True),
-                format_ratio(v.ratio),
-                v.evidence,
-                ratio=v.ratio,
-                p_value=v.p_value,
-                n_baseline=len(b_all),
-                n_current=len(c_all),
-                processes_baseline=len(b["processes"]),
-                processes_current=len(c["processes"]),
-            )
+        if self.wants("time") and b.processes and c.processes:
+            self._time(b, c, cur_rows, model)
         if self.wants("memory"):
             self._memory(b, c, cur_rows, model)
         if self.wants("bytes"):
             self._exact(base_rows[0], cur_rows[0], cur_rows, model)
 
-    def _holm(self) -> None:
-        """Holm's correction across every time comparison: a moved median stays a verdict only
-        if its p-value survives; comparisons within the factor count as p = 1."""
-        timed = [f for f in self.findings if f.aspect == "time" and f.verdict != "inconclusive"]
-        kept = stats.holm([f.numbers.get("p_value") or 1.0 for f in timed], self.t.alpha)
-        for f, significant in zip(timed, kept):
-            if f.verdict in ("regression", "improvement") and not significant:
-                f.verdict = "unchanged"
-                f.evidence = f"not significant after Holm's correction over {len(timed)} comparisons: {f.evidence}"
+    def _time(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
+        device = cur_rows[0].device
+        factor = self.t.time_factor_for(device)
+        v = compare_times(b.processes, c.processes, device, factor, self.noise.get(model, 1.0))
+        self._add(
+            "time",
+            v.verdict,
+            cur_rows,
+            model,
+            format_ms(v.baseline_ms, adaptive=True),
+            format_ms(v.current_ms, adaptive=True),
+            format_ratio(v.ratio),
+            v.evidence,
+            ratio=v.ratio,
+            factor=factor,
+            noise=v.noise,
+            n_baseline=sum(map(len, b.processes)),
+            n_current=sum(map(len, c.processes)),
+            processes_baseline=len(b.processes),
+            processes_current=len(c.processes),
+        )
 
-    def _status(self, b, c, cur_rows, model) -> None:
-        if b["status"] == c["status"] or (b["status"] != "ok" and c["status"] != "ok"):
+    def _status(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
+        if b.status == c.status or (b.status != "ok" and c.status != "ok"):
             return
-        if self.t.deterministic and "time-limit" in (b["status"], c["status"]):
+        if self.t.deterministic and "time-limit" in (b.status, c.status):
             self.not_compared.append(
-                f"{describe_trial(cur_rows[0])}: {b['status']} -> {c['status']}; a time limit is not deterministic"
+                f"{describe_trial(cur_rows[0])}: {b.status} -> {c.status}; a time limit is not deterministic"
             )
             return
-        if c["status"] != "ok":
-            self._add("capacity", "regression", cur_rows, model, "ran", c["status"], "now fails", c["message"][:200])
+        if c.status != "ok":
+            self._add("capacity", "regression", cur_rows, model, "ran", c.status, "now fails", c.message[:200])
         else:
-            self._add("capacity", "improvement", cur_rows, model, b["status"], "ran", "now runs")
+            self._add("capacity", "improvement", cur_rows, model, b.status, "ran", "now runs")
 
-    def _memory(self, b, c, cur_rows, model) -> None:
-        if not (b["peak"] and c["peak"]) or b["counter"] != c["counter"]:
+    def _memory(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
+        """A peak beyond the factor, and beyond the noise of its counter: the spread between
+        processes, and for a resident set (the CPU's counter) at least RSS_NOISE_BYTES."""
+        if not (b.peak and c.peak) or b.counter != c.counter:
             return
-        ratio = c["peak"] / b["peak"]
+        ratio = c.peak / b.peak
         f = self.t.memory_factor
-        verdict = "regression" if ratio > f else "improvement" if ratio < 1 / f else "unchanged"
+        noise = max(_spread(b.peaks), _spread(c.peaks), RSS_NOISE_BYTES if _resident_set(c.counter) else 0)
+        if 1 / f <= ratio <= f:
+            verdict, evidence = "unchanged", f"within x{f:g}"
+        elif abs(c.peak - b.peak) <= noise:
+            verdict = NOT_GATED
+            evidence = (
+                f"a change of {format_bytes(abs(c.peak - b.peak))} is within the noise of {c.counter} "
+                f"({format_bytes(noise)})"
+            )
+        else:
+            verdict = "regression" if ratio > f else "improvement"
+            evidence = (
+                f"peak ({c.counter}) {'above' if ratio > 1 else 'below'} x{f:g} and beyond its noise "
+                f"({format_bytes(noise)})"
+            )
         self._add(
             "memory",
             verdict,
             cur_rows,
             model,
-            format_bytes(b["peak"]),
-            format_bytes(c["peak"]),
+            format_bytes(b.peak),
+            format_bytes(c.peak),
             format_ratio(ratio),
-            f"peak ({c['counter']}) {'above' if ratio > 1 else 'below'} x{f:g}"
-            if verdict != "unchanged"
-            else f"within x{f:g}",
+            evidence,
             ratio=ratio,
         )
 
-    def _exact(self, b: dict, c: dict, cur_rows, model) -> None:
-        keys = EXACT_KEYS + (ALLOCATOR_EXACT_KEYS if str(c.get("peak_counter", "")).startswith("cuda") else ())
-        changed = [k for k in keys if b.get(k) is not None and c.get(k) is not None and b[k] != c[k]]
-        compared = [k for k in keys if b.get(k) is not None and c.get(k) is not None]
+    def _exact(self, b: Trial, c: Trial, cur_rows: list[Trial], model: str) -> None:
+        keys = EXACT_KEYS + (ALLOCATOR_EXACT_KEYS if str(c.peak_counter or "").startswith("cuda") else ())
+        compared = [k for k in keys if getattr(b, k) is not None and getattr(c, k) is not None]
+        changed = [k for k in compared if getattr(b, k) != getattr(c, k)]
         if not compared:
             return
         if changed:
@@ -193,8 +201,8 @@ class Comparison:
                 "regression",
                 cur_rows,
                 model,
-                ", ".join(f"{k} {b[k]:,}" for k in changed),
-                ", ".join(f"{k} {c[k]:,}" for k in changed),
+                ", ".join(f"{k} {getattr(b, k):,}" for k in changed),
+                ", ".join(f"{k} {getattr(c, k):,}" for k in changed),
                 "changed",
                 "exact counts differ: if the change is intended, regenerate the baseline",
             )
@@ -202,40 +210,40 @@ class Comparison:
             self._add("bytes", "unchanged", cur_rows, model, "equal", "equal", "", ", ".join(compared))
 
     # --- capacity -----------------------------------------------------------------------
-    def _capacity(self, b: dict, c: dict, model: str) -> None:
+    def _capacity(self, b: Search, c: Search, model: str) -> None:
         if not self.wants("capacity"):
             return
-        name = f"max-seq of {describe_trial(c['row'], with_len=False)}"
-        if not (b["complete"] and c["complete"]):
-            side = "baseline" if not b["complete"] else "current"
+        name = f"max-seq of {describe_trial(c.row, with_len=False)}"
+        if not (b.complete and c.complete):
+            side = "baseline" if not b.complete else "current"
             self.not_compared.append(f"{name}: the {side} search did not finish")
             return
-        if self.t.deterministic and "time" in (b["stopped_by"], c["stopped_by"]):
+        if self.t.deterministic and "time" in (b.stopped_by, c.stopped_by):
             self.not_compared.append(f"{name}: stopped by the time limit, which is not deterministic")
             return
-        lo, hi = b["max_seq_len"], c["max_seq_len"]
+        lo, hi = b.max_seq_len, c.max_seq_len
         verdict = "regression" if hi < lo else "improvement" if hi > lo else "unchanged"
-        if "time" in (b["stopped_by"], c["stopped_by"]) and abs(hi - lo) <= _resolution_step(b, c):
+        if "time" in (b.stopped_by, c.stopped_by) and abs(hi - lo) <= _resolution_step(b, c):
             verdict = "unchanged"  # a time limit moves with the clock by one bisection step
         self._add(
             "capacity",
             verdict,
             name,
             model,
-            f"{short_tokens(lo)} (stopped by {b['stopped_by']})",
-            f"{short_tokens(hi)} (stopped by {c['stopped_by']})",
+            f"{short_tokens(lo)} (stopped by {b.stopped_by})",
+            f"{short_tokens(hi)} (stopped by {c.stopped_by})",
             "" if hi == lo else f"{short_tokens(lo)} -> {short_tokens(hi)}",
-            f"memory limit {format_bytes(c['row'].get('memory_limit'))}" if c["row"].get("memory_limit") else "",
+            f"memory limit {format_bytes(c.row.memory_limit)}" if c.row.memory_limit else "",
             baseline_max_seq=lo,
             current_max_seq=hi,
         )
 
     # --- correctness ----------------------------------------------------------------------
     def _verify(self) -> None:
-        base = {canon(r, VERIFY_KEYS): r for r in self.base.verify}
-        cur: dict[str, list[dict]] = defaultdict(list)
+        base = {r.identity_key(): r for r in self.base.verify}
+        cur: dict[str, list[Verify]] = defaultdict(list)
         for r in self.cur.verify:
-            cur[canon(r, VERIFY_KEYS)].append(r)
+            cur[r.identity_key()].append(r)
         self.checked += len(base.keys() & cur.keys())
         for key in sorted(base.keys() - cur.keys()):
             self.missing.append(f"reference check {verify_name(base[key])}")
@@ -247,34 +255,34 @@ class Comparison:
             )
         for key, rows in cur.items():
             for r in rows:
-                was = base[key]["status"] if key in base else "not checked"
-                if r["status"] == "pass":
+                was = base[key].status if key in base else "not checked"
+                if r.status == "pass":
                     self._add(
                         "correctness",
                         "unchanged",
                         verify_name(r),
-                        r["device"],
+                        r.device,
                         was,
                         "pass",
                         "",
-                        f"rel. error {r.get('rel_err') or 0:.1e} <= {r.get('tolerance')}",
+                        f"rel. error {r.rel_err or 0:.1e} <= {r.tolerance}",
                     )
                 else:
                     why = (
-                        f"rel. error {r['rel_err']:.2e} > tolerance {r.get('tolerance')}"
-                        if r.get("rel_err") is not None
-                        else (r.get("message") or "no output")[:200]
+                        f"rel. error {r.rel_err:.2e} > tolerance {r.tolerance}"
+                        if r.rel_err is not None
+                        else (r.message or "no output")[:200]
                     )
                     self._add(
                         "correctness",
                         "regression",
                         verify_name(r),
-                        r["device"],
+                        r.device,
                         was,
-                        r["status"],
+                        r.status,
                         "fails the float64 reference",
                         why,
-                        rel_err=r.get("rel_err"),
+                        rel_err=r.rel_err,
                     )
 
     def _nothing_in_common(self) -> None:
@@ -295,22 +303,55 @@ class Comparison:
         )
 
 
-def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several rows of one trial on one side (``--repeat``, repeated runs): the samples of
-    those that ran, grouped by process."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    peaks = [r["peak_bytes"] for r in ok if r.get("peak_bytes")]
-    first = ok[0] if ok else rows[0]
-    return {
-        "status": "ok" if ok else rows[0]["status"],
-        "message": first.get("message") or "",
-        # one group of samples per process (each row ran in its own process)
-        "processes": [[float(x) for x in r["times_ms"]] for r in ok if r.get("times_ms")],
-        "peak": statistics.median(peaks) if peaks else None,
-        "counter": first.get("peak_counter"),
-    }
+@dataclass
+class Pooled:
+    """Several rows of one trial on one side (``--repeat``, repeated runs): the samples and
+    peaks of those that ran, one entry per process (each row ran in its own process)."""
+
+    status: str
+    message: str
+    processes: list[list[float]]
+    peaks: list[int]
+    counter: str | None
+
+    @classmethod
+    def of(cls, rows: list[Trial]) -> Pooled:
+        ok = [r for r in rows if r.status == "ok"]
+        first = ok[0] if ok else rows[0]
+        return cls(
+            status="ok" if ok else rows[0].status,
+            message=first.message or "",
+            processes=[[float(x) for x in r.times_ms] for r in ok if r.times_ms],
+            peaks=[r.peak_bytes for r in ok if r.peak_bytes],
+            counter=first.peak_counter,
+        )
+
+    @property
+    def peak(self) -> float | None:
+        return statistics.median(self.peaks) if self.peaks else None
 
 
-def _resolution_step(b: dict[str, Any], c: dict[str, Any]) -> int:
+def time_noise(*sides: dict[tuple[str, str], list[Trial]]) -> dict[str, float]:
+    """Per device model, the largest ratio between the times of two processes of one trial on
+    one side, over the given trials of each side; absent where no trial ran in two processes."""
+    noise: dict[str, float] = {}
+    for trials in sides:
+        for (_, model), rows in trials.items():
+            ran = [r for r in rows if r.status == "ok" and r.times_ms]
+            spread = process_spread([r.times_ms for r in ran], ran[0].device) if ran else None
+            if spread:
+                noise[model] = max(noise.get(model, 1.0), spread)
+    return noise
+
+
+def _spread(values: list[int]) -> int:
+    return max(values) - min(values) if len(values) > 1 else 0
+
+
+def _resident_set(counter: str | None) -> bool:
+    return str(counter or "").startswith("cpu.")
+
+
+def _resolution_step(b: Search, c: Search) -> int:
     """The wider final bracket (first failure minus largest that ran) of two searches."""
-    return max((x["first_failure"] - x["max_seq_len"] for x in (b, c) if x.get("first_failure")), default=0)
+    return max((x.first_failure - x.max_seq_len for x in (b, c) if x.first_failure), default=0)

@@ -1,43 +1,37 @@
-"""Which trials of two result sets are the same trial (identity keys), what device model a
-row ran on, and how a trial is named in a finding."""
+"""Which rows of two result sets are the same trial, what device model a row ran on, and how a
+trial is named in a finding. Identities come from the rows' own workload fields
+(``Workload.identity_key``), so a workload field added to the schema joins them."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from attnbench import units
-from attnbench.report.data import config_text, describe
+from attnbench.report.data import config_text
+from attnbench.schema import Trial, Workload
 
-WORKLOAD_KEYS = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype", "device", "mode", "causal")
-VERIFY_KEYS = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "causal", "dtype", "device")
 ANY_CPU = "cpu (any model)"
 
 
-def device_model(row: dict[str, Any], any_cpu: bool = False) -> str:
-    """What a trial ran on: the GPU model for CUDA trials, the CPU model otherwise."""
-    env = row.get("env") or {}
-    if row.get("device") == "cuda":
-        names = sorted({g.get("name", "?") for g in env.get("gpus") or []})
-        return " + ".join(names) or env.get("machine") or "unknown GPU"
-    return ANY_CPU if any_cpu else f"cpu: {env.get('cpu') or 'unknown'}"
+def device_model(row: Workload, any_cpu: bool = False) -> str:
+    """What a row ran on: the GPU model for CUDA rows, the CPU model otherwise."""
+    env = row.env
+    if row.device == "cuda":
+        names = sorted({str(g.get("name", "?")) for g in (env.gpus if env else None) or []})
+        return " + ".join(names) or (env.machine if env else "") or "unknown GPU"
+    return ANY_CPU if any_cpu else f"cpu: {(env.cpu if env else None) or 'unknown'}"
 
 
-def canon(row: dict[str, Any], keys: tuple[str, ...]) -> str:
-    return json.dumps({k: row.get(k) for k in keys}, sort_keys=True, default=str)
+def trial_identity(row: Workload) -> str:
+    """The attention call: every workload field."""
+    return row.identity_key()
 
 
-def trial_identity(row: dict[str, Any]) -> str:
-    return canon(
-        {**row, "world_size": row.get("world_size", 1), "strategy": row.get("strategy", "single")},
-        WORKLOAD_KEYS + ("world_size", "strategy"),
-    )
-
-
-def capacity_identity(row: dict[str, Any]) -> str:
-    """A max-seq series: the workload but its length, and the limits that define capacity."""
-    ident = {**row, "seq_len": None, "world_size": row.get("world_size", 1), "strategy": row.get("strategy", "single")}
-    return canon(ident, WORKLOAD_KEYS + ("world_size", "strategy", "memory_limit", "max_trial_seconds"))
+def capacity_identity(row: Trial) -> str:
+    """A max-seq search: the workload but its length, and the limits that define capacity."""
+    ident = row.identity(seq_len=False)
+    ident.update(memory_limit=row.memory_limit, max_trial_seconds=row.max_trial_seconds)
+    return json.dumps(ident, sort_keys=True, default=str)
 
 
 def short_tokens(n: int | None) -> str:
@@ -45,17 +39,18 @@ def short_tokens(n: int | None) -> str:
     return units.short_tokens(n, exact=True) if n else "none"
 
 
-def describe_trial(row: dict[str, Any], with_len: bool = True) -> str:
-    """A trial in a finding: the series' name as the report gives it, and its settings."""
-    bits = [describe(row), row.get("dtype", "?"), f"B={row.get('batch')} H={row.get('heads')} D={row.get('head_dim')}"]
-    if row.get("mode"):
-        bits.append(row["mode"])
-    if row.get("causal"):
+def describe_trial(row: Workload, with_len: bool = True) -> str:
+    """A trial in a finding: the series' name as the tables give it, and its settings."""
+    label = getattr(row, "label", None) or f"{row.impl}({config_text(row.config)})"
+    bits = [label, row.dtype, f"B={row.batch} H={row.heads} D={row.head_dim}"]
+    if row.mode:
+        bits.append(row.mode)
+    if row.causal:
         bits.append("causal")
-    if row.get("world_size", 1) != 1:
-        bits.append(f"{row['world_size']} GPUs {row.get('strategy', '')}".strip())
+    if (row.world_size or 1) != 1:
+        bits.append(f"{row.world_size} GPUs {row.strategy or ''}".strip())
     if with_len:
-        bits.append(f"N={short_tokens(row.get('seq_len'))}")
+        bits.append(f"N={short_tokens(row.seq_len)}")
     return " ".join(bits)
 
 
@@ -66,9 +61,9 @@ def order(key: tuple[str, str]) -> tuple:
     return json.dumps(ident, sort_keys=True), key[1], n
 
 
-def verify_name(r: dict[str, Any]) -> str:
-    cfg = config_text(r["config"], sep=" ")
+def verify_name(r: Workload) -> str:
+    cfg = config_text(r.config, sep=" ")
     return (
-        f"{r['impl']}{' ' + cfg if cfg else ''} {r['dtype']} B={r['batch']} N={r['seq_len']} H={r['heads']} "
-        f"D={r['head_dim']}{' causal' if r.get('causal') else ''} on {r['device']}"
+        f"{r.impl}{' ' + cfg if cfg else ''} {r.dtype} B={r.batch} N={r.seq_len} H={r.heads} "
+        f"D={r.head_dim}{' causal' if r.causal else ''}{' ' + r.mode if r.mode else ''} on {r.device}"
     )

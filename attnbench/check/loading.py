@@ -1,5 +1,5 @@
-"""One side of a check: its result rows read and keyed for matching (trials by identity and
-device model, reference checks, max-seq searches)."""
+"""One side of a check: its typed result rows (``results.load_rows``) keyed for matching:
+trials by identity and device model, reference checks, max-seq searches."""
 
 from __future__ import annotations
 
@@ -7,12 +7,23 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from attnbench.check.identity import capacity_identity, device_model, trial_identity
 from attnbench.errors import AttnbenchError
-from attnbench.report.sweep_tables import TRIAL_KINDS, max_seq_summary
-from attnbench.results import read_rows, result_files
+from attnbench.results import STOPPED_BY, load_rows, result_files
+from attnbench.schema import MaxSeqResult, Trial, Verify
+
+
+@dataclass
+class Search:
+    """How a max-seq search ended, derived from its trials (an interrupted one has no
+    ``max-seq-result`` row and is not complete)."""
+
+    row: Trial  # one of its trials, to name it
+    max_seq_len: int  # the largest length that ran (0: none)
+    first_failure: int | None  # the shortest failed length above it
+    stopped_by: str  # what stopped it, in words (STOPPED_BY)
+    complete: bool
 
 
 @dataclass
@@ -23,9 +34,9 @@ class Side:
     path: str
     rows: int
     models: list[str]
-    trials: dict[tuple[str, str], list[dict[str, Any]]]
-    verify: list[dict[str, Any]]
-    capacity: dict[tuple[str, str], dict[str, Any]]
+    trials: dict[tuple[str, str], list[Trial]]
+    verify: list[Verify]
+    capacity: dict[tuple[str, str], Search]
 
 
 def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bool = False) -> tuple[Side, list[str]]:
@@ -34,8 +45,8 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
     files = result_files(path)
     if not files:
         raise AttnbenchError(f"{label} {path} holds no trials.jsonl: give a results directory or a trials.jsonl file")
-    rows, problems = read_rows(files)
-    # read_rows skips what is not JSON or not a valid row (a field's type, a missing key)
+    rows, problems = load_rows(files)
+    # the loader skips what is not JSON, not a valid or possible row, or a trial read before
     problems = [p.replace(" line skipped (", " line (").replace(" row skipped (", " row (") for p in problems]
     if problems and not skip_unreadable:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
@@ -43,43 +54,53 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
             f"{label} {problems[0]}{more}: repair or delete the line, or pass --skip-unreadable to compare the rest"
         )
     warnings = [f"{label} {p}: skipped" for p in problems]
-    rows = [r for r in rows if r.get("kind") in TRIAL_KINDS + ("verify", "max-seq-result")]
-    if not rows:
+    trials = [r for r in rows if isinstance(r, Trial)]
+    verify = [r for r in rows if isinstance(r, Verify)]
+    results = [r for r in rows if isinstance(r, MaxSeqResult)]
+    if not (trials or verify or results):
         raise AttnbenchError(f"{label} {path} holds no result rows (trials or reference checks)")
-    trials: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] in TRIAL_KINDS:
-            trials[(trial_identity(r), device_model(r, any_cpu))].append(r)
+    keyed: dict[tuple[str, str], list[Trial]] = defaultdict(list)
+    for r in trials:
+        keyed[(trial_identity(r), device_model(r, any_cpu))].append(r)
     side = Side(
         label,
         str(path),
-        len(rows),
-        sorted({device_model(r, any_cpu) for r in rows if r["kind"] != "verify"}),
-        dict(trials),
-        [r for r in rows if r["kind"] == "verify"],
-        capacities(rows, any_cpu),
+        len(trials) + len(verify) + len(results),
+        sorted({device_model(r, any_cpu) for r in trials + results}),
+        dict(keyed),
+        verify,
+        searches(trials, results, any_cpu),
     )
     return side, warnings
 
 
-def capacities(rows: list[dict[str, Any]], any_cpu: bool = False) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per max-seq series and device model: the largest length that ran (from the trials,
-    as the sweep tables derive it) and whether the search finished."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] == "max-seq" and "series" in r:
+def searches(trials: list[Trial], results: list[MaxSeqResult], any_cpu: bool = False) -> dict[tuple[str, str], Search]:
+    """Per max-seq search (workload and limits) and device model: how it ended."""
+    groups: dict[tuple[str, str], list[Trial]] = defaultdict(list)
+    for r in trials:
+        if r.kind == "max-seq":
             groups[(capacity_identity(r), device_model(r, any_cpu))].append(r)
-    finished = [r for r in rows if r["kind"] == "max-seq-result"]
     out = {}
     for (ident, model), group in groups.items():
-        series = {r["series"] for r in group}
-        done = [r for r in finished if r.get("series") in series and device_model(r, any_cpu) == model]
-        # one summary per group, whatever series keys its rows were written with
-        summary = max_seq_summary([{**r, "series": ident} for r in group + done])[0]
-        out[(ident, model)] = {**summary, "row": group[0]}
+        series = {r.series for r in group}  # one search, whatever series keys its rows were written with
+        complete = any(r.series in series and device_model(r, any_cpu) == model for r in results)
+        out[(ident, model)] = search_outcome(group, complete)
     return out
 
 
+def search_outcome(trials: list[Trial], complete: bool) -> Search:
+    best = max((r.seq_len for r in trials if r.status == "ok"), default=0)
+    failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
+    stop = min(failures, key=lambda r: r.seq_len) if failures else None
+    return Search(
+        row=trials[0],
+        max_seq_len=best,
+        first_failure=stop.seq_len if stop else None,
+        stopped_by=STOPPED_BY.get(stop.status, stop.status) if stop else STOPPED_BY["cap"],
+        complete=complete,
+    )
+
+
 def contents(side: Side) -> str:
-    names = sorted({json.loads(k[0])["impl"] for k in side.trials} | {r["impl"] for r in side.verify})
+    names = sorted({json.loads(k[0])["impl"] for k in side.trials} | {r.impl for r in side.verify})
     return f"{side.rows} rows of {', '.join(names) or 'nothing'} on {', '.join(side.models) or '?'}"

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from attnbench.check.outcome import CheckReport, Thresholds
-from attnbench.check.significance import MIN_SAMPLES
+from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Thresholds
+from attnbench.check.significance import MIN_PROCESSES, MIN_SAMPLES, NOT_GATED
 from attnbench.errors import AttnbenchError
 from attnbench.report.markdown import table
 
 FORMATS = ("text", "markdown", "json")
-ORDER = ("regression", "inconclusive", "improvement")
+ORDER = ("regression", "improvement")
 MARK = {
     "regression": "❌ regression",
-    "inconclusive": "⚠️ inconclusive",
     "improvement": "✅ improvement",
+    NOT_GATED: "not gated",
     "unchanged": "unchanged",
 }
 
@@ -24,12 +24,15 @@ def rules_text(t: Thresholds) -> str:
     bits = []
     if "time" in t.aspects:
         bits.append(
-            f"time: median beyond x{t.time_factor:g} and the bootstrap interval of the ratio excludes 1, "
-            f"processes resampled as units, Holm-corrected p <= {t.alpha:g} across the comparisons "
-            f"(at least {MIN_SAMPLES} samples per side)"
+            f"time: beyond {t.time_factor_text()} and beyond the noise between processes (the largest ratio "
+            "between two processes of one side; a process's time is its median call on a GPU, its fastest "
+            f"call on a CPU); judged with at least {MIN_PROCESSES} processes and {MIN_SAMPLES} samples per side"
         )
     if "memory" in t.aspects:
-        bits.append(f"memory: peak beyond x{t.memory_factor:g}")
+        bits.append(
+            f"memory: peak beyond x{t.memory_factor:g} and beyond the spread between processes "
+            f"(a CPU resident set: at least {RSS_NOISE_BYTES >> 20} MiB)"
+        )
     if "capacity" in t.aspects:
         bits.append(
             "capacity: lower max-seq (a time-limited one beyond one bisection step), or a trial that ran and now fails"
@@ -64,7 +67,9 @@ def render_text(report: CheckReport) -> str:
         counts[f.aspect] += 1
     if counts:
         lines.append("unchanged: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    not_gated = [f"{f.aspect} {f.trial} [{f.device_model}]: {f.evidence}" for f in report.of(NOT_GATED)]
     for title, items in (
+        ("not gated (cannot be judged; not a regression)", not_gated),
         ("added (current only)", report.added),
         ("missing (baseline only)", report.missing),
         ("not compared", report.not_compared),
@@ -95,12 +100,13 @@ def render_markdown(report: CheckReport) -> str:
     if shown:
         parts.append(table(head, rows(shown)))
     else:
-        parts.append("No regression, improvement or inconclusive result.\n")
-    unchanged = report.of("unchanged")
-    if unchanged:
-        parts.append(
-            f"\n<details><summary>{len(unchanged)} unchanged</summary>\n\n{table(head, rows(unchanged))}\n</details>\n"
-        )
+        parts.append("No regression or improvement.\n")
+    for verdict in (NOT_GATED, "unchanged"):
+        found = report.of(verdict)
+        if found:
+            parts.append(
+                f"\n<details><summary>{len(found)} {verdict}</summary>\n\n{table(head, rows(found))}\n</details>\n"
+            )
     for title, items in (
         ("added (current only)", report.added),
         ("missing (baseline only)", report.missing),

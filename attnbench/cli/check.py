@@ -18,17 +18,16 @@ def check(
     baseline: Annotated[Path, typer.Option("--baseline", help="results directory or trials.jsonl before the change")],
     current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],
     time_factor: Annotated[
-        float, typer.Option("--time-factor", help="a median slower than this factor may be a regression")
-    ] = 1.10,
+        Optional[float],
+        typer.Option(
+            "--time-factor",
+            help="a median slower than this factor may be a regression [1.10 on a GPU, 1.5 on a CPU]",
+            show_default=False,
+        ),
+    ] = None,
     memory_factor: Annotated[
         float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")
     ] = 1.02,
-    alpha: Annotated[
-        float,
-        typer.Option(
-            "--alpha", help="family-wise significance level of the time test (Holm-corrected across comparisons)"
-        ),
-    ] = 0.05,
     only: Annotated[
         Optional[str],
         typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes \\[default: all]"),
@@ -60,7 +59,7 @@ def check(
         raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
     default = DETERMINISTIC_ASPECTS if deterministic else ASPECTS
     aspects = tuple(a.strip() for a in only.split(",") if a.strip()) if only else default
-    thresholds = Thresholds(time_factor, memory_factor, alpha, aspects, deterministic, allow_missing=allow_missing)
+    thresholds = Thresholds(time_factor, memory_factor, aspects, deterministic, allow_missing=allow_missing)
     report = run_check(baseline, current, thresholds, skip_unreadable=skip_unreadable)
     for w in report.warnings:
         err_console.print(f"warning: {escape(w)}")

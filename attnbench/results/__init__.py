@@ -1,0 +1,66 @@
+"""Results files: one JSON object per trial, appended to ``trials.jsonl`` as each ends.
+
+Every row carries the environment it ran in (captured by ``attnbench.environment``), its raw
+timing samples and per-GPU memory, so reports and the regression check read result files and
+nothing else. A killed sweep loses at most the trial in flight: each row is one ``write`` of
+one line, flushed and synced, and a reader skips (and reports) a truncated last line.
+
+``write`` appends rows (checked, synced, never through a link), ``read`` reads them back (the
+one loader every reader uses), ``possible`` says which rows no measurement gives, ``paths``
+checks output paths before any work and writes derived files whole. Every name a caller
+needs is imported here.
+"""
+
+from attnbench.results.paths import (
+    MIN_FREE_BYTES,
+    check_output_dir,
+    check_output_file,
+    write_bytes_atomic,
+    write_text_atomic,
+)
+from attnbench.results.read import (
+    REQUIRED_KEYS,
+    check_same_machine,
+    load_rows,
+    read_file,
+    read_rows,
+    result_files,
+    rows_to_resume,
+)
+from attnbench.results.write import (
+    LOCK_FILE,
+    STATUSES,
+    STOPPED_BY,
+    TRIALS_FILE,
+    ResultsLock,
+    ResultsWriter,
+    clean_floats,
+    now_utc,
+    repair_torn_tail,
+    series_key,
+)
+
+__all__ = [
+    "LOCK_FILE",
+    "MIN_FREE_BYTES",
+    "REQUIRED_KEYS",
+    "STATUSES",
+    "STOPPED_BY",
+    "TRIALS_FILE",
+    "ResultsLock",
+    "ResultsWriter",
+    "check_output_dir",
+    "check_output_file",
+    "check_same_machine",
+    "clean_floats",
+    "load_rows",
+    "now_utc",
+    "read_file",
+    "read_rows",
+    "repair_torn_tail",
+    "result_files",
+    "rows_to_resume",
+    "series_key",
+    "write_bytes_atomic",
+    "write_text_atomic",
+]

@@ -1,0 +1,117 @@
+"""What no measurement can give: a row read from a file is refused when it nests deeper than
+a row does, or holds a number that is not finite, a time, size or count below zero, or a
+memory peak beyond the device that held it. The reader (``results.read``) applies this to
+every row after the schema has accepted it; a writer never produces such a row."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnbench.schema import SchemaError
+
+# A row nests a few levels (row > ranks > entry > gpus > entry); a line nested deeper is not one.
+MAX_DEPTH = 16
+# Quantities that are never negative, wherever they appear in a row (its ranks and GPUs too).
+NOT_NEGATIVE = frozenset(
+    {
+        "batch",
+        "seq_len",
+        "heads",
+        "head_dim",
+        "world_size",
+        "time_ms",
+        "time_iqr_ms",
+        "time_min_ms",
+        "time_max_ms",
+        "time_ci_low",
+        "time_ci_high",
+        "time_n",
+        "first_call_ms",
+        "warm_call_ms",
+        "gpu_time_ms",
+        "gpu_time_ci_low",
+        "gpu_time_ci_high",
+        "gpu_time_n",
+        "compile_ms",
+        "duration_s",
+        "warmup_s",
+        "tokens_per_s",
+        "inputs_bytes",
+        "floor_bytes",
+        "peak_bytes",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "nvml_used_before",
+        "nvml_used_peak",
+        "cpu_peak_rss",
+        "cpu_peak_rss_delta",
+        "compile_peak_bytes",
+        "device_total_bytes",
+        "memory_total_bytes",
+        "memory_limit",
+        "sent_bytes",
+        "flops_useful",
+        "flops_executed",
+        "tflops_useful",
+        "tflops_executed",
+        "tflops_executed_ci_low",
+        "tflops_executed_ci_high",
+        "rel_err",
+        "peak_over_floor",
+        "kept_fraction",
+    }
+)
+# Lists of timed samples: each one a duration.
+SAMPLE_LISTS = frozenset({"times_ms", "gpu_times_ms"})
+# Measured memory: never more than the device holds (the largest total the row records).
+PEAKS = ("peak_bytes", "max_memory_allocated", "max_memory_reserved", "compile_peak_bytes", "nvml_used_peak")
+# Where a row records no device total: no single device holds a pebibyte.
+MAX_DEVICE_BYTES = 2**50
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep JSON ``value`` nests (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_possible(d: dict[str, Any]) -> None:
+    """A SchemaError naming the first field of a valid row ``d`` that no measurement can give:
+    a number that is not finite (NaN, infinity), a time, size or count below zero, a memory
+    peak beyond the device."""
+    stack: list[tuple[Any, str, str | None]] = [(v, repr(k), k) for k, v in d.items()]
+    while stack:
+        value, where, key = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}[{k!r}]", k) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", key) for i, v in enumerate(value))  # a list's items are its key's
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise SchemaError(f"field {where} is {value}: not a measurement")
+            if value < 0 and (key in NOT_NEGATIVE or key in SAMPLE_LISTS):
+                raise SchemaError(f"field {where} is {value}: it is never negative")
+    _check_peaks(d)
+
+
+def _check_peaks(d: dict[str, Any]) -> None:
+    totals = [d.get("device_total_bytes")] + [
+        g.get("memory_total_bytes") for g in (d.get("env") or {}).get("gpus") or []
+    ]
+    totals = [t for t in totals if isinstance(t, int) and t > 0]
+    limit = max(totals, default=MAX_DEVICE_BYTES)
+    entries = [("", d)] + [(f"'gpus'[{i}]", g) for i, g in enumerate(d.get("gpus") or []) if isinstance(g, dict)]
+    for where, entry in entries:
+        for key in PEAKS:
+            peak = entry.get(key)
+            if isinstance(peak, (int, float)) and peak > limit:
+                field_name = f"{where}[{key!r}]" if where else repr(key)
+                raise SchemaError(
+                    f"field {field_name} is {peak:.3g} bytes, beyond the device's {limit:.3g}: not a measurement"
+                )

@@ -1,0 +1,166 @@
+"""Reading results files: every row under the given files or directories that is valid for
+its kind's schema and physically possible, each trial once; every line skipped is named
+``FILE:LINE`` with why. A FIFO or device at a results name is refused, never waited on."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import AttnbenchError
+from attnbench.results.possible import MAX_DEPTH, check_possible, nesting_depth
+from attnbench.results.write import TRIALS_FILE
+from attnbench.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
+
+
+def result_files(path: Path) -> list[Path]:
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return [path]  # a file (read_file refuses one that is not a regular file)
+    if not path.exists():
+        raise AttnbenchError(f"results path {path} does not exist: give a results directory or trials.jsonl")
+    return sorted(path.rglob(TRIALS_FILE))
+
+
+def read_file(file: Path) -> bytes:
+    """A results file's bytes; a FIFO or device at its name is refused, never waited on."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise AttnbenchError(f"{file} is not a regular file (a FIFO or device): give a results file or directory")
+        try:
+            return f.read()
+        except OSError as exc:
+            raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
+
+
+# Keys a row of each kind cannot be used without; a row lacking one is skipped as incomplete.
+REQUIRED_KEYS = {
+    "max-seq": ("series", "seq_len", "status", "impl"),
+    "points": ("series", "seq_len", "status", "impl"),
+    "verify": ("impl", "status"),
+    "max-seq-result": ("series",),
+}
+
+
+def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """All rows under the given files or directories, each valid for its kind's schema (with
+    ``_file`` naming its file), and one ``FILE:LINE`` problem line per line skipped
+    (undecodable, not JSON, not a valid or not a possible row: the field is named; a trial
+    already read: counted once). A row of another schema version stops the read with one
+    line: its meaning is not this code's."""
+    rows, problems = [], []
+    for row, file, _ in _valid_rows(paths, problems):
+        row["_file"] = str(file)
+        rows.append(row)
+    return rows, problems
+
+
+def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
+    """The typed loader every reader uses: the rows of ``read_rows`` as schema objects
+    (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), each with ``source`` set to its
+    ``FILE:LINE``, and the same ``FILE:LINE`` problem lines."""
+    rows, problems = [], []
+    for d, file, lineno in _valid_rows(paths, problems):
+        row = row_from_json(d)
+        row.source = f"{file}:{lineno}"
+        rows.append(row)
+    return rows, problems
+
+
+def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
+    """(row, file, line) of every valid, possible row, each trial once; a skipped line is
+    appended to ``problems``."""
+    if isinstance(paths, (str, Path)):
+        paths = [Path(paths)]
+    seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
+    for root in paths:
+        for file in result_files(Path(root)):
+            for lineno, raw in enumerate(read_file(file).split(b"\n"), 1):
+                if not raw.strip():
+                    continue
+                where = f"{file}:{lineno}"
+                row, problem = _parse_line(raw)
+                if problem:
+                    problems.append(f"{where}: {problem}")
+                    continue
+                if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+                    raise AttnbenchError(
+                        f"{where}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
+                        "read it with the attnbench version that wrote it"
+                    )
+                try:
+                    validate(row)
+                except SchemaError as exc:
+                    problems.append(f"{where}: invalid row skipped ({exc})")
+                    continue
+                try:
+                    check_possible(row)
+                except SchemaError as exc:
+                    problems.append(f"{where}: impossible row skipped ({exc})")
+                    continue
+                trial = row.get("trial")
+                if isinstance(trial, str) and trial in seen:
+                    problems.append(f"{where}: duplicate row skipped (trial {trial}, counted once at {seen[trial]})")
+                    continue
+                if isinstance(trial, str):
+                    seen[trial] = where
+                yield row, file, lineno
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
+    except RecursionError:
+        return {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
+    except ValueError as exc:
+        return {}, f"unreadable line skipped ({exc})"
+    if not isinstance(row, dict) or "kind" not in row:
+        return {}, "unreadable line skipped (not a result row: no 'kind')"
+    depth = nesting_depth(row)
+    if depth > MAX_DEPTH:
+        return {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
+    missing = [k for k in REQUIRED_KEYS.get(row["kind"], ("status",)) if k not in row]
+    if missing:
+        return {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
+    return row, ""
+
+
+def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, Any]]:
+    """The rows a run may continue from: refuses to overwrite a results directory without
+    ``resume``, and to mix machines in one directory."""
+    trials = Path(out_dir) / TRIALS_FILE
+    if not trials.exists():
+        return []
+    if not resume:
+        raise AttnbenchError(f"{out_dir} already holds results: pass --resume to continue it or choose another --out")
+    if trials.is_symlink():
+        raise AttnbenchError(
+            f"{trials} is a symbolic link: attnbench does not write through links; "
+            "replace it with the file or choose another --out"
+        )
+    return check_same_machine(out_dir, machine)
+
+
+def check_same_machine(out_dir: Path, machine: str) -> list[dict[str, Any]]:
+    """The rows already in ``out_dir``, refusing a directory measured on another machine."""
+    trials = Path(out_dir) / TRIALS_FILE
+    if not trials.exists():
+        return []
+    rows, _ = read_rows(trials)
+    machines = {r.get("env", {}).get("machine") for r in rows if r.get("env")}
+    if machines and machine not in machines:
+        raise AttnbenchError(
+            f"{out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is {machine}: "
+            "continue on the same machine or choose another --out"
+        )
+    return rows
