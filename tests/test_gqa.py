@@ -196,3 +196,21 @@ def test_the_heads_rule_is_refused_with_its_name():
 
     with pytest.raises(AttnbenchError, match="--heads 8 is not a multiple of --kv-heads 3.*one of 1, 2, 4, 8"):
         build_plan("t", ["sdpa"], {"heads": 8, "kv_heads": 3, "device": "cpu"}, {})
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_ring_sends_key_value_blocks_at_their_own_head_count():
+    """Two gloo ranks, 1024 tokens, 8 query heads over 2 key/value heads: each rank sends its
+    K and V shard once, at 2 heads (a quarter of what 8 would send)."""
+    from attnbench.sweeps import seqpar
+    from attnbench.trial import TrialSpec
+
+    workload = dict(impl="ring", config={"backend": "auto"}, seq_len=1024, heads=HEADS, kv_heads=2, head_dim=HEAD_DIM)
+    workload.update(dtype="fp32", device="cpu")
+    spec = TrialSpec(workload=workload, max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
+    row = seqpar.run_trial(spec, 2)
+    assert row["status"] == "ok", row.get("message")
+    assert [x["sent_bytes"] for x in row["ranks"]] == [2 * 512 * 2 * HEAD_DIM * 4] * 2
+    assert row["floor_bytes"] == 512 * (2 * HEADS + 2 * 2) * HEAD_DIM * 4  # one rank's shard
+    assert row["kv_layout"] == gqa.SHARED
