@@ -77,6 +77,14 @@ def parse_table(table: Any, where: str) -> dict[str, ModelShape]:
     return out
 
 
+def filled(settings: dict[str, Any], own: dict[str, ModelShape] | None = None) -> dict[str, Any]:
+    """Settings of one level (profile, sweep entry, command line) with the values of the
+    model preset it names under its own keys: what the level says itself wins."""
+    if not settings.get("model"):
+        return settings
+    return {**lookup(settings["model"], own).settings(), **settings}
+
+
 def lookup(name: str, own: dict[str, ModelShape] | None = None) -> ModelShape:
     """A preset by name: the profile's own first, then the built-in ones."""
     table = {**PRESETS, **(own or {})}

@@ -138,7 +138,7 @@ SETTING_PARSERS = {
     "label": _str,
     "gpus": _gpus,
     "equal_work": _bool,
-    "kv_heads": lambda v: None if v in (None, 0, "") else _at_least(1, _int, "a positive number of heads")(v),
+    "kv_heads": _at_least(1, _int, "a positive number of key/value heads (dividing heads)"),
     "model": _str,
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
@@ -373,7 +373,7 @@ def build_plan(
         own = {p.name for p in impls.spec(impl).params}
         config.update({k: v for k, v in params.items() if k in own})
         used_params |= own & set(params)
-        levels = (with_model(level, own_models) for level in (base, entry_settings, flags))
+        levels = (models.filled(level, own_models) for level in (base, entry_settings, flags))
         settings = replace(Settings(), **{k: v for level in levels for k, v in level.items()})
         try:
             check_heads(settings.heads, settings.kv_heads)
@@ -406,13 +406,6 @@ def build_plan(
         base=base,
         clip_ranks=clip,
     )
-
-
-def with_model(level: dict[str, Any], own: dict[str, models.ModelShape]) -> dict[str, Any]:
-    """One level of settings with its model preset's values under its own keys."""
-    if not level.get("model"):
-        return level
-    return {**models.lookup(level["model"], own).settings(), **level}
 
 
 def _with_equal_work_baselines(series: list[Series]) -> list[Series]:
