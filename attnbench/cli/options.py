@@ -16,6 +16,16 @@ ImplOpt = Annotated[
 ]
 HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H \\[default: 8]")]
 HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D \\[default: 64]")]
+KvHeadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--kv-heads", help="key/value heads shared by groups of query heads (divides --heads) \\[default: --heads]"
+    ),
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", help="a model's heads, kv heads, head dim and mask, e.g. llama3-8b (attnbench models)"),
+]
 BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B \\[default: 1]")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="fp32 | fp16 | bf16 \\[default: bf16]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto \\[default: auto]")]

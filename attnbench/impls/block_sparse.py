@@ -20,6 +20,9 @@ Query blocks that keep every allowed block (the global rows of ``global_local``)
 plain dense attention (SDPA), except in the flex path's training chunks (longer than 256K
 tokens), where the block mask holds them as well, so that no piece reads every key with an
 SDPA backward. Training in one chunk runs each piece under its kernel's own autograd.
+
+Grouped K/V (fewer key/value heads than query heads) are shared by every path: FlexAttention
+and SDPA with ``enable_gqa``, the gather path gathering key blocks of the key/value heads only.
 """
 
 from __future__ import annotations
@@ -28,11 +31,10 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from attnbench.block_lists import BlockPattern
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
 from attnbench.impls.flex_kernel import (
@@ -274,9 +276,9 @@ class BlockSparseAttention(AttentionImpl):
 def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, v):
     """Query blocks [r0, r1) (q holds their rows) over their kept key blocks of k, v (all keys)."""
     batch, _, num_heads, head_dim = q.shape
-    nb, rows = p.num_blocks, r1 - r0
-    key_blocks = k.view(batch, nb, b, num_heads, head_dim)
-    value_blocks = v.view(batch, nb, b, num_heads, head_dim)
+    nb, rows, kv_heads = p.num_blocks, r1 - r0, k.shape[2]
+    key_blocks = k.view(batch, nb, b, kv_heads, head_dim)
+    value_blocks = v.view(batch, nb, b, kv_heads, head_dim)
     offsets = torch.arange(b, device=q.device)
     idx, counts = p.expand(r0, r1, width, device=q.device)
     kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]  # (rows, width)
@@ -287,15 +289,13 @@ def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, 
         allowed = allowed & (key_pos <= query_pos)
     mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
 
-    def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
-        return (
-            x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
-        )
+    def heads_first(x, length, heads=num_heads):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
+        return x.reshape(batch, rows, length, heads, head_dim).transpose(2, 3).reshape(-1, heads, length, head_dim)
 
-    out = F.scaled_dot_product_attention(
+    out = gqa.sdpa(
         heads_first(q, b),
-        heads_first(key_blocks[:, idx], width * b),
-        heads_first(value_blocks[:, idx], width * b),
+        heads_first(key_blocks[:, idx], width * b, kv_heads),
+        heads_first(value_blocks[:, idx], width * b, kv_heads),
         attn_mask=mask,
     )
     return (
@@ -307,7 +307,7 @@ def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
     """The queries that keep every allowed key (q holds them; k, v every key, or the prefix
     when causal): dense attention."""
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
+    return gqa.sdpa(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 
 def _block_sparse(
