@@ -1,7 +1,7 @@
 """Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
 
 The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
-progressions. Two kernels run the same math:
+progressions. Three kernels run the same math:
 
 - ``flex`` (the GPU path): PyTorch's compiled FlexAttention with a ``BlockMask`` built
   directly from the block lists (``BlockMask.from_kv_blocks``; nothing is evaluated over
@@ -12,6 +12,9 @@ progressions. Two kernels run the same math:
   under autograd a wide chunk's backward takes its window in parts. The layout, masks and
   pieces are in ``attnbench.impls.block_sparse_flex``, the FlexAttention calls in
   ``attnbench.impls.flex_kernel``.
+- ``auto`` on a GPU without autograd (fp16, bf16): a Triton forward (``attnbench.impls.flash``)
+  over compressed-row block lists, every row (the global ones too) in one launch per chunk
+  of rows, longest rows first; under autograd ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 
 from attnbench.block_lists import BlockPattern
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import flash, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
 from attnbench.impls.flex_kernel import (
@@ -214,6 +217,10 @@ class BlockSparseAttention(AttentionImpl):
         p = self.pattern(seq_len, is_causal)
         use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if not grad and self.kernel == "auto" and q.is_cuda and flash.applies(q, k, v):
+            # one launch per chunk of rows over compressed-row block lists, the global rows in it
+            self.last_backend = "triton"
+            return flash.block_sparse(q, k, v, p, self.block_size, flash.block_lists(p, q.device, self._masks))
         if use_flex:
             key = (seq_len, is_causal, str(q.device), grad)
             if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
@@ -366,7 +373,7 @@ register(
             Param(
                 "kernel",
                 "auto",
-                "flex (compiled FlexAttention) or gather; auto: flex on GPU",
+                "flex (compiled FlexAttention) or gather; auto: on GPU a Triton forward (fp16/bf16), flex under autograd",
                 kind="str",
                 choices=KERNELS,
             ),
