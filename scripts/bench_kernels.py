@@ -120,7 +120,7 @@ def check_inputs(kind, dtype, dim, causal, heads, kv_heads, what):
     """(impl, q, k, v, reference) of one check case."""
     if kind == "dilated":
         impl = impls.build("dilated", segment_lengths=what[0], dilation_rates=what[1])
-        q, k, v = qkv(1024, heads, kv_heads, dim, dtype, batch=2)
+        q, k, v = qkv(1536, heads, kv_heads, dim, dtype, batch=2)  # a multiple of every segment length
     else:
         impl = impls.build("block-sparse", pattern_type=what, block_size=128, sparsity_ratio=0.1)
         q, k, v = qkv(128 * 32, heads, kv_heads, dim, dtype, batch=1)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 # A masked score: finite, so a row whose first tile is all masked gets weights that the
 # next tile's rescale (exp2 of minus this) clears, never NaN
-MASKED = -1.0e30
+MASKED = tl.constexpr(-1.0e30)
 
 
 @triton.jit
