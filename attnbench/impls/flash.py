@@ -47,8 +47,15 @@ class Tiles:
     tma: bool = False
 
 
-DILATED_TILES = Tiles()
-BLOCK_SPARSE_TILES = Tiles()
+# Chosen on one H100 (bf16, D=64; docs/kernels.md): dilated at 1M ran within 1% at (128, 64) and
+# (128, 128), 4 or 8 warps, 3 stages; two stages or 64-row tiles were slower. The block-sparse
+# loop is long like dense attention's, where (128, 128, 4 warps) was the fastest at 64K; its
+# 128-wide key tiles would take 224 KB of shared memory at head dim 128, so 64 there.
+DILATED_TILES = Tiles(128, 64, 4, 3)
+
+
+def block_sparse_tiles(head_dim: int) -> Tiles:
+    return Tiles(128, 128, 4, 3) if head_dim <= 64 else Tiles(128, 64, 4, 3)
 
 
 @functools.cache
@@ -224,8 +231,8 @@ def block_sparse(q, k, v, p: BlockPattern, block_size: int, lists, tiles=None):
     of rows, or callables that build one when called)."""
     from attnbench.impls.flash_kernels import block_sparse_kernel
 
-    tiles = tiles or BLOCK_SPARSE_TILES
     batch, _, num_heads, head_dim = q.shape
+    tiles = tiles or block_sparse_tiles(head_dim)
     block_m, block_n = min(tiles.block_m, block_size), min(tiles.block_n, block_size)
     out = torch.empty_like(q)
     for chunk in lists:
