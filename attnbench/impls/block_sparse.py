@@ -12,9 +12,10 @@ progressions. Three kernels run the same math:
   under autograd a wide chunk's backward takes its window in parts. The layout, masks and
   pieces are in ``attnbench.impls.block_sparse_flex``, the FlexAttention calls in
   ``attnbench.impls.flex_kernel``.
-- ``auto`` on a GPU without autograd (fp16, bf16): a Triton forward (``attnbench.impls.flash``)
-  over compressed-row block lists, every row (the global ones too) in one launch per chunk
-  of rows, longest rows first; under autograd ``flex``.
+- ``triton`` (on a GPU without autograd, fp16 and bf16; ``flex`` otherwise): a Triton forward
+  (``attnbench.impls.flash``) over compressed-row block lists, every row (the global ones
+  too) in one launch per chunk of rows, longest rows first. Measured on one H100 it runs at
+  FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
@@ -51,7 +52,7 @@ from attnbench.impls.pieces import (
 from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-KERNELS = ("auto", "flex", "gather")
+KERNELS = ("auto", "flex", "gather", "triton")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 INDEX_WIDTHS = ("auto", "full", "compact")
 GATHER_BUDGET_BYTES = 256 << 20
@@ -137,7 +138,7 @@ class BlockSparseAttention(AttentionImpl):
 
     @property
     def compiles(self) -> bool:  # type: ignore[override]
-        return self.kernel == "flex" or (self.kernel == "auto" and torch.cuda.is_available())
+        return self.kernel in ("flex", "triton") or (self.kernel == "auto" and torch.cuda.is_available())
 
     # --- shape rules -------------------------------------------------------------------
     @property
@@ -215,9 +216,9 @@ class BlockSparseAttention(AttentionImpl):
         batch, seq_len, num_heads, _ = q.shape
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
-        use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        use_flex = self.kernel in ("flex", "triton") or (self.kernel == "auto" and q.is_cuda)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        if not grad and self.kernel == "auto" and q.is_cuda and flash.applies(q, k, v):
+        if self.kernel == "triton" and not grad and q.is_cuda and flash.applies(q, k, v):
             # one launch per chunk of rows over compressed-row block lists, the global rows in it
             self.last_backend = "triton"
             return flash.block_sparse(q, k, v, p, self.block_size, flash.block_lists(p, q.device, self._masks))
@@ -373,7 +374,8 @@ register(
             Param(
                 "kernel",
                 "auto",
-                "flex (compiled FlexAttention) or gather; auto: on GPU a Triton forward (fp16/bf16), flex under autograd",
+                "flex (compiled FlexAttention), gather, or triton (a Triton forward on CUDA in fp16/bf16, flex "
+                "under autograd); auto: flex on GPU",
                 kind="str",
                 choices=KERNELS,
             ),
