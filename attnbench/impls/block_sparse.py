@@ -12,10 +12,9 @@ progressions. Three kernels run the same math:
   under autograd a wide chunk's backward takes its window in parts. The layout, masks and
   pieces are in ``attnbench.impls.block_sparse_flex``, the FlexAttention calls in
   ``attnbench.impls.flex_kernel``.
-- ``triton`` (on a GPU without autograd, fp16 and bf16; ``flex`` otherwise): a Triton forward
-  (``attnbench.impls.flash``) over compressed-row block lists, every row (the global ones
-  too) in one launch per chunk of rows, longest rows first. Measured on one H100 it runs at
-  FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
+- ``triton`` (GPU, no autograd, fp16/bf16; else ``flex``): a Triton forward (``attnbench.impls.flash``)
+  over compressed-row block lists, all rows in one launch per chunk, longest first. On an H100
+  it runs at FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
