@@ -1,7 +1,7 @@
 """Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
 
 The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
-progressions. Two kernels run the same math:
+progressions. Three kernels run the same math:
 
 - ``flex`` (the GPU path): PyTorch's compiled FlexAttention with a ``BlockMask`` built
   directly from the block lists (``BlockMask.from_kv_blocks``; nothing is evaluated over
@@ -12,6 +12,9 @@ progressions. Two kernels run the same math:
   under autograd a wide chunk's backward takes its window in parts. The layout, masks and
   pieces are in ``attnbench.impls.block_sparse_flex``, the FlexAttention calls in
   ``attnbench.impls.flex_kernel``.
+- ``triton`` (GPU, no autograd, fp16/bf16; else ``flex``): a Triton forward (``attnbench.impls.flash``)
+  over compressed-row block lists, all rows in one launch per chunk, longest first. On an H100
+  it runs at FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
@@ -34,7 +37,7 @@ import torch
 
 from attnbench.block_lists import BlockPattern
 from attnbench.errors import ConfigError
-from attnbench.impls import gqa, register
+from attnbench.impls import flash, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
 from attnbench.impls.flex_kernel import (
@@ -50,7 +53,7 @@ from attnbench.impls.pieces import (
 from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-KERNELS = ("auto", "flex", "gather")
+KERNELS = ("auto", "flex", "gather", "triton")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 INDEX_WIDTHS = ("auto", "full", "compact")
 GATHER_BUDGET_BYTES = 256 << 20
@@ -136,7 +139,7 @@ class BlockSparseAttention(AttentionImpl):
 
     @property
     def compiles(self) -> bool:  # type: ignore[override]
-        return self.kernel == "flex" or (self.kernel == "auto" and torch.cuda.is_available())
+        return self.kernel in ("flex", "triton") or (self.kernel == "auto" and torch.cuda.is_available())
 
     # --- shape rules -------------------------------------------------------------------
     @property
@@ -214,8 +217,12 @@ class BlockSparseAttention(AttentionImpl):
         batch, seq_len, num_heads, _ = q.shape
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
-        use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        use_flex = self.kernel in ("flex", "triton") or (self.kernel == "auto" and q.is_cuda)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if self.kernel == "triton" and not grad and q.is_cuda and flash.applies(q, k, v):
+            # one launch per chunk of rows over compressed-row block lists, the global rows in it
+            self.last_backend = "triton"
+            return flash.block_sparse(q, k, v, p, self.block_size, flash.block_lists(p, q.device, self._masks))
         if use_flex:
             key = (seq_len, is_causal, str(q.device), grad)
             if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
@@ -366,7 +373,8 @@ register(
             Param(
                 "kernel",
                 "auto",
-                "flex (compiled FlexAttention) or gather; auto: flex on GPU",
+                "flex (compiled FlexAttention), gather, or triton (a Triton forward on CUDA in fp16/bf16, flex "
+                "under autograd); auto: flex on GPU",
                 kind="str",
                 choices=KERNELS,
             ),

@@ -3,9 +3,13 @@
 Heads are split into G contiguous groups; group i uses segment length w_i and dilation r_i
 with offset o_i = i mod r_i. A query at position p of its segment attends only if
 p mod r_i == o_i, and then to the keys of its segment with the same residue. Each
-(segment, group) is therefore a dense attention over w_i / r_i tokens: the implementation
-takes strided views of those tokens (no copy), folds segments into the batch and lets the
-fused SDPA kernel do the work, a chunk of segments at a time so temporaries stay small.
+(segment, group) is therefore a dense attention over w_i / r_i tokens. Without autograd on
+CUDA (fp16, bf16) a Triton kernel (attnbench.impls.flash) reads those tokens with the
+dilation stride and writes each group's output rows, and the zero rows between them, in
+place. Otherwise (and with ``kernel=sdpa``) the implementation takes strided views of those
+tokens (no copy), folds segments into the batch and lets the fused SDPA kernel do the work, a
+chunk of segments at a time so temporaries stay small, copying each chunk's output into its
+strided place.
 
 With ``hilbert=True`` the tokens are a 2-D grid (row-major) reordered along a Hilbert curve
 (attnbench.hilbert) before the pattern, and the output is returned in the original order:
@@ -23,10 +27,12 @@ from torch.nn.attention import sdpa_kernel
 
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
-from attnbench.impls import fused_sdpa, gqa, register
+from attnbench.impls import flash, fused_sdpa, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
+
+KERNELS = ("auto", "sdpa")
 
 # Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this, so
 # short sequences do not pay for many small kernel launches
@@ -102,8 +108,11 @@ class DilatedAttention(AttentionImpl):
         hilbert: bool = False,
         grid_width: int = 0,
         backend: str = "auto",
+        kernel: str = "auto",
     ):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ConfigError(f"dilated: kernel {kernel!r} unknown: choose {' or '.join(KERNELS)}")
         validate_pattern(segment_lengths, dilation_rates)
         if backend not in ("auto", *SDPA_BACKENDS):
             raise ConfigError(f"dilated: SDPA backend {backend!r} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
@@ -117,6 +126,7 @@ class DilatedAttention(AttentionImpl):
         self.hilbert = hilbert
         self.grid_width = grid_width
         self.backend = backend
+        self.kernel = kernel
 
     def config(self):
         config = {
@@ -128,6 +138,8 @@ class DilatedAttention(AttentionImpl):
             config.update(hilbert=True, grid_width=self.grid_width)
         if self.backend != "auto":
             config["backend"] = self.backend
+        if self.kernel != "auto":
+            config["kernel"] = self.kernel
         return config
 
     @property
@@ -189,6 +201,11 @@ class DilatedAttention(AttentionImpl):
                 kernel,
             )
             self.last_backend = "sdpa:" + kernel
+        elif self._flash_applies(q, k, v):
+            out = torch.empty_like(q)  # the kernel writes every row, the zero rows outside the dilation too
+            for g in groups:
+                flash.dilated_group(q, k, v, out, g.heads, g.segment_length, g.dilation_rate, g.offset, is_causal)
+            self.last_backend = "triton"
         else:
             # the memory-efficient backend has no grouped kernel: it gets each chunk's K/V copied
             expand = self.backend == "efficient" and gqa.heads_differ(q, k, 2)
@@ -203,6 +220,11 @@ class DilatedAttention(AttentionImpl):
         if self.hilbert:
             out = torch.empty_like(out).index_copy_(1, order, out)  # back to the original order
         return out
+
+    def _flash_applies(self, q, k, v) -> bool:
+        """The Triton forward (reads the dilation in place, writes the output in place) on CUDA
+        where it takes the inputs; SDPA where a backend is named, off CUDA and elsewhere."""
+        return self.kernel == "auto" and self.backend == "auto" and q.is_cuda and flash.applies(q, k, v)
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
         pos = torch.arange(seq_len)
@@ -320,15 +342,16 @@ def _dilated(
     hilbert=False,
     grid_width=0,
     backend="auto",
+    kernel="auto",
 ):
-    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend)
+    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend, kernel)
 
 
 register(
     ImplSpec(
         name="dilated",
         factory=_dilated,
-        summary="LongNet dilated attention: head groups x (segment, dilation), dense SDPA per segment",
+        summary="LongNet dilated attention: head groups x (segment, dilation), dense attention per segment (Triton, SDPA)",
         params=(
             Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
             Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
@@ -352,6 +375,14 @@ register(
                 "SDPA backend of the segment attentions",
                 kind="str",
                 choices=("auto", *SDPA_BACKENDS),
+                recorded_at_default=False,
+            ),
+            Param(
+                "kernel",
+                "auto",
+                "forward without autograd: auto (a Triton kernel reading the dilation in place, on CUDA in fp16/bf16) or sdpa",
+                kind="str",
+                choices=KERNELS,
                 recorded_at_default=False,
             ),
         ),
