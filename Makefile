@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 # e.g. VENV_FLAGS=--system-site-packages to reuse a torch already installed on a GPU machine
 VENV_FLAGS ?=
-# where `make report` writes its run (trials.jsonl) and the report (RUN/report/report.md); OUT=DIR to choose
-RUN := $(or $(OUT),results/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
+# where `make report` writes its run (trials.jsonl) and the report (RUN/report/report.md); OUT=DIR to choose.
+# runs/ is not tracked: a new user's run never lands beside the committed results/.
+RUN := $(or $(OUT),runs/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
 
 .PHONY: setup report test test-fast lint ci-gate clean
 

@@ -127,31 +127,42 @@ def expand_progressions(prog: torch.Tensor, width: int | None = None, device=Non
     """Rows of disjoint progressions ``(rows, R, 3)`` -> padded explicit indices and counts, on
     ``device`` (default: prog's). The sizes are read where prog lies (the CPU, for a pattern's
     own lists), so expanding onto a GPU never waits for the work queued there."""
-    rows, num_prog, _ = prog.shape
+    rows = prog.shape[0]
     lengths = progression_lengths(prog)  # (rows, R)
-    total, most = int(lengths.sum()), int(lengths.sum(dim=1).max()) if rows else 0
+    most = int(lengths.sum(dim=1).max()) if rows else 0
     width = max(most if width is None else width, 1)
     if most > width:
         raise ValueError(f"a row keeps {most} blocks, more than the width {width}")
+    values, counts = flatten_progressions(prog, device)
+    out = torch.zeros(rows, width, dtype=torch.int64, device=counts.device)
+    if values.numel() == 0:
+        return out, counts
+    row = torch.repeat_interleave(torch.arange(rows, device=counts.device), counts, output_size=values.numel())
+    row_first = torch.cumsum(counts, 0) - counts
+    col = torch.arange(values.numel(), device=counts.device) - row_first[row]
+    out[row, col] = values
+    return out, counts
+
+
+def flatten_progressions(prog: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of disjoint progressions ``(rows, R, 3)`` -> every kept block, row after row (each
+    row's progressions in order), int64, and the count of each row: a compressed-row list on
+    ``device`` (default: prog's). Sizes are read where prog lies, as in ``expand_progressions``."""
+    rows, num_prog, _ = prog.shape
+    total = int(progression_lengths(prog).sum())
     device = prog.device if device is None else torch.device(device)
     if prog.device != device:
         prog = to_device(prog, device)
-        lengths = progression_lengths(prog)
+    lengths = progression_lengths(prog)
     counts = lengths.sum(dim=1)
-    out = torch.zeros(rows, width, dtype=torch.int64, device=device)
     if total == 0:
-        return out, counts
+        return torch.zeros(0, dtype=torch.int64, device=device), counts
     flat_len = lengths.reshape(-1)
     prog_id = torch.repeat_interleave(torch.arange(rows * num_prog, device=device), flat_len, output_size=total)
     prog_first = torch.cumsum(flat_len, 0) - flat_len  # flat position of each progression's first element
     k = torch.arange(total, device=device) - prog_first[prog_id]
     flat = prog.reshape(-1, 3)
-    values = flat[prog_id, 0] + flat[prog_id, 2] * k
-    row = torch.div(prog_id, num_prog, rounding_mode="floor")
-    row_first = torch.cumsum(counts, 0) - counts
-    col = torch.arange(total, device=device) - row_first[row]
-    out[row, col] = values
-    return out, counts
+    return flat[prog_id, 0] + flat[prog_id, 2] * k, counts
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """What a sweep will run: settings from built-in defaults, a TOML profile and CLI flags.
 
 Precedence, lowest first: built-in defaults, the profile's top-level settings, the profile
-entry (``[[sweep]]``), flags given on the command line. Every key is checked: an unknown key
-or a wrong type is an error that names the key.
+entry (``[[sweep]]``), flags given on the command line. A model preset (``model``: built in,
+or a profile's ``[models.NAME]``) fills heads, kv_heads, head_dim and causal at the level that
+names it, under that level's own keys. Every key is checked: an unknown key or a wrong type is
+an error that names the key.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from attnbench import impls
+from attnbench import impls, models
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.units import parse_bytes, parse_gpus, parse_int_list, parse_tokens
-from attnbench.workload import DTYPES, MODES, Workload
+from attnbench.workload import DTYPES, MODES, Workload, check_heads
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -51,6 +53,8 @@ class Settings:
     label: str = ""
     gpus: tuple[int, ...] = ()  # sequence-parallel implementations: ranks to run on (one series each)
     equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
+    kv_heads: int | None = None  # key/value heads shared by groups of query heads (None: heads)
+    model: str | None = None  # the model preset that filled the shape (attnbench models)
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -134,6 +138,8 @@ SETTING_PARSERS = {
     "label": _str,
     "gpus": _gpus,
     "equal_work": _bool,
+    "kv_heads": _at_least(1, _int, "a positive number of key/value heads (dividing heads)"),
+    "model": _str,
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
 
@@ -180,10 +186,18 @@ class Series:
             device=s.device,
             mode=s.mode,
             causal=s.causal,
+            kv_heads=s.kv_heads,
+            model=s.model,
         )
 
     @property
     def name(self) -> str:
+        """The series' label: the profile's, else the implementation and the parameters that
+        tell it apart; then the model preset's name, if any ("sdpa(backend=cudnn) for llama3-8b")."""
+        model = f" for {self.settings.model}" if self.settings.model else ""
+        return self._name() + model
+
+    def _name(self) -> str:
         if self.settings.label:
             return self.settings.label + (f" x{self.world_size}" if self.distributed else "")
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
@@ -293,6 +307,11 @@ def load_speedup_entries(profile: str) -> list[dict[str, Any]]:
     return _load_profile(profile)[5]
 
 
+def profile_models(profile: str) -> dict[str, models.ModelShape]:
+    """A profile's own model presets (``[models.NAME]`` tables)."""
+    return _load_profile(profile)[6]
+
+
 def _load_profile(profile: str):
     path = resolve_profile_path(profile)
     try:
@@ -305,6 +324,7 @@ def _load_profile(profile: str):
         raise AttnbenchError(f"profile {path}: 'verify' must be true or false")
     entries = data.pop("sweep", [])
     speedups = data.pop("speedup", [])
+    own_models = models.parse_table(data.pop("models", {}), f"profile {path}")
     for what in (entries, speedups):
         if not isinstance(what, list) or not all(isinstance(e, dict) for e in what):
             raise AttnbenchError(f"profile {path}: [[sweep]] and [[speedup]] must be tables with an 'impl' key")
@@ -313,7 +333,7 @@ def _load_profile(profile: str):
     unknown = sorted(set(data) - set(SETTING_PARSERS))
     if unknown:
         raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SETTING_PARSERS)})")
-    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify, speedups
+    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify, speedups, own_models
 
 
 def build_plan(
@@ -329,8 +349,9 @@ def build_plan(
     base: dict[str, Any] = {}
     entries: list[dict[str, Any]] = []
     speedups: list[dict[str, Any]] = []
+    own_models: dict[str, models.ModelShape] = {}
     if profile:
-        name, description, base, entries, verify, speedups = _load_profile(profile)
+        name, description, base, entries, verify, speedups, own_models = _load_profile(profile)
         path = resolve_profile_path(profile)
         if impl_names:
             for n in impl_names:
@@ -352,7 +373,12 @@ def build_plan(
         own = {p.name for p in impls.spec(impl).params}
         config.update({k: v for k, v in params.items() if k in own})
         used_params |= own & set(params)
-        settings = replace(Settings(), **{**base, **entry_settings, **flags})
+        levels = (models.filled(level, own_models) for level in (base, entry_settings, flags))
+        settings = replace(Settings(), **{k: v for level in levels for k, v in level.items()})
+        try:
+            check_heads(settings.heads, settings.kv_heads)
+        except AttnbenchError as exc:
+            raise AttnbenchError(f"{where}: {exc}" + (f" (model {settings.model})" if settings.model else "")) from None
         try:
             config = impls.normalize_config(impl, config)
         except ConfigError as exc:

@@ -2,7 +2,9 @@
 
 Every implementation is defined by its declared key sets (docs/semantics.md), so one reference
 checks them all: build the boolean (H, N, N) mask at small N, run masked softmax attention in
-float64 on the CPU, and compare with ||out - ref|| / ||ref||.
+float64 on the CPU, and compare with ||out - ref|| / ||ref||. With grouped heads (fewer
+key/value heads than query heads) the reference reads, for query head h, key/value head
+h // (H / H_kv), written out here on its own rather than taken from any implementation.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from attnbench import impls
+from attnbench.measure.oom import classify
 from attnbench.workload import DTYPES
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
@@ -33,8 +36,12 @@ def masked_reference(q, k, v, mask: torch.Tensor, scale: float | None = None) ->
 
 def masked_attention(q, k, v, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """``masked_reference``'s arithmetic in the inputs' dtype and device, differentiable: an
-    empty key set's row and its gradients are zero."""
+    empty key set's row and its gradients are zero. k, v with fewer heads than q serve groups
+    of consecutive query heads (their gradients sum over the group)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if k.shape[2] != q.shape[2]:
+        group = q.shape[2] // k.shape[2]
+        k, v = (torch.repeat_interleave(x, group, dim=2) for x in (k, v))
     scores = torch.einsum("bthd,buhd->bhtu", q, k) * scale
     mask = mask.to(q.device)[None]
     scores = scores.masked_fill(~mask, float("-inf"))
@@ -65,25 +72,51 @@ class VerifyCase:
     device: str
     world_size: int = 1  # ranks a sequence-parallel implementation runs on
     mode: str = "fwd"  # fwd_bwd: dq, dk, dv are checked too
+    kv_heads: int | None = None  # key/value heads shared by groups of query heads (None: heads)
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(q and the output, k and v): ``(B, N, H, D)`` and ``(B, N, H_kv, D)``."""
+        q = (self.batch, self.seq_len, self.heads, self.head_dim)
+        return q, (*q[:2], self.kv_heads or self.heads, self.head_dim)
+
+
+# (batch, heads, key/value heads, head dim) of the checks at a configuration's verify length
+# (the second at twice it): B > 1, head counts that do not divide evenly into head groups,
+# and 8 query heads over 2 key/value heads, whose groups of 4 cut across head groups of 3
+VERIFY_SHAPES = ((2, 5, None, 16), (1, 3, None, 32), (2, 8, 2, 16))
+
+
+def verify_shapes(n: int) -> list[tuple[int, int, int, int | None, int]]:
+    """(batch, length, heads, key/value heads, head dim) of the checks for verify length ``n``."""
+    return [(b, n * (2 if i == 1 else 1), h, kv, d) for i, (b, h, kv, d) in enumerate(VERIFY_SHAPES)]
 
 
 def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd", configs=None) -> list[VerifyCase]:
     """Several small shapes per configuration (``configs``, default the implementation's
-    verify configurations): B > 1, causal and not, head counts that do not divide evenly
-    into groups; ``mode`` fwd_bwd checks dq, dk, dv too."""
+    verify configurations): ``VERIFY_SHAPES``, causal and not; ``mode`` fwd_bwd checks dq,
+    dk, dv too."""
     entry = impls.spec(name)
     if configs is None:
         configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
     for config in configs:
         impl = impls.build(name, **config)
-        n = impl.verify_seq_len()
-        for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
+        for batch, seq_len, heads, kv_heads, head_dim in verify_shapes(impl.verify_seq_len()):
             for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
                     cases.append(
                         VerifyCase(
-                            name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device, mode=mode
+                            name,
+                            impl.config(),
+                            batch,
+                            seq_len,
+                            heads,
+                            head_dim,
+                            causal,
+                            dtype,
+                            device,
+                            mode=mode,
+                            kv_heads=kv_heads,
                         )
                     )
     return cases
@@ -106,11 +139,15 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         "world_size": case.world_size,
         "seed": seed,
         "tolerance": TOLERANCE[case.dtype],
+        **({"kv_heads": case.kv_heads} if case.kv_heads not in (None, case.heads) else {}),
     }
     gen = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.seq_len, case.heads, case.head_dim)
+    q_shape, kv_shape = case.shapes()
     # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
-    q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for _ in range(3))
+    q, k, v = (
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype])
+        for shape in (q_shape, kv_shape, kv_shape)
+    )
     impl = impls.build(case.impl, **case.config)
     if case.mode == "fwd_bwd":
         row["mode"] = "fwd_bwd"
@@ -119,7 +156,7 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         with torch.no_grad():
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
-        return {**row, "status": "error", "rel_err": None, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        return {**row, **_failed(exc), "rel_err": None}
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return {
@@ -136,8 +173,20 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         "status": "pass" if ok else "fail",
         "rel_err": err,
         "backend": impl.last_backend,
+        **_kv_layout(impl),
         "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance"),
     }
+
+
+def _failed(exc: BaseException) -> dict[str, Any]:
+    """A case that raised: ``unsupported`` where the kernel has no such shape (not a wrong
+    output), else ``error``; the message's first line."""
+    status = "unsupported" if classify(exc) == "unsupported" else "error"
+    return {"status": status, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+
+
+def _kv_layout(impl) -> dict[str, Any]:
+    return {"kv_layout": impl.last_kv_layout} if getattr(impl, "last_kv_layout", None) else {}
 
 
 def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> dict[str, Any]:
@@ -150,12 +199,7 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> d
         grads = torch.autograd.grad(out, inputs, grad_out.to(case.device), allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
     except Exception as exc:  # a case that cannot run is reported, never raised
-        return {
-            "status": "error",
-            "rel_err": None,
-            "grad_tolerance": GRAD_TOLERANCE[case.dtype],
-            "message": f"{type(exc).__name__}: {exc}".splitlines()[0],
-        }
+        return {**_failed(exc), "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype]}
     ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))
@@ -163,6 +207,7 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> d
         "rel_err": relative_error(out, ref.detach()),
         "grad_tolerance": GRAD_TOLERANCE[case.dtype],
         "backend": impl.last_backend,
+        **_kv_layout(impl),
     }
     for name, got, want in zip(GRADIENTS, grads, ref_grads):
         result[f"rel_err_{name}"] = relative_error(got, want)

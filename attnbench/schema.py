@@ -127,14 +127,20 @@ class Workload(Row):
     world_size: int | None = None  # GPUs (ranks) the call was spread over; None: one device
     strategy: str | None = None  # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
     impl_source: dict[str, Any] | None = None  # outside implementation: import path, package, version, memory order
+    kv_heads: int | None = None  # key/value heads shared by groups of query heads; None: as many as heads
+    model: str | None = None  # the model preset the shape came from (attnbench models)
 
     def identity(self, seq_len: bool = True) -> dict[str, Any]:
         """What makes two rows the same attention call: every workload field (derived from
         this class, so a new workload field joins it), one device meaning world size 1 and
-        strategy "single"; ``seq_len=False`` for a series (the call but its length)."""
+        strategy "single"; ``kv_heads`` only where fewer than the heads (so a row from before
+        grouped heads and one without grouping are the same call, with the same key);
+        ``seq_len=False`` for a series (the call but its length)."""
         ident = {name: getattr(self, name) for name in _workload_field_names()}
         ident["world_size"] = ident["world_size"] or 1
         ident["strategy"] = ident["strategy"] or "single"
+        if ident["kv_heads"] in (None, ident["heads"]):
+            del ident["kv_heads"]
         if not seq_len:
             del ident["seq_len"]
         return ident
@@ -181,6 +187,7 @@ class Timing:
     warmup_s: float | None = None  # warm-up by time, until the SM clock settles
     clocks: list[dict[str, Any]] | None = None  # per GPU during the timed calls: SM/memory clock, power, throttle
     clocks_moved: bool | None = None  # a clock moved more than a few percent while timing
+    kv_layout: str | None = None  # grouped K/V: shared (read once per group) or expanded (copied per query head)
 
 
 @dataclass(kw_only=True)
@@ -244,7 +251,7 @@ class Verify(Workload):
     """One check of an implementation against the float64 reference."""
 
     KIND: ClassVar[tuple[str, ...]] = ("verify",)
-    status: str  # pass, fail or error
+    status: str  # pass, fail, error or unsupported (the kernel has no such shape: not a wrong output)
     rel_err: float | None = None  # max |out - ref| / max |ref|
     tolerance: float | None = None  # largest rel_err that passes for the dtype
     seed: int | None = None  # input seed
@@ -256,6 +263,7 @@ class Verify(Workload):
     rel_err_dk: float | None = None
     rel_err_dv: float | None = None
     grad_tolerance: float | None = None
+    kv_layout: str | None = None  # grouped K/V: shared or expanded
 
 
 @dataclass(kw_only=True)
@@ -278,8 +286,9 @@ class Speedup(Workload, Timing):
     replica_batches: list[list[int]] | None = None  # dp: [first, end) batch indices of each replica
 
 
-# Workload fields that are bookkeeping, not part of what was measured.
-NOT_IDENTITY = ("impl_source",)
+# Workload fields that are bookkeeping, not part of what was measured (a model preset names a
+# shape that heads, kv_heads, head_dim and causal already hold).
+NOT_IDENTITY = ("impl_source", "model")
 
 
 @functools.cache

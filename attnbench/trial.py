@@ -77,6 +77,8 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
             row["first_call_ms"] = first_ms
             row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
         row["backend"] = impl.last_backend
+        if impl.last_kv_layout:  # grouped K/V: shared, or copied to every query head
+            row["kv_layout"] = impl.last_kv_layout
         row.update(summarize(row["times_ms"]))
         mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
         del step, q, k, v  # and gets the inputs' memory for it

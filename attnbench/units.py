@@ -9,34 +9,40 @@ import re
 
 from attnbench.errors import AttnbenchError
 
+# A size names its unit: decimal (KB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB), or B for
+# bytes. A bare number or a bare K/M/G/T is refused: "80" read as 80 bytes and "256M" read
+# as 256,000,000 bytes are both what a user did not mean.
 _BYTE_UNITS = {
-    "": 1,
     "b": 1,
-    "k": 10**3,
     "kb": 10**3,
-    "m": 10**6,
     "mb": 10**6,
-    "g": 10**9,
     "gb": 10**9,
-    "t": 10**12,
     "tb": 10**12,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
 }
+SIZE_FORMS = "e.g. 2GiB, 512MiB, 80GB or 1048576B (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 _TOKEN_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
 def parse_bytes(text: str | int) -> int:
-    """'2GiB' -> 2147483648, '512MB' -> 512000000, plain integers are bytes."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _BYTE_UNITS:
-        raise AttnbenchError(f"cannot read memory size {text!r}: write e.g. 2GiB, 512MiB or 8GB")
-    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '4096B' -> 4096; a size must name its unit
+    and come to at least one byte."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = str(text)  # a TOML integer: a number without a unit
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
+    if not match:
+        raise AttnbenchError(f"cannot read memory size {text!r}: write {SIZE_FORMS}")
+    unit = match.group(2).lower()
+    if unit not in _BYTE_UNITS:
+        what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(2)!r}"
+        raise AttnbenchError(f"memory size {text!r} {what}: write {SIZE_FORMS}")
+    size = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if size < 1:
+        raise AttnbenchError(f"memory size {text!r} is less than one byte: write {SIZE_FORMS}")
+    return size
 
 
 def parse_tokens(text: str | int) -> int:

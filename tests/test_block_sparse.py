@@ -27,7 +27,7 @@ def case_id(c):
     cfg = c.config
     return (
         f"{cfg['pattern_type']}-b{cfg['block_size']}-r{cfg['sparsity_ratio']}-B{c.batch}-N{c.seq_len}-"
-        f"{'causal' if c.causal else 'full'}-{c.dtype}"
+        f"{'causal' if c.causal else 'full'}-{c.dtype}" + (f"-kv{c.kv_heads}" if c.kv_heads else "")
     )
 
 
@@ -49,7 +49,7 @@ def test_gather_kernel_matches_reference(case):
 
 def test_a_wrong_implementation_fails_verification(monkeypatch):
     """The check can fail: separately normalised per-block softmaxes (the seeds' bug) must."""
-    real = bs.F.scaled_dot_product_attention
+    real = torch.nn.functional.scaled_dot_product_attention
 
     def per_block_softmax(q, k, v, attn_mask=None, **kw):
         if attn_mask is None:
@@ -61,7 +61,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
         ]
         return torch.nan_to_num(torch.stack(parts)).sum(0)
 
-    monkeypatch.setattr(bs.F, "scaled_dot_product_attention", per_block_softmax)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", per_block_softmax)
     cfg = impls.build("block-sparse", pattern_type="local_window", block_size=16, sparsity_ratio=0.25).config()
     assert run_case(VerifyCase("block-sparse", cfg, 1, 512, 2, 16, False, "fp32", "cpu"))["status"] == "fail"
 

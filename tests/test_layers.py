@@ -29,6 +29,7 @@ LAYERS = [
             "attnbench.environment",
             "attnbench.schema",
             "attnbench.contract",
+            "attnbench.models",
         ],
     ),
     ("runtime", ["attnbench.runtime"]),

@@ -118,7 +118,7 @@ def test_units():
     assert parse_tokens("64K") == 65536 and parse_tokens("1M") == 1 << 20 and parse_tokens(4096) == 4096
     assert parse_int_list("2048,4096", "x") == [2048, 4096]
     assert format_tokens(65536) == "65,536 (64K)" and format_tokens(100) == "100"
-    for bad in ("2 parsecs", "", "GiB"):
+    for bad in ("2 parsecs", "", "GiB", "80"):
         with pytest.raises(AttnbenchError):
             parse_bytes(bad)
 

@@ -244,7 +244,7 @@ def test_installed_plugin_is_listed_and_verifies(installed):
         env=installed,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "8 of 8 cases pass" in r.stdout and "contract violated" not in r.stdout
+    assert "12 of 12 cases pass" in r.stdout and "contract violated" not in r.stdout
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """The attnbench command line: each command is a thin call into the library.
 
 One module per command group registers its commands on ``base.app``: ``verify`` (list,
-verify), ``sweep`` (max-seq, bench, run), ``report`` (report, predict), ``check``, ``speedup``,
-``pattern``; ``progress`` holds the live progress reporters and ``options`` what several
+verify), ``models`` (the model presets), ``sweep`` (max-seq, bench, run), ``report`` (report,
+predict), ``check``, ``speedup``, ``pattern``; ``progress`` holds the live progress reporters and ``options`` what several
 commands share. A command imports its machinery inside the function, so `attnbench report`
 and `attnbench check` never import torch.
 """
@@ -20,7 +20,7 @@ from attnbench.cli.base import app, err_console
 from attnbench.errors import AttnbenchError
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
-COMMAND_MODULES = ("verify", "sweep", "report", "check", "speedup", "pattern")
+COMMAND_MODULES = ("verify", "models", "sweep", "report", "check", "speedup", "pattern")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
 

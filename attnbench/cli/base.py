@@ -4,7 +4,7 @@ short forms of values that several commands show."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="How long a sequence can an attention implementation handle, how fast, with how much memory per GPU.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from attnbench import __version__
+
+        print(f"attnbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+    ] = None,
+) -> None:
+    """How long a sequence can an attention implementation handle, how fast, with how much memory per GPU."""
+
+
 # Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "pkg.mod:x:" stays text

@@ -21,7 +21,7 @@ def check(
         Optional[float],
         typer.Option(
             "--time-factor",
-            help="a median slower than this factor may be a regression [1.10 on a GPU, 1.5 on a CPU]",
+            help="a median slower than this factor may be a regression \\[default: 1.10 on a GPU, 1.5 on a CPU]",
             show_default=False,
         ),
     ] = None,
@@ -29,7 +29,8 @@ def check(
         float, typer.Option("--memory-factor", help="peak memory above this factor is a regression")
     ] = 1.02,
     only: Annotated[
-        Optional[str], typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes [all]")
+        Optional[str],
+        typer.Option("--only", help="aspects to check: time,memory,capacity,correctness,bytes \\[default: all]"),
     ] = None,
     deterministic: Annotated[
         bool,

@@ -14,13 +14,25 @@ from attnbench.errors import AttnbenchError
 ImplOpt = Annotated[
     Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")
 ]
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H [8]")]
-HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D [64]")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B [1]")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="fp32 | fp16 | bf16 [bf16]")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto [auto]")]
-ModeOpt = Annotated[Optional[str], typer.Option("--mode", help="fwd | fwd_bwd [fwd]")]
-CausalOpt = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="causal masking [no]")]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H \\[default: 8]")]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D \\[default: 64]")]
+KvHeadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--kv-heads", help="key/value heads shared by groups of query heads (divides --heads) \\[default: --heads]"
+    ),
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", help="a model's heads, kv heads, head dim and mask, e.g. llama3-8b (attnbench models)"),
+]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B \\[default: 1]")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="fp32 | fp16 | bf16 \\[default: bf16]")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto \\[default: auto]")]
+ModeOpt = Annotated[Optional[str], typer.Option("--mode", help="fwd | fwd_bwd \\[default: fwd]")]
+CausalOpt = Annotated[
+    Optional[bool], typer.Option("--causal/--no-causal", help="causal masking \\[default: no-causal]")
+]
 SegOpt = Annotated[Optional[str], typer.Option("--segment-lengths", help="dilated: e.g. 2048,4096")]
 DilOpt = Annotated[Optional[str], typer.Option("--dilation-rates", help="dilated: e.g. 1,2")]
 BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="sdpa: auto|flash|cudnn|efficient|math")]
@@ -28,11 +40,14 @@ ParamOpt = Annotated[
     Optional[list[str]], typer.Option("--param", help="any implementation parameter, KEY=VALUE (repeatable)")
 ]
 TrialSecOpt = Annotated[
-    Optional[float], typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit [60]")
+    Optional[float],
+    typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit \\[default: 60]"),
 ]
 MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="results directory [results/<date>-<machine>-<name>]")]
+OutOpt = Annotated[
+    Optional[Path], typer.Option("--out", help="results directory \\[default: runs/<date>-<machine>-<name>]")
+]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
 GpusOpt = Annotated[
     Optional[str],
@@ -42,9 +57,12 @@ InProcOpt = Annotated[
     Optional[bool],
     typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each"),
 ]
-BudgetOpt = Annotated[Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial [30]")]
+BudgetOpt = Annotated[
+    Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial \\[default: 30]")
+]
 RepeatOpt = Annotated[
-    Optional[int], typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) [1]")
+    Optional[int],
+    typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"),
 ]
 
 
@@ -77,11 +95,11 @@ def resolve_device(device: str) -> str:
 
 
 def dated_results_dir(machine: str, name: str) -> Path:
-    """results/DATE-MACHINE-NAME, with -2, -3, ... appended rather than mixing into an earlier run."""
+    """runs/DATE-MACHINE-NAME (runs/ is not tracked by git), with -2, -3, ... appended rather than mixing into an earlier run."""
     from attnbench.results import now_utc
 
     slug = re.sub(r"[^a-z0-9]+", "-", f"{machine}-{name}".lower()).strip("-")
-    base = Path("results") / f"{now_utc()[:10]}-{slug}"
+    base = Path("runs") / f"{now_utc()[:10]}-{slug}"
     path, i = base, 2
     while (path / "trials.jsonl").exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1

@@ -27,8 +27,9 @@ class RichReporter:
     def series_started(self, series, index, total) -> None:
         st = series.settings
         console.rule(
-            f"[{index + 1}/{total}] {series.name}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
-            f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}"
+            f"[{index + 1}/{total}] {escape(series.name)}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
+            + (f"H_kv={st.kv_heads} " if st.kv_heads not in (None, st.heads) else "")
+            + f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}"
         )
 
     def trial_started(self, series, seq_len, phase) -> None:

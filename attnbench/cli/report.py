@@ -15,7 +15,8 @@ from attnbench.cli.base import app, console, err_console
 def report(
     results: Annotated[Path, typer.Argument(help="results directory (searched for trials.jsonl) or one trials.jsonl")],
     out: Annotated[
-        Optional[Path], typer.Option("--out", help="where report.md, csv/ and the plots go [RESULTS/report]")
+        Optional[Path],
+        typer.Option("--out", help="where report.md, csv/ and the plots go \\[default: RESULTS/report]"),
     ] = None,
 ) -> None:
     """Write report.md (the five seed reports' tables, capacity prediction, plots) and CSV tables from result files."""

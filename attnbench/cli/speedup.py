@@ -30,7 +30,7 @@ def speedup(
         Optional[str],
         typer.Option(
             "--cases",
-            help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 [default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]",
+            help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 \\[default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]",
         ),
     ] = None,
     strategy: Annotated[

@@ -24,7 +24,9 @@ from attnbench.cli.options import (
     HeadsOpt,
     ImplOpt,
     InProcOpt,
+    KvHeadsOpt,
     MemLimitOpt,
+    ModelOpt,
     ModeOpt,
     OutOpt,
     ParamOpt,
@@ -43,7 +45,9 @@ from attnbench.cli.progress import RichReporter, SpeedupReporter
 @app.command("max-seq")
 def max_seq(
     impl: ImplOpt = None,
+    model: ModelOpt = None,
     heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
     batch: BatchOpt = None,
     dtype: DtypeOpt = None,
@@ -57,7 +61,7 @@ def max_seq(
     start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
     max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
     resolution: Annotated[
-        Optional[str], typer.Option("--resolution", help="stop bisecting at this gap [granularity]")
+        Optional[str], typer.Option("--resolution", help="stop bisecting at this gap \\[default: granularity]")
     ] = None,
     max_trial_seconds: TrialSecOpt = None,
     memory_limit: MemLimitOpt = None,
@@ -71,7 +75,9 @@ def max_seq(
     """Largest sequence length each implementation runs: double until the first failure, then bisect."""
     flags = sweep_flags(
         kind="max-seq",
+        model=model,
         heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
         batch=batch,
         dtype=dtype,
@@ -98,7 +104,9 @@ def max_seq(
 def bench(
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
     impl: ImplOpt = None,
+    model: ModelOpt = None,
     heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
     batch: BatchOpt = None,
     dtype: DtypeOpt = None,
@@ -122,7 +130,9 @@ def bench(
     flags = sweep_flags(
         kind="points",
         seq_lens=seq_lens,
+        model=model,
         heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
         batch=batch,
         dtype=dtype,

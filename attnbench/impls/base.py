@@ -1,9 +1,12 @@
 """The contract every attention implementation follows.
 
 An implementation is a ``torch.nn.Module`` whose ``forward(q, k, v, is_causal=False)`` takes
-and returns ``(B, N, H, D)`` tensors, and which declares its key sets (docs/semantics.md): for each
-head ``h`` and query ``t`` the keys ``M_h(t)`` that one softmax runs over. The declaration is
-what the float64 reference checks against and what FLOPs and sparsity are counted from.
+``(B, N, H, D)`` queries and ``(B, N, H_kv, D)`` keys and values (``H`` a multiple of ``H_kv``:
+grouped-query attention, ``attnbench.impls.gqa``) and returns ``(B, N, H, D)``, and which
+declares its key sets (docs/semantics.md): for each query head ``h`` and query ``t`` the keys
+``M_h(t)`` that one softmax runs over. The declaration is what the float64 reference checks
+against and what FLOPs and sparsity are counted from. Every call's shapes are checked before
+``forward`` runs, so no implementation computes on shapes it would misread.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import ConfigError
+from attnbench.impls import gqa
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,10 @@ class AttentionImpl(nn.Module):
         super().__init__()
         #: what the last forward really ran (e.g. the SDPA backend), for the result row
         self.last_backend: str | None = None
+        #: how the last forward held grouped K/V: gqa.SHARED, or gqa.EXPANDED where the
+        #: implementation copied them to every query head; None without grouped heads
+        self.last_kv_layout: str | None = None
+        self.register_forward_pre_hook(_checked_call, with_kwargs=True)
 
     # --- shape rules -------------------------------------------------------------------
     @property
@@ -118,6 +126,15 @@ class AttentionImpl(nn.Module):
     def verify_seq_len(self) -> int:
         """A small sequence length at which this configuration can be checked."""
         return max(self.granularity, 128)
+
+
+def _checked_call(impl: AttentionImpl, args: tuple, kwargs: dict) -> None:
+    """Before every forward: the shapes (gqa.check_inputs); grouped K/V count as shared
+    unless the forward says it expanded them."""
+    given = list(args[:3]) + [kwargs[name] for name in ("q", "k", "v")[len(args) :] if name in kwargs]
+    if len(given) == 3:
+        groups = gqa.check_inputs(*given)
+        impl.last_kv_layout = gqa.SHARED if groups > 1 else None
 
 
 def dense_pairs(seq_len: int, num_heads: int, causal: bool) -> int:

@@ -1,7 +1,7 @@
 """Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
 
 The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
-progressions. Two kernels run the same math:
+progressions. Three kernels run the same math:
 
 - ``flex`` (the GPU path): PyTorch's compiled FlexAttention with a ``BlockMask`` built
   directly from the block lists (``BlockMask.from_kv_blocks``; nothing is evaluated over
@@ -12,6 +12,9 @@ progressions. Two kernels run the same math:
   under autograd a wide chunk's backward takes its window in parts. The layout, masks and
   pieces are in ``attnbench.impls.block_sparse_flex``, the FlexAttention calls in
   ``attnbench.impls.flex_kernel``.
+- ``triton`` (GPU, no autograd, fp16/bf16; else ``flex``): a Triton forward (``attnbench.impls.flash``)
+  over compressed-row block lists, all rows in one launch per chunk, longest first. On an H100
+  it runs at FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.
@@ -20,6 +23,9 @@ Query blocks that keep every allowed block (the global rows of ``global_local``)
 plain dense attention (SDPA), except in the flex path's training chunks (longer than 256K
 tokens), where the block mask holds them as well, so that no piece reads every key with an
 SDPA backward. Training in one chunk runs each piece under its kernel's own autograd.
+
+Grouped K/V (fewer key/value heads than query heads) are shared by every path: FlexAttention
+and SDPA with ``enable_gqa``, the gather path gathering key blocks of the key/value heads only.
 """
 
 from __future__ import annotations
@@ -28,11 +34,10 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from attnbench.block_lists import BlockPattern
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import flash, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
 from attnbench.impls.flex_kernel import (
@@ -48,7 +53,7 @@ from attnbench.impls.pieces import (
 from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-KERNELS = ("auto", "flex", "gather")
+KERNELS = ("auto", "flex", "gather", "triton")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 INDEX_WIDTHS = ("auto", "full", "compact")
 GATHER_BUDGET_BYTES = 256 << 20
@@ -134,7 +139,7 @@ class BlockSparseAttention(AttentionImpl):
 
     @property
     def compiles(self) -> bool:  # type: ignore[override]
-        return self.kernel == "flex" or (self.kernel == "auto" and torch.cuda.is_available())
+        return self.kernel in ("flex", "triton") or (self.kernel == "auto" and torch.cuda.is_available())
 
     # --- shape rules -------------------------------------------------------------------
     @property
@@ -212,8 +217,12 @@ class BlockSparseAttention(AttentionImpl):
         batch, seq_len, num_heads, _ = q.shape
         self.check_shape(seq_len, num_heads)
         p = self.pattern(seq_len, is_causal)
-        use_flex = self.kernel == "flex" or (self.kernel == "auto" and q.is_cuda)
+        use_flex = self.kernel in ("flex", "triton") or (self.kernel == "auto" and q.is_cuda)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if self.kernel == "triton" and not grad and q.is_cuda and flash.applies(q, k, v):
+            # one launch per chunk of rows over compressed-row block lists, the global rows in it
+            self.last_backend = "triton"
+            return flash.block_sparse(q, k, v, p, self.block_size, flash.block_lists(p, q.device, self._masks))
         if use_flex:
             key = (seq_len, is_causal, str(q.device), grad)
             if key not in self._layouts:  # short calls are timed with their Python overhead: keep it small
@@ -274,9 +283,9 @@ class BlockSparseAttention(AttentionImpl):
 def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, v):
     """Query blocks [r0, r1) (q holds their rows) over their kept key blocks of k, v (all keys)."""
     batch, _, num_heads, head_dim = q.shape
-    nb, rows = p.num_blocks, r1 - r0
-    key_blocks = k.view(batch, nb, b, num_heads, head_dim)
-    value_blocks = v.view(batch, nb, b, num_heads, head_dim)
+    nb, rows, kv_heads = p.num_blocks, r1 - r0, k.shape[2]
+    key_blocks = k.view(batch, nb, b, kv_heads, head_dim)
+    value_blocks = v.view(batch, nb, b, kv_heads, head_dim)
     offsets = torch.arange(b, device=q.device)
     idx, counts = p.expand(r0, r1, width, device=q.device)
     kept = torch.arange(width, device=q.device)[None, :] < counts[:, None]  # (rows, width)
@@ -287,15 +296,13 @@ def _gather_attend(p: BlockPattern, r0: int, r1: int, width: int, b: int, q, k, 
         allowed = allowed & (key_pos <= query_pos)
     mask = allowed.reshape(rows, 1, b, width * b).repeat(batch, 1, 1, 1)
 
-    def heads_first(x, length):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
-        return (
-            x.reshape(batch, rows, length, num_heads, head_dim).transpose(2, 3).reshape(-1, num_heads, length, head_dim)
-        )
+    def heads_first(x, length, heads=num_heads):  # (B, rows, length, H, D) -> (B*rows, H, length, D)
+        return x.reshape(batch, rows, length, heads, head_dim).transpose(2, 3).reshape(-1, heads, length, head_dim)
 
-    out = F.scaled_dot_product_attention(
+    out = gqa.sdpa(
         heads_first(q, b),
-        heads_first(key_blocks[:, idx], width * b),
-        heads_first(value_blocks[:, idx], width * b),
+        heads_first(key_blocks[:, idx], width * b, kv_heads),
+        heads_first(value_blocks[:, idx], width * b, kv_heads),
         attn_mask=mask,
     )
     return (
@@ -307,7 +314,7 @@ def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
     """The queries that keep every allowed key (q holds them; k, v every key, or the prefix
     when causal): dense attention."""
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
+    return gqa.sdpa(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 
 def _block_sparse(
@@ -366,7 +373,8 @@ register(
             Param(
                 "kernel",
                 "auto",
-                "flex (compiled FlexAttention) or gather; auto: flex on GPU",
+                "flex (compiled FlexAttention), gather, or triton (a Triton forward on CUDA in fp16/bf16, flex "
+                "under autograd); auto: flex on GPU",
                 kind="str",
                 choices=KERNELS,
             ),

@@ -240,14 +240,15 @@ class BlockSparseSchedule(RingSchedule):
     # --- CPU: gathered blocks, one exact float32 softmax ---------------------------------------
     def _attend_gather(self, sender, kh, vh, position, diagonal) -> None:
         batch, heads, _, head_dim = self.qh.shape
-        b = self.b
+        kv_heads, b = kh.shape[1], self.b
+        groups = heads // kv_heads  # grouped K/V: each key/value head against its query heads
         width = int(progression_lengths(self._rows(sender, 0, self.m)).sum(1).max())
         if width == 0:
             return
         per_row = batch * width * b * heads * (2 * b * 4 + 2 * head_dim * 4)
         step = max(1, min(GATHER_BUDGET_BYTES // per_row, self.impl.single.max_chunk_tokens // b))
-        key_blocks = kh.reshape(batch, heads, -1, b, head_dim)
-        value_blocks = vh.reshape(batch, heads, -1, b, head_dim)
+        key_blocks = kh.reshape(batch, kv_heads, -1, b, head_dim)
+        value_blocks = vh.reshape(batch, kv_heads, -1, b, head_dim)
         offsets = torch.arange(b, device=kh.device)
         for r0 in range(0, self.m, step):
             r1 = min(self.m, r0 + step)
@@ -258,15 +259,16 @@ class BlockSparseSchedule(RingSchedule):
                 key_pos = idx[:, None, :, None] * b + offsets
                 query_pos = (torch.arange(r0, r1, device=kh.device)[:, None] * b + offsets)[:, :, None, None]
                 allowed = allowed & (key_pos <= query_pos)
-            qc = self.qh[:, :, r0 * b : r1 * b].float().reshape(batch, heads, r1 - r0, b, head_dim)
-            kc = key_blocks[:, :, idx].float().flatten(3, 4)  # (B, H, rows, width*b, D)
+            qc = self.qh[:, :, r0 * b : r1 * b].float().reshape(batch, kv_heads, groups, r1 - r0, b, head_dim)
+            kc = key_blocks[:, :, idx].float().flatten(3, 4)  # (B, H_kv, rows, width*b, D)
             vc = value_blocks[:, :, idx].float().flatten(3, 4)
-            scores = torch.einsum("bhrtd,bhrud->bhrtu", qc, kc) / math.sqrt(head_dim)
+            scores = torch.einsum("bkgrtd,bkrud->bkgrtu", qc, kc) / math.sqrt(head_dim)
             scores.masked_fill_(~allowed.reshape(r1 - r0, b, width * b), float("-inf"))
             lse = torch.logsumexp(scores, dim=-1)
             probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(0.0)  # rows with no key: zero
-            out = torch.einsum("bhrtu,bhrud->bhrtd", probs, vc)
-            self._merge(r0 * b, r1 * b, out.flatten(2, 3), lse.flatten(2, 3))
+            out = torch.einsum("bkgrtu,bkrud->bkgrtd", probs, vc)
+            rows = (r1 - r0) * b
+            self._merge(r0 * b, r1 * b, out.reshape(batch, heads, rows, head_dim), lse.reshape(batch, heads, rows))
 
     # --- GPU: compiled FlexAttention over the received blocks -------------------------------
     def _attend_flex(self, sender, kh, vh, position, diagonal) -> None:

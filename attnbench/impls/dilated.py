@@ -3,9 +3,13 @@
 Heads are split into G contiguous groups; group i uses segment length w_i and dilation r_i
 with offset o_i = i mod r_i. A query at position p of its segment attends only if
 p mod r_i == o_i, and then to the keys of its segment with the same residue. Each
-(segment, group) is therefore a dense attention over w_i / r_i tokens: the implementation
-takes strided views of those tokens (no copy), folds segments into the batch and lets the
-fused SDPA kernel do the work, a chunk of segments at a time so temporaries stay small.
+(segment, group) is therefore a dense attention over w_i / r_i tokens. Without autograd on
+CUDA (fp16, bf16) a Triton kernel (attnbench.impls.flash) reads those tokens with the
+dilation stride and writes each group's output rows, and the zero rows between them, in
+place. Otherwise (and with ``kernel=sdpa``) the implementation takes strided views of those
+tokens (no copy), folds segments into the batch and lets the fused SDPA kernel do the work, a
+chunk of segments at a time so temporaries stay small, copying each chunk's output into its
+strided place.
 
 With ``hilbert=True`` the tokens are a 2-D grid (row-major) reordered along a Hilbert curve
 (attnbench.hilbert) before the pattern, and the output is returned in the original order:
@@ -19,15 +23,16 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
-from attnbench.impls import fused_sdpa, register
+from attnbench.impls import flash, fused_sdpa, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
+
+KERNELS = ("auto", "sdpa")
 
 # Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this, so
 # short sequences do not pay for many small kernel launches
@@ -40,21 +45,43 @@ class HeadGroup:
     segment_length: int
     dilation_rate: int
     offset: int
+    #: the key/value heads its query heads read (the same heads without grouped K/V)
+    kv_heads: slice | None = None
 
     @property
     def kept_per_segment(self) -> int:
         return self.segment_length // self.dilation_rate
 
+    def heads_of(self, kv: bool) -> slice:
+        return self.kv_heads if kv and self.kv_heads is not None else self.heads
 
-def head_groups(num_heads: int, segment_lengths, dilation_rates) -> list[HeadGroup]:
-    """Group i has floor(H/G) + (1 if i < H mod G) heads, contiguous, in order."""
+
+def head_groups(num_heads: int, segment_lengths, dilation_rates, kv_heads: int | None = None) -> list[HeadGroup]:
+    """Group i has floor(H/G) + (1 if i < H mod G) heads, contiguous, in order. With
+    ``kv_heads`` key/value heads (a divisor of H), a group is returned in runs: each run's
+    query heads read one key/value head, or whole groups of them, so each run is one call
+    over contiguous K/V heads in equal shares; runs of one group share its pattern."""
     g = len(segment_lengths)
+    per_kv = num_heads // (kv_heads or num_heads)
     groups, start = [], 0
     for i, (w, r) in enumerate(zip(segment_lengths, dilation_rates)):
         size = num_heads // g + (1 if i < num_heads % g else 0)
-        groups.append(HeadGroup(slice(start, start + size), w, r, i % r))
+        for a, b in _kv_runs(start, start + size, per_kv):
+            groups.append(HeadGroup(slice(a, b), w, r, i % r, slice(a // per_kv, (b - 1) // per_kv + 1)))
         start += size
     return groups
+
+
+def _kv_runs(start: int, stop: int, per_kv: int) -> list[tuple[int, int]]:
+    """Query heads [start, stop) cut at the borders of key/value groups of ``per_kv`` heads
+    where a border falls inside a group: a partial group at each end, whole groups between."""
+    first_border = -(-start // per_kv) * per_kv
+    last_border = stop // per_kv * per_kv
+    if first_border >= last_border:  # no whole group inside: one or two partial runs
+        cuts = [start, *([first_border] if start < first_border < stop else []), stop]
+    else:
+        cuts = [start, first_border, last_border, stop]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
 def validate_pattern(segment_lengths, dilation_rates) -> None:
@@ -81,8 +108,11 @@ class DilatedAttention(AttentionImpl):
         hilbert: bool = False,
         grid_width: int = 0,
         backend: str = "auto",
+        kernel: str = "auto",
     ):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ConfigError(f"dilated: kernel {kernel!r} unknown: choose {' or '.join(KERNELS)}")
         validate_pattern(segment_lengths, dilation_rates)
         if backend not in ("auto", *SDPA_BACKENDS):
             raise ConfigError(f"dilated: SDPA backend {backend!r} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
@@ -96,6 +126,7 @@ class DilatedAttention(AttentionImpl):
         self.hilbert = hilbert
         self.grid_width = grid_width
         self.backend = backend
+        self.kernel = kernel
 
     def config(self):
         config = {
@@ -107,6 +138,8 @@ class DilatedAttention(AttentionImpl):
             config.update(hilbert=True, grid_width=self.grid_width)
         if self.backend != "auto":
             config["backend"] = self.backend
+        if self.kernel != "auto":
+            config["kernel"] = self.kernel
         return config
 
     @property
@@ -153,11 +186,11 @@ class DilatedAttention(AttentionImpl):
         if self.hilbert:
             order = hilbert_curve.curve_order(seq_len, self.grid_width, q.device)
             q, k, v = (x.index_select(1, order) for x in (q, k, v))
-        groups = self.groups(num_heads)
+        groups = head_groups(num_heads, self.segment_lengths, self.dilation_rates, k.shape[2])
         kernels = sdpa_kernel([SDPA_BACKENDS[self.backend]]) if self.backend != "auto" else contextlib.nullcontext()
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            x = kept_tokens(q[:1, : groups[0].segment_length], groups[0])[0].transpose(1, 2)
-            kernel = fused_sdpa.pick_kernel(x, x, x, is_causal, self.backend)
+            kernel = fused_sdpa.pick_kernel(*_one_segment(q, k, groups[0]), is_causal, self.backend)
+            self.last_kv_layout = gqa.layout(q, k, expanded=not fused_sdpa.shares_kv(kernel))
             out = DilatedTraining.apply(
                 q,
                 k,
@@ -168,17 +201,30 @@ class DilatedAttention(AttentionImpl):
                 kernel,
             )
             self.last_backend = "sdpa:" + kernel
+        elif self._flash_applies(q, k, v):
+            out = torch.empty_like(q)  # the kernel writes every row, the zero rows outside the dilation too
+            for g in groups:
+                flash.dilated_group(q, k, v, out, g.heads, g.segment_length, g.dilation_rate, g.offset, is_causal)
+            self.last_backend = "triton"
         else:
+            # the memory-efficient backend has no grouped kernel: it gets each chunk's K/V copied
+            expand = self.backend == "efficient" and gqa.heads_differ(q, k, 2)
+            self.last_kv_layout = gqa.layout(q, k, expanded=expand)
             with kernels:
                 out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
                 for g in groups:
-                    attend_group(q, k, v, out, g, is_causal, self.max_chunk_tokens)
+                    attend_group(q, k, v, out, g, is_causal, self.max_chunk_tokens, expand)
                 self.last_backend = "sdpa:" + (
-                    self.backend if self.backend != "auto" else _picked(q, groups[0], is_causal)
+                    self.backend if self.backend != "auto" else _picked(q, k, groups[0], is_causal)
                 )
         if self.hilbert:
             out = torch.empty_like(out).index_copy_(1, order, out)  # back to the original order
         return out
+
+    def _flash_applies(self, q, k, v) -> bool:
+        """The Triton forward (reads the dilation in place, writes the output in place) on CUDA
+        where it takes the inputs; SDPA where a backend is named, off CUDA and elsewhere."""
+        return self.kernel == "auto" and self.backend == "auto" and q.is_cuda and flash.applies(q, k, v)
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
         pos = torch.arange(seq_len)
@@ -208,33 +254,43 @@ class DilatedAttention(AttentionImpl):
         return total
 
 
-def kept_tokens(x: torch.Tensor, g: HeadGroup) -> torch.Tensor:
+def kept_tokens(x: torch.Tensor, g: HeadGroup, kv: bool = False) -> torch.Tensor:
     """``(B, N, H, D) -> (B, N / w, w / r, Hg, D)``: each segment's kept positions (offset
-    o, every r-th) of group ``g``'s heads, a strided view (no copy). N must be a multiple of w."""
-    return x[:, :, g.heads].unflatten(1, (-1, g.segment_length))[:, :, g.offset :: g.dilation_rate]
+    o, every r-th) of group ``g``'s heads (its key/value heads for ``kv``), a strided view
+    (no copy). N must be a multiple of w."""
+    return x[:, :, g.heads_of(kv)].unflatten(1, (-1, g.segment_length))[:, :, g.offset :: g.dilation_rate]
 
 
-def chunk_views(tensors, g: HeadGroup, per_chunk: int):
+# which of (q, k, v, out) hold key/value heads
+QKVO = (False, True, True, False)
+
+
+def chunk_views(tensors, g: HeadGroup, per_chunk: int, kv: tuple[bool, ...] = ()):
     """Per batch element and chunk of ``per_chunk`` segments, group ``g``'s kept tokens of each
-    ``(B, N, H, D)`` tensor as a ``(segments, Hg, w/r, D)`` view (no copy): the batch of one
-    fused SDPA call. Needs a length that is a multiple of the segment length."""
-    views = [kept_tokens(x, g) for x in tensors]
+    ``(B, N, H, D)`` tensor (``kv`` marks those with key/value heads; none by default) as a
+    ``(segments, Hg, w/r, D)`` view (no copy): the batch of one fused SDPA call. Needs a
+    length that is a multiple of the segment length."""
+    kv = kv or (False,) * len(tensors)
+    views = [kept_tokens(x, g, is_kv) for x, is_kv in zip(tensors, kv)]
     for b in range(views[0].shape[0]):
         for s0 in range(0, views[0].shape[1], per_chunk):
             yield [x[b, s0 : s0 + per_chunk].transpose(1, 2) for x in views]
 
 
-def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int) -> None:
+def attend_group(q, k, v, out, g: HeadGroup, is_causal: bool, max_chunk_tokens: int, expand: bool = False) -> None:
     """Write group ``g``'s heads of ``out``: each segment is a dense attention over its kept
-    tokens, folded into the batch of one SDPA call per chunk of segments."""
-    for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, max_chunk_tokens // g.segment_length)):
-        oc.copy_(F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
+    tokens, folded into the batch of one SDPA call per chunk of segments; ``expand`` copies a
+    chunk's grouped K/V to every query head (for a backend without a grouped kernel)."""
+    for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, max_chunk_tokens // g.segment_length), QKVO):
+        if expand:
+            kc, vc = (gqa.expand_kv(x, qc.shape[1] // kc.shape[1], 1) for x in (kc, vc))
+        oc.copy_(gqa.sdpa(qc, kc, vc, is_causal=is_causal))
 
 
 class DilatedTraining(torch.autograd.Function):
     """Forward and backward at the training floor. The forward writes each chunk's output into
     one preallocated output and keeps only each call's log-sum-exp (and the kernel's rng
-    state); the backward writes each chunk's dq, dk, dv into preallocated gradients. Autograd
+    state); the backward adds each chunk's dq, dk, dv into preallocated gradients. Autograd
     through strided slices and a concatenation would instead hold every chunk's output apart
     from the concatenated one and build a full-size gradient per slice (1.31x the floor)."""
 
@@ -243,7 +299,7 @@ class DilatedTraining(torch.autograd.Function):
         out = torch.zeros_like(q)  # queries outside the dilation keep an empty key set: zero rows
         ctx.calls = []
         for g in groups:
-            for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, chunk_tokens // g.segment_length)):
+            for qc, kc, vc, oc in chunk_views((q, k, v, out), g, max(1, chunk_tokens // g.segment_length), QKVO):
                 chunk_out, saved = fused_sdpa.forward(qc, kc, vc, is_causal, kernel)
                 oc.copy_(chunk_out)
                 ctx.calls.append(saved)
@@ -259,17 +315,24 @@ class DilatedTraining(torch.autograd.Function):
         calls = iter(ctx.calls)
         for g in ctx.groups:
             per_chunk = max(1, ctx.chunk_tokens // g.segment_length)
-            for qc, kc, vc, oc, gc, *dx in chunk_views((q, k, v, out, grad_out, *grads), g, per_chunk):
+            views = chunk_views((q, k, v, out, grad_out, *grads), g, per_chunk, (*QKVO, False, *QKVO[:3]))
+            for qc, kc, vc, oc, gc, *dx in views:
                 for target, got in zip(dx, fused_sdpa.backward(gc, qc, kc, vc, oc, next(calls))):
-                    target.copy_(got)
+                    target.add_(got)  # a key/value head read by several runs sums their gradients
         ctx.calls = None  # the log-sum-exps go as soon as they are used
         return (*grads, None, None, None, None)
 
 
-def _picked(q, g: HeadGroup, is_causal: bool) -> str:
+def _one_segment(q, k, g: HeadGroup):
+    """(q, k, v) views of one folded segment of group ``g``: what its kernel calls take."""
+    qs = kept_tokens(q[:1, : g.segment_length], g)[0].transpose(1, 2)
+    ks = kept_tokens(k[:1, : g.segment_length], g, kv=True)[0].transpose(1, 2)
+    return qs, ks, ks
+
+
+def _picked(q, k, g: HeadGroup, is_causal: bool) -> str:
     """The SDPA backend the dispatcher picks for one folded segment of group ``g``."""
-    x = kept_tokens(q[:1, : g.segment_length], g)[0].transpose(1, 2)
-    return sdpa_backend_in_use(x, x, x, is_causal)
+    return sdpa_backend_in_use(*_one_segment(q, k, g), is_causal)
 
 
 def _dilated(
@@ -279,15 +342,16 @@ def _dilated(
     hilbert=False,
     grid_width=0,
     backend="auto",
+    kernel="auto",
 ):
-    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend)
+    return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend, kernel)
 
 
 register(
     ImplSpec(
         name="dilated",
         factory=_dilated,
-        summary="LongNet dilated attention: head groups x (segment, dilation), dense SDPA per segment",
+        summary="LongNet dilated attention: head groups x (segment, dilation), dense attention per segment (Triton, SDPA)",
         params=(
             Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
             Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
@@ -311,6 +375,14 @@ register(
                 "SDPA backend of the segment attentions",
                 kind="str",
                 choices=("auto", *SDPA_BACKENDS),
+                recorded_at_default=False,
+            ),
+            Param(
+                "kernel",
+                "auto",
+                "forward without autograd: auto (a Triton kernel reading the dilation in place, on CUDA in fp16/bf16) or sdpa",
+                kind="str",
+                choices=KERNELS,
                 recorded_at_default=False,
             ),
         ),

@@ -4,7 +4,8 @@ The mask is an attention-gym style ``mask_mod(b, h, q_idx, kv_idx)``, or a funct
 one when ``mask_args`` is given (``--param mask_args=window_size=256``: keyword arguments,
 comma-separated). On CUDA the block mask is built by a compiled kernel (never N x N) and
 attention runs through ``torch.compile(flex_attention)``; on the CPU both run uncompiled
-(FlexAttention's exact eager path, which materialises the scores: small N only).
+(FlexAttention's exact eager path, which materialises the scores: small N only). Grouped K/V
+are shared (``enable_gqa``); the mask_mod's ``h`` is the query head.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 import torch
 
 from attnbench.errors import ConfigError
+from attnbench.impls import gqa, register
 from attnbench.impls import mask_mod as masks
-from attnbench.impls import register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.
@@ -134,7 +135,8 @@ class FlexAttention(AttentionImpl):
         self.last_backend = "flex (compiled)" if device == "cuda" else "flex (eager)"
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            out = _flex_attention(device)(qh, kh, vh, block_mask=block_mask)
+            grouped = {"enable_gqa": True} if gqa.heads_differ(qh, kh, 1) else {}
+            out = _flex_attention(device)(qh, kh, vh, block_mask=block_mask, **grouped)
         return out.transpose(1, 2)
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:

@@ -53,15 +53,17 @@ def _max_offset(x: torch.Tensor) -> int:
 
 
 def flex_attend(flex, q, k, v, block_mask, options, with_lse: bool = False):
-    """Compiled FlexAttention of ``q (B, H, M, D)`` over ``k, v (B, H, L, D)``; with
-    ``with_lse`` also the natural-log log-sum-exp ``(B, H, M)`` in float32.
+    """Compiled FlexAttention of ``q (B, H, M, D)`` over ``k, v (B, H_kv, L, D)`` (grouped
+    K/V shared: ``enable_gqa``); with ``with_lse`` also the natural-log log-sum-exp
+    ``(B, H, M)`` in float32.
 
     torch 2.11's kernel computes element offsets in 32 bits (past 2^31 the output is silently
     wrong: flex vs the exact gather path on an H200). Where an offset of q, k, v or the
     output would reach that, it runs once per (batch, head) on contiguous copies, whose
     offsets stay below 2^31 while L x D does; past that it refuses."""
     batch, heads, rows, head_dim = q.shape
-    extra = _lse_request() if with_lse else {}
+    groups = heads // k.shape[1]
+    extra = {**(_lse_request() if with_lse else {}), **({"enable_gqa": True} if groups > 1 else {})}
     if max(_max_offset(x) for x in (q, k, v)) < FLEX_MAX_OFFSET and q.numel() < FLEX_MAX_OFFSET:
         return _flex_result(flex(q, k, v, block_mask=block_mask, kernel_options=options, **extra), with_lse)
     if max(rows, k.shape[2]) * head_dim >= FLEX_MAX_OFFSET:
@@ -71,13 +73,12 @@ def flex_attend(flex, q, k, v, block_mask, options, with_lse: bool = False):
         )
     out = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:3], dtype=torch.float32) if with_lse else None
+    extra.pop("enable_gqa", None)  # one query head at a time reads its own key/value head
     for b in range(batch):
         for h in range(heads):
-            one = (slice(b, b + 1), slice(h, h + 1))
-            got = _flex_result(
-                flex(*(x[one].contiguous() for x in (q, k, v)), block_mask=block_mask, kernel_options=options, **extra),
-                with_lse,
-            )
+            one, its_kv = (slice(b, b + 1), slice(h, h + 1)), (slice(b, b + 1), slice(h // groups, h // groups + 1))
+            inputs = (q[one].contiguous(), k[its_kv].contiguous(), v[its_kv].contiguous())
+            got = _flex_result(flex(*inputs, block_mask=block_mask, kernel_options=options, **extra), with_lse)
             if with_lse:
                 out[one], lse[one] = got
             else:

@@ -8,20 +8,33 @@ dropout, no mask; ``causal`` is the top-left-aligned triangle of a square block.
 Kernels: ``flash``, ``efficient``, ``cudnn`` (CUDA), ``flash-cpu`` (the CPU flash kernel,
 any float dtype, float64 included) and ``math``, which has no fused operator: its forward
 runs SDPA's math path and its backward recomputes the block under autograd.
+
+Grouped K/V (fewer heads than q, ``attnbench.impls.gqa``): flash, cuDNN and the CPU flash
+kernel read them shared, math through ``enable_gqa``; the memory-efficient kernel has no
+grouped variant, so a call to it copies K and V to every query head and its backward sums
+dk, dv back over each group (``shares_kv`` says which).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnbench.impls import gqa
 
 aten = torch.ops.aten
 
 CUDA_KERNELS = ("flash", "efficient", "cudnn")
+# kernels without a grouped-query variant: K and V are copied to every query head per call
+EXPANDS_KV = ("efficient",)
+
+
+def shares_kv(kernel: str) -> bool:
+    """Whether ``kernel`` reads grouped K/V without copying them."""
+    return kernel not in EXPANDS_KV
 
 
 def cuda_kernel(q, k, v, causal: bool, backend: str) -> str:
@@ -55,6 +68,7 @@ class Saved:
     causal: bool
     lse: torch.Tensor | None  # as the kernel returned it: efficient pads queries to 32, cuDNN adds an axis of 1
     extra: tuple[Any, ...] = ()  # the kernel's rng state and sequence offsets, passed back untouched
+    groups: int = 1  # > 1: K and V were copied to this many query heads each for the kernel
 
     def natural_lse(self, num_queries: int) -> torch.Tensor:
         """The log-sum-exp ``(B, H, Nq)`` in float32."""
@@ -63,6 +77,11 @@ class Saved:
 
 def forward(q, k, v, causal: bool, kernel: str) -> tuple[torch.Tensor, Saved]:
     """Output ``(B, H, Nq, D)`` in q's dtype and what ``backward`` needs."""
+    if not shares_kv(kernel) and gqa.heads_differ(q, k, 1):
+        groups = q.shape[1] // k.shape[1]
+        out, saved = forward(q, gqa.expand_kv(k, groups, 1), gqa.expand_kv(v, groups, 1), causal, kernel)
+        saved.groups = groups
+        return out, saved
     if kernel == "flash-cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
         return out, Saved(kernel, causal, lse)
@@ -81,7 +100,7 @@ def forward(q, k, v, causal: bool, kernel: str) -> tuple[torch.Tensor, Saved]:
         return out, Saved(kernel, causal, lse, (cum_q, cum_k, max_q, max_k, seed, offset))
     if kernel == "math":
         with sdpa_kernel([SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal), Saved(kernel, causal, None)
+            return gqa.sdpa(q, k, v, is_causal=causal), Saved(kernel, causal, None)
     raise ValueError(f"unknown fused SDPA kernel {kernel!r}")
 
 
@@ -98,6 +117,10 @@ def dense_tokens(x: torch.Tensor) -> torch.Tensor:
 
 def backward(grad_out, q, k, v, out, saved: Saved) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of one forward call, given the gradient of its output."""
+    if saved.groups > 1:  # the kernel saw copied K/V: each copy's gradient adds to its head's
+        expanded = [gqa.expand_kv(x, saved.groups, 1) for x in (k, v)]
+        dq, dk, dv = backward(grad_out, q, *expanded, out, replace(saved, groups=1))
+        return dq, *(d.unflatten(1, (-1, saved.groups)).sum(2) for d in (dk, dv))
     kernel, causal, lse = saved.kernel, saved.causal, saved.lse
     if kernel == "flash-cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, causal)
@@ -130,6 +153,6 @@ def backward(grad_out, q, k, v, out, saved: Saved) -> tuple[torch.Tensor, torch.
     if kernel == "math":
         with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
             inputs = [x.detach().requires_grad_(True) for x in (q, k, v)]
-            recomputed = F.scaled_dot_product_attention(*inputs, is_causal=causal)
+            recomputed = gqa.sdpa(*inputs, is_causal=causal)
             return torch.autograd.grad(recomputed, inputs, grad_out)
     raise ValueError(f"unknown fused SDPA kernel {kernel!r}")

@@ -15,7 +15,9 @@ The contract, which a factory meets in a few lines:
   num_heads)`` returning the boolean ``(H, N, N)`` (or ``(N, N)``) sets.
 - Optional: ``useful_pairs(seq_len, num_heads, causal)`` in closed form (else pairs are
   counted from the mask), ``granularity`` (lengths run are multiples of it), ``compiles``
-  (first call compiles kernels), ``supports_causal``.
+  (first call compiles kernels), ``supports_causal``, ``supports_gqa`` (True when forward
+  takes k, v with fewer heads than q, query head h reading key/value head h // (H / H_kv);
+  otherwise attnbench copies K and V to every query head first and the row says so).
 - Optional on the factory (read before anything is built): ``summary``, ``devices``,
   ``dtypes``, ``memory_order`` (2 when the implementation holds N x N scores).
 
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import ConfigError
+from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
@@ -165,6 +168,7 @@ class OutsideImpl(AttentionImpl):
         self._config = dict(config)
         self.compiles = bool(getattr(inner, "compiles", False))
         self.supports_causal = bool(getattr(inner, "supports_causal", True))
+        self.supports_gqa = bool(getattr(inner, "supports_gqa", False))
         self._device = "cpu"
         self._pairs: dict[tuple[int, int, bool], int] = {}
         #: how useful_pairs was obtained: closed-form, exact or blocks (mask_mod.count_pairs)
@@ -193,6 +197,10 @@ class OutsideImpl(AttentionImpl):
 
     def forward(self, q, k, v, is_causal: bool = False):
         self._device = q.device.type
+        if gqa.heads_differ(q, k, 2) and not self.supports_gqa:
+            groups = q.shape[2] // k.shape[2]
+            k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
+            self.last_kv_layout = gqa.EXPANDED
         out = self.inner(q, k, v, is_causal=is_causal)
         self.last_backend = getattr(self.inner, "last_backend", None)
         return out

@@ -95,6 +95,12 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """``write_text_atomic`` for bytes (a PNG); a write that fails (a full file system) is
     one AttnbenchError and leaves the target as it was."""
@@ -107,6 +113,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except OSError as exc:
         raise AttnbenchError(f"cannot write {path} ({exc.strerror}): choose a writable place") from None
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name, not the result
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -118,7 +118,7 @@ def _open_no_follow(path: Path, flags: int) -> int:
     """Open a results file for writing: never through a symbolic link, and only a regular
     file (O_NONBLOCK: a FIFO planted at the name must not block the open)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)  # the umask decides, as for any file
     except OSError as exc:
         if Path(path).is_symlink():
             raise AttnbenchError(

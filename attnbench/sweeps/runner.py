@@ -32,6 +32,7 @@ from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
 from attnbench.sweeps.verification import config_text as _config_text
 from attnbench.trial import TrialSpec, execute, run_isolated
+from attnbench.workload import check_heads
 
 
 class Reporter(BaseReporter, Protocol):
@@ -95,6 +96,7 @@ def check_series(s: Series) -> None:
     for key in ("batch", "heads", "head_dim"):
         if getattr(st, key) <= 0:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
+    check_heads(st.heads, st.kv_heads)
     if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
         raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
     if not (math.isfinite(st.timing_budget_s) and st.timing_budget_s > 0):
@@ -154,6 +156,7 @@ def verify_cases(plan: Plan) -> list[VerifyCase]:
                 st.device,
                 s.world_size,
                 mode,
+                st.kv_heads,
             )
         )
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
@@ -235,8 +238,11 @@ class SweepRunner(RunSession):
         return outcomes
 
     def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
+        # an unsupported shape is not a wrong output: its series runs and its trials say so
         failed = {
-            (r["impl"], _config_text(r["config"]), r.get("world_size", 1)) for r in verify_rows if r["status"] != "pass"
+            (r["impl"], _config_text(r["config"]), r.get("world_size", 1))
+            for r in verify_rows
+            if r["status"] not in ("pass", "unsupported")
         }
         outcomes = []
         for i, s in enumerate(self.plan.series):
@@ -398,6 +404,7 @@ VERIFY_IDENTITY = (
     "device",
     "world_size",
     "status",
+    "kv_heads",
 )
 RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
 # The settings besides the workload that can change a trial's outcome: a row measured under
@@ -430,7 +437,7 @@ def _identity_text(fields: dict[str, Any]) -> str:
 
 
 def _workload_fields(wl) -> dict[str, Any]:
-    return asdict(wl)
+    return wl.to_dict()
 
 
 def _parallelism(s: Series) -> dict[str, Any]:

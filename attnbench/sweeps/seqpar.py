@@ -25,7 +25,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.accounting import accounting
-from attnbench.reference import TOLERANCE, VerifyCase
+from attnbench.reference import TOLERANCE, VerifyCase, verify_shapes
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trial import TrialSpec
@@ -121,6 +121,9 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
         if values:
             row[key] = max(values)  # per GPU: the fullest rank
     row["backend"] = next((r.get("backend") for r in results if r.get("backend")), None)
+    layout = next((r["kv_layout"] for r in results if r.get("kv_layout")), None)
+    if layout:  # grouped K/V: shared, or copied to every query head
+        row["kv_layout"] = layout
     row["timer"] = next((r.get("timer") for r in results if r.get("timer")), None)
     cuda = wl.device == "cuda"
     peak = row.get("max_memory_allocated") if cuda else row.get("cpu_peak_rss_delta")
@@ -170,19 +173,31 @@ def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def cases_for(name: str, device: str, dtypes: list[str], world: int) -> list[VerifyCase]:
-    """Like reference.default_cases, on ``world`` ranks: two shapes per configuration (B > 1,
-    head counts that do not divide into groups), causal where it means something."""
+    """Like reference.default_cases, on ``world`` ranks: its shapes per configuration (B > 1,
+    head counts that do not divide into groups, grouped K/V), causal where it means something."""
     entry = impls.spec(name)
     configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
     for config in configs:
         impl = build(name, config, world)
         n = impl.verify_seq_len()
-        for batch, seq_len, heads, head_dim in ((2, n, 5, 16), (1, 2 * n, 3, 32)):
+        for batch, seq_len, heads, kv_heads, head_dim in verify_shapes(n):
             for causal in (False, True) if impl.supports_causal else (False,):
                 for dtype in dtypes:
                     cases.append(
-                        VerifyCase(name, impl.config(), batch, seq_len, heads, head_dim, causal, dtype, device, world)
+                        VerifyCase(
+                            name,
+                            impl.config(),
+                            batch,
+                            seq_len,
+                            heads,
+                            head_dim,
+                            causal,
+                            dtype,
+                            device,
+                            world,
+                            kv_heads=kv_heads,
+                        )
                     )
     return cases
 
@@ -233,4 +248,5 @@ def case_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
         "seed": seed,
         "tolerance": TOLERANCE[case["dtype"]],
         "strategy": STRATEGY,
+        **({"kv_heads": case["kv_heads"]} if case.get("kv_heads") not in (None, case["heads"]) else {}),
     }

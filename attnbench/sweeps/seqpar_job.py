@@ -59,9 +59,11 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     except ConfigError as exc:
         return {**row, "status": "error", "rel_err": None, "rel_err_single": None, "message": str(exc)}
     gen = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.seq_len, case.heads, case.head_dim)
+    shape, kv_shape = case.shapes()
     # the same global inputs on every rank, rounded to the dtype so the reference sees what the ranks see
-    q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for _ in range(3))
+    q, k, v = (
+        torch.randn(s, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for s in (shape, kv_shape, kv_shape)
+    )
     positions = [impl.shard_positions(case.seq_len, r, case.causal) for r in range(world)]
     _maybe_fail(payload, rank)
     with torch.no_grad():
@@ -98,6 +100,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
         "rel_err_single": err_single,
         "counterpart": counterpart.name,
         "backend": impl.last_backend,
+        **({"kv_layout": impl.last_kv_layout} if impl.last_kv_layout else {}),
         "message": why,
     }
 
@@ -157,6 +160,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             phase("timing")
             row.update(_timed_calls(impl, step, timer, plan_calls(slowest_ms, spec.policy())), status="ok")
         row["backend"] = impl.last_backend
+        row["kv_layout"] = impl.last_kv_layout
     row.update(probe.peaks())
     gpu = sampler.per_gpu()
     if dev.type == "cuda":

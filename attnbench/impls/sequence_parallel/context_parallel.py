@@ -1,12 +1,13 @@
 """``context-parallel``: PyTorch's own ring over SDPA (torch.distributed.tensor.experimental),
-CUDA only."""
+CUDA only. Grouped K/V are copied to every query head before PyTorch's ring takes them: its
+handling of grouped heads is not checked here (the row says expanded)."""
 
 from __future__ import annotations
 
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import gqa, register
 from attnbench.impls.base import ImplSpec, Param
 from attnbench.impls.fused_sdpa import CUDA_KERNELS
 from attnbench.impls.sequence_parallel.base import SEQPAR_EXTRA, DenseSequenceParallel
@@ -70,6 +71,10 @@ class ContextParallelAttention(DenseSequenceParallel):
             )
         if self._mesh is None or self._mesh.size() != world:
             self._mesh = init_device_mesh("cuda", (world,))
+        if gqa.heads_differ(q, k, 2):
+            groups = q.shape[2] // k.shape[2]
+            k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
+            self.last_kv_layout = gqa.EXPANDED
         set_rotate_method(self.rotate_method)
         _cp_options.enable_load_balance = is_causal  # its head-tail layout is our zigzag
         qd, kd, vd = (DTensor.from_local(x.transpose(1, 2), self._mesh, [Shard(2)], run_check=False) for x in (q, k, v))

@@ -1,12 +1,14 @@
 """``ring``: dense ring attention, K/V around the ranks overlapped with compute and merged by
-log-sum-exp; the zigzag layout when causal."""
+log-sum-exp; the zigzag layout when causal. Grouped K/V travel at their own head count (the
+kernels share them), so the ring moves H_kv / H of what plain multi-head attention would."""
 
 from __future__ import annotations
 
 import torch
 
-from attnbench.impls import register
+from attnbench.impls import gqa, register
 from attnbench.impls.base import ImplSpec
+from attnbench.impls.fused_sdpa import shares_kv
 from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, DenseSequenceParallel
 from attnbench.impls.sequence_parallel.engine import (
     LseAccumulator,
@@ -66,6 +68,7 @@ class RingAttention(DenseSequenceParallel):
         schedule = DenseSchedule(q, rank, is_causal, self.backend)
         run_ring(schedule, k, v, rank, world, self.group, clock)
         self.last_backend = schedule.kernel
+        self.last_kv_layout = gqa.layout(q, k, expanded=not shares_kv(schedule.kernel or ""))
         return schedule.finish()
 
 

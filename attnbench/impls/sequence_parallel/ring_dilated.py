@@ -1,15 +1,18 @@
 """``ring-dilated``: LongNet dilated attention over the split sequence. Head groups whose
 segments lie inside a shard run locally; a group whose segment spans shards exchanges only
-the kept (dilated) K/V positions of its heads between the ranks of a segment."""
+the kept (dilated) K/V positions of its heads between the ranks of a segment. Grouped K/V
+travel as the key/value heads each head group reads (``dilated.head_groups``), shared by its
+query heads."""
 
 from __future__ import annotations
 
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import register
+from attnbench.impls import gqa, register
 from attnbench.impls.base import ImplSpec, Param, lcm
 from attnbench.impls.dilated import HeadGroup, attend_group, head_groups, validate_pattern
+from attnbench.impls.fused_sdpa import shares_kv
 from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import (
     LseAccumulator,
@@ -64,7 +67,7 @@ class DilatedSchedule(RingSchedule):
                 continue
             tokens, count = self.kept(g, sender)
             if count and self.kept(g, receiver)[1]:
-                sels.append(Selection(tokens, g.heads, count, key=i))
+                sels.append(Selection(tokens, g.heads_of(kv=True), count, key=i))
         return sels
 
     def attend(self, sender, pieces) -> None:
@@ -147,10 +150,11 @@ class RingDilatedAttention(SequenceParallelAttention):
         check_segments_fit(self.name, seq_len, world, self.segment_lengths)
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
-        groups = head_groups(q.shape[2], self.segment_lengths, self.dilation_rates)
+        groups = head_groups(q.shape[2], self.segment_lengths, self.dilation_rates, k.shape[2])
         schedule = DilatedSchedule(q, k, v, rank, is_causal, groups, self.max_chunk_tokens, self.backend)
         run_ring(schedule, k, v, rank, world, self.group, clock)
         self.last_backend = schedule.kernel
+        self.last_kv_layout = gqa.layout(q, k, expanded=not shares_kv(schedule.kernel or ""))
         return schedule.finish()
 
 

@@ -20,6 +20,7 @@ from attnbench.report.sections.dilation import dilation_configurations
 from attnbench.report.sections.environment import environment
 from attnbench.report.sections.extreme_length import extreme_length
 from attnbench.report.sections.figures import figures
+from attnbench.report.sections.models import models
 from attnbench.report.sections.ring_vs_single_gpu import ring_vs_single_gpu
 from attnbench.report.sections.summary import executive_summary
 from attnbench.report.training import training_section
@@ -37,6 +38,7 @@ SECTIONS: list[tuple[str, str | None, Callable[[Doc, Machine], None]]] = [
     ("Report 003: dilated configurations and multi-GPU scaling", "003_44f2437c03de4e52.txt", dilation_configurations),
     ("Report 004: ring attention, single GPU vs multi-GPU", "004_e2d2d58acab56c17.txt", ring_vs_single_gpu),
     ("Training: forward plus backward", None, training_section),
+    ("Model shapes: model presets beside the seeds' shape", None, models),
     ("Capacity prediction", None, capacity),
     ("Plots", None, figures),
     ("Environment and commands (appendix)", None, environment),

@@ -1,0 +1,198 @@
+"""Model shapes: attention as model presets run it (rows with a ``model``: `attnbench run
+--profile models`, or any sweep given ``--model``), one line per preset and implementation
+configuration, forward beside training.
+
+Per mode: the longest sequence its search found and the allocator limit it ran under; the
+whole device's longest, predicted from the series' fit of peak memory (``report.fit``);
+bytes per token, the slope of the measured peak over the series' successful lengths by least
+squares (fixed costs drop out), against the floor's bytes per token (q and the output at the
+query heads, k and v at the key/value heads); useful TFLOP/s at the comparison length with
+its interval. ``K, V`` says whether grouped K/V were shared or copied to every query head.
+Reads rows only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from attnbench.measure.stats import plus_minus
+from attnbench.report.document import Doc, Machine
+from attnbench.report.fit import capacities
+from attnbench.report.intervals import tflops_interval
+from attnbench.report.markdown import Table
+from attnbench.units import format_gib, format_tokens, short_tokens
+
+COMPARE_AT = 32768  # the comparison length where the rows have it (the GPU profile's)
+MODES = (("fwd", "Fwd"), ("fwd_bwd", "Train"))
+PRODUCER = "attnbench run --profile models"
+
+
+def models(doc: Doc, machine: Machine) -> None:
+    """The section: one table of the machine's model rows, or what produces them."""
+    rows = [r for r in machine.rows if r.get("model")]
+    records = model_records(rows)
+    if not records:
+        doc.add(f"_No data: no trials of a model preset. `{PRODUCER}` produces it._\n")
+        return
+    compare = compare_length(rows)
+    doc.table(models_table(records, compare))
+    doc.add("\n" + note(compare, any(r.get("device") == "cuda" for r in rows)))
+
+
+def compare_length(rows: list[dict[str, Any]]) -> int:
+    """32K where a trial ran there; else the length most series ran at (the longest of those)."""
+    ran = {(r.get("series"), r["seq_len"]) for r in rows if _is_trial(r) and r.get("status") == "ok"}
+    counts = Counter(n for _, n in ran)
+    if COMPARE_AT in counts or not counts:
+        return COMPARE_AT
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def model_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (model, implementation configuration, dtype), its modes' series inside."""
+    fits = {c.series: c for c in capacities(rows)}
+    results = {r["series"]: r for r in rows if r.get("kind") == "max-seq-result"}
+    records: dict[tuple, dict[str, Any]] = {}
+    for series, trials in _series(rows).items():
+        head = trials[0]
+        key = (head["model"], head["impl"], json.dumps(head.get("config"), sort_keys=True), head["dtype"])
+        rec = records.setdefault(key, _record(head))
+        rec[head.get("mode") or "fwd"] = {
+            "trials": trials,
+            "result": results.get(series),
+            "fit": fits.get(series),
+        }
+    return list(records.values())
+
+
+def _is_trial(row: dict[str, Any]) -> bool:
+    return row.get("kind") in ("max-seq", "points")
+
+
+def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if _is_trial(r):
+            out.setdefault(r["series"], []).append(r)
+    return out
+
+
+def _record(head: dict[str, Any]) -> dict[str, Any]:
+    kv = head.get("kv_heads") or head["heads"]
+    mask = "causal" if head.get("causal") else "no mask"
+    label = head.get("label") or head["impl"]
+    suffix = f" for {head['model']}"
+    return {
+        "model": f"{head['model']} ({head['heads']} / {kv} / {head['head_dim']}, {mask})",
+        "implementation": label[: -len(suffix)] if label.endswith(suffix) else label,
+        "grouped": kv != head["heads"],
+    }
+
+
+def bytes_per_token(trials: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(slope of the peak over the successful lengths, the floor's bytes per token); the slope
+    needs two lengths."""
+    points = sorted(
+        {(r["seq_len"], r["peak_bytes"]) for r in trials if r.get("status") == "ok" and r.get("peak_bytes")}
+    )
+    floor = next((r["floor_bytes"] / r["seq_len"] for r in trials if r.get("floor_bytes")), None)
+    if len({n for n, _ in points}) < 2:
+        return None, floor
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_p = sum(p for _, p in points) / len(points)
+    slope = sum((n - mean_n) * (p - mean_p) for n, p in points) / sum((n - mean_n) ** 2 for n, _ in points)
+    return slope, floor
+
+
+def _kv_cell(rec: dict[str, Any]) -> str:
+    if not rec["grouped"]:
+        return "-"
+    layouts = {r.get("kv_layout") for m, _ in MODES for r in rec.get(m, {}).get("trials", []) if r.get("kv_layout")}
+    if layouts:
+        return " / ".join(sorted(layouts))
+    return "unsupported" if _unsupported(rec) else "-"
+
+
+def _unsupported(rec: dict[str, Any]) -> str:
+    """The message of a configuration whose every trial the kernel refused ('' otherwise)."""
+    trials = [r for m, _ in MODES for r in rec.get(m, {}).get("trials", [])]
+    if trials and all(r.get("status") == "unsupported" for r in trials):
+        return trials[0].get("message") or "unsupported"
+    return ""
+
+
+def _mode_cells(part: dict[str, Any] | None, compare: int, cuda: bool) -> dict[str, Any]:
+    """Raw values of one mode: longest, its limit, the predicted whole-device longest, bytes
+    per token and its floor, TFLOP/s at the comparison length."""
+    if not part:
+        return {}
+    trials, result, fit = part["trials"], part["result"], part["fit"]
+    slope, floor = bytes_per_token(trials)
+    at = next((r for r in trials if r["seq_len"] == compare and r.get("status") == "ok"), None)
+    predicted = fit.predict_for(fit.device_total) if cuda and fit and fit.fit and fit.device_total else None
+    return {
+        "longest": result.get("seq_len") if result else None,
+        "limit": trials[0].get("memory_limit") if result else None,
+        "predicted": predicted,
+        "bytes": (slope, floor),
+        "tflops": tflops_interval(at) if at else None,
+    }
+
+
+def models_table(records: list[dict[str, Any]], compare: int) -> Table:
+    at = short_tokens(compare)
+    rows = []
+    for rec in records:
+        cuda = any(r.get("device") == "cuda" for m, _ in MODES for r in rec.get(m, {}).get("trials", []))
+        row = {"Model (H / H_kv / D)": rec["model"], "Implementation": rec["implementation"], "K, V": _kv_cell(rec)}
+        refused = _unsupported(rec)
+        for mode, name in MODES:
+            cells = {} if refused else _mode_cells(rec.get(mode), compare, cuda)
+            row[f"{name} TFLOP/s at {at}"] = cells.get("tflops")
+            row[f"{name} Bytes/Token (x Floor)"] = cells.get("bytes")
+            row[f"{name} Longest (Under)"] = (
+                (cells.get("longest"), cells.get("limit")) if cells.get("longest") else None
+            )
+            row[f"{name} Predicted, Whole GPU"] = cells.get("predicted")
+        row["Note"] = refused
+        rows.append(row)
+    formats = {"Note": lambda v: v}
+    for _, name in MODES:
+        formats[f"{name} TFLOP/s at {at}"] = _tflops_cell
+        formats[f"{name} Bytes/Token (x Floor)"] = _bytes_cell
+        formats[f"{name} Longest (Under)"] = _longest_cell
+        formats[f"{name} Predicted, Whole GPU"] = lambda v: f"~{format_tokens(int(v))}"
+    return Table("models", list(rows[0]), rows, formats)
+
+
+def _tflops_cell(iv) -> str:
+    """``581.2 ±0.7 (n=10)``; three significant digits below 10 (a CPU's 0.0123)."""
+    return plus_minus(iv, lambda x: f"{x:,.1f}" if x >= 10 else f"{x:.3g}") if iv else "-"
+
+
+def _bytes_cell(v) -> str:
+    slope, floor = v
+    if slope is None:
+        return "-"
+    return f"{slope:,.0f}" + (f" ({slope / floor:.2f}x)" if floor else "")
+
+
+def _longest_cell(v) -> str:
+    n, limit = v
+    return f"{n:,}" + (f" under {format_gib(limit)}" if limit else "")
+
+
+def note(compare: int, cuda: bool) -> str:
+    return (
+        "H / H_kv / D: query heads, key/value heads, head dimension. K, V: shared, each key/value head read "
+        "by its group of query heads (no copy), or expanded, copied to every query head first. TFLOP/s: useful "
+        f"pairs x 4 D (x 3.5 for a training step) over the median time at {compare:,} tokens, "
+        "± half its 95% interval (n samples). Bytes/Token: the slope of the peak "
+        + ("(the allocator's `max_memory_allocated`)" if cuda else "(resident-set growth; indicative on a CPU)")
+        + " over each series' successful lengths, and that over the floor's (q and the output at H heads, k and "
+        "v at H_kv; training adds their gradients). Longest: the longest length the search ran, under the "
+        "memory limit it ran with; Predicted, Whole GPU: the length at which the series' fit of its peaks "
+        "(reserved memory) reaches the device's memory less what the allocator cannot use. '-': not measured.\n"
+    )

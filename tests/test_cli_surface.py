@@ -1,0 +1,77 @@
+"""What a user meets before any run: sizes that name their unit, --version, and the defaults
+shown in --help (a default written in square brackets must survive rich's markup)."""
+
+import re
+
+import pytest
+
+from attnbench import __version__
+from attnbench.errors import AttnbenchError
+from attnbench.units import parse_bytes
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("2GiB", 2 << 30), ("512MB", 512 * 10**6), ("1.5GiB", 3 << 29), ("4096B", 4096), (" 8 GB", 8 * 10**9)],
+)
+def test_a_size_with_its_unit_reads_as_written(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("80", "has no unit"),  # 80 bytes is never what `--gpu-memory 80` meant
+        (1073741824, "has no unit"),  # a TOML integer
+        ("0.0001", "has no unit"),
+        ("256M", "ambiguous unit 'M'"),  # 256 MB or 256 MiB: the user says which
+        ("0.1B", "less than one byte"),
+        ("-1GiB", "cannot read"),
+        ("lots", "cannot read"),
+    ],
+)
+def test_a_size_without_a_unit_or_of_nothing_is_refused_with_the_accepted_forms(text, why):
+    with pytest.raises(AttnbenchError) as err:
+        parse_bytes(text)
+    assert why in str(err.value) and "GiB" in str(err.value) and "MB" in str(err.value)
+
+
+@pytest.mark.slow
+def test_unit_less_sizes_exit_2_on_the_command_line(cli, tmp_path):
+    predict = cli("predict", "--impl", "naive", "--gpu-memory", "80", "--from", tmp_path)
+    limit = cli("max-seq", "--impl", "naive", "--device", "cpu", "--memory-limit", "256M", "--out", tmp_path / "o")
+    for proc in (predict, limit):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "80GB" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_version(cli):
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"attnbench {__version__}"
+
+
+def test_help_shows_each_default_once_in_one_form(cli):
+    text = cli("max-seq", "--help").stdout
+    for option, default in [("--dtype", "bf16"), ("--device", "auto"), ("--mode", "fwd"), ("--heads", "8")]:
+        line = next(ln for ln in text.splitlines() if re.search(rf"{option}\s", ln))
+        assert f"[default: {default}]" in line, line
+    assert not re.search(r"\[\d+\]", text)  # no bare "[8]" beside "[default: 8]"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_derived_files_and_rows_take_the_users_umask(tmp_path, umask, mode):
+    import os
+
+    from attnbench.results import ResultsWriter, write_text_atomic
+
+    old = os.umask(umask)
+    try:
+        write_text_atomic(tmp_path / "report.md", "# report\n")
+        ResultsWriter(tmp_path).append({"kind": "max-seq-result", "run": "r", "series": "s", "label": "l"} | WORKLOAD)
+    finally:
+        os.umask(old)
+    assert [(tmp_path / f).stat().st_mode & 0o777 for f in ("report.md", "trials.jsonl")] == [mode, mode]
+
+
+WORKLOAD = {"impl": "naive", "config": {}, "batch": 1, "seq_len": 128, "heads": 1, "head_dim": 8}
+WORKLOAD |= {"dtype": "fp32", "device": "cpu", "causal": False}
