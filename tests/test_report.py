@@ -469,6 +469,8 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
         if r.get("kind") in ("max-seq", "points") and r["seq_len"] > 65536 or r.get("kind") == "max-seq-result":
             continue
         other.append({**r, "env": {**r["env"], "machine": "cpu: second host", "hostname": "second"}})
+        if "trial" in r:  # another machine's run has trials of its own
+            other[-1]["trial"] = r["trial"] + "-second"
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in other))
     proc = run_cli("report", tmp_path, "--out", tmp_path / "out")
@@ -598,6 +600,8 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
     for r in again:
         r["env"]["commit"] = "f" * 40
         r["run"] = "rerun"
+        if "trial" in r:  # a rerun's trials are trials of their own
+            r["trial"] += "-rerun"
     for name, part in (("a", mine), ("b", again)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
