@@ -13,6 +13,7 @@ from attnbench.check.identity import capacity_identity, device_model, trial_iden
 from attnbench.errors import AttnbenchError
 from attnbench.report.sweep_tables import TRIAL_KINDS, max_seq_summary
 from attnbench.results import read_rows, result_files
+from attnbench.schema import row_from_json
 
 
 @dataclass
@@ -75,7 +76,7 @@ def capacities(rows: list[dict[str, Any]], any_cpu: bool = False) -> dict[tuple[
         series = {r["series"] for r in group}
         done = [r for r in finished if r.get("series") in series and device_model(r, any_cpu) == model]
         # one summary per group, whatever series keys its rows were written with
-        summary = max_seq_summary([{**r, "series": ident} for r in group + done])[0]
+        summary = max_seq_summary([row_from_json({**r, "series": ident}) for r in group + done])[0]
         out[(ident, model)] = {**summary, "row": group[0]}
     return out
 
