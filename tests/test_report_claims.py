@@ -17,6 +17,7 @@ from attnbench.report import claims as cl
 from attnbench.report import verdicts as v
 from attnbench.report.document import Machine
 from attnbench.report.fit import GIB
+from attnbench.report.measured import Measured
 from attnbench.schema import SCHEMA_VERSION
 
 from conftest import typed_row
@@ -297,7 +298,7 @@ def test_the_findings_are_the_furthest_refutations_one_per_seed():
 
     def fake(cid, seed, ratio, verdict=v.REFUTED):
         c = made_up(id=cid, seed=seed, value=1.0)
-        m = cl.Measured(ratio, None, None, "1", "GPU box", "w", "d")
+        m = Measured(ratio, None, None, "1", "GPU box", "w", "d")
         return v.Verdict(c, verdict, "", m)
 
     vs = [fake("a", "000", 100.0), fake("b", "000", 0.001), fake("c", "001", 3.0), fake("d", "002", 50.0)]

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnbench.report.claims import HARDWARE_BOUND, Claim, Measured, load_claims, measure, value_text
+from attnbench.report.claims import HARDWARE_BOUND, Claim, load_claims, value_text
+from attnbench.report.measured import Measured, measure
 
 TOLERANCE = 1.25  # a measured value within this factor of the seed's range agrees with it
 
