@@ -119,11 +119,10 @@ def summary(vs: list[v.Verdict]) -> str:
         f"Five seed reports measured on {HARDWARE}; each claim is held against these rows",
         f"by one rule (docs/verdicts.md), claim by claim in [{SEEDS_FILE}]({SEEDS_FILE}).",
         tally(vs),
-        "",
-        "Furthest from what the seeds said:",
-        "",
     ]
-    lines += [finding_line(x) for x in findings(vs)]
+    furthest = findings(vs)
+    if furthest:
+        lines += ["", "Furthest from what the seeds said:", "", *(finding_line(x) for x in furthest)]
     return "\n".join(lines) + "\n"
 
 
