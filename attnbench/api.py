@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.results import read_rows, result_files
-from attnbench.schema import Row, row_from_json
+from attnbench.results import load_rows, result_files
+from attnbench.schema import Row
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -23,22 +23,17 @@ if TYPE_CHECKING:
 
 def load(*paths: str | Path | Iterable[str | Path]) -> list[Row]:
     """Every row under the given results directories or ``trials.jsonl`` files, typed by kind
-    (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), in file order."""
+    (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), in file order, each with ``source``
+    naming its FILE:LINE."""
     from attnbench.report.data import separate_code_versions
 
     roots = _paths(paths)
     if not any(result_files(p) for p in roots):  # result_files names a path that does not exist
         raise AttnbenchError(f"no trials.jsonl under {', '.join(map(str, roots))}: give a results directory")
-    raw, problems = read_rows(roots)
+    rows, problems = load_rows(roots)
     for line in problems:
         warnings.warn(line, stacklevel=2)
-    rows = []
-    for d in separate_code_versions(raw):
-        source = d.pop("_file", None)
-        row = row_from_json(d)
-        row.source = source
-        rows.append(row)
-    return rows
+    return separate_code_versions(rows)
 
 
 def load_frame(*paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:

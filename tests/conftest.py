@@ -52,3 +52,33 @@ def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
     monkeypatch.setattr(flex_kernel, "FLEX_MAX_OFFSET", 1 << 19)
     cfg = flex_pieces_config("hierarchical")
     return run_case(VerifyCase("block-sparse", cfg, 2, 4096, 3, 64, True, "bf16", "cuda", mode=mode))
+
+
+def typed_row(kind: str = "points", **fields):
+    """A typed result row (``attnbench.schema``) with the fields a test names; every other
+    required field gets a valid value."""
+    from attnbench.schema import SCHEMA_VERSION, row_from_json
+
+    base = {
+        "schema": SCHEMA_VERSION,
+        "kind": kind,
+        "run": "r",
+        "impl": "dilated",
+        "config": {},
+        "batch": 1,
+        "seq_len": 1024,
+        "heads": 8,
+        "head_dim": 64,
+        "dtype": "bf16",
+        "device": "cuda",
+        "causal": False,
+    }
+    if kind in ("points", "max-seq", "speedup"):
+        base.update(status="ok", message="", times_ms=[])
+    if kind in ("points", "max-seq", "max-seq-result"):
+        base.update(series="s", label="s")
+    if kind == "speedup":
+        base.update(case="c", key="k")
+    if kind == "verify":
+        base.update(status="pass", message="")
+    return row_from_json({**base, **fields})

@@ -29,10 +29,10 @@ def test_load_types_every_row_in_file_order():
     rows = attnbench.load(RING)
     assert [r.kind for r in rows] == [r["kind"] for r in raw]
     kinds = {"max-seq": Trial, "points": Trial, "verify": Verify, "max-seq-result": MaxSeqResult}
-    for row, d in zip(rows, raw):
+    for line, (row, d) in enumerate(zip(rows, raw), 1):
         assert type(row) is kinds[d["kind"]]
         assert (row.impl, row.seq_len, row.env.machine) == (d["impl"], d["seq_len"], d["env"]["machine"])
-        assert row.source == str(RING / "trials.jsonl")
+        assert row.source == f"{RING / 'trials.jsonl'}:{line}"
 
 
 def test_frame_has_a_column_per_field_and_per_gpu_memory():

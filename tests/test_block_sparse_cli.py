@@ -7,7 +7,7 @@ import pytest
 
 from attnbench import impls
 from attnbench.report.sparsity import sparsity_table
-from attnbench.results import read_rows
+from attnbench.results import load_rows, read_rows
 
 from conftest import run_cli
 
@@ -154,7 +154,8 @@ def test_sparsity_table_from_a_real_run(tmp_path):
     rows, _ = read_rows(out)
     trials = [r for r in rows if r.get("kind") == "points"]
     assert len(trials) == 4 and all(r["status"] == "ok" for r in trials)
-    md = sparsity_table(rows)
+    typed, _ = load_rows(out)
+    md = sparsity_table(typed)
     lines = [line for line in md.splitlines() if line.startswith("| ") and "Sequence Length" not in line]
     assert len(lines) == 4
     impl = impls.build("block-sparse", sparsity_ratio=0.1, block_size=64)
@@ -171,4 +172,4 @@ def test_sparsity_table_from_a_real_run(tmp_path):
     dense_cells = [line for line in lines if "dense sdpa" in line]
     assert len(dense_cells) == 2 and all("| Dense |" in line for line in dense_cells)
     assert "Block-sparse vs dense" in (out / "sweep.md").read_text()
-    assert sparsity_table([r for r in rows if r.get("impl") != "block-sparse"]) == ""
+    assert sparsity_table([r for r in typed if getattr(r, "impl", None) != "block-sparse"]) == ""

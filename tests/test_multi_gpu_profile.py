@@ -19,6 +19,8 @@ from attnbench.report.scaling import time_scaling
 from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import traffic
 
+from conftest import typed_row
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -163,24 +165,26 @@ def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
 
 
 def _row(impl, world, time_ms, config=None, **extra):
-    return {
-        "kind": "points",
-        "status": "ok",
-        "impl": impl,
-        "world_size": world,
-        "time_ms": time_ms,
-        "strategy": "ring" if impl.startswith("ring") else "single",
-        "seq_len": 8192,
-        "config": config or {},
-        "dtype": "bf16",
-        "batch": 1,
-        "heads": 8,
-        "head_dim": 64,
-        "mode": "fwd",
-        "causal": False,
-        "device": "cuda",
-        **extra,
-    }
+    return typed_row(
+        **{
+            "kind": "points",
+            "status": "ok",
+            "impl": impl,
+            "world_size": world,
+            "time_ms": time_ms,
+            "strategy": "ring" if impl.startswith("ring") else "single",
+            "seq_len": 8192,
+            "config": config or {},
+            "dtype": "bf16",
+            "batch": 1,
+            "heads": 8,
+            "head_dim": 64,
+            "mode": "fwd",
+            "causal": False,
+            "device": "cuda",
+            **extra,
+        }
+    )
 
 
 def test_efficiency_is_against_equal_work_with_same_split_beside_it():

@@ -20,7 +20,7 @@ import pytest
 
 from attnbench.report.data import compact_label
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, typed_row
 
 pytestmark = pytest.mark.slow  # most tests read a report the module fixture writes with the real command
 
@@ -169,87 +169,67 @@ def test_report_writes_markdown_csv_and_png_plots(report):
     assert f"report: {md_path}" in proc.stdout.replace("\n", "")
     md = md_path.read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert {re.sub(r"-cpu-.*", "", i) for i in images} == {"memory", "time", "tflops"}  # no speedup data: no bars
+    # the answer's figure, and no speedup bars without speedup rows
+    assert {re.sub(r"-cpu-.*", "", i) for i in images} == {"answer.png", "memory", "time", "tflops"}
+    assert (out / "seeds.md").exists() and "[seeds.md](seeds.md)" in md
     for image in images:
         data = (out / image).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     for ref in re.findall(r"`csv/([^`]+)`", md):
-        assert (out / "csv" / ref).exists(), ref
+        assert list((out / "csv").glob(ref)), ref
 
 
-def test_one_section_per_seed_report_and_the_rest(report):
+def test_the_answer_first_then_the_seeds_then_sections_by_question(report):
     md = (report[0] / "report.md").read_text()
-    for title, seed in [
-        ("Report 000", "000_"),
-        ("Report 001", "001_"),
-        ("Report 002", "002_"),
-        ("Report 003", "003_"),
-        ("Report 004", "004_"),
-    ]:
-        assert f"seed report `{seed}" in section(md, title)
-    for title in ("Executive summary", "Environment and commands", "Capacity prediction", "Plots"):
-        assert section(md, title)
+    titles = [line[3:] for line in md.splitlines() if line.startswith("## ")]
+    assert titles[:2] == ["The answer: how long, how fast, how much memory", "Against the seeds"]
+    for title in ("How long", "How fast", "Dilation", "Capacity", "Plots", "Environment and commands"):
+        assert any(t.startswith(title) for t in titles), title
+    # a CPU machine: no section about several GPUs, and its heading says what it is
+    assert not any(t.startswith(("Data parallelism", "Sequence parallelism")) for t in titles)
+    assert "### cpu: AMD EPYC (" in md and "no GPU)" in md
 
 
 def test_sections_without_data_name_the_command_that_produces_it(report):
     md = (report[0] / "report.md").read_text()
-    assert "_No data: no block-sparse speedup rows" in section(
-        md, "Report 000"
-    ) and "`attnbench speedup --impl block-sparse" in section(md, "Report 000")
-    assert "_No data: no multi-GPU ring rows" in section(md, "Report 000")
-    assert "_No data: no speedup rows on this machine. `attnbench speedup" in section(md, "Report 001")
-    s002 = section(md, "Report 002")
-    assert (
-        "_No data: no multi-GPU max-seq search on this machine. `attnbench max-seq --impl ring-dilated --gpus 2" in s002
-    )
-    try:
-        import attnbench.report.sparsity  # noqa: F401  (lands with block-sparse)
-    except ImportError:
-        assert "_No data: no block-sparse rows" in s002 and "`attnbench bench --impl block-sparse" in s002
-    s003 = section(md, "Report 003")
-    assert "_No data: no multi-GPU ring trials" in s003 and "_No data: no multi-GPU max-seq search" in s003
-    assert "_No data: no multi-GPU ring rows on this machine. `attnbench bench --impl ring-dilated --gpus 2" in section(
-        md, "Report 004"
-    )
-    assert "Best speedup over one GPU: no speedup rows" in section(md, "Executive summary")
+    training = section(md, "Training")
+    assert "Not on cpu: AMD EPYC" in training
+    assert "_No data: no forward-plus-backward trials. `attnbench run --profile gpu-fwd-bwd` produces it._" in training
 
 
 # --- executive summary ------------------------------------------------------------------------------
 
 
-def test_summary_largest_sequence_matches_the_rows(report):
+def short(n: int) -> str:
+    """64K, 1.5M: binary multiples, one decimal where not whole."""
+    for suffix, size in (("M", 2**20), ("K", 2**10)):
+        if n >= size:
+            return (f"{n / size:.0f}" if n % size == 0 else f"{n / size:.1f}") + suffix
+    return str(n)
+
+
+def test_the_answer_table_is_within_the_first_40_lines_and_matches_the_rows(report):
     out, _ = report
-    expect = expected_largest(fixture_rows())
+    rows = fixture_rows()
+    expect = expected_largest(rows)
     md = (out / "report.md").read_text()
-    headers, body = md_table(section(md, "Executive summary"), "Implementation")
-    assert headers == [
-        "Implementation",
-        "GPUs",
-        "Device",
-        "Dtype",
-        "Mode",
-        "Max Sequence",
-        "Stopped By",
-        "Peak Memory per GPU",
-        "Memory per Token",
-        "Peak / Floor",
-    ]
+    first = "\n".join(md.splitlines()[:40])
+    headers, body = md_table(first, "Configuration")
+    assert headers[:6] == ["Configuration", "Settings", "Longest forward", "Stopped by", "Per token", "Peak/floor"]
     assert {row[0] for row in body} == set(expect)
+    (limit,) = {r["memory_limit"] for r in rows if r.get("kind") == "max-seq"}
     for row in body:
         e = expect[row[0]]
-        assert row[4] == "fwd" and row[5] == tokens_text(e["max"]) and row[6] == e["stopped_by"]
-        assert row[7] == f"{e['peak'] / 1e9:,.2f} GB" and row[9] == f"{e['ratio']:.2f}x"
-    for rec in read_csv(out, "summary-largest"):
-        e = expect[rec["Implementation"]]
-        assert int(rec["Max Sequence"]) == e["max"] and int(rec["GPUs"]) == 1
-        assert float(rec["Peak Memory per GPU"]) == e["peak"]
-        assert float(rec["Memory per Token"]) == pytest.approx(e["per_token"], rel=1e-12)
-        assert float(rec["Peak / Floor"]) == pytest.approx(e["ratio"], rel=1e-12)
-    best = max(expect.items(), key=lambda kv: kv[1]["max"])
-    assert f"Longest sequence on the cpu: **{tokens_text(best[1]['max'])}** tokens with {best[0]}" in md
-    lo = min(expect.items(), key=lambda kv: kv[1]["ratio"])
-    hi = max(expect.items(), key=lambda kv: kv[1]["ratio"])
-    assert f"from {lo[1]['ratio']:.2f}x ({lo[0]}) to {hi[1]['ratio']:.2f}x ({hi[0]})" in md
+        failed = min(r["seq_len"] for r in e["trials"] if r["status"] != "ok" and r["seq_len"] > e["max"])
+        assert row[2] == f"{short(e['max'])} – {short(failed)}"
+        assert row[3] == f"{e['stopped_by']} ({limit // 2**20} MiB limit)"
+        assert row[4] == f"{e['per_token'] / 1e3:,.2f} KB" and row[5] == f"{e['ratio']:.2f}x"
+    for rec in read_csv(out, "answer"):
+        e = expect[rec["Configuration"]]
+        assert int(rec["Forward Longest"]) == e["max"] and int(rec["GPUs"]) == 1
+        assert float(rec["Forward Peak per GPU"]) == e["peak"]
+        assert float(rec["Forward Peak / Floor"]) == pytest.approx(e["ratio"], rel=1e-12)
+    assert all(len(line) <= 200 for line in md.splitlines()[:60])
 
 
 def test_environment_and_the_exact_commands(report):
@@ -274,10 +254,10 @@ def test_environment_and_the_exact_commands(report):
 # --- report 002 ----------------------------------------------------------------------------------
 
 
-def test_002_single_gpu_maximum_tables_have_every_trial(report):
+def test_every_search_has_its_table_of_trials(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
-    text = section((out / "report.md").read_text(), "Report 002")
+    text = section((out / "report.md").read_text(), "How long")
     for label, e in expect.items():
         part = text[text.index(f"##### {label}:") :]
         headers, body = md_table(part, "Sequence Length")
@@ -291,11 +271,11 @@ def test_002_single_gpu_maximum_tables_have_every_trial(report):
         ]
 
 
-def test_002_fixed_length_measurements(report):
+def test_fixed_length_measurements(report):
     out, _ = report
     points = sorted((r for r in fixture_rows() if r.get("kind") == "points"), key=lambda r: r["seq_len"])
-    text = section((out / "report.md").read_text(), "Report 002")
-    part = text[text.index("#### Fixed-length measurements") :]
+    text = section((out / "report.md").read_text(), "How fast")
+    part = text[text.index("#### Each series") :]
     headers, body = md_table(part[part.index(f"##### {points[0]['label']}:") :], "Sequence Length")
     assert headers == ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"]
     assert [[row[0], row[2], row[3], row[4], row[5]] for row in body] == [
@@ -307,10 +287,10 @@ def test_002_fixed_length_measurements(report):
         assert row[1].endswith(f"(n={len(r['times_ms'])})"), row[1]
 
 
-def test_002_memory_efficiency_at_the_largest_sequence(report):
+def test_memory_at_the_longest_sequence(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
-    recs = read_csv(out, "002-memory-efficiency")
+    recs = read_csv(out, "memory-at-longest")
     assert list(recs[0]) == [
         "Implementation",
         "GPUs",
@@ -331,10 +311,10 @@ def test_002_memory_efficiency_at_the_largest_sequence(report):
 # --- report 003 ----------------------------------------------------------------------------------
 
 
-def test_003_configuration_table_and_dilation_impact(report):
+def test_dilation_configuration_table_and_dilation_impact(report):
     out, _ = report
     expect = expected_largest(fixture_rows())
-    text = section((out / "report.md").read_text(), "Report 003")
+    text = section((out / "report.md").read_text(), "Dilation")
     tables = [t for t in md_tables(text) if t[0][0] == "Configuration"]
     assert all(
         t[0] == ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"] for t in tables
@@ -345,7 +325,7 @@ def test_003_configuration_table_and_dilation_impact(report):
     common = max(set.intersection(*(set(expect[label]["ok"]) for label in SEED_003_LABELS)))
     base = expect[SEED_003_LABELS[0]]["ok"][common]["tokens_per_s"]
     recs = {}
-    for path in (out / "csv").glob("003-configurations-*.csv"):
+    for path in (out / "csv").glob("dilation-configurations-*.csv"):
         recs.update({r["Configuration"]: r for r in csv.DictReader(open(path, newline=""))})
     for label in SEED_003_LABELS:
         e, r = expect[label], recs[label]
@@ -367,14 +347,14 @@ def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
     (limit,) = {r["memory_limit"] for r in rows if r.get("kind") in ("max-seq", "points")}
     fits = {r["Implementation"]: r for r in read_csv(out, "capacity-fit")}
     here = {r["Implementation"]: r for r in read_csv(out, "capacity-measured")}
-    sizes = {r["Implementation"]: r for r in read_csv(out, "capacity-gpus")}
+    # a fit predicts for the device it was measured on only: no table of other GPU sizes
+    assert not list((out / "csv").glob("capacity-gpus-*.csv"))
     # every series with enough successful lengths for its model (points series included)
     fitted = {label for label, pts in points.items() if len({n for n, _ in pts}) >= (3 if label in QUADRATIC else 2)}
     assert set(fits) == fitted and "sdpa(backend=math)" not in fitted
     assert "Not fitted: sdpa(backend=math) (2 successful lengths; a quadratic model needs 3)" in section(
-        (out / "report.md").read_text(), "Capacity prediction"
+        (out / "report.md").read_text(), "Capacity"
     )
-    assert list(next(iter(sizes.values()))) == ["Implementation", "8 GB", "24 GB", "40 GB", "80 GB", "141 GB"]
     assert list(next(iter(fits.values()))) == [
         "Implementation",
         "Dtype",
@@ -410,7 +390,6 @@ def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
         assert float(on["Budget"]) == limit and float(on["Set Aside"]) == 0
         predicted = solve_for(coef, limit)
         assert float(on["Predicted Max"]) == pytest.approx(predicted, rel=1e-6)
-        assert float(sizes[label]["80 GB"]) == pytest.approx(solve_for(coef, 80 * GIB), rel=1e-6)
         if label in expect:
             assert int(on["Measured Max"]) == expect[label]["max"] and on["Stopped By"] == expect[label]["stopped_by"]
             if expect[label]["stopped_by"] == "memory":
@@ -455,7 +434,7 @@ def test_a_corrupt_line_is_reported_with_file_and_line_and_the_rest_used(tmp_pat
     assert f"warning: {bad}:21: unreadable line skipped" in proc.stderr.replace("\n", "")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "1 unreadable lines were skipped" in md and f"{bad}:21:" in md
-    assert read_csv(tmp_path / "out", "summary-largest") == read_csv(report[0], "summary-largest")
+    assert read_csv(tmp_path / "out", "answer") == read_csv(report[0], "answer")
 
 
 def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
@@ -476,27 +455,28 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
     proc = run_cli("report", tmp_path, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "report.md").read_text()
-    for title in ("Executive summary", "Report 002", "Capacity prediction"):
+    for title in ("The answer", "How long", "Capacity"):
         text = section(md, title)
         assert "### cpu: AMD EPYC" in text and "### cpu: second host" in text
-    first = {
-        r["Implementation"]: r
-        for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-amd-epyc.csv"))
-    }
+    # both machines answer within the first 40 lines
+    assert "### cpu: second host" in "\n".join(md.splitlines()[:40])
+    first = {r["Configuration"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "answer-cpu-amd-epyc.csv"))}
     second = {
-        r["Implementation"]: r
-        for r in csv.DictReader(open(tmp_path / "out" / "csv" / "summary-largest-cpu-second-host.csv"))
+        r["Configuration"]: r for r in csv.DictReader(open(tmp_path / "out" / "csv" / "answer-cpu-second-host.csv"))
     }
     expect_a, expect_b = expected_largest(rows), expected_largest(other)
     for label in expect_a:
-        assert int(first[label]["Max Sequence"]) == expect_a[label]["max"]
-        assert int(second[label]["Max Sequence"]) == expect_b[label]["max"]
+        assert int(first[label]["Forward Longest"]) == expect_a[label]["max"]
+        assert int(second[label]["Forward Longest"]) == expect_b[label]["max"]
     assert (
-        int(second["Single segment, no dilation"]["Max Sequence"])
+        int(second["Single segment, no dilation"]["Forward Longest"])
         == 65536
-        < int(first["Single segment, no dilation"]["Max Sequence"])
+        < int(first["Single segment, no dilation"]["Forward Longest"])
     )
-    assert second["Single segment, no dilation"]["Stopped By"] == "search interrupted"
+    assert second["Single segment, no dilation"]["Forward Stopped By"] == "search interrupted"
+    # an unfinished search is a lower bound: the answer says so
+    answer = section(md, "The answer").split("### cpu: second host")[1]
+    assert "| Single segment, no dilation | fp32 H4 D16 | ≥ 64K | search interrupted (256 MiB limit) |" in answer
     env_b = dict(md_table(section(md, "Environment and commands").split("### cpu: second host")[1], "Item")[1])
     assert env_b["Host"] == "second"
 
@@ -586,9 +566,8 @@ def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
     done = run_cli("report", run, "--out", tmp_path / "report")
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "report" / "report.md").read_text()
-    seed_003 = text.split("## Report 003")[1].split("\n## ")[0]
-    assert "block-sparse" not in seed_003.split("#### Multi-GPU results")[0]
-    assert "no single-GPU max-seq search of a dilated configuration" in seed_003
+    assert "block-sparse" not in text.split("## Dilation")[1].split("\n## ")[0]
+    assert "no single-device max-seq search of a dilated configuration" in text
 
 
 def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
@@ -610,8 +589,11 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     label = compact_label(mine[0])
     old, new = f"{label} @ {mine[0]['env']['commit'][:9]}", f"{label} @ fffffffff"
-    largest = text.split("## Executive summary")[1].split("\n## ")[0]
+    largest = text.split("## How long")[1].split("\n## ")[0]
     assert old in largest and new in largest
+    # the answer shows the newest version alone, without the commit its label carries below
+    answer = text.split("## The answer")[1].split("\n## ")[0]
+    assert label in answer and old not in answer and new not in answer
     trials_per_table = len([r for r in mine if r.get("kind") == "max-seq"])
     for heading in (old, new):  # each search's own table, with its own trials only
         section = text.split(f"##### {heading}:")[1].split("\n#")[0]
@@ -648,15 +630,15 @@ def test_a_search_under_a_memory_limit_is_its_own_series():
     from attnbench.report.data import separate_memory_limits
 
     def row(run, kind, seq_len, limit=None):
-        return {
-            "kind": kind,
-            "run": run,
-            "series": "s1",
-            "label": "naive",
-            "impl": "naive",
-            "seq_len": seq_len,
+        return typed_row(
+            kind=kind,
+            run=run,
+            series="s1",
+            label="naive",
+            impl="naive",
+            seq_len=seq_len,
             **({"memory_limit": limit} if limit else {}),
-        }
+        )
 
     rows = [
         row("whole", "max-seq", 65536),
@@ -665,9 +647,9 @@ def test_a_search_under_a_memory_limit_is_its_own_series():
         row("capped", "max-seq-result", 10240),
     ]
     whole, whole_result, capped, capped_result = separate_memory_limits(rows)
-    assert (whole["series"], whole["label"]) == (whole_result["series"], whole_result["label"]) == ("s1", "naive")
-    assert capped["series"] == capped_result["series"] != "s1"
-    assert capped["label"] == capped_result["label"] == "naive under 4 GiB"
+    assert (whole.series, whole.label) == (whole_result.series, whole_result.label) == ("s1", "naive")
+    assert capped.series == capped_result.series != "s1"
+    assert capped.label == capped_result.label == "naive under 4 GiB"
 
 
 def test_allocator_limits_read_as_profiles_write_them():

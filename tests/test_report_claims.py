@@ -1,8 +1,10 @@
-"""The seed claims table: complete against the claims file, each verdict from fixture rows
-(values computed by hand here), and every command the report suggests for missing data runs."""
+"""The seed claims and the verdict rule: the claims file is complete and consistent, every verdict
+follows the one rule of docs/verdicts.md from rows whose values are worked out by hand here, and
+every command the report suggests for missing data runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -12,15 +14,35 @@ from pathlib import Path
 import pytest
 
 from attnbench.report import claims as cl
+from attnbench.report import verdicts as v
 from attnbench.report.document import Machine
 from attnbench.report.fit import GIB
+from attnbench.report.measured import Measured
 from attnbench.schema import SCHEMA_VERSION
+
+from conftest import typed_row
 
 ENV = {"machine": "GPU box", "date": "2026-11-23T10:00:00+00:00", "commit": "abc"}
 
 
 def claim(cid: str) -> cl.Claim:
     return next(c for c in cl.load_claims() if c.id == cid)
+
+
+def made_up(**fields) -> cl.Claim:
+    """A claim of the tests' own: a speedup of 0.16x, slower than one GPU unless said otherwise."""
+    base = dict(
+        id="t",
+        seed="001",
+        says="s",
+        value=0.16,
+        unit="x",
+        workload="w",
+        gpus=2,
+        metric="speedup",
+        match={"strategy": "dp"},
+    )
+    return cl.Claim(**{**base, **fields})
 
 
 def speedup_row(
@@ -31,213 +53,257 @@ def speedup_row(
     seq_len: int = 16384,
     gpu_bytes: tuple[int, ...] = (80_000_000, 0),
     date: str = ENV["date"],
-) -> dict:
-    return {
-        "schema": SCHEMA_VERSION,
-        "kind": "speedup",
-        "case": f"{seq_len}x{batch}",
-        "message": "",
-        "key": f"{strategy}:{seq_len}x{batch}",
-        "strategy": strategy,
-        "world_size": world,
-        "impl": "dilated",
-        "config": {"segment_lengths": [1024, 2048], "dilation_rates": [1, 2]},
-        "batch": batch,
-        "seq_len": seq_len,
-        "heads": 8,
-        "head_dim": 64,
-        "dtype": "bf16",
-        "device": "cuda",
-        "mode": "fwd",
-        "causal": False,
-        "status": "ok",
-        "times_ms": times,
-        "time_ms": sorted(times)[len(times) // 2],
-        "gpus": [{"index": i, "max_memory_allocated": b} for i, b in enumerate(gpu_bytes[:world])],
-        "run": "r",
-        "env": {**ENV, "date": date},
-    }
+):
+    return typed_row(
+        kind="speedup",
+        case=f"{seq_len}x{batch}",
+        key=f"{strategy}:{seq_len}x{batch}:{date}",
+        strategy=strategy,
+        world_size=world,
+        config={"segment_lengths": [1024, 2048], "dilation_rates": [1, 2]},
+        batch=batch,
+        seq_len=seq_len,
+        mode="fwd",
+        times_ms=times,
+        time_ms=sorted(times)[len(times) // 2],
+        gpus=[{"index": i, "max_memory_allocated": b} for i, b in enumerate(gpu_bytes[:world])],
+        env={**ENV, "date": date},
+    )
 
 
-def point(
-    seq_len: int,
-    config: dict,
-    *,
-    tokens_per_s: float | None = None,
-    peak: float | None = None,
-    reserved: float | None = None,
-    dtype: str = "fp32",
-    series: str = "s",
-) -> dict:
-    return {
-        "schema": SCHEMA_VERSION,
-        "kind": "points",
-        "run": "r",
-        "label": series,
-        "message": "",
-        "series": series,
-        "impl": "dilated",
-        "config": config,
-        "batch": 1,
-        "seq_len": seq_len,
-        "heads": 8,
-        "head_dim": 64,
-        "dtype": dtype,
-        "device": "cuda",
-        "mode": "fwd",
-        "causal": False,
-        "status": "ok",
-        "time_ms": 10.0,
-        "times_ms": [10.0] * 5,
-        "tokens_per_s": tokens_per_s,
-        "peak_bytes": peak,
-        "max_memory_reserved": reserved,
-        "env": ENV,
-        "gpus": [
+def point(seq_len: int, config: dict, *, series: str = "s", dtype: str = "fp32", **fields):
+    reserved = fields.pop("reserved", None)
+    return typed_row(
+        series=series,
+        label=series,
+        config=config,
+        seq_len=seq_len,
+        dtype=dtype,
+        mode="fwd",
+        time_ms=10.0,
+        times_ms=[10.0] * 5,
+        max_memory_reserved=reserved,
+        gpus=[
             {
                 "index": 0,
                 "max_memory_reserved": reserved,
                 "max_memory_allocated": reserved,
                 "nvml_used_before": 0,
-                "nvml_used_peak": reserved + 500e6 if reserved else None,
+                "nvml_used_peak": reserved + 500_000_000 if reserved else None,
             }
         ],
-        "device_total_bytes": 80 * GIB,
-    }
+        device_total_bytes=80 * GIB,
+        env=ENV,
+        **fields,
+    )
 
 
-def verdict_of(cid: str, rows: list[dict]) -> cl.Verdict:
-    return cl.verdicts([Machine("GPU box", rows)], [claim(cid)])[0]
+def verdict_of(c: cl.Claim | str, rows: list) -> v.Verdict:
+    c = claim(c) if isinstance(c, str) else c
+    return v.verdicts([Machine("GPU box", rows)], [c])[0]
 
 
 # --- the claims file ----------------------------------------------------------------------------
 
 
-def test_claims_file_loads_with_unique_ids_and_a_matcher_for_every_testable_claim():
+def test_claims_file_loads_with_unique_ids_a_matcher_or_a_reason_for_every_claim():
     claims = cl.load_claims()
-    assert len({c.id for c in claims}) == len(claims) > 80
+    assert len({c.id for c in claims}) == len(claims) > 100
     for c in claims:
         assert c.seed in ("000", "001", "002", "003", "004") and c.id.startswith(c.seed)
-        assert c.test == "none" or c.match, c.id
-        assert c.test != "none" or c.note, c.id
+        assert c.match if c.comparable else c.note, c.id
+        assert c.metric in cl.METRICS
+    per_seed = {s: sum(c.seed == s for c in claims) for s in ("000", "001", "002", "003", "004")}
+    assert all(n >= 8 for n in per_seed.values()), per_seed
 
 
 def test_a_malformed_claims_file_is_one_line_error(tmp_path):
     bad = tmp_path / "claims.toml"
     bad.write_text(
         '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
-        'gpus = 1\nmetric = "speed"\ntest = "none"\n'
+        'gpus = 1\nmetric = "speed"\ncomparable = false\nnote = "n"\n'
     )
     with pytest.raises(cl.AttnbenchError, match="metric must be one of"):
         cl.load_claims(bad)
+    bad.write_text(
+        '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
+        'gpus = 1\nmetric = "time_ms"\ncomparable = false\n'
+    )
+    with pytest.raises(cl.AttnbenchError, match="says why in its note"):
+        cl.load_claims(bad)
 
 
-def test_the_report_table_holds_every_claim_exactly_once(tmp_path):
+def test_seeds_md_and_its_csv_hold_every_claim_exactly_once_by_seed_report(tmp_path):
     from attnbench.report.build import render
     from attnbench.report.data import load
 
     rows = [speedup_row("single", [30.0] * 5, 1), speedup_row("dp", [45.0] * 5, 2)]
-    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
     doc = render(load(tmp_path))
     table = dict(doc.tables)["seed-claims.csv"]
-    ids = [r["Id"] for r in table.records]
-    assert sorted(ids) == sorted(c.id for c in cl.load_claims())
-    assert all(r["Verdict"] in (cl.CONFIRMED, cl.REFUTED, cl.NOT_COMPARABLE, cl.NOT_MEASURED) for r in table.records)
-    text = doc.text()
-    assert text.index("## Seed claims vs measured") < text.index("## Findings") < text.index("## Executive summary")
+    assert sorted(r["Id"] for r in table.records) == sorted(c.id for c in cl.load_claims())
+    assert all(r["Verdict"] in v.VERDICTS for r in table.records)
+    seeds = doc.files["seeds.md"]
+    for c in cl.load_claims():
+        assert seeds.count(f"| {c.says} |") == 1, c.id
+    headings = [line for line in seeds.splitlines() if line.startswith("## ")]
+    assert [h[3:6] for h in headings] == ["000", "001", "002", "003", "004"]
+    assert "[seeds.md](seeds.md)" in doc.text()
 
 
-# --- verdicts from rows -------------------------------------------------------------------------
+# --- the rule, claim by claim -----------------------------------------------------------------------
 
 
-def test_a_speedup_above_one_confirms_a_claim_of_benefit():
-    # single 100 ms, DataParallel 50 ms: 2.0x; a resampled median ratio lies between the extreme
-    # ratios 98/51 and 102/49, so the interval stays above 1
-    rows = [speedup_row("single", [98.0, 100.0, 102.0], 1), speedup_row("dp", [49.0, 50.0, 51.0], 2)]
-    v = verdict_of("001-dp-16k-speedup", rows)
-    assert v.verdict == cl.CONFIRMED
-    assert v.measured.value == pytest.approx(2.0)
-    assert 98.0 / 51.0 <= v.measured.low <= 2.0 <= v.measured.high <= 102.0 / 49.0
+def test_size_agrees_within_a_factor_of_1_25_of_the_seeds_range():
+    c = made_up(value=4.5, unit="GB", metric="peak_bytes", match={"seq_len": 1024}, gpus=1)
+    # 4.5 printed with one decimal stands for 4.45-4.55 GB; times 1.25 either way: 3.56-5.6875 GB
+    for peak, expected in ((5_680_000_000, v.CONFIRMED), (3_570_000_000, v.CONFIRMED), (5_700_000_000, v.REFUTED)):
+        got = verdict_of(c, [point(1024, {}, peak_bytes=peak)])
+        assert got.verdict == expected, peak
+    assert "within a factor of 1.25" in verdict_of(c, [point(1024, {}, peak_bytes=4_500_000_000)]).why
 
 
-def test_batch_one_data_parallel_refutes_the_speedup_and_says_why():
-    rows = [speedup_row("single", [29.0, 30.0, 31.0], 1), speedup_row("dp", [44.0, 45.0, 46.0], 2)]
-    v = verdict_of("001-dp-16k-speedup", rows)
-    assert v.verdict == cl.REFUTED and v.measured.value == pytest.approx(30.0 / 45.0)
-    assert "batch 1: DataParallel ran 1 replica, GPU 1 idle" in v.why
+def test_the_seeds_rounding_widens_its_range_and_a_coarse_number_is_not_tested_by_size():
+    c = made_up(value=0.03, unit="GB", metric="inputs_bytes", match={"seq_len": 1024}, gpus=1)
+    # 0.03 GB stands for 0.025-0.035 GB: 0.021 GB is within 1.25 of 0.025 (0.02), 0.019 GB is not
+    assert verdict_of(c, [point(1024, {}, inputs_bytes=21_000_000)]).verdict == v.CONFIRMED
+    assert verdict_of(c, [point(1024, {}, inputs_bytes=19_000_000)]).verdict == v.REFUTED
+    # 0.01 GB stands for 0.005-0.015 GB, ±50%: coarser than the tolerance, whatever was measured
+    coarse = made_up(value=0.01, unit="GB", metric="inputs_bytes", match={"seq_len": 1024}, gpus=1)
+    for measured in (6_000_000, 10_000_000):
+        got = verdict_of(coarse, [point(1024, {}, inputs_bytes=measured)])
+        assert got.verdict == v.NOT_COMPARABLE and "rounded to ±50%" in got.why
+    # a trailing zero the seed printed narrows it: 0.10 GB is 0.095-0.105 GB
+    assert made_up(value=0.1, printed="0.10", unit="GB").seed_range == pytest.approx((0.095e9, 0.105e9))
 
 
-def test_an_interval_that_includes_the_threshold_is_marked_not_a_verdict():
+def test_direction_and_magnitude_are_judged_apart():
+    # single 100 ms over DataParallel 6,000-6,400 ms: a speedup near 0.016, below 1 as the seed
+    # says (0.16x), but a tenth of its size
+    rows = [speedup_row("single", [99.0, 100.0, 101.0], 1), speedup_row("dp", [6000.0, 6200.0, 6400.0], 2)]
+    slower = made_up(direction="below:1")
+    got = verdict_of(slower, rows)
+    assert got.verdict == v.DIRECTION_ONLY and got.measured.value == pytest.approx(100 / 6200)
+    assert "below 1x as the seed says" in got.why
+    # the same rows against a claim of benefit: the direction is wrong
+    assert verdict_of(made_up(value=1.29, direction="above:1"), rows).verdict == v.REFUTED
+    # a size that agrees and a direction that holds
+    near = [speedup_row("single", [99.0, 100.0, 101.0], 1), speedup_row("dp", [600.0, 620.0, 640.0], 2)]
+    assert verdict_of(slower, near).verdict == v.CONFIRMED
+
+
+def test_an_interval_that_spans_the_threshold_is_inconclusive_or_refuted_by_its_size():
     rows = [speedup_row("single", [40.0, 50.0, 60.0], 1), speedup_row("dp", [40.0, 50.0, 60.0], 2)]
-    v = verdict_of("001-dp-16k-speedup", rows)
-    assert v.verdict == cl.NOT_COMPARABLE and "anomaly: interval includes 1" in v.why
+    assert verdict_of(made_up(value=1.1, direction="above:1"), rows).verdict == v.INCONCLUSIVE
+    assert verdict_of(made_up(value=2.21, direction="above:1"), rows).verdict == v.REFUTED
 
 
-def test_the_newest_row_measures_and_supersedes_older_ones():
+def test_a_claim_whose_number_is_its_threshold_is_judged_by_its_side():
+    c = made_up(value=2_000_000, unit="tokens", metric="max_seq", match={"impl": "dilated"}, direction="above:2000000")
+    search = [point(n, {}, kind="max-seq", series="a") for n in (1 << 20, 1 << 22)]
+    assert verdict_of(c, search).verdict == v.CONFIRMED  # 4M tokens: any size above 2M
+    short = [point(1 << 20, {}, kind="max-seq", series="a")]
+    assert verdict_of(c, short).verdict == v.REFUTED
+
+
+def test_a_zero_the_seed_printed_is_matched_within_its_rounding():
+    c = claim("002-dp-gpu1-idle")  # 0.00 GB: below 5 MB is zero to the seed's two decimals
+    idle = [speedup_row("dp", [10.0] * 3, 2, gpu_bytes=(80_000_000, 0))]
+    busy = [speedup_row("dp", [10.0] * 3, 2, gpu_bytes=(80_000_000, 40_000_000))]
+    assert verdict_of(c, idle).verdict == v.CONFIRMED and verdict_of(c, busy).verdict == v.REFUTED
+
+
+def test_absolute_speed_is_never_compared_even_where_measured():
+    cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
+    got = verdict_of("003-throughput-no-dilation", [point(237568, cfg, tokens_per_s=2e6, heads=8, head_dim=64)])
+    assert got.verdict == v.NOT_COMPARABLE and "GTX 1080" in got.why and got.measured is not None
+    unmeasured = verdict_of("004-ring-8k-time", [])
+    assert unmeasured.verdict == v.NOT_COMPARABLE and unmeasured.measured is None
+
+
+def test_claims_without_rows_say_where_their_rows_come_from():
+    two = verdict_of("000-dp-16k-speedup", [])
+    assert (two.verdict, two.why) == (v.NOT_MEASURED, "needs two GPUs")
+    one = verdict_of("002-dp-64k-gpu0", [])  # batch-1 DataParallel: one GPU holds everything
+    assert one.verdict == v.NOT_MEASURED and "attnbench run --profile seeds" in one.why
+    cpu = verdict_of("004-ring-overhead", [])
+    assert cpu.verdict == v.NOT_MEASURED and "attnbench run --profile seeds-cpu" in cpu.why
+
+
+def test_a_ratio_claim_is_measured_from_two_rows():
+    base = {"segment_lengths": [4096], "dilation_rates": [1]}
+    dil = {"segment_lengths": [4096], "dilation_rates": [2]}
+    rows = [point(237568, base, tokens_per_s=10_000, series="a"), point(237568, dil, tokens_per_s=39_300, series="b")]
+    got = verdict_of("003-impact-dilation-2", rows)  # 5.8x: 4.64-7.25 agrees, 3.93 does not
+    assert got.verdict == v.REFUTED and got.measured.value == pytest.approx(3.93)
+    rows[1] = point(237568, dil, tokens_per_s=48_000, series="b")
+    assert verdict_of("003-impact-dilation-2", rows).verdict == v.CONFIRMED
+
+
+def test_memory_is_compared_on_the_quantity_the_seed_counted():
+    # the seed's 64.1 MB at 64K is one fp16 tensor: what the call adds beyond q, k and v
+    rows = [point(65536, {}, dtype="fp16", impl="sdpa", peak_bytes=268_435_456, inputs_bytes=201_326_592)]
+    got = verdict_of("002-base-64k-dense-memory", rows)
+    assert got.measured.value == 67_108_864 and got.verdict == v.CONFIRMED
+
+
+def test_a_scaled_ratio_says_what_it_multiplies():
+    # 95% sparsity x 2 GPUs = 40x: dense over sparse peak on one GPU, times the ideal 2
+    dense = point(65536, {}, dtype="fp16", impl="sdpa", series="d", peak_bytes=270_000_000)
+    sparse = point(
+        65536, {"sparsity_ratio": 0.05}, dtype="fp16", impl="block-sparse", series="b", peak_bytes=275_000_000
+    )
+    got = verdict_of("000-sparse-times-gpus", [dense, sparse])
+    assert got.measured.value == pytest.approx(2 * 270 / 275) and got.verdict == v.REFUTED
+
+
+def test_the_8_gib_capacity_is_a_search_under_that_limit_before_a_fit():
+    # reserved = 1e9 + 20,000 N, NVML sees 0.5e9 more: an 8 GiB GPU holds (8 GiB - 0.5e9 - 1e9) / 20,000
+    cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
+    fitted = [point(n, cfg, reserved=1_000_000_000 + 20_000 * n) for n in (65536, 131072, 262144, 524288)]
+    got = verdict_of("003-max-no-dilation", fitted)
+    assert got.measured.value == pytest.approx((8 * GIB - 0.5e9 - 1e9) / 20_000, rel=1e-6)
+    assert "fit of 4 trials solved for 8 GiB" in " ".join(got.measured.notes)
+    limited = [
+        point(n, cfg, kind="max-seq", series="l", memory_limit=8 * GIB, status="ok" if n <= 262144 else "oom")
+        for n in (131072, 262144, 393216)
+    ] + [typed_row(kind="max-seq-result", series="l", seq_len=262144, config=cfg, dtype="fp32", env=ENV)]
+    got = verdict_of("003-max-no-dilation", fitted + limited)
+    assert got.measured.value == 262144 and "under an 8 GiB allocator limit" in got.measured.notes[0]
+
+
+def test_a_claim_at_best_takes_the_best_case_but_never_an_anomaly():
+    rows = [
+        speedup_row("single", [100.0] * 3, 1, batch=8),
+        speedup_row("mp", [20.0] * 3, 2, batch=8),  # 5x on 2 GPUs: efficiency 2.5, an anomaly
+        speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192),
+        speedup_row("mp", [55.0] * 3, 2, batch=8, seq_len=8192),
+    ]
+    got = verdict_of("001-distributed-efficiency", rows)
+    assert got.measured.value == pytest.approx(100 / 55 / 2) and got.verdict == v.CONFIRMED
+
+
+def test_the_newest_row_measures():
     rows = [
         speedup_row("single", [30.0] * 3, 1),
         speedup_row("dp", [45.0] * 3, 2, date="2026-01-01"),
         speedup_row("dp", [15.0] * 3, 2, date="2026-12-01"),
     ]
-    v = verdict_of("001-dp-16k-speedup", rows)
-    assert v.measured.value == pytest.approx(2.0) and "supersedes 1 older row" in v.why
+    got = verdict_of(made_up(value=2.0, direction="above:1"), rows)
+    assert got.measured.value == pytest.approx(2.0) and "the newest of 2 matching cases" in got.measured.notes
 
 
-def test_claims_without_rows_are_not_measured_yet_and_say_what_measures_them():
-    two = verdict_of("001-dp-16k-speedup", [])
-    assert (two.verdict, two.why) == (cl.NOT_MEASURED, "needs two GPUs")
-    one = verdict_of("003-impact-dilation-2", [])
-    assert one.verdict == cl.NOT_MEASURED and "attnbench run --profile seeds" in one.why
+def test_the_findings_are_the_furthest_refutations_one_per_seed():
+    from attnbench.report.seeds import findings
 
+    def fake(cid, seed, ratio, verdict=v.REFUTED):
+        c = made_up(id=cid, seed=seed, value=1.0)
+        m = Measured(ratio, None, None, "1", "GPU box", "w", "d")
+        return v.Verdict(c, verdict, "", m)
 
-def test_a_ratio_claim_confirms_or_refutes_from_two_rows():
-    base = {"segment_lengths": [4096], "dilation_rates": [1]}
-    dil = {"segment_lengths": [4096], "dilation_rates": [2]}
-    near = [point(237568, base, tokens_per_s=10_000, series="a"), point(237568, dil, tokens_per_s=56_000, series="b")]
-    v = verdict_of("003-impact-dilation-2", near)
-    assert v.verdict == cl.CONFIRMED and v.measured.value == pytest.approx(5.6)
-    far = [point(237568, base, tokens_per_s=10_000, series="a"), point(237568, dil, tokens_per_s=39_300, series="b")]
-    v = verdict_of("003-impact-dilation-2", far)
-    assert v.verdict == cl.REFUTED and v.measured.value == pytest.approx(3.93)
-
-
-def test_memory_is_compared_but_absolute_speed_is_not():
-    cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
-    rows = [point(237568, cfg, tokens_per_s=2e6, peak=4.4e9)]
-    assert verdict_of("003-memory-no-dilation", rows).verdict == cl.CONFIRMED  # 4.4 / 4.53 = 0.97
-    assert verdict_of("003-memory-no-dilation", [point(237568, cfg, peak=9e9)]).verdict == cl.REFUTED
-    speed = verdict_of("003-throughput-no-dilation", rows)
-    assert speed.verdict == cl.NOT_COMPARABLE and "not of a GTX 1080" in speed.why
-
-
-def test_the_8_gib_capacity_comes_from_the_fit_of_the_series():
-    # reserved = 1e9 + 20,000 N, NVML sees 0.5e9 more: an 8 GiB GPU holds (8 GiB - 0.5e9 - 1e9) / 20,000
-    cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
-    rows = [point(n, cfg, reserved=1e9 + 20_000 * n) for n in (65536, 131072, 262144, 524288)]
-    v = verdict_of("003-max-no-dilation", rows)
-    expected = (8 * GIB - 0.5e9 - 1e9) / 20_000
-    assert v.measured.value == pytest.approx(expected, rel=1e-6)
-    assert v.verdict == (cl.CONFIRMED if abs(expected / 237568 - 1) <= 0.25 else cl.REFUTED)
-
-
-def test_theory_and_arithmetic_are_not_comparable_with_the_reason():
-    v = verdict_of("000-sparse-times-gpus", [])
-    assert v.verdict == cl.NOT_COMPARABLE and "arithmetic" in v.why
-
-
-def test_an_efficiency_above_one_never_headlines():
-    from attnbench.report.findings import machine_findings
-
-    rows = [
-        speedup_row("single", [100.0] * 3, 1, batch=8),
-        speedup_row("mp", [20.0] * 3, 2, batch=8),
-        speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192),
-        speedup_row("mp", [60.0] * 3, 2, batch=8, seq_len=8192),
-    ]
-    lines = machine_findings(Machine("GPU box", rows), [], [])
-    best = next(line for line in lines if "Best speedup" in line)
-    assert "1.67x" in best
-    assert any(line.startswith("- Anomaly: 5.00x with efficiency 2.50") for line in lines)
+    vs = [fake("a", "000", 100.0), fake("b", "000", 0.001), fake("c", "001", 3.0), fake("d", "002", 50.0)]
+    vs.append(fake("e", "003", 1000.0, v.CONFIRMED))
+    assert [x.claim.id for x in findings(vs)] == ["b", "d", "c"]
 
 
 # --- every command the report suggests runs --------------------------------------------------------
@@ -321,3 +387,38 @@ def test_speedup_tables_mark_anomalies_beside_the_number():
     notes = {c["seq_len"]: speedup_notes(c) for c in speedup_cases(rows)}
     assert notes[16384] == "anomaly: efficiency 2.50 above 1"
     assert notes[8192] == "anomaly: interval includes 1"
+
+
+def test_every_claims_field_is_documented_in_the_claims_file():
+    text = cl.CLAIMS_FILE.read_text()
+    for f in dataclasses.fields(cl.Claim):
+        assert f"#   {f.name} " in text, f.name
+    assert SCHEMA_VERSION  # rows of this schema are what the claims match
+
+
+@pytest.mark.gpu
+def test_batch_one_data_parallel_on_one_gpu_holds_what_one_gpu_holds(tmp_path):
+    """The seeds' batch-1 DataParallel claims are measured on one GPU: with one batch element
+    DataParallel runs one replica, on GPU 0. Over one GPU it must hold what the single-GPU run
+    of the same case holds, and give the same output."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from conftest import run_cli
+
+    params = ("pattern_type=dilated_sparse", "sparsity_ratio=0.05", "block_size=256")
+    done = run_cli(
+        "speedup",
+        "--impl",
+        "block-sparse",
+        *(x for p in params for x in ("--param", p)),
+        *("--device", "cuda", "--dtype", "fp16", "--heads", "2", "--head-dim", "32"),
+        *("--gpus", "1", "--strategy", "dp", "--cases", "32768x1", "--out", tmp_path / "run"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = (tmp_path / "run" / "trials.jsonl").read_text().splitlines()
+    rows = {r["strategy"]: r for r in map(json.loads, lines) if r["kind"] == "speedup"}
+    single, dp = rows["single"], rows["dp"]
+    assert dp["status"] == "ok" and dp["output_match"] is True and dp["replica_batches"] == [[0, 1]]
+    held = [r["gpus"][0]["max_memory_allocated"] for r in (single, dp)]
+    assert abs(held[1] - held[0]) <= 0.05 * held[0], held

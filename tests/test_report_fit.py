@@ -8,6 +8,8 @@ import pytest
 
 from attnbench.report.fit import _measured_budget, fit_memory, memory_degree
 
+from conftest import typed_row
+
 GIB = 2**30
 
 
@@ -82,13 +84,24 @@ def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
         }
 
     rows = [trial(n, e) for n, e in zip([2**23, 2**22, 2**21, 2**20], context)]
-    device, overhead, budget, note = _measured_budget(sorted(rows, key=lambda r: r["seq_len"]))
+
+    def whole(v):  # byte counts written as 600e6 are integers in a row
+        if isinstance(v, dict):
+            return {k: whole(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [whole(x) for x in v]
+        return int(v) if isinstance(v, float) else v
+
+    def typed(rows):
+        return [typed_row(**whole(r)) for r in rows]
+
+    device, overhead, budget, note = _measured_budget(typed(sorted(rows, key=lambda r: r["seq_len"])))
     assert device == total and overhead == pytest.approx(600e6) and budget == pytest.approx(total - 600e6)
     assert "NVML" in note
     limited = [{**r, "memory_limit": 8 * GIB} for r in rows]
-    assert _measured_budget(limited)[2] == 8 * GIB
+    assert _measured_budget(typed(limited))[2] == 8 * GIB
     no_nvml = [{**r, "gpus": []} for r in rows]
-    assert _measured_budget(no_nvml)[1:3] == (0.0, total)
+    assert _measured_budget(typed(no_nvml))[1:3] == (0.0, total)
 
 
 def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_trials():
@@ -134,6 +147,6 @@ def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_pe
     from attnbench.report.fit import fitted_peak
 
     gpu = {"device": "cuda", "peak_bytes": 900, "max_memory_reserved": 1000, "world_size": 1}
-    assert fitted_peak(gpu) == 1000
-    assert fitted_peak({**gpu, "max_memory_reserved": None}) == 900
-    assert fitted_peak({"device": "cpu", "peak_bytes": 700, "world_size": 1}) == 700
+    assert fitted_peak(typed_row(**gpu)) == 1000
+    assert fitted_peak(typed_row(**{**gpu, "max_memory_reserved": None})) == 900
+    assert fitted_peak(typed_row(device="cpu", peak_bytes=700, world_size=1)) == 700

@@ -387,6 +387,9 @@ def test_scaling_readout_from_rows():
     ]
     from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
 
+    from conftest import typed_row
+
+    rows = [typed_row(**r) for r in rows]
     two = [t for t in time_scaling(rows) if t["world_size"] == 2]
     assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
     # against the equal-work baseline (sdpa over the whole sequence), the same split (ring x1) beside it

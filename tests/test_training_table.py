@@ -5,6 +5,12 @@ largest length; a configuration measured only at 64K has that column alone."""
 from attnbench.report.sweep_files import sweep_markdown
 from attnbench.report.training import training_records
 
+from conftest import typed_row
+
+
+def typed(rows):
+    return [typed_row(**r) for r in rows]
+
 
 def _trial(series, label, mode, kind, seq_len, status="ok", peak=None, tflops=None):
     # ten step times of 9.9-10.1 ms around a 10 ms median: TFLOP/s within 1% of `tflops`
@@ -43,7 +49,7 @@ ROWS = [
 
 
 def test_records_hold_the_largest_training_and_forward_lengths():
-    dilated, block = training_records(ROWS)
+    dilated, block = training_records(typed(ROWS))
     at_max, at_64k = dilated.pop("tflops_at_max"), dilated.pop("tflops_compare")
     assert dilated == {
         "label": "dilated(a)",
@@ -62,16 +68,16 @@ def test_records_hold_the_largest_training_and_forward_lengths():
 
 
 def test_sweep_markdown_has_the_training_table_only_with_training_rows():
-    text = sweep_markdown(ROWS)
+    text = sweep_markdown(typed(ROWS))
     assert "## Training: forward plus backward" in text
     assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | whole GPU | 1.03x | 280.0 ±" in text
     assert "(n=10) | 33,554,432 (32M) | 1.00x |" in text
     assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | - | 120.0 ±" in text
-    assert "Training: forward plus backward" not in sweep_markdown([r for r in ROWS if r["mode"] == "fwd"])
+    assert "Training: forward plus backward" not in sweep_markdown(typed([r for r in ROWS if r["mode"] == "fwd"]))
 
 
 def test_training_points_at_other_lengths_make_no_record():
-    assert training_records([_trial("s", "sdpa()", "fwd_bwd", "points", 8192, peak=1.2, tflops=1.0)]) == []
+    assert training_records(typed([_trial("s", "sdpa()", "fwd_bwd", "points", 8192, peak=1.2, tflops=1.0)])) == []
 
 
 def test_a_search_and_points_of_one_configuration_make_one_record():
@@ -82,7 +88,7 @@ def test_a_search_and_points_of_one_configuration_make_one_record():
         _trial("b-search", "block-sparse", "fwd_bwd", "max-seq", 1 << 21, status="oom"),
         _trial("b-points", "block-sparse", "fwd_bwd", "points", 65536, peak=1.14, tflops=300.0),
     ]
-    (record,) = training_records(rows)
+    (record,) = training_records(typed(rows))
     assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"].value) == (1 << 20, 1.10, 270.0)
     assert record["tflops_compare"].value == 300.0
 
@@ -104,10 +110,10 @@ def test_a_search_joins_the_points_of_its_own_code_version():
         ),
         by("new", _trial("b-points@new", "bs", "fwd_bwd", "points", 65536, tflops=240.0), "bs @ new"),
     ]
-    new, old = sorted(training_records(rows), key=lambda r: r["label"])
+    new, old = sorted(training_records(typed(rows)), key=lambda r: r["label"])
     assert (new["label"], new["max_seq_len"], new["tflops_compare"].value) == ("bs @ new", 1 << 21, 240.0)
     assert new["memory_limit"] == 16 << 30 and old["memory_limit"] is None
-    assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in sweep_markdown(rows)
+    assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in sweep_markdown(typed(rows))
     assert (old["label"], old["max_seq_len"], old["tflops_compare"].value) == (
         "bs @ old (superseded by new)",
         None,

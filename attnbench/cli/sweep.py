@@ -214,10 +214,10 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
 def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
     from attnbench.report.sweep_tables import max_seq_summary, max_seq_text
-    from attnbench.results import read_rows
+    from attnbench.results import load_rows
     from attnbench.units import format_bytes, format_tokens
 
-    summary = max_seq_summary(read_rows(out_dir)[0])
+    summary = max_seq_summary(load_rows(out_dir)[0])
     if not summary:
         return
     t = Table(title="largest sequence per implementation")
@@ -240,9 +240,9 @@ def _scaling_readout(out_dir: Path) -> None:
     from rich.markdown import Markdown
 
     from attnbench.report.scaling import scaling_markdown
-    from attnbench.results import read_rows, write_text_atomic
+    from attnbench.results import load_rows, write_text_atomic
 
-    rows, _ = read_rows(out_dir)
+    rows, _ = load_rows(out_dir)
     text = scaling_markdown(rows)
     if text:
         write_text_atomic(out_dir / "scaling.md", text)

@@ -1,8 +1,10 @@
-"""`attnbench report`: read result files, write ``report.md``, CSV tables and PNG plots.
+"""`attnbench report`: read result files, write ``report.md`` and ``seeds.md``, CSV tables and PNG plots.
 
-Rows are grouped by the machine that measured them (``env.machine``); every section shows
-each machine apart, so numbers from different hardware are never combined. Everything is
-computed in memory first and written only when it all succeeded.
+The report answers first: per machine, one row per configuration (``report.answer``), then how
+the seed reports fare against the rows (``report.seeds``), then one figure. The detailed
+sections follow (``report.sections``), each machine apart, so numbers from different hardware
+are never combined. Everything is computed in memory first and written only when it all
+succeeded; the same rows give the same bytes, but for the one line that says when.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.report import answer as a
 from attnbench.report import plots as p
+from attnbench.report import seeds as sd
 from attnbench.report.data import Results, load, slug
 from attnbench.report.document import Doc, Machine
-from attnbench.report.findings import opening
-from attnbench.report.sections import SECTIONS
-from attnbench.report.sections.summary import largest_records
+from attnbench.report.markdown import Table, inline
+from attnbench.report.sections import sections
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
+from attnbench.report.verdicts import verdicts
 from attnbench.results import check_output_dir, now_utc, write_text_atomic
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
+ANSWER_FIGURE = "answer.png"
 
 
 @dataclass
@@ -36,56 +41,96 @@ def default_out(results: Path) -> Path:
     return (results.parent if results.is_file() else results) / "report"
 
 
+def machine_order(results: Results) -> list[Machine]:
+    """GPU machines first, the one with most rows first; CPU machines last."""
+    named = sorted(results.by_machine.items(), key=lambda kv: (kv[0].startswith("cpu"), -len(kv[1]), kv[0]))
+    return [Machine(name, rows) for name, rows in named]
+
+
 def render(results: Results) -> Doc:
     """The whole report in memory: markdown, tables and figures."""
-    machines = [Machine(name, rows) for name, rows in results.by_machine.items()]
+    machines = machine_order(results)
     doc = Doc()
-    runs = sorted({str(r.get("run")) for r in results.rows if r.get("run")})
+    runs = sorted({r.run for r in results.rows if r.run})
     doc.add("# attnbench report\n")
+    doc.add(f"Generated {now_utc()} by `attnbench report {inline(results.source)}`.\n")
+    answer(doc, machines)
+    vs = verdicts(machines)
+    doc.heading(2, "Against the seeds")
+    doc.add(sd.summary(vs))
+    doc.tables.append(("seed-claims.csv", sd.csv_table(vs)))
+    doc.files[sd.SEEDS_FILE] = sd.seeds_markdown(vs)
+    figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
+    if figure is not None:
+        doc.figures.append((ANSWER_FIGURE, figure))
+        doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
-        f"Generated {now_utc()} by `attnbench report {results.source}` from {len(results.rows)} rows in "
-        f"{len(results.files)} result files ({len(runs)} runs, listed in the appendix). Nothing here ran a benchmark: "
-        "every number is read or derived from those rows, grouped by the machine that measured them "
-        "(never combined across machines). Tables hold raw values in `csv/` (times in ms, memory in bytes, "
-        "throughput in tokens/s). GB = 10^9 bytes, GiB = 2^30.\n"
+        f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
+        f"({len(runs)} run{'s' * (len(runs) != 1)}, listed in the appendix);\nnothing here ran a benchmark, and each machine's rows stay apart. Tables hold raw values "
+        "in `csv/`\n(times in ms, memory in bytes). GB = 10^9 bytes, GiB = 2^30. Details by question follow.\n"
     )
-    doc.add("\nMachines: " + "; ".join(f"**{m.name}** ({len(m.rows)} rows)" for m in machines) + "\n")
-    opening(doc, machines, largest_records)
     if results.problems:
         doc.add(
             f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
-            + "".join(f"- `{line}`\n" for line in results.problems)
+            + "".join(f"- `{inline(line)}`\n" for line in results.problems)
         )
-    for title, seed, section in SECTIONS:
-        doc.heading(2, title)
-        if seed:
-            doc.add(f"Regenerates the tables of seed report `{seed}` (see docs/semantics.md) from measurements.\n")
-        without: dict[str, list[str]] = {}  # a "no data" line -> machines that only have that to say
-        for m in machines:
-            part = Doc()
-            part.machine_slug, part.tables, part.figures = (
-                m.slug,
-                doc.tables,
-                doc.figures,
-            )  # shared: CSV names stay unique
-            before = (len(doc.tables), len(doc.figures))
-            section(part, m)
-            missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
-            if missing is None:
-                doc.heading(3, f"{m.name}")
-                doc.parts += part.parts
-            else:
-                without.setdefault(missing, []).append(m.name)
-        for lines, names in without.items():
-            doc.add(f"\nNot on {', '.join(names)}:\n\n{lines}")
-    doc.add(f"\nRuns: {', '.join(runs) or '-'}.\n")
+    details(doc, machines)
+    doc.add(f"\nRuns: {', '.join(inline(r) for r in runs) or '-'}.\n")
     return doc
 
 
+def answer(doc: Doc, machines: list[Machine]) -> None:
+    """The first screen: per machine, the answer table."""
+    doc.heading(2, "The answer: how long, how fast, how much memory")
+    doc.add(
+        "Per configuration, its newest search: the longest length that ran – the shortest that failed (≥: not\n"
+        "finished), memory per token and peak over the floor (q, k, v, output) there; useful TFLOP/s at "
+        f"{a.REFERENCE_TEXT}, ±half the 95% interval (n).\n"
+    )
+    for i, m in enumerate(machines):
+        configs = a.configurations(m)
+        # no blank line between tables: a heading ends the table above it, and the first screen stays short
+        doc.add(f"{'' if i else chr(10)}### {inline(m.name)} ({a.machine_words(m)})\n")
+        if not configs:
+            doc.add(
+                f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
+            )
+            continue
+        table = Table("answer", list(a.ANSWER_HEADERS), [c.record() for c in configs])
+        doc.add(table.markdown())
+        raw = [c.csv_record() for c in configs]
+        doc.tables.append((f"answer-{m.slug}.csv", Table("answer", list(raw[0]), raw)))
+
+
+def details(doc: Doc, machines: list[Machine]) -> None:
+    """Every section, each machine's part under it; machines a section has nothing for are
+    named once, with the command that produces what is missing."""
+    for section in sections():
+        body = Doc()
+        without: dict[str, list[str]] = {}  # a "no data" text -> machines that only have that to say
+        for m in machines:
+            part = Doc()
+            part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
+            before = (len(doc.tables), len(doc.figures))
+            section.render(part, m)
+            missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
+            if missing is None:
+                body.heading(3, m.name)
+                body.parts += part.parts
+            elif missing:
+                without.setdefault(missing, []).append(m.name)
+        for lines, names in without.items():
+            body.add(f"\nNot on {', '.join(inline(n) for n in names)}:\n\n{lines}")
+        if body.parts:  # a section no machine has anything for is left out
+            doc.heading(2, section.title)
+            doc.parts += body.parts
+
+
 def only_missing(part: Doc, produced: bool) -> str | None:
-    """The "no data" lines of a machine that cannot produce a section, else None (show it)."""
-    said = [p for p in part.parts if p.strip() and not p.lstrip().startswith("#")]
-    if produced or not said or not all(p.startswith("_No data:") for p in said):
+    """None where a machine's part has something to show; else its "no data" lines ("" when it
+    says nothing at all: a section with nothing for this kind of machine)."""
+    said = [x for x in part.parts if x.strip() and not x.lstrip().startswith("#")]
+    if produced or not all(x.startswith("_No data:") for x in said):
         return None
     return "".join(dict.fromkeys(said))
 
@@ -101,7 +146,7 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
         write_text_atomic(path, table.csv())
         written.append(path)
     for name, rows in results.by_machine.items():
-        if any(r.get("kind") in ("max-seq", "points") for r in rows):
+        if any(r.kind in ("max-seq", "points") for r in rows):
             path = out_dir / CSV_DIR / f"trials-{slug(name)}.csv"
             write_text_atomic(path, trials_csv(rows))
             written.append(path)
@@ -114,6 +159,9 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
             written.append(path)
     for name, fig in doc.figures:
         p.save(fig, out_dir / name)
+        written.append(out_dir / name)
+    for name, text in doc.files.items():
+        write_text_atomic(out_dir / name, text)
         written.append(out_dir / name)
     report = out_dir / REPORT_FILE
     write_text_atomic(report, doc.text())

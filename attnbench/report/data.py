@@ -1,8 +1,11 @@
-"""Result rows as a report sees them: read from files, grouped by the machine that measured
-them (never merged across machines), and the few derived quantities every section needs."""
+"""Result rows as a report sees them: typed rows from ``attnbench.results.load_rows``, grouped
+by the machine that measured them (never merged across machines), with short labels, a series
+measured under several memory limits or by several versions of the code split apart, and the
+few derived quantities every section needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -10,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.report.sweep_tables import TRIAL_KINDS
-from attnbench.results import read_rows, result_files
+from attnbench.results import load_rows, result_files
+from attnbench.schema import MaxSeqResult, Row, Speedup, Trial, Verify, Workload
 from attnbench.units import format_gib
 
 UNKNOWN_MACHINE = "unknown machine"
@@ -21,13 +24,13 @@ UNKNOWN_MACHINE = "unknown machine"
 class Results:
     source: Path
     files: list[Path]
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     problems: list[str]  # one line per unreadable line: FILE:LINE: why
-    by_machine: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    by_machine: dict[str, list[Row]] = field(default_factory=dict)
 
 
-def machine_of(row: dict[str, Any]) -> str:
-    return (row.get("env") or {}).get("machine") or UNKNOWN_MACHINE
+def machine_of(row: Row) -> str:
+    return (row.env.machine if row.env else None) or UNKNOWN_MACHINE
 
 
 def slug(text: str) -> str:
@@ -35,120 +38,84 @@ def slug(text: str) -> str:
 
 
 def load(path: Path) -> Results:
-    """Every readable row under ``path``; bad input (nothing to read) is one-line error."""
+    """Every readable row under ``path``; bad input (nothing to read) is a one-line error."""
     path = Path(path)
     files = result_files(path)  # raises when the path does not exist
     if not files:
         raise AttnbenchError(
             f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
         )
-    rows, problems = read_rows(path)
+    rows, problems = load_rows(path)
     if not rows:
         raise AttnbenchError(
             f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
         )
-    rows = separate_memory_limits([{**r, "label": compact_label(r)} if r.get("label") else r for r in rows])
-    rows = separate_code_versions(rows)
-    groups: dict[str, list[dict[str, Any]]] = {}
+    rows = [relabel(r, compact_label(r)) if has_label(r) else r for r in rows]
+    rows = separate_code_versions(separate_memory_limits(rows))
+    groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
     return Results(path, files, rows, problems, groups)
 
 
-def short_commit(row: dict[str, Any]) -> str:
-    commit = str((row.get("env") or {}).get("commit") or "unknown")
-    head, _, dirty = commit.partition("-")
-    return head[:9] + (f"-{dirty}" if dirty else "")
+# --- kinds and fields -------------------------------------------------------------------------
 
 
-def separate_memory_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A configuration swept both on the whole GPU and under an allocator limit
-    (``memory_limit``), or under two limits, is one series per limit, each limited one
-    labelled with its limit: a capacity under a limit is the limit's, not the GPU's, and never
-    pools with or supersedes another. Trials carry the limit; the run's other rows of that
-    series (its max-seq result) follow them."""
-    limits = {
-        (r.get("run"), r["series"]): r.get("memory_limit")
-        for r in rows
-        if r.get("kind") in TRIAL_KINDS and r.get("series")
-    }
-    per_series: dict[str, set] = {}
-    for (_, series), limit in limits.items():
-        per_series.setdefault(series, set()).add(limit)
-    mixed = {series for series, seen in per_series.items() if len(seen) > 1}
-
-    def rekey(r: dict[str, Any]) -> dict[str, Any]:
-        limit = limits.get((r.get("run"), r.get("series")))
-        if r.get("series") not in mixed or not limit:
-            return r
-        return {
-            **r,
-            "series": f"{r['series']}~{limit}",
-            "label": f"{r.get('label') or r.get('impl')} under {format_gib(limit)}",
-        }
-
-    return [rekey(r) for r in rows] if mixed else rows
+def has_label(row: Row) -> bool:
+    return isinstance(row, (Trial, MaxSeqResult)) and bool(row.label)
 
 
-def separate_code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A series measured by several versions of the code is several series: trials of
-    different code never pool into one search, one table or one fit (a before-and-after
-    pair in one results tree stays a pair). Rows of such a series get the commit in their
-    series key and label; series measured by one commit keep theirs."""
-    commits: dict[tuple[str, str], dict[str, str]] = {}  # series -> commit -> its newest row's date
-    for r in rows:
-        if r.get("series"):
-            dates = commits.setdefault((machine_of(r), r["series"]), {})
-            dates[short_commit(r)] = max(dates.get(short_commit(r), ""), row_date(r))
-    split = {key: superseded_by(dates) for key, dates in commits.items() if len(dates) > 1}
-    if not split:
-        return rows
-
-    def relabel(r: dict[str, Any]) -> dict[str, Any]:
-        newest = split[(machine_of(r), r["series"])]
-        mine = short_commit(r)
-        later = f" (superseded by {newest})" if newest and newest != mine else ""
-        return {**r, "series": f"{r['series']}@{mine}", "label": f"{r.get('label') or r.get('impl')} @ {mine}{later}"}
-
-    return [relabel(r) if (machine_of(r), r.get("series")) in split else r for r in rows]
+def relabel(row: Row, label: str, series: str | None = None) -> Row:
+    """The row with another label (and series key); rows are never changed in place."""
+    changes: dict[str, Any] = {"label": label}
+    if series is not None:
+        changes["series"] = series
+    return dataclasses.replace(row, **changes)
 
 
-def row_date(row: dict[str, Any]) -> str:
-    return str((row.get("env") or {}).get("date") or "")
+def optional(row: Row, name: str) -> Any:
+    """A field this schema version may not have yet: the attribute where the row class has it,
+    else the key a newer writer added (kept in ``extra``), else None."""
+    if hasattr(row, name):
+        return getattr(row, name)
+    return row.extra.get(name)
 
 
-def superseded_by(dates: dict[str, str]) -> str | None:
-    """The commit whose rows are strictly the newest: it supersedes the series' other commits."""
-    ranked = sorted(dates.items(), key=lambda kv: kv[1])
-    return ranked[-1][0] if ranked[-1][1] > ranked[-2][1] else None
+def trials(rows: list[Row]) -> list[Trial]:
+    return [r for r in rows if isinstance(r, Trial)]
 
 
-# --- row accessors ------------------------------------------------------------------------
+def search_results(rows: list[Row]) -> list[MaxSeqResult]:
+    return [r for r in rows if isinstance(r, MaxSeqResult)]
 
 
-def trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("kind") in TRIAL_KINDS]
+def speedup_rows(rows: list[Row]) -> list[Speedup]:
+    return [r for r in rows if isinstance(r, Speedup)]
 
 
-def ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("status") == "ok"]
+def verifications(rows: list[Row]) -> list[Verify]:
+    return [r for r in rows if isinstance(r, Verify)]
 
 
-def world_size(row: dict[str, Any]) -> int:
-    return int(row.get("world_size") or 1)
+def ok(rows: list[Any]) -> list[Any]:
+    return [r for r in rows if getattr(r, "status", None) == "ok"]
 
 
-def gpu_memory(row: dict[str, Any]) -> list[dict[str, Any]]:
+def world_size(row: Workload | None) -> int:
+    return int((row.world_size if row is not None else None) or 1)
+
+
+def gpu_memory(row: Row | None) -> list[dict[str, Any]]:
     """Per GPU: index, allocator peaks (max_memory_allocated, max_memory_reserved), NVML peak and growth."""
     out = []
-    for g in row.get("gpus") or []:
-        before, peak = g.get("nvml_used_before"), g.get("nvml_used_peak")
+    for g in getattr(row, "gpus", None) or []:
+        before, peak = g.nvml_used_before, g.nvml_used_peak
         out.append(
             {
-                "index": g.get("index"),
-                "allocated": g.get("max_memory_allocated"),
-                "reserved": g.get("max_memory_reserved"),
+                "index": g.index,
+                "allocated": g.max_memory_allocated,
+                "reserved": g.max_memory_reserved,
                 "nvml_peak": peak,
                 "nvml_added": peak - before if peak is not None and before is not None else None,
             }
@@ -156,17 +123,93 @@ def gpu_memory(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def peak_per_gpu(row: dict[str, Any]) -> float | None:
+def peak_per_gpu(row: Row | None) -> float | None:
     """The peak memory one GPU needed: the row's peak on one device, the largest rank's on several."""
+    if row is None:
+        return None
     if world_size(row) > 1:
         peaks = [g["allocated"] for g in gpu_memory(row) if g["allocated"] is not None]
         if peaks:
             return max(peaks)
-    return row.get("peak_bytes")
+    return getattr(row, "peak_bytes", None)
 
 
-def tokens(row: dict[str, Any]) -> int:
-    return int(row.get("batch") or 1) * int(row["seq_len"])
+def tokens(row: Workload) -> int:
+    return int(row.batch or 1) * int(row.seq_len)
+
+
+def short_commit(row: Row) -> str:
+    commit = str((row.env.commit if row.env else None) or "unknown")
+    head, _, dirty = commit.partition("-")
+    return head[:9] + (f"-{dirty}" if dirty else "")
+
+
+def row_date(row: Row) -> str:
+    return str((row.env.date if row.env else None) or "")
+
+
+def separate_memory_limits(rows: list[Row]) -> list[Row]:
+    """A configuration swept both on the whole GPU and under an allocator limit
+    (``memory_limit``), or under two limits, is one series per limit, each limited one
+    labelled with its limit: a capacity under a limit is the limit's, not the GPU's, and never
+    pools with or supersedes another. Trials carry the limit; the run's other rows of that
+    series (its max-seq result) follow them."""
+    limits = {(r.run, r.series): r.memory_limit for r in trials(rows)}
+    per_series: dict[str, set] = {}
+    for (_, series), limit in limits.items():
+        per_series.setdefault(series, set()).add(limit)
+    mixed = {series for series, seen in per_series.items() if len(seen) > 1}
+
+    def rekey(r: Row) -> Row:
+        if not has_label(r) or r.series not in mixed or not limits.get((r.run, r.series)):
+            return r
+        limit = limits[(r.run, r.series)]
+        return relabel(r, f"{r.label or r.impl} under {format_gib(limit)}", f"{r.series}~{limit}")
+
+    return [rekey(r) for r in rows] if mixed else rows
+
+
+def separate_code_versions(rows: list[Row]) -> list[Row]:
+    """A series measured by several versions of the code is several series: trials of
+    different code never pool into one search, one table or one fit (a before-and-after
+    pair in one results tree stays a pair). Rows of such a series get the commit in their
+    series key and label; series measured by one commit keep theirs."""
+    commits: dict[tuple[str, str], dict[str, str]] = {}  # series -> commit -> its newest row's date
+    for r in rows:
+        if has_label(r):
+            dates = commits.setdefault((machine_of(r), r.series), {})
+            dates[short_commit(r)] = max(dates.get(short_commit(r), ""), row_date(r))
+    split = {key: superseded_by(dates) for key, dates in commits.items() if len(dates) > 1}
+    if not split:
+        return rows
+
+    def version(r: Row) -> Row:
+        if not has_label(r) or (machine_of(r), r.series) not in split:
+            return r
+        newest, mine = split[(machine_of(r), r.series)], short_commit(r)
+        later = f" (superseded by {newest})" if newest and newest != mine else ""
+        return relabel(r, f"{r.label or r.impl} @ {mine}{later}", f"{r.series}@{mine}")
+
+    return [version(r) for r in rows]
+
+
+def superseded_by(dates: dict[str, str]) -> str | None:
+    """The commit whose rows are strictly the newest: it supersedes the series' other commits."""
+    ranked = sorted(dates.items(), key=lambda kv: (kv[1], kv[0]))
+    return ranked[-1][0] if ranked[-1][1] > ranked[-2][1] else None
+
+
+def is_superseded(label: str | None) -> bool:
+    """A series whose code a newer commit replaced (``separate_code_versions`` says so in its label)."""
+    return "(superseded by " in (label or "")
+
+
+# --- names --------------------------------------------------------------------------------------
+
+
+def _get(row: Any, name: str) -> Any:
+    """A field of a typed row or of a plain row dict (the regression check reads dicts)."""
+    return row.get(name) if isinstance(row, dict) else getattr(row, name, None)
 
 
 def value_text(v: Any) -> str:
@@ -178,9 +221,9 @@ def config_text(config: dict[str, Any] | None, sep: str = ", ") -> str:
     return sep.join(f"{k}={value_text(v)}" for k, v in (config or {}).items() if k != "max_chunk_tokens")
 
 
-def describe(row: dict[str, Any]) -> str:
+def describe(row: Any) -> str:
     """What a series is, for a table cell: its label (implementation and parameters)."""
-    return row.get("label") or compact_label({**row, "label": f"{row.get('impl')}()"})
+    return _get(row, "label") or compact_label(row, f"{_get(row, 'impl')}()")
 
 
 # A label the runner derived from the configuration, `impl(k=v, ...)` and ` xP` on P ranks;
@@ -189,11 +232,11 @@ _AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)
 _SHOWN_COMPACTLY = {"segment_lengths", "dilation_rates", "pattern_type", "sparsity_ratio", "block_size"}
 
 
-def short_name(row: dict[str, Any]) -> str:
+def short_name(row: Any) -> str:
     """An implementation and its configuration in a few characters: `dilated[2048,4096/1,2]`,
     `bs:local_window 5%/128` (block-sparse keeping 5% of blocks of 128 tokens)."""
-    cfg = row.get("config") or {}
-    impl = str(row.get("impl"))
+    cfg = _get(row, "config") or {}
+    impl = str(_get(row, "impl"))
     name = impl
     if impl.startswith("block-sparse"):
         kept = f"{float(cfg.get('sparsity_ratio') or 0) * 100:g}%"
@@ -204,12 +247,12 @@ def short_name(row: dict[str, Any]) -> str:
     return name
 
 
-def compact_label(row: dict[str, Any]) -> str:
+def compact_label(row: Any, label: str | None = None) -> str:
     """The row's label with a derived `impl(k=v, ...)` part written as ``short_name``; other
     non-default parameters stay, as `(k=v)`."""
-    label = str(row.get("label") or "")
+    label = str(label if label is not None else _get(row, "label") or "")
     m = _AUTO_LABEL.match(label)
-    if not m or m["impl"] != row.get("impl"):
+    if not m or m["impl"] != _get(row, "impl"):
         return label
     rest = [
         a
@@ -219,15 +262,22 @@ def compact_label(row: dict[str, Any]) -> str:
     return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "")
 
 
-def settings_key(row: dict[str, Any]) -> tuple:
-    """Everything that must match for two rows to be compared, apart from the implementation."""
-    return tuple(row.get(k) for k in ("dtype", "batch", "heads", "head_dim", "mode", "causal", "device"))
+# --- matching -------------------------------------------------------------------------------------
 
 
-def settings_text(row: dict[str, Any]) -> str:
+def settings_key(row: Workload) -> tuple:
+    """Everything that must match for two rows to be compared, apart from the implementation
+    and its configuration: the workload's identity without those and its length."""
+    ident = row.identity(seq_len=False)
+    for name in ("impl", "config", "world_size", "strategy"):
+        ident.pop(name, None)
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in ident.items()))
+
+
+def settings_text(row: Workload) -> str:
     return (
-        f"{row.get('dtype')}, B={row.get('batch')}, H={row.get('heads')}, D={row.get('head_dim')}, "
-        f"{row.get('mode')}{', causal' if row.get('causal') else ''}, {row.get('device')}"
+        f"{row.dtype}, B={row.batch}, H={row.heads}, D={row.head_dim}, "
+        f"{row.mode}{', causal' if row.causal else ''}, {row.device}"
     )
 
 

@@ -1,7 +1,7 @@
 """The report's document model and what every section uses: ``Doc`` (markdown parts, the
-tables behind them as CSV, figures as PNG), ``Machine`` (one machine's rows and what several
-sections derive from them), the cell formatters, and the command that produces each kind of
-data (named where a section has none)."""
+tables behind them as CSV, figures as PNG, other markdown files), ``Machine`` (one machine's
+rows and what several sections derive from them), the cell formatters, and the command that
+produces each kind of data (named where a section has none)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.fit import capacities
-from attnbench.report.markdown import Table
+from attnbench.report.markdown import Table, heading_text
 from attnbench.report.multigpu import max_seq_by_series, speedup_cases
+from attnbench.schema import Row, Trial
 from attnbench.units import (
     format_bytes,
     format_bytes_per_token,
@@ -32,6 +33,7 @@ PRODUCERS = {
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
     "--dilation-rates 1,2",
     "training": "attnbench run --profile gpu-fwd-bwd",
+    "seeds-cpu": "attnbench run --profile seeds-cpu",
 }
 
 
@@ -46,7 +48,8 @@ ms, times, tok_s, per_token = format_ms, format_ratio, format_tokens_per_s, form
 
 
 def pct(v: float) -> str:
-    return f"{v * 100:+.1f}%"
+    text = f"{v * 100:+.1f}%"
+    return "0.0%" if text in ("+0.0%", "-0.0%") else text
 
 
 def tokens_cell(v: float) -> str:
@@ -72,13 +75,15 @@ class Doc:
         self.parts: list[str] = []
         self.tables: list[tuple[str, Table]] = []  # (csv file name, table)
         self.figures: list[tuple[str, Any]] = []  # (png file name, matplotlib Figure)
+        self.files: dict[str, str] = {}  # other markdown files beside the report: name -> text
         self.machine_slug = ""
 
     def add(self, text: str) -> None:
         self.parts.append(text if text.endswith("\n") else text + "\n")
 
     def heading(self, level: int, text: str) -> None:
-        self.add(f"\n{'#' * level} {text}\n")
+        """A heading; ``text`` may hold a label from a row (kept to one line)."""
+        self.add(f"\n{'#' * level} {heading_text(text)}\n")
 
     def table(self, t: Table) -> None:
         name = f"{t.name}-{self.machine_slug}" if self.machine_slug else t.name
@@ -107,7 +112,7 @@ class Doc:
 class Machine:
     """The rows of one machine and what several sections derive from them."""
 
-    def __init__(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def __init__(self, name: str, rows: list[Row]) -> None:
         self.name = name
         self.slug = d.slug(name)
         self.rows = rows
@@ -115,14 +120,16 @@ class Machine:
         self.summaries = max_seq_by_series(rows)
         self.capacities = capacities(rows)  # the max-seq-result rows say which searches finished
         self.speedups = speedup_cases(rows)
+        self.gpu_count = max((len(r.env.gpus or []) for r in rows if r.env), default=0)
 
-    def at_max(self, summary: dict[str, Any]) -> dict[str, Any] | None:
+    @property
+    def several_gpus(self) -> bool:
+        """Whether multi-GPU data can come from this machine (a missing table is worth naming)."""
+        return self.gpu_count > 1
+
+    def at_max(self, summary: dict[str, Any]) -> Trial | None:
         """The successful trial at a max-seq series' largest length."""
         return next(
-            (
-                r
-                for r in d.ok(self.trials)
-                if r["series"] == summary["series"] and r["seq_len"] == summary["max_seq_len"]
-            ),
+            (r for r in d.ok(self.trials) if r.series == summary["series"] and r.seq_len == summary["max_seq_len"]),
             None,
         )

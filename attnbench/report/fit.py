@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from attnbench.report.data import gpu_memory, ok, peak_per_gpu, trials, world_size
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.schema import Row, Trial
 
 GIB = 2**30
-# Nominal GPU sizes of the seeds' "Scaling to Larger GPUs" question, in GiB as vendors count
-# them (GTX 1080 8, RTX 3090 24, A100 40 and 80, H200 141; an H200 shows 140.4 GiB).
-GPU_SIZES_GIB = (8, 24, 40, 80, 141)
 ACCURACY_TARGET = 0.05
 MIN_TRIALS_FOR_TARGET = 4
 # Backends that hold N x N scores whatever the implementation declares (sdpa's math).
@@ -42,12 +39,13 @@ QUADRATIC_BACKENDS = {"math"}
 OVERHEAD_TRIALS = 3
 
 
-def memory_degree(impl: str, backend: str | None = None, row: dict[str, Any] | None = None) -> int:
+def memory_degree(impl: str, backend: str | None = None, row: Row | None = None) -> int:
     """The fit's degree: the implementation's declared memory order (``ImplSpec.memory_order``,
     recorded in the rows of outside implementations), 2 when a quadratic backend ran."""
     from attnbench import impls
 
-    return 2 if impls.memory_order(impl, row) == 2 or backend in QUADRATIC_BACKENDS else 1
+    recorded = {"impl_source": row.impl_source} if row is not None else None
+    return 2 if impls.memory_order(impl, recorded) == 2 or backend in QUADRATIC_BACKENDS else 1
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ class Capacity:
     series: str
     label: str
     impl: str
-    head: dict[str, Any]  # the series' first trial: its settings
+    head: Trial  # the series' first trial: its settings
     world_size: int
     fit: MemoryFit | None
     degree: int  # of the memory model: 1 linear, 2 quadratic
@@ -154,12 +152,12 @@ def fit_miss_cause(c: Capacity) -> str:
     return "predicted low: the fitted lengths are small, where fixed costs steepen the slope"
 
 
-def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, str]:
+def _measured_budget(rows: list[Trial]) -> tuple[float | None, float | None, float | None, str]:
     """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
-    good = sorted(ok(rows), key=lambda r: r["seq_len"])
+    good = sorted(ok(rows), key=lambda r: r.seq_len)
     head = rows[0]
-    limit = head.get("memory_limit")
-    if head.get("device") != "cuda":
+    limit = head.memory_limit
+    if head.device != "cuda":
         if not limit:
             return None, None, None, "CPU run without --memory-limit: no memory bound was measured"
         return (
@@ -171,9 +169,9 @@ def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | 
                 "its resident-memory peak; indicative only"
             ),
         )
-    totals = [r.get("device_total_bytes") for r in rows if r.get("device_total_bytes")]
+    totals = [r.device_total_bytes for r in rows if r.device_total_bytes]
     if not totals:
-        totals = [g.get("memory_total_bytes") for g in ((head.get("env") or {}).get("gpus") or [])[:1]]
+        totals = [g.get("memory_total_bytes") for g in ((head.env.gpus if head.env else None) or [])[:1]]
     total = float(totals[0]) if totals and totals[0] else None
     if total is None:
         return None, None, None, "the device's total memory is not in the rows"
@@ -203,38 +201,38 @@ def _measured_budget(rows: list[dict[str, Any]]) -> tuple[float | None, float | 
     return total, overhead, budget, note
 
 
-def fitted_peak(row: dict[str, Any]) -> float | None:
+def fitted_peak(row: Trial) -> float | None:
     """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
     rank's), elsewhere ``peak_bytes``."""
-    if row.get("device") == "cuda" and row.get("max_memory_reserved"):
-        return row["max_memory_reserved"]
+    if row.device == "cuda" and row.max_memory_reserved:
+        return row.max_memory_reserved
     return peak_per_gpu(row)
 
 
-def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
+def capacities(rows: list[Row]) -> list[Capacity]:
     """One capacity estimate per series (max-seq and points trials of one workload together)."""
     stops = {s["series"]: s for s in max_seq_summary(rows)}
     out = []
     for key, series_rows in series_groups(rows).items():
         head = series_rows[0]
         good = [r for r in ok(series_rows) if fitted_peak(r)]
-        backend = next((r.get("backend") for r in good if r.get("backend")), None)
-        degree = memory_degree(head["impl"], backend, head)
-        fit = fit_memory([r["seq_len"] for r in good], [fitted_peak(r) for r in good], degree)
+        backend = next((r.backend for r in good if r.backend), None)
+        degree = memory_degree(head.impl, backend, head)
+        fit = fit_memory([r.seq_len for r in good], [fitted_peak(r) for r in good], degree)
         total, overhead, budget, note = _measured_budget(series_rows)
         stop = stops.get(key)
         out.append(
             Capacity(
                 series=key,
-                label=head.get("label") or head["impl"],
-                impl=head["impl"],
+                label=head.label or head.impl,
+                impl=head.impl,
                 head=head,
                 world_size=world_size(head),
                 fit=fit,
                 degree=degree,
                 successful=len(good),
-                successful_lengths=len({r["seq_len"] for r in good}),
-                device=head.get("device", ""),
+                successful_lengths=len({r.seq_len for r in good}),
+                device=head.device,
                 device_total=total,
                 overhead=overhead,
                 budget=budget,
@@ -246,7 +244,7 @@ def capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
     return out
 
 
-def single_device_capacities(rows: list[dict[str, Any]]) -> list[Capacity]:
+def single_device_capacities(rows: list[Row]) -> list[Capacity]:
     return [c for c in capacities(rows) if c.world_size == 1]
 
 
@@ -262,7 +260,7 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
 
     device_bytes = parse_bytes(gpu_memory)
     results = load(source)
-    measured = sorted({r.get("impl") for r in trials(results.rows)} - {None})
+    measured = sorted({r.impl for r in trials(results.rows)})
     if impl not in measured and impl not in impls.names():
         raise AttnbenchError(f"unknown implementation {impl!r}: the results hold {', '.join(measured) or 'no trials'}")
     lines = []
@@ -274,10 +272,8 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
                 continue
             n = c.predict_for(device_bytes)
             where = (
-                f"{c.label} [{machine}, {c.head.get('dtype')}, B={c.head.get('batch')}, H={c.head.get('heads')}, "
-                f"D={c.head.get('head_dim')}, {c.head.get('mode')}"
-                + (f", {c.world_size} GPUs" if c.world_size > 1 else "")
-                + "]"
+                f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
+                f"D={c.head.head_dim}, {c.head.mode}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
             )
             if n is None:
                 lines.append(

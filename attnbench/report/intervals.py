@@ -11,6 +11,7 @@ from typing import Any
 
 from attnbench.measure import stats
 from attnbench.measure.stats import Interval
+from attnbench.schema import Row
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
 TIMER_NAMES = {
@@ -19,40 +20,46 @@ TIMER_NAMES = {
 }
 
 
-def timer_for(*rows: dict[str, Any] | None) -> str:
+def _field(row: Any, name: str) -> Any:
+    return getattr(row, name, None)
+
+
+def timer_for(*rows: Row | None) -> str:
     """GPU time where every row has it, else eager time: a ratio compares like with like."""
-    present = [r for r in rows if r]
-    return "gpu" if present and all(r.get("gpu_times_ms") for r in present) else "eager"
+    present = [r for r in rows if r is not None]
+    return "gpu" if present and all(_field(r, "gpu_times_ms") for r in present) else "eager"
 
 
-def samples(row: dict[str, Any], timer: str = "eager") -> list[float]:
-    return [float(x) for x in row.get(TIMERS[timer]) or []]
+def samples(row: Row, timer: str = "eager") -> list[float]:
+    return [float(x) for x in _field(row, TIMERS[timer]) or []]
 
 
-def time_interval(row: dict[str, Any] | None, timer: str = "eager") -> Interval | None:
-    """The median time of ``row`` and its 95% interval, in ms."""
-    if not row:
+def time_interval(row: Any, timer: str = "eager") -> Interval | None:
+    """The median time of ``row`` and its 95% interval, in ms (``row`` a timed row, or a
+    record with the same time fields)."""
+    if row is None:
         return None
+    get = row.get if isinstance(row, dict) else lambda name: _field(row, name)
     prefix = "gpu_time" if timer == "gpu" else "time"
-    value = row.get("gpu_time_ms" if timer == "gpu" else "time_ms")
-    if value is not None and row.get(f"{prefix}_ci_low") is not None:
-        return Interval(value, row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"], row[f"{prefix}_n"])
-    iv = stats.median_interval(samples(row, timer))
+    value = get("gpu_time_ms" if timer == "gpu" else "time_ms")
+    if value is not None and get(f"{prefix}_ci_low") is not None:
+        return Interval(value, get(f"{prefix}_ci_low"), get(f"{prefix}_ci_high"), get(f"{prefix}_n"))
+    iv = None if isinstance(row, dict) else stats.median_interval(samples(row, timer))
     if iv is None and value is not None:
         return Interval(value, value, value, 1)  # a median without its samples: no spread known
     return iv
 
 
-def speedup_interval(base: dict[str, Any] | None, row: dict[str, Any] | None) -> tuple[Interval | None, str]:
+def speedup_interval(base: Row | None, row: Row | None) -> tuple[Interval | None, str]:
     """base time / row time with its interval, and the timer both sides were read with."""
-    if not base or not row:
+    if base is None or row is None:
         return None, "eager"
     timer = timer_for(base, row)
     b, r = samples(base, timer), samples(row, timer)
     if b and r:
         return stats.ratio_interval(b, r), timer
-    if base.get("time_ms") and row.get("time_ms"):
-        v = base["time_ms"] / row["time_ms"]
+    if _field(base, "time_ms") and _field(row, "time_ms"):
+        v = base.time_ms / row.time_ms
         return Interval(v, v, v, 1), timer
     return None, timer
 
@@ -62,18 +69,18 @@ def divided(iv: Interval | None, by: float) -> Interval | None:
     return None if iv is None else Interval(iv.value / by, iv.low / by, iv.high / by, iv.n)
 
 
-def tflops_interval(row: dict[str, Any]) -> Interval | None:
+def tflops_interval(row: Row) -> Interval | None:
     """A row's useful TFLOP/s with the 95% interval of its median (eager) time: rate = work / time."""
-    value = row.get("tflops_useful")
+    value = _field(row, "tflops_useful")
     if not value:
         return None
-    iv = stats.scaled(time_interval(row), value * row["time_ms"]) if row.get("time_ms") else None
+    iv = stats.scaled(time_interval(row), value * row.time_ms) if row.time_ms else None
     return iv or Interval(value, value, value, 1)
 
 
 def tflops_cell(iv: Interval | None) -> str:
-    """``309.0 ±0.7 (n=50)``, one decimal."""
-    return stats.plus_minus(iv, lambda x: f"{x:,.1f}")
+    """``309.0 ±0.7 (n=50)``: one decimal, three significant digits below 10 (a CPU's 0.0123)."""
+    return stats.plus_minus(iv, lambda x: f"{x:,.1f}" if x >= 10 else f"{x:.3g}")
 
 
 def ms_cell(iv: Interval | None) -> str:

@@ -1,17 +1,36 @@
-"""Tiny markdown helpers shared by every report table."""
+"""Tiny markdown helpers shared by every report table, and the escaping of text that comes
+from rows (labels, messages, commands): such text never starts a line of its own, a heading,
+a table row or an HTML tag."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
+# every character Python's str.splitlines() breaks a line at, and tabs
+_LINE_BREAKS = re.compile(r"[\r\n\t\v\f\x1c-\x1e\x85\u2028\u2029]+")
+
+
+def inline(text: Any) -> str:
+    """Text from a row, made safe inside one line of markdown: line breaks become spaces and
+    an angle bracket cannot open an HTML tag."""
+    return _LINE_BREAKS.sub(" ", str(text)).replace("<", "&lt;")
+
+
+def heading_text(text: Any) -> str:
+    """Text from a row in a heading: one line, and no trailing '#' run that closes it."""
+    return inline(text).rstrip("# ") or "-"
+
+
+def cell_text(v: Any) -> str:
+    """A table cell: '-' for None, one line, '|' escaped."""
+    return "-" if v is None else inline(v).replace("|", "\\|")
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def cell(v: Any) -> str:
-        return "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
-
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell_text(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -86,5 +105,10 @@ class Table:
             for h, v in rec.items():
                 if isinstance(v, Interval):
                     flat.update({h: v.value, f"{h} CI Low": v.low, f"{h} CI High": v.high, f"{h} n": v.n})
-            records.append(flat)
+            records.append({k: _unsigned_zero(v) for k, v in flat.items()})
         return pd.DataFrame(records, columns=headers).to_csv(index=False)
+
+
+def _unsigned_zero(v: Any) -> Any:
+    """-0.0 written as 0.0: a sign that depends on rounding is not a difference between runs."""
+    return 0.0 if isinstance(v, float) and v == 0 else v

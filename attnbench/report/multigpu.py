@@ -2,12 +2,10 @@
 memory per GPU, ring (sequence-parallel) runs against their single-GPU counterpart, and
 measured max-seq per GPU count.
 
-Row contracts read here (README "Result rows"):
-- ``kind: speedup``: ``strategy`` (single, dp, mp, ring), ``world_size``, ``module``,
-  the workload, ``time_ms``, ``status``, ``output_match``, ``note``, ``gpus``.
-- ring trials: ``kind: max-seq | points`` with ``world_size > 1``, ``strategy: ring``, time
-  of the slowest rank, ``gpus`` per rank's GPU, optionally ``ranks`` with ``compute_ms`` and
-  ``comm_wait_ms``.
+Rows read here: ``Speedup`` rows (``strategy`` single, dp, mp; ``world_size``, ``module``,
+the workload, times, ``output_match``, ``note``, per-GPU memory) and sequence-parallel
+``Trial`` rows (``world_size > 1``, ``strategy: ring``, the slowest rank's time, per-GPU
+memory, ``ranks`` with ``compute_ms`` and ``comm_wait_ms``).
 """
 
 from __future__ import annotations
@@ -21,13 +19,14 @@ from attnbench.report.data import (
     gpu_memory,
     ok,
     settings_key,
+    speedup_rows,
     trials,
     world_size,
 )
 from attnbench.report.intervals import divided, speedup_interval, time_interval, timer_for
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.schema import Row, Speedup, Trial, Workload
 
-SPEEDUP_KIND = "speedup"
 STRATEGY_NAMES = {
     "single": "Single GPU",
     "dp": "DataParallel",
@@ -36,41 +35,35 @@ STRATEGY_NAMES = {
 }
 
 
-def speedup_trials(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("kind") == SPEEDUP_KIND]
+def _case_key(r: Speedup) -> tuple:
+    return (r.impl, config_id(r.config), r.seq_len, r.module or "attention", settings_key(r))
 
 
-def _case_key(r: dict[str, Any]) -> tuple:
-    return (
-        r.get("impl"),
-        config_id(r.get("config")),
-        r.get("seq_len"),
-        r.get("module") or "attention",
-        *settings_key(r),
-    )
-
-
-def _pick(candidates: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any] | None:
+def _pick(candidates: list[Any], row: Row) -> Any:
     """The baseline for ``row``: one from the same run if there is one, else the latest; never an average."""
     if not candidates:
         return None
-    same_run = [c for c in candidates if c.get("run") == row.get("run")]
+    same_run = [c for c in candidates if _run_of(c) == row.run]
     return (same_run or candidates)[-1]
 
 
-def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _run_of(c: Any) -> str | None:
+    return c.run if isinstance(c, Row) else c["head"].run
+
+
+def speedup_cases(rows: list[Row]) -> list[dict[str, Any]]:
     """Each multi-GPU speedup row with its single-GPU baseline (same case, same machine)."""
-    rows = speedup_trials(rows)
-    singles: dict[tuple, list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("strategy") == "single":
+    found = speedup_rows(rows)
+    singles: dict[tuple, list[Speedup]] = {}
+    for r in found:
+        if r.strategy == "single":
             singles.setdefault(_case_key(r), []).append(r)
     cases = []
-    for r in rows:
-        if r.get("strategy") == "single":
+    for r in found:
+        if r.strategy == "single":
             continue
         base = _pick(singles.get(_case_key(r), []), r)
-        ran = base and base.get("status", "ok") == "ok" and r.get("status", "ok") == "ok"
+        ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager time; the interval from both sample sets
         speedup_ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
         efficiency_ci = divided(speedup_ci, world_size(r))
@@ -78,11 +71,11 @@ def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "row": r,
                 "single": base,
-                "strategy": r.get("strategy"),
+                "strategy": r.strategy,
                 "world_size": world_size(r),
-                "impl": r.get("impl"),
-                "seq_len": r.get("seq_len"),
-                "batch": r.get("batch"),
+                "impl": r.impl,
+                "seq_len": r.seq_len,
+                "batch": r.batch,
                 "timer": timer,
                 "single_ms": time_interval(base, timer),
                 "multi_ms": time_interval(r, timer),
@@ -90,28 +83,23 @@ def speedup_cases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_ci": speedup_ci,
                 "efficiency": efficiency_ci.value if efficiency_ci else None,
                 "efficiency_ci": efficiency_ci,
-                "output_match": r.get("output_match"),
-                "note": r.get("note") or "",
+                "output_match": r.output_match,
+                "note": r.note or "",
             }
         )
     return cases
 
 
-def group_label(r: dict[str, Any]) -> str:
-    cfg = config_text(r.get("config"))
-    return (
-        f"{r.get('impl')}{f'({cfg})' if cfg else ''}, {r.get('module') or 'attention'}, {r.get('mode')}, "
-        f"{r.get('dtype')}, {world_size(r)} GPUs"
-    )
+def group_label(r: Speedup) -> str:
+    cfg = config_text(r.config)
+    return f"{r.impl}{f'({cfg})' if cfg else ''}, {r.module or 'attention'}, {r.mode}, {r.dtype}, {world_size(r)} GPUs"
 
 
 def speedup_groups(cases: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """Cases by strategy, then by everything but the (length, batch) case."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for c in cases:
-        r = c["row"]
-        key = (c["strategy"], group_label(r))
-        groups.setdefault(key, []).append(c)
+        groups.setdefault((c["strategy"], group_label(c["row"])), []).append(c)
     order = list(STRATEGY_NAMES)
     return {
         k: sorted(v, key=lambda c: (c["seq_len"], c["batch"] or 0))
@@ -124,8 +112,8 @@ def speedup_groups(cases: list[dict[str, Any]]) -> dict[tuple, list[dict[str, An
 # --- ring runs against one GPU --------------------------------------------------------------
 
 
-def is_ring_trial(r: dict[str, Any]) -> bool:
-    return world_size(r) > 1 and r.get("kind") in ("max-seq", "points")
+def is_ring_trial(r: Row) -> bool:
+    return isinstance(r, Trial) and world_size(r) > 1
 
 
 def counterparts(impl: str) -> tuple[str, ...]:
@@ -143,33 +131,32 @@ EQUAL_WORK = (
 SAME_SPLIT = "same split"  # the same implementation on one rank
 
 
-def _same_workload(row: dict[str, Any], impl: str, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _same_workload(row: Workload, impl: str, candidates: list[Trial]) -> Trial | None:
     found = [
         c
         for c in candidates
-        if c.get("impl") == impl
-        and c.get("seq_len") == row.get("seq_len")
+        if c.impl == impl
+        and c.seq_len == row.seq_len
         and settings_key(c) == settings_key(row)
-        and configs_agree(c.get("config"), row.get("config"))
+        and configs_agree(c.config, row.config)
     ]
     return _pick(found, row)
 
 
-def baselines(row: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+def baselines(row: Workload, candidates: list[Trial]) -> dict[str, Trial | None]:
     """The single-GPU rows of the same workload and length: ``equal work`` (the best
     single-device implementation of the same key sets over the whole sequence) and ``same
     split`` (the same implementation on one rank), each None where not measured."""
     from attnbench import impls
 
-    impl = row.get("impl")
-    counterpart = impls.counterpart(impl)
+    counterpart = impls.counterpart(row.impl)
     return {
         EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
-        SAME_SPLIT: _same_workload(row, impl, candidates),
+        SAME_SPLIT: _same_workload(row, row.impl, candidates),
     }
 
 
-def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+def single_match(row: Workload, candidates: list[Trial]) -> tuple[Trial | None, str | None]:
     """The single-GPU row a ring row is compared with, and which baseline it is: the equal-work
     one where measured, else the same implementation on one rank."""
     found = baselines(row, candidates)
@@ -179,7 +166,7 @@ def single_match(row: dict[str, Any], candidates: list[dict[str, Any]]) -> tuple
     return None, None
 
 
-def ring_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ring_pairs(rows: list[Row]) -> list[dict[str, Any]]:
     """Successful multi-GPU ring measurements, each with its single-GPU baseline (or None) and
     which baseline that is (``EQUAL_WORK`` or ``SAME_SPLIT``)."""
     pairs = []
@@ -189,16 +176,16 @@ def ring_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             single, kind = single_match(r, singles)
             pairs.append({"row": r, "single": single, "baseline": kind})
     for c in speedup_cases(rows):
-        if c["strategy"] == "ring" and c["row"].get("status", "ok") == "ok":
+        if c["strategy"] == "ring" and c["row"].status == "ok":
             pairs.append({"row": c["row"], "single": c["single"], "baseline": SAME_SPLIT if c["single"] else None})
-    return sorted(pairs, key=lambda p: (p["row"].get("impl"), p["row"]["seq_len"], world_size(p["row"])))
+    return sorted(pairs, key=lambda p: (p["row"].impl, p["row"].seq_len, world_size(p["row"])))
 
 
-def rank_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rank_breakdown(rows: list[Row]) -> list[dict[str, Any]]:
     """Per rank: compute time and time spent waiting on communication, where rows record it."""
     out = []
     for p in ring_pairs(rows):
-        for i, rank in enumerate(p["row"].get("ranks") or []):
+        for i, rank in enumerate(p["row"].ranks or []):
             out.append(
                 {
                     "row": p["row"],
@@ -213,16 +200,16 @@ def rank_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- max-seq per GPU count ------------------------------------------------------------------
 
 
-def max_seq_by_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def max_seq_by_series(rows: list[Row]) -> list[dict[str, Any]]:
     """max_seq_summary with each series' first trial (its settings and world size)."""
-    groups = series_groups(trials(rows))
+    groups = series_groups(rows)
     return [
         {**s, "head": groups[s["series"]][0], "world_size": world_size(groups[s["series"]][0])}
         for s in max_seq_summary(rows)
     ]  # with the max-seq-result rows: which searches finished
 
 
-def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def scaling_families(rows: list[Row]) -> list[dict[str, Any]]:
     """Each multi-GPU max-seq series with the single-GPU max-seq series it is compared with."""
     summaries = max_seq_by_series(rows)
     singles = [s for s in summaries if s["world_size"] == 1]
@@ -231,17 +218,17 @@ def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if s["world_size"] == 1:
             continue
         head = s["head"]
-        key = (head.get("impl"), config_id(head.get("config")), settings_key(head))
+        key = (head.impl, config_id(head.config), settings_key(head))
         fam = families.setdefault(key, {"head": head, "multi": [], "single": None})
         fam["multi"].append(s)
         if fam["single"] is None:
-            for impl in counterparts(head.get("impl")):
+            for impl in counterparts(head.impl):
                 found = [
                     x
                     for x in singles
-                    if x["head"].get("impl") == impl
+                    if x["head"].impl == impl
                     and settings_key(x["head"]) == settings_key(head)
-                    and configs_agree(x["head"].get("config"), head.get("config"))
+                    and configs_agree(x["head"].config, head.config)
                 ]
                 if found:
                     fam["single"] = _pick(found, head)
@@ -251,7 +238,7 @@ def scaling_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(families.values())
 
 
-def memory_per_gpu_cells(row: dict[str, Any], n_gpus: int) -> dict[str, Any]:
+def memory_per_gpu_cells(row: Row, n_gpus: int) -> dict[str, Any]:
     """GPU i Memory (allocator peak) and NVML GPU i (device memory used at peak), raw bytes."""
     cells: dict[str, Any] = {}
     mem = {g["index"]: g for g in gpu_memory(row)}
@@ -262,5 +249,5 @@ def memory_per_gpu_cells(row: dict[str, Any], n_gpus: int) -> dict[str, Any]:
     return cells
 
 
-def gpus_in(rows: list[dict[str, Any]]) -> int:
-    return max((max(world_size(r), len(r.get("gpus") or [])) for r in rows), default=1)
+def gpus_in(rows: list[Row]) -> int:
+    return max((max(world_size(r), len(getattr(r, "gpus", None) or [])) for r in rows), default=1)

@@ -15,52 +15,55 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from attnbench.report.data import ok, trials, world_size
 from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval
 from attnbench.report.markdown import table
+from attnbench.schema import MaxSeqResult, Row, Workload
 from attnbench.units import format_bytes, format_tokens
 
-_SAME = ("impl", "batch", "heads", "head_dim", "dtype", "device", "mode", "causal")
+
+def _ident(r: Workload) -> str:
+    """The workload but its length and its ranks."""
+    ident = r.identity(seq_len=False)
+    ident.pop("world_size")
+    return json.dumps(ident, sort_keys=True, default=str)
 
 
-def _ident(r: dict[str, Any]) -> str:
-    return json.dumps([r.get(k) for k in _SAME] + [r.get("config")], sort_keys=True, default=str)
+def _ranked(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if isinstance(r, Workload) and r.strategy == "ring"]
 
 
-def _ranked(rows):
-    return [r for r in rows if r.get("strategy") == "ring"]
-
-
-def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def time_scaling(rows: list[Row]) -> list[dict[str, Any]]:
     """Each sequence-parallel time against the equal-work baseline (the single-device
     counterpart over the whole sequence, measured in the same results) where there is one,
     else against the same implementation on one rank; both efficiencies where both exist."""
     from attnbench.report.multigpu import EQUAL_WORK, SAME_SPLIT, baselines
 
-    points = [r for r in rows if r.get("kind") in ("points", "max-seq") and r.get("status") == "ok"]
-    singles = [r for r in points if r.get("world_size", 1) == 1]
+    points = ok(trials(rows))
+    singles = [r for r in points if world_size(r) == 1]
     out = []
-    for r in sorted(_ranked(points), key=lambda r: (r["impl"], _ident(r), r["seq_len"], r["world_size"])):
+    for r in sorted(_ranked(points), key=lambda r: (r.impl, _ident(r), r.seq_len, world_size(r))):
         found = baselines(r, singles)
         kind = EQUAL_WORK if found[EQUAL_WORK] else SAME_SPLIT if found[SAME_SPLIT] else None
         base = found[kind] if kind else None
-        p = r["world_size"]
-        slowest = max(r.get("ranks") or [{}], key=lambda x: x.get("time_ms") or 0)
+        p = world_size(r)
+        slowest = max(r.ranks or [{}], key=lambda x: x.get("time_ms") or 0)
         speedup_ci, timer = speedup_interval(base, r)
         speedup = speedup_ci.value if speedup_ci else None
         same = found[SAME_SPLIT]
         same_ci, _ = speedup_interval(same, r)
         out.append(
             {
-                "impl": r["impl"],
-                "label": r.get("label"),
-                "config": r.get("config"),
-                "seq_len": r["seq_len"],
+                "impl": r.impl,
+                "label": r.label,
+                "config": r.config,
+                "seq_len": r.seq_len,
                 "world_size": p,
-                "time_ms": r["time_ms"],
-                "tokens_per_s": r.get("tokens_per_s"),
-                "peak_bytes_per_gpu": r.get("peak_bytes"),
-                "peak_counter": r.get("peak_counter"),
-                "baseline": f"{kind}: {base['impl']}" if base else None,
+                "time_ms": r.time_ms,
+                "tokens_per_s": r.tokens_per_s,
+                "peak_bytes_per_gpu": r.peak_bytes,
+                "peak_counter": r.peak_counter,
+                "baseline": f"{kind}: {base.impl}" if base else None,
                 "speedup": speedup,
                 "efficiency": speedup / p if speedup else None,
                 "timer": timer,
@@ -70,29 +73,29 @@ def time_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "efficiency_same_split": same_ci.value / p if same_ci else None,
                 "compute_ms": slowest.get("compute_ms"),
                 "comm_wait_ms": slowest.get("comm_wait_ms"),
-                "sent_bytes": r.get("sent_bytes", slowest.get("sent_bytes")),
-                "algbw_gbps": r.get("algbw_gbps"),
-                "backend": r.get("backend"),
+                "sent_bytes": r.sent_bytes if r.sent_bytes is not None else slowest.get("sent_bytes"),
+                "algbw_gbps": r.algbw_gbps,
+                "backend": r.backend,
             }
         )
     return out
 
 
-def max_seq_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    results = [r for r in _ranked(rows) if r.get("kind") == "max-seq-result"]
-    single = {_ident(r): r for r in results if r.get("world_size") == 1}
+def max_seq_scaling(rows: list[Row]) -> list[dict[str, Any]]:
+    results = [r for r in _ranked(rows) if isinstance(r, MaxSeqResult)]
+    single = {_ident(r): r for r in results if world_size(r) == 1}
     out = []
-    for r in sorted(results, key=lambda r: (r["impl"], _ident(r), r["world_size"])):
+    for r in sorted(results, key=lambda r: (r.impl, _ident(r), world_size(r))):
         base = single.get(_ident(r))
         out.append(
             {
-                "impl": r["impl"],
-                "label": r.get("label"),
-                "config": r.get("config"),
-                "world_size": r["world_size"],
-                "max_seq_len": r["seq_len"],
-                "stopped_by": r.get("stopped_by"),
-                "ratio": r["seq_len"] / base["seq_len"] if base and base["seq_len"] else None,
+                "impl": r.impl,
+                "label": r.label,
+                "config": r.config,
+                "world_size": world_size(r),
+                "max_seq_len": r.seq_len,
+                "stopped_by": r.stopped_by,
+                "ratio": r.seq_len / base.seq_len if base and base.seq_len and r.seq_len else None,
             }
         )
     return out
@@ -102,7 +105,7 @@ def _f(v, fmt):
     return "-" if v is None else format(v, fmt)
 
 
-def scaling_markdown(rows: list[dict[str, Any]]) -> str:
+def scaling_markdown(rows: list[Row]) -> str:
     parts = []
     times = time_scaling(rows)
     if times:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnbench.report.data import machine_of, trials
 from attnbench.report.markdown import result_text, table
+from attnbench.schema import Row, Trial
 from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"
@@ -32,26 +34,17 @@ HEADERS = [
 ]
 
 
-def _workload(r: dict[str, Any]) -> tuple:
-    return (
-        r["dtype"],
-        r["batch"],
-        r["heads"],
-        r["head_dim"],
-        r["mode"],
-        bool(r["causal"]),
-        r["device"],
-        (r.get("env") or {}).get("machine"),
-    )
+def _workload(r: Trial) -> tuple:
+    return (r.dtype, r.batch, r.heads, r.head_dim, r.mode, bool(r.causal), r.device, machine_of(r))
 
 
-def achieved_kept(r: dict[str, Any]) -> float | None:
+def achieved_kept(r: Trial) -> float | None:
     """Kept share of the pairs the mask allows: all N^2, or N(N+1)/2 when causal."""
-    kept = r.get("kept_fraction")
+    kept = r.kept_fraction
     if kept is None:
         return None
-    n = r["seq_len"]
-    return kept * n / ((n + 1) / 2) if r.get("causal") else kept
+    n = r.seq_len
+    return kept * n / ((n + 1) / 2) if r.causal else kept
 
 
 def _configured_sparsity(config: dict[str, Any]) -> str:
@@ -59,28 +52,28 @@ def _configured_sparsity(config: dict[str, Any]) -> str:
     return format_sparsity(1.0 if ratio is None else ratio)
 
 
-def sparsity_table(rows: list[dict[str, Any]], level: int = 5) -> str:
+def sparsity_table(rows: list[Row], level: int = 5) -> str:
     """Markdown: one table per workload that has block-sparse trials ("" when none has), each
     under a heading of this level (the report nests them under its level-4 heading)."""
-    trials = [r for r in rows if r.get("kind") in ("points", "max-seq") and r.get("impl") in (SPARSE, DENSE)]
-    if not any(r["impl"] == SPARSE for r in trials):
+    found = [r for r in trials(rows) if r.impl in (SPARSE, DENSE)]
+    if not any(r.impl == SPARSE for r in found):
         return ""
     # the timing sweep's points; a run with only max-seq searches shows their trials
-    if any(r["kind"] == "points" and r["impl"] == SPARSE for r in trials):
-        trials = [r for r in trials if r["kind"] == "points"]
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in trials:
+    if any(r.kind == "points" and r.impl == SPARSE for r in found):
+        found = [r for r in found if r.kind == "points"]
+    groups: dict[tuple, list[Trial]] = {}
+    for r in found:
         groups.setdefault(_workload(r), []).append(r)
     parts = []
     for key, group in groups.items():
-        if not any(r["impl"] == SPARSE for r in group):
+        if not any(r.impl == SPARSE for r in group):
             continue
         dtype, batch, heads, head_dim, mode, causal, device, machine = key
         parts.append(
             f"\n{'#' * level} {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
             f"{machine or device}\n\n"
         )
-        parts.append(table(HEADERS, [_row(r, _fastest_dense(group, r["seq_len"])) for r in _ordered(group)]))
+        parts.append(table(HEADERS, [_row(r, _fastest_dense(group, r.seq_len)) for r in _ordered(group)]))
     if parts:
         parts.append(
             "\nSparsity: the configured `sparsity_ratio` (kept fraction of block pairs). Kept (achieved): the share "
@@ -93,12 +86,12 @@ def sparsity_table(rows: list[dict[str, Any]], level: int = 5) -> str:
     return "".join(parts)
 
 
-def _ordered(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _ordered(group: list[Trial]) -> list[Trial]:
     def key(r):
-        c = r.get("config") or {}
-        sparse = r["impl"] == SPARSE
+        c = r.config or {}
+        sparse = r.impl == SPARSE
         return (
-            r["seq_len"],
+            r.seq_len,
             sparse,
             -(c.get("sparsity_ratio") or 1.0),
             c.get("pattern_type") or "",
@@ -109,32 +102,30 @@ def _ordered(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(group, key=key)
 
 
-def _fastest_dense(group: list[dict[str, Any]], seq_len: int) -> dict[str, Any] | None:
-    dense = [
-        r for r in group if r["impl"] == DENSE and r["seq_len"] == seq_len and r["status"] == "ok" and r.get("time_ms")
-    ]
-    return min(dense, key=lambda r: r["time_ms"], default=None)
+def _fastest_dense(group: list[Trial], seq_len: int) -> Trial | None:
+    dense = [r for r in group if r.impl == DENSE and r.seq_len == seq_len and r.status == "ok" and r.time_ms]
+    return min(dense, key=lambda r: r.time_ms, default=None)
 
 
-def _row(r: dict[str, Any], dense: dict[str, Any] | None) -> list[Any]:
-    c = r.get("config") or {}
-    ok = r["status"] == "ok" and r.get("time_ms")
-    sparse = r["impl"] == SPARSE
+def _row(r: Trial, dense: Trial | None) -> list[Any]:
+    c = r.config or {}
+    ok = r.status == "ok" and r.time_ms
+    sparse = r.impl == SPARSE
     kept = achieved_kept(r)
     if sparse:
         pattern, block, sparsity = c.get("pattern_type"), c.get("block_size"), _configured_sparsity(c)
     else:
-        pattern, block, sparsity = f"dense sdpa ({r.get('backend') or c.get('backend')})", "-", "Dense"
+        pattern, block, sparsity = f"dense sdpa ({r.backend or c.get('backend')})", "-", "Dense"
     return [
-        format_tokens(r["seq_len"]),
-        f"{r['time_ms']:,.2f}" if ok else "-",
-        f"{r['peak_bytes'] / 1e6:,.1f}" if ok and r.get("peak_bytes") else "-",
-        result_text(r["status"]),
+        format_tokens(r.seq_len),
+        f"{r.time_ms:,.2f}" if ok else "-",
+        f"{r.peak_bytes / 1e6:,.1f}" if ok and r.peak_bytes else "-",
+        result_text(r.status),
         sparsity,
         pattern,
         block,
         f"{kept:.2%}" if kept is not None else "-",
-        f"{dense['time_ms'] / r['time_ms']:.2f}x" if ok and dense else "-",
-        f"{r['tflops_executed']:.1f}" if ok and r.get("tflops_executed") else "-",
-        f"{r['compile_ms'] / 1e3:.1f}" if r.get("compile_ms") else "-",
+        f"{dense.time_ms / r.time_ms:.2f}x" if ok and dense else "-",
+        f"{r.tflops_executed:.1f}" if ok and r.tflops_executed else "-",
+        f"{r.compile_ms / 1e3:.1f}" if r.compile_ms else "-",
     ]

@@ -16,12 +16,13 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.report.data import speedup_rows
 from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval, timer_for
 from attnbench.report.markdown import result_text, table
-from attnbench.results import read_rows, write_text_atomic
+from attnbench.results import load_rows, write_text_atomic
+from attnbench.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
 
-KIND = "speedup"
 # a single row and a multi-GPU row answer the same question when these agree
 MATCH_FIELDS = (
     "run",
@@ -91,130 +92,126 @@ MEMORY_COLUMNS = [
 ]
 
 
-def _ident(row: dict[str, Any], fields) -> str:
+def _ident(row: Speedup, fields) -> str:
     import json
 
-    return json.dumps([row.get(f) for f in fields], sort_keys=True, default=str)
+    return json.dumps([getattr(row, f) for f in fields], sort_keys=True, default=str)
 
 
-def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speedup rows, the last of each trial key kept, each with ``single_time_ms``,
-    ``speedup`` and ``efficiency`` (None where either side has no time)."""
-    latest: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r.get("kind") == KIND:
-            latest[r.get("key") or str(len(latest))] = r
+def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
+    """Speedup rows, the last of each trial key kept, each as a record: the ``row``, its
+    ``single`` baseline, ``speedup`` and ``efficiency`` (None where either side has no time)."""
+    latest: dict[str, Speedup] = {}
+    for r in speedup_rows(rows):
+        latest[r.key or str(len(latest))] = r
     found = list(latest.values())
-    single = {_ident(r, MATCH_FIELDS): r for r in found if r["strategy"] == "single"}
+    single = {_ident(r, MATCH_FIELDS): r for r in found if r.strategy == "single"}
     out = []
     for r in found:
         base = single.get(_ident(r, MATCH_FIELDS))
-        ran = base is not None and base.get("status") == "ok" and r.get("status") == "ok"
+        ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager; the interval resamples both sides
         ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
         speedup = ci.value if ci else None
         out.append(
             {
-                **r,
-                "single_time_ms": base.get("time_ms") if ran else None,
+                "row": r,
+                "single": base if ran else None,
+                "single_time_ms": base.time_ms if ran else None,
                 "speedup": speedup,
-                "efficiency": speedup / r["world_size"] if speedup else None,
+                "speedup_ci": ci,
+                "efficiency": speedup / r.world_size if speedup and r.world_size else None,
                 "timer": timer,
-                "speedup_ci_low": ci.low if ci else None,
-                "speedup_ci_high": ci.high if ci else None,
-                "_single": base if ran else None,
-                "_speedup_ci": ci,
             }
         )
     return out
 
 
-def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows of one run and one workload family (everything but the case), in run order."""
+def groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Records of one run and one workload family (everything but the case), in run order."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(_ident(r, GROUP_FIELDS), []).append(r)
+    for rec in records:
+        out.setdefault(_ident(rec["row"], GROUP_FIELDS), []).append(rec)
     return out
 
 
-def strategy_table(rows: list[dict[str, Any]], strategy: str) -> str:
-    """Report 001's table for one strategy (rows from ``speedup_rows`` of one group)."""
+def strategy_table(records: list[dict[str, Any]], strategy: str) -> str:
+    """Report 001's table for one strategy (records from ``speedup_records`` of one group)."""
     body = []
-    for r in rows:
-        if r["strategy"] != strategy:
+    for rec in records:
+        r = rec["row"]
+        if r.strategy != strategy:
             continue
         notes = []
-        if r["status"] == "ok" and r.get("efficiency"):
-            eff = ratio_cell(divided(r["_speedup_ci"], r["world_size"]), anomaly_above_one=True)
-            notes.append(f"efficiency {eff} on {_units(r, r['world_size'])}; {r['timer']} time")
-        elif r["status"] != "ok":
-            notes.append(f"{result_text(r['status'])}: {r.get('message') or ''}".strip())
-        if r.get("dispatch_share") is not None:
-            notes.append(
-                f"dispatch {r['dispatch_share']:.0%} of eager time{' (host-bound)' if r.get('host_bound') else ''}"
-            )
-        if r.get("note") and r["status"] != "skipped":
-            notes.append(r["note"])
+        if r.status == "ok" and rec["efficiency"]:
+            eff = ratio_cell(divided(rec["speedup_ci"], r.world_size), anomaly_above_one=True)
+            notes.append(f"efficiency {eff} on {_units(r, r.world_size)}; {rec['timer']} time")
+        elif r.status != "ok":
+            notes.append(f"{result_text(r.status)}: {r.message or ''}".strip())
+        if r.dispatch_share is not None:
+            notes.append(f"dispatch {r.dispatch_share:.0%} of eager time{' (host-bound)' if r.host_bound else ''}")
+        if r.note and r.status != "skipped":
+            notes.append(r.note)
         body.append(
             [
-                f"{r['seq_len']:,} tokens",
-                r["batch"],
-                ms_cell(time_interval(r["_single"], r["timer"])),
-                ms_cell(time_interval(r, r["timer"])) if r["status"] == "ok" else result_text(r["status"]),
-                ratio_cell(r["_speedup_ci"]),
+                f"{r.seq_len:,} tokens",
+                r.batch,
+                ms_cell(time_interval(rec["single"], rec["timer"])),
+                ms_cell(time_interval(r, rec["timer"])) if r.status == "ok" else result_text(r.status),
+                ratio_cell(rec["speedup_ci"]),
                 "; ".join(notes),
             ]
         )
     return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
 
 
-def _units(row: dict[str, Any], count) -> str:
+def _units(row: Speedup, count) -> str:
     """GPUs, or on the CPU the processes that stand in for them."""
-    plural = "" if str(count) == "1" else ("s" if row.get("device") == "cuda" else "es")
-    return f"{count} GPU{plural}" if row.get("device") == "cuda" else f"{count} CPU process{plural}"
+    plural = "" if str(count) == "1" else ("s" if row.device == "cuda" else "es")
+    return f"{count} GPU{plural}" if row.device == "cuda" else f"{count} CPU process{plural}"
 
 
-def _gpu_cell(g: dict[str, Any]) -> str:
-    alloc, nvml = g.get("max_memory_allocated"), g.get("nvml_used_peak")
+def _gpu_cell(g: GpuMemory) -> str:
+    alloc, nvml = g.max_memory_allocated, g.nvml_used_peak
     bits = [f"{format_bytes(alloc)} allocated" if alloc is not None else "not used by this process"]
     if nvml is not None:
         bits.append(f"{format_bytes(nvml)} NVML")
     return ", ".join(bits)
 
 
-def memory_table(rows: list[dict[str, Any]]) -> str:
+def memory_table(rows: list[Speedup]) -> str:
     """Report 000's memory distribution: per case and strategy, what each GPU held."""
-    width = max((len(r.get("gpus") or []) for r in rows), default=0)
+    width = max((len(r.gpus or []) for r in rows), default=0)
     if width == 0:
         return ""
     body = []
     for r in rows:
-        if not r.get("gpus"):
+        if not r.gpus:
             continue
-        cells = [_gpu_cell(g) for g in r["gpus"]] + ["-"] * (width - len(r["gpus"]))
-        body.append([f"{r['seq_len']:,} tokens", r["batch"], r["strategy"], result_text(r["status"]), *cells])
+        cells = [_gpu_cell(g) for g in r.gpus] + ["-"] * (width - len(r.gpus))
+        body.append([f"{r.seq_len:,} tokens", r.batch, r.strategy, result_text(r.status), *cells])
     headers = ["Sequence Length", "Batch Size", "Strategy", "Result", *[f"GPU {i} Memory" for i in range(width)]]
     return table(headers, body)
 
 
-def _title(r: dict[str, Any]) -> str:
+def _title(r: Speedup) -> str:
     config = ", ".join(
         f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in (r.get("config") or {}).items()
+        for k, v in (r.config or {}).items()
         if k != "max_chunk_tokens"
     )
-    module = "multi-head module (q/k/v/out projections)" if r.get("module") == "multihead" else "attention"
+    module = "multi-head module (q/k/v/out projections)" if r.module == "multihead" else "attention"
     return (
-        f"{r['impl']}{f' ({config})' if config else ''}: {module}, {r['dtype']}, H={r['heads']}, D={r['head_dim']}, "
-        f"{r['mode']}{', causal' if r.get('causal') else ''}, {r['device']}"
+        f"{r.impl}{f' ({config})' if config else ''}: {module}, {r.dtype}, H={r.heads}, D={r.head_dim}, "
+        f"{r.mode}{', causal' if r.causal else ''}, {r.device}"
     )
 
 
-def _environment(r: dict[str, Any]) -> str:
-    env = r.get("env") or {}
-    gpus = env.get("gpus") or []
-    links = env.get("gpu_links") or []
-    bits = [f"machine {env.get('machine', '?')}"]
+def _environment(r: Speedup) -> str:
+    env = r.env
+    gpus = (env.gpus if env else None) or []
+    links = (env.gpu_links if env else None) or []
+    bits = [f"machine {env.machine if env else '?'}"]
     if gpus:
         bits.append("NVLinks active per GPU: " + ", ".join(str(g.get("nvlinks_active")) for g in gpus))
     for link in links:
@@ -222,25 +219,26 @@ def _environment(r: dict[str, Any]) -> str:
             f"GPU {link['gpus'][0]}-{link['gpus'][1]}: {link.get('topology')}, P2P over NVLink {link.get('p2p_nvlink')}"
         )
     for key in ("driver", "cuda", "nccl", "torch"):
-        if env.get(key):
-            bits.append(f"{key} {env[key]}")
+        if env is not None and getattr(env, key):
+            bits.append(f"{key} {getattr(env, key)}")
     return "; ".join(bits)
 
 
-def speedup_markdown(rows: list[dict[str, Any]]) -> str:
+def speedup_markdown(rows: list[Row]) -> str:
     parts = []
-    for members in groups(speedup_rows(rows)).values():
-        head = members[0]
-        parts.append(f"\n## {_title(head)}\n\nRun `{head['run']}`: {_environment(head)}\n")
-        for strategy in dict.fromkeys(r["strategy"] for r in members if r["strategy"] != "single"):
-            worlds = sorted({r["world_size"] for r in members if r["strategy"] == strategy})
-            compression = {r.get("grad_compression") for r in members if r["strategy"] == strategy} - {None}
+    for members in groups(speedup_records(rows)).values():
+        head = members[0]["row"]
+        parts.append(f"\n## {_title(head)}\n\nRun `{head.run}`: {_environment(head)}\n")
+        for strategy in dict.fromkeys(m["row"].strategy for m in members if m["row"].strategy != "single"):
+            mine = [m["row"] for m in members if m["row"].strategy == strategy]
+            worlds = sorted({r.world_size for r in mine})
+            compression = {r.grad_compression for r in mine} - {None}
             extra = f", gradient compression {', '.join(sorted(compression))}" if compression else ""
             parts += [
                 f"\n### {strategy} on {_units(head, ', '.join(map(str, worlds)))}{extra}\n\n",
                 strategy_table(members, strategy),
             ]
-        mem = memory_table(members)
+        mem = memory_table([m["row"] for m in members])
         if mem:
             parts += ["\n### Memory per GPU\n\n", mem]
     if parts:
@@ -254,37 +252,40 @@ def speedup_markdown(rows: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def speedup_csv(rows: list[dict[str, Any]]) -> str:
+def speedup_csv(rows: list[Row]) -> str:
     flat = []
-    for r in speedup_rows(rows):
-        flat.append(
-            {
-                c: (r.get("env") or {}).get("machine")
-                if c == "machine"
-                else len(r.get("times_ms") or [])
-                if c == "samples"
-                else r.get(c)
-                for c in CSV_COLUMNS
-            }
-        )
+    for rec in speedup_records(rows):
+        r = rec["row"]
+        computed = {
+            "machine": r.env.machine if r.env else None,
+            "samples": len(r.times_ms or []),
+            "single_time_ms": rec["single_time_ms"],
+            "speedup": rec["speedup"],
+            "speedup_ci_low": rec["speedup_ci"].low if rec["speedup_ci"] else None,
+            "speedup_ci_high": rec["speedup_ci"].high if rec["speedup_ci"] else None,
+            "timer": rec["timer"],
+            "efficiency": rec["efficiency"],
+        }
+        flat.append({c: computed[c] if c in computed else getattr(r, c) for c in CSV_COLUMNS})
     return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
 
 
-def memory_csv(rows: list[dict[str, Any]]) -> str:
+def memory_csv(rows: list[Row]) -> str:
     flat = []
-    for r in speedup_rows(rows):
-        for g in r.get("gpus") or []:
+    for rec in speedup_records(rows):
+        r = rec["row"]
+        for g in r.gpus or []:
             flat.append(
                 {
-                    "run": r["run"],
-                    "machine": (r.get("env") or {}).get("machine"),
-                    "impl": r["impl"],
-                    "strategy": r["strategy"],
-                    "world_size": r["world_size"],
-                    "seq_len": r["seq_len"],
-                    "batch": r["batch"],
-                    "gpu": g["index"],
-                    **{k: g.get(k) for k in MEMORY_COLUMNS[8:]},
+                    "run": r.run,
+                    "machine": r.env.machine if r.env else None,
+                    "impl": r.impl,
+                    "strategy": r.strategy,
+                    "world_size": r.world_size,
+                    "seq_len": r.seq_len,
+                    "batch": r.batch,
+                    "gpu": g.index,
+                    **{k: getattr(g, k) for k in MEMORY_COLUMNS[8:]},
                 }
             )
     return pd.DataFrame(flat, columns=MEMORY_COLUMNS).to_csv(index=False)
@@ -293,8 +294,8 @@ def memory_csv(rows: list[dict[str, Any]]) -> str:
 def write_speedup_tables(out_dir: Path) -> list[Path]:
     """``speedup.md``, ``speedup.csv`` and ``speedup_memory.csv`` next to ``trials.jsonl``."""
     out_dir = Path(out_dir)
-    rows, _ = read_rows(out_dir)
-    if not any(r.get("kind") == KIND for r in rows):
+    rows, _ = load_rows(out_dir)
+    if not speedup_rows(rows):
         return []
     files = {
         "speedup.md": speedup_markdown(rows),

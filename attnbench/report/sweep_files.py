@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from attnbench.report.data import trials
+from attnbench.report.markdown import heading_text
 from attnbench.report.sparsity import sparsity_table
 from attnbench.report.sweep_tables import (
     max_seq_summary,
@@ -15,26 +16,26 @@ from attnbench.report.sweep_tables import (
     series_groups,
     summary_table,
     time_table,
-    trial_rows,
     trials_csv,
 )
 from attnbench.report.training import training_markdown
-from attnbench.results import read_rows, write_text_atomic
+from attnbench.results import load_rows, write_text_atomic
+from attnbench.schema import Row
 
 
-def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+def sweep_markdown(rows: list[Row]) -> str:
     parts = []
     summary = max_seq_summary(rows)
     if summary:
         parts += ["## Largest sequence per implementation\n", summary_table(summary)]
     parts.append(("\n" if parts else "") + training_markdown(rows))
-    for trials in series_groups(rows).values():
-        head = trials[0]
+    for group in series_groups(rows).values():
+        head = group[0]
         parts.append(
-            f"\n## {head['label']}: {head['dtype']}, B={head['batch']}, H={head['heads']}, D={head['head_dim']}, "
-            f"{head['mode']}{', causal' if head['causal'] else ''}, {head['device']}\n"
+            f"\n## {heading_text(head.label)}: {head.dtype}, B={head.batch}, H={head.heads}, D={head.head_dim}, "
+            f"{head.mode}{', causal' if head.causal else ''}, {head.device}\n"
         )
-        parts += ["\n", memory_table(trials), "\n", time_table(trials)]
+        parts += ["\n", memory_table(group), "\n", time_table(group)]
     sparse = sparsity_table(rows, level=3)
     if sparse:
         parts += ["\n## Block-sparse vs dense (report 002, Block-Sparse Base Implementation)\n", sparse]
@@ -52,9 +53,9 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
 def write_sweep_tables(out_dir: Path) -> list[Path]:
     """Regenerate ``sweep.md``, ``trials.csv`` and ``max_seq.csv`` from ``trials.jsonl``."""
     out_dir = Path(out_dir)
-    rows, _ = read_rows(out_dir)
+    rows, _ = load_rows(out_dir)
     written = []
-    if trial_rows(rows):
+    if trials(rows):
         write_text_atomic(out_dir / "sweep.md", sweep_markdown(rows))
         write_text_atomic(out_dir / "trials.csv", trials_csv(rows))
         written += [out_dir / "sweep.md", out_dir / "trials.csv"]

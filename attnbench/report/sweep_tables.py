@@ -12,9 +12,11 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.report.data import trials as trials_of
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
 from attnbench.results import STOPPED_BY
+from attnbench.schema import MaxSeqResult, Row, Trial
 from attnbench.units import format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
@@ -68,102 +70,99 @@ CSV_COLUMNS = [
 ]
 
 
-def trial_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("kind") in TRIAL_KINDS]
-
-
-def series_groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def series_groups(rows: list[Row]) -> dict[str, list[Trial]]:
     """Trials by series, in the order the series first appear, each sorted by length."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in trial_rows(rows):
-        groups.setdefault(r["series"], []).append(r)
-    return {k: sorted(v, key=lambda r: r["seq_len"]) for k, v in groups.items()}
+    groups: dict[str, list[Trial]] = {}
+    for r in trials_of(rows):
+        groups.setdefault(r.series, []).append(r)
+    return {k: sorted(v, key=lambda r: r.seq_len) for k, v in groups.items()}
 
 
-def max_seq_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
     """Per max-seq series: the largest length that ran and what stopped the next one.
     Derived from the trials, so an interrupted sweep still has its summary."""
-    results = {r["series"]: r for r in rows if r.get("kind") == "max-seq-result"}
+    results = {r.series: r for r in rows if isinstance(r, MaxSeqResult)}
     out = []
     for key, trials in series_groups(rows).items():
-        if trials[0]["kind"] != "max-seq":
+        head = trials[0]
+        if head.kind != "max-seq":
             continue
-        ok = [r for r in trials if r["status"] == "ok"]
-        best = max((r["seq_len"] for r in ok), default=0)
-        failures = [r for r in trials if r["status"] != "ok" and r["seq_len"] > best]
-        stop = min(failures, key=lambda r: r["seq_len"]) if failures else None
-        best_row = next((r for r in ok if r["seq_len"] == best), None)
+        ok = [r for r in trials if r.status == "ok"]
+        best = max((r.seq_len for r in ok), default=0)
+        failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
+        stop = min(failures, key=lambda r: r.seq_len) if failures else None
+        best_row = next((r for r in ok if r.seq_len == best), None)
         done = results.get(key)
         out.append(
             {
                 "series": key,
-                "label": trials[0]["label"],
-                "impl": trials[0]["impl"],
-                "dtype": trials[0]["dtype"],
-                "device": trials[0]["device"],
-                "machine": (trials[0].get("env") or {}).get("machine"),
+                "label": head.label,
+                "impl": head.impl,
+                "dtype": head.dtype,
+                "device": head.device,
+                "machine": head.env.machine if head.env else None,
                 "max_seq_len": best,
-                "first_failure": stop["seq_len"] if stop else None,
+                "first_failure": stop.seq_len if stop else None,
                 # without its max-seq-result row the search never finished: a lower bound only
                 "stopped_by": INTERRUPTED
                 if done is None
-                else STOPPED_BY.get(stop["status"], stop["status"])
+                else STOPPED_BY.get(stop.status, stop.status)
                 if stop
                 else STOPPED_BY["cap"],
-                "stop_message": stop.get("message") if stop else "",
+                "stop_message": stop.message if stop else "",
                 "complete": done is not None,
-                "peak_bytes": best_row.get("peak_bytes") if best_row else None,
-                "peak_over_floor": best_row.get("peak_over_floor") if best_row else None,
-                "time_ms": best_row.get("time_ms") if best_row else None,
+                "peak_bytes": best_row.peak_bytes if best_row else None,
+                "peak_over_floor": best_row.peak_over_floor if best_row else None,
+                "time_ms": best_row.time_ms if best_row else None,
                 **_time_ci(best_row),
-                "tokens_per_s": best_row.get("tokens_per_s") if best_row else None,
+                "tokens_per_s": best_row.tokens_per_s if best_row else None,
                 "trials": len(trials),
             }
         )
     return out
 
 
-def _gpu_cell(r: dict[str, Any]) -> str:
+def _gpu_cell(r: Trial) -> str:
     """GPU time ± interval; where the host dominates, its share of an eager call."""
-    if not r.get("gpu_times_ms"):
+    if not r.gpu_times_ms:
         return "-"
     cell = ms_cell(time_interval(r, "gpu"))
-    if r.get("host_bound"):
-        cell += f"; host-bound, dispatch {r['dispatch_share']:.0%}"
+    if r.host_bound:
+        cell += f"; host-bound, dispatch {r.dispatch_share:.0%}"
     return cell
 
 
-def _time_ci(row: dict[str, Any] | None) -> dict[str, Any]:
+def _time_ci(row: Trial | None) -> dict[str, Any]:
     iv = time_interval(row)
     return iv.to_row("time") if iv else {"time_ci_low": None, "time_ci_high": None, "time_n": None}
 
 
-def _notes(r: dict[str, Any]) -> str:
-    if r["status"] != "ok":
-        return short_message(r.get("message"))
+def _notes(r: Trial) -> str:
+    if r.status != "ok":
+        return short_message(r.message)
     bits = []
-    if r.get("peak_over_floor"):
-        bits.append(f"peak {r['peak_over_floor']:.2f}x floor")
-    if r.get("tflops_executed"):
-        bits.append(f"{r['tflops_executed']:.1f} TFLOP/s")
-    if r.get("backend"):
-        bits.append(f"backend {r['backend']}")
+    if r.peak_over_floor:
+        bits.append(f"peak {r.peak_over_floor:.2f}x floor")
+    if r.tflops_executed:
+        bits.append(f"{r.tflops_executed:.1f} TFLOP/s")
+    if r.backend:
+        bits.append(f"backend {r.backend}")
     return "; ".join(bits)
 
 
-def memory_table(trials: list[dict[str, Any]]) -> str:
+def memory_table(trials: list[Trial]) -> str:
     return table(
         ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
         [
             [
-                format_tokens(r["seq_len"]),
-                format_bytes(r.get("inputs_bytes"), "GB"),
-                format_bytes(r.get("peak_bytes"), "GB")
-                if r["status"] == "ok"
-                else format_bytes(r.get("peak_bytes"), "GB") + " at failure"
-                if r.get("peak_bytes")
+                format_tokens(r.seq_len),
+                format_bytes(r.inputs_bytes, "GB"),
+                format_bytes(r.peak_bytes, "GB")
+                if r.status == "ok"
+                else format_bytes(r.peak_bytes, "GB") + " at failure"
+                if r.peak_bytes
                 else "-",
-                result_text(r["status"]),
+                result_text(r.status),
                 _notes(r),
             ]
             for r in trials
@@ -171,18 +170,18 @@ def memory_table(trials: list[dict[str, Any]]) -> str:
     )
 
 
-def time_table(trials: list[dict[str, Any]]) -> str:
+def time_table(trials: list[Trial]) -> str:
     """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
     return table(
         ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
         [
             [
-                format_tokens(r["seq_len"]),
-                ms_cell(time_interval(r)) if r.get("time_ms") else "-",
+                format_tokens(r.seq_len),
+                ms_cell(time_interval(r)) if r.time_ms else "-",
                 _gpu_cell(r),
-                f"{r['peak_bytes'] / 1e6:,.1f}" if r.get("peak_bytes") and r["status"] == "ok" else "-",
-                result_text(r["status"]),
-                format_sparsity(r.get("kept_fraction"), r.get("causal", False)),
+                f"{r.peak_bytes / 1e6:,.1f}" if r.peak_bytes and r.status == "ok" else "-",
+                result_text(r.status),
+                format_sparsity(r.kept_fraction, r.causal),
             ]
             for r in trials
         ],
@@ -224,8 +223,8 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
     )
 
 
-def trials_csv(rows: list[dict[str, Any]]) -> str:
+def trials_csv(rows: list[Row]) -> str:
     flat = []
-    for r in trial_rows(rows):
-        flat.append({c: (r.get("env") or {}).get("machine") if c == "machine" else r.get(c) for c in CSV_COLUMNS})
+    for r in trials_of(rows):
+        flat.append({c: (r.env.machine if r.env else None) if c == "machine" else getattr(r, c) for c in CSV_COLUMNS})
     return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)

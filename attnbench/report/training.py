@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.report.data import short_commit
+from attnbench.report.data import machine_of, short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.schema import Row
 from attnbench.units import format_gib, format_tokens
 
 COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's
 
 
-def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def training_records(rows: list[Row]) -> list[dict[str, Any]]:
     """One record per (configuration, code version, dtype, machine) with a training max-seq
     search or a training trial at 64K. A search and 64K points of one configuration are two
     series; where the points were also measured by other code, only theirs carry the commit in
@@ -30,11 +31,11 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records: dict[tuple, dict[str, Any]] = {}
     for trials in series_groups(rows).values():
         head = trials[0]
-        if head.get("mode") != "fwd_bwd":
+        if head.mode != "fwd_bwd":
             continue
-        where = (head["label"], head["dtype"], (head.get("env") or {}).get("machine") or head["device"])
+        where = (head.label, head.dtype, machine_of(head) if head.env else head.device)
         rec = records.setdefault(
-            (head["label"].split(" @ ")[0], short_commit(head), *where[1:]),
+            (head.label.split(" @ ")[0], short_commit(head), *where[1:]),
             {
                 "label": where[0],
                 "dtype": where[1],
@@ -50,15 +51,15 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         if " @ " in where[0]:
             rec["label"] = where[0]
-        compare = next((r for r in trials if r["seq_len"] == COMPARE_AT and r["status"] == "ok"), None)
-        if compare and compare.get("tflops_useful"):
+        compare = next((r for r in trials if r.seq_len == COMPARE_AT and r.status == "ok"), None)
+        if compare and compare.tflops_useful:
             rec["tflops_compare"] = tflops_interval(compare)
-        train = searches.get(head.get("series"))
+        train = searches.get(head.series)
         if train and train["max_seq_len"]:
-            best = next(r for r in trials if r["seq_len"] == train["max_seq_len"] and r["status"] == "ok")
+            best = next(r for r in trials if r.seq_len == train["max_seq_len"] and r.status == "ok")
             rec.update(
                 max_seq_len=train["max_seq_len"],
-                memory_limit=best.get("memory_limit") or 0,  # 0: the whole GPU
+                memory_limit=best.memory_limit or 0,  # 0: the whole GPU
                 peak_over_floor=train["peak_over_floor"],
                 tflops_at_max=tflops_interval(best),
             )
@@ -68,8 +69,8 @@ def training_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
 
 
-def _mode(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    return next((r.get("mode", "fwd") for r in rows if r.get("series") == summary["series"]), "fwd")
+def _mode(summary: dict[str, Any], rows: list[Row]) -> str:
+    return next((r.mode or "fwd" for r in rows if getattr(r, "series", None) == summary["series"]), "fwd")
 
 
 HEADERS = {  # column: record field
@@ -111,18 +112,8 @@ def training_table(records: list[dict[str, Any]]) -> Table:
     return Table("training", list(HEADERS), [{h: r[f] for h, f in HEADERS.items()} for r in records], formats)
 
 
-def training_markdown(rows: list[dict[str, Any]]) -> str:
+def training_markdown(rows: list[Row]) -> str:
     records = training_records(rows)
     if not records:
         return ""
     return "## Training: forward plus backward\n\n" + training_table(records).markdown() + "\n" + NOTE + "\n"
-
-
-def training_section(doc, m) -> None:
-    """The report's section: one machine's rows (``document.Doc``, ``document.Machine``)."""
-    records = training_records(m.rows)
-    if not records:
-        doc.missing("no forward-plus-backward trials", "training")
-        return
-    doc.table(training_table(records))
-    doc.add("\n" + NOTE)

@@ -1,24 +1,33 @@
-"""Capacity prediction: the fit of peak memory against sequence length per series, its error on
-the measured device, and the predicted maximum for other GPU sizes."""
+"""How well memory predicts capacity: the fit of peak memory against sequence length per series,
+and its prediction against the longest sequence measured on the same device. Predictions stay
+on the device the fit was measured on: a fit says nothing certain about another device's
+allocator, context or kernels."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, gb, pct, tokens_cell, yes_no
-from attnbench.report.fit import ACCURACY_TARGET, GIB, GPU_SIZES_GIB, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
+from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
 from attnbench.report.markdown import Table
 
+TITLE = "Capacity: memory fits against the measured maximum"
+ORDER = 70
 
-def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(fit, prediction on the measured device, prediction per GPU size) records per fitted series."""
-    fits, here, sizes = [], [], []
+
+def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(fit, prediction on the measured device) records per fitted series."""
+    fits, here = [], []
     for c in caps:
-        name = c.label + (f" ({c.world_size} GPUs)" if c.world_size > 1 else "")
+        ranks = "GPUs" if c.device == "cuda" else "processes"
+        name = c.label + (
+            f" ({c.world_size} {ranks})" if c.world_size > 1 and f" x{c.world_size}" not in c.label else ""
+        )
         fits.append(
             {
                 "Implementation": name,
-                "Dtype": c.head.get("dtype"),
+                "Dtype": c.head.dtype,
                 "Model": ("quadratic" if c.fit.degree == 2 else "linear") + f": peak ≈ {c.fit.formula()}",
                 "Successful Trials": c.successful,
                 "Max Fit Error": c.fit.max_error,
@@ -39,18 +48,17 @@ def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[d
                 "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
             }
         )
-        sizes.append({"Implementation": name, **{f"{g} GB": c.predict_for(g * GIB) for g in GPU_SIZES_GIB}})
-    return fits, here, sizes
+    return fits, here
 
 
-def capacity(doc: Doc, m: Machine) -> None:
-    caps = [c for c in m.capacities if c.fit]
+def render(doc: Doc, m: Machine) -> None:
+    caps = [c for c in m.capacities if c.fit and not is_superseded(c.label)]
     if not caps:
         doc.missing("no series with enough successful trials to fit (2 lengths, 3 for a quadratic model)", "single")
     else:
         capacity_tables(doc, caps)
     for c in m.capacities:
-        if not c.fit:
+        if not c.fit and not is_superseded(c.label):
             doc.add(
                 f"\nNot fitted: {c.label} ({c.successful_lengths} successful lengths; a "
                 f"{'quadratic' if c.degree == 2 else 'linear'} model needs {c.degree + 1}).\n"
@@ -58,13 +66,14 @@ def capacity(doc: Doc, m: Machine) -> None:
 
 
 def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
-    fits, here, sizes = capacity_records(caps)
+    fits, here = capacity_records(caps)
     doc.add(
-        "Peak memory per GPU (`max_memory_reserved` on a GPU, the allocator's whole footprint, fragmentation "
-        "included; resident-set growth on a CPU) fitted against sequence length over each series' successful trials by least squares (linear; "
-        "quadratic where N × N scores are held). Max Fit Error: the largest relative error of the fit on the "
-        "measured points (small lengths, where fixed costs dominate, weigh most); Fit Error at Largest N: its "
-        "error at the longest measured length.\n"
+        "Peak memory of one device (`max_memory_reserved` on a GPU, the allocator's whole footprint,\n"
+        "fragmentation included; resident-set growth on a CPU) fitted against sequence length over each\n"
+        "series' successful trials by least squares (linear; quadratic where N × N scores are held). Max Fit\n"
+        "Error: the largest relative error of the fit on the measured points (small lengths, where fixed costs\n"
+        "dominate, weigh most); Fit Error at Largest N: its error at the longest measured length. Series a\n"
+        "newer version of the code measured again are left out (their trials are in `csv/trials-*.csv`).\n"
     )
     doc.table(
         Table(
@@ -97,5 +106,3 @@ def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
         )
     )
     doc.add("\nAssumption: " + "; ".join(distinct(c.budget_note for c in caps)) + ".\n")
-    doc.add("\nPredicted max sequence for other GPU sizes (nominal GiB, the same memory set aside as here):\n")
-    doc.table(Table("capacity-gpus", list(sizes[0]), sizes, {f"{g} GB": tokens_cell for g in GPU_SIZES_GIB}))

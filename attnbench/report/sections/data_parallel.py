@@ -1,19 +1,21 @@
-"""Data-parallel speedup (seed report 001): one GPU against each multi-GPU strategy at the same
-cases, with efficiency, output match and memory per GPU."""
+"""Whether data parallelism helps: one GPU against each multi-GPU strategy (DataParallel, one
+process per GPU) at the same cases, with efficiency, output match and memory per GPU."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnbench.report.claims import speedup_anomalies
 from attnbench.report.document import Doc, Machine, gb, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, short_message
 from attnbench.report.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
 
+TITLE = "Data parallelism: speedup over one GPU"
+ORDER = 50
+
 
 def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> None:
-    """Report 000/001's per-GPU memory: allocator peak per GPU, NVML device memory at peak after."""
+    """What each GPU held: allocator peak per GPU, then NVML device memory used at the peak."""
     n = gpus_in([c["row"] for c in cases])
     headers = (
         ["Strategy", "Sequence Length", "Batch Size"]
@@ -36,12 +38,22 @@ def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> Non
     doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: gb for h in headers[3:]}}))
 
 
+def speedup_anomalies(c: dict[str, Any]) -> list[str]:
+    """What makes a speedup suspect: an interval that includes 1, an efficiency above 1."""
+    iv, out = c["speedup_ci"], []
+    if iv is not None and iv.n > 1 and iv.low <= 1 <= iv.high:
+        out.append("anomaly: interval includes 1")
+    if c["efficiency"] and c["efficiency"] > 1:
+        out.append(f"anomaly: efficiency {c['efficiency']:.2f} above 1")
+    return out
+
+
 def speedup_notes(c: dict[str, Any]) -> str:
     bits = speedup_anomalies(c) if c["speedup"] else []  # first: a cell is cut to one line
     bits += [c["note"]] if c["note"] else []
     r = c["row"]
-    if r.get("status", "ok") != "ok":
-        bits.append(r.get("message") or "")
+    if r.status != "ok":
+        bits.append(r.message or "")
     if c["single"] is None:
         bits.append("no single-GPU row for this case")
     if c["output_match"] is False:
@@ -49,9 +61,10 @@ def speedup_notes(c: dict[str, Any]) -> str:
     return "; ".join(b for b in bits if b)
 
 
-def data_parallel_speedup(doc: Doc, m: Machine) -> None:
+def render(doc: Doc, m: Machine) -> None:
     if not m.speedups:
-        doc.missing("no speedup rows on this machine", "speedup")
+        if m.several_gpus:
+            doc.missing("no speedup rows on this machine", "speedup")
         return
     for (strategy, label), cases in speedup_groups(m.speedups).items():
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
@@ -60,7 +73,7 @@ def data_parallel_speedup(doc: Doc, m: Machine) -> None:
                 "Sequence Length": c["seq_len"],
                 "Batch Size": c["batch"],
                 "Single GPU Time": c["single_ms"],
-                "Multi-GPU Time": c["multi_ms"] if c["row"].get("status", "ok") == "ok" else None,
+                "Multi-GPU Time": c["multi_ms"] if c["row"].status == "ok" else None,
                 "Speedup": c["speedup_ci"],
                 "Notes": speedup_notes(c),
                 "Efficiency": c["efficiency_ci"],
@@ -71,7 +84,7 @@ def data_parallel_speedup(doc: Doc, m: Machine) -> None:
         ]
         doc.table(
             Table(
-                f"001-{strategy}",
+                f"speedup-{strategy}",
                 [
                     "Sequence Length",
                     "Batch Size",
@@ -95,7 +108,7 @@ def data_parallel_speedup(doc: Doc, m: Machine) -> None:
                 },
             )
         )
-        memory_distribution(doc, cases, f"001-{strategy}-memory")
+        memory_distribution(doc, cases, f"speedup-{strategy}-memory")
     doc.add(
         "\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "
         "batch, dtype, mode and module on this machine; efficiency = speedup / GPUs. Times are medians "

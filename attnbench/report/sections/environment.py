@@ -10,6 +10,9 @@ from attnbench.report.document import Doc, Machine, distinct
 from attnbench.report.fit import GIB
 from attnbench.report.markdown import Table
 
+TITLE = "Environment and commands (appendix)"
+ORDER = 90
+
 
 def command_text(command: str) -> str:
     """argv[0] as the user typed it: `attnbench` rather than the module's path."""
@@ -17,6 +20,13 @@ def command_text(command: str) -> str:
     if head.endswith(("attnbench/__main__.py", "/attnbench")) or head == "attnbench":
         head = "attnbench"
     return f"{head} {rest}".strip()
+
+
+def _fields(env) -> dict[str, Any]:
+    """An environment's fields by name (empty where a row has none)."""
+    if env is None:
+        return {}
+    return {f: getattr(env, f) for f in env.__dataclass_fields__ if f != "extra"}
 
 
 def gpu_text(gpus: list[dict[str, Any]]) -> str:
@@ -29,8 +39,8 @@ def gpu_text(gpus: list[dict[str, Any]]) -> str:
     return text + (f", {', '.join(map(str, links))} NVLinks active" if links else "") + ")"
 
 
-def environment(doc: Doc, m: Machine) -> None:
-    envs = [r.get("env") or {} for r in m.rows]
+def render(doc: Doc, m: Machine) -> None:
+    envs = [_fields(r.env) for r in m.rows]
     dates = sorted(distinct(e.get("date") for e in envs))
     items = [
         ("GPUs", distinct(gpu_text(e.get("gpus") or []) for e in envs)),
@@ -55,7 +65,7 @@ def environment(doc: Doc, m: Machine) -> None:
     )
     runs: dict[tuple, int] = {}
     for r in m.rows:
-        key = (r.get("run"), d.short_commit(r), command_text((r.get("env") or {}).get("command", "")))
+        key = (r.run, d.short_commit(r), command_text(r.env.command if r.env else ""))
         runs[key] = runs.get(key, 0) + 1
     doc.add(
         "\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "
@@ -69,7 +79,7 @@ def environment(doc: Doc, m: Machine) -> None:
             {"Command": lambda c: f"`{c}`"},
         )
     )
-    verify = [r for r in m.rows if r.get("kind") == "verify"]
+    verify = d.verifications(m.rows)
     if verify:
         doc.add("\nReference checks against the float64 masked reference (relative error ‖out − ref‖ / ‖ref‖):\n")
         doc.table(
@@ -78,14 +88,14 @@ def environment(doc: Doc, m: Machine) -> None:
                 ["Implementation", "Config", "Dtype", "Device", "N", "Rel. Error", "Tolerance", "Result"],
                 [
                     {
-                        "Implementation": r.get("impl"),
-                        "Config": d.config_text(r.get("config")) or None,
-                        "Dtype": r.get("dtype"),
-                        "Device": r.get("device"),
-                        "N": r.get("seq_len"),
-                        "Rel. Error": r.get("rel_err"),
-                        "Tolerance": r.get("tolerance"),
-                        "Result": r.get("status"),
+                        "Implementation": r.impl,
+                        "Config": d.config_text(r.config) or None,
+                        "Dtype": r.dtype,
+                        "Device": r.device,
+                        "N": r.seq_len,
+                        "Rel. Error": r.rel_err,
+                        "Tolerance": r.tolerance,
+                        "Result": r.status,
                     }
                     for r in verify
                 ],

@@ -1,11 +1,15 @@
-"""The plots section: memory, time, TFLOP/s and speedup figures of one machine."""
+"""The plots of one machine: memory, time and TFLOP/s against length (small multiples by
+implementation family, newest code version only) and the speedup bars."""
 
 from __future__ import annotations
 
 from attnbench.report.document import Doc, Machine
 
+TITLE = "Plots"
+ORDER = 80
 
-def figures(doc: Doc, m: Machine) -> None:
+
+def render(doc: Doc, m: Machine) -> None:
     from attnbench.report import plots as p
 
     before = len(doc.figures)
@@ -15,5 +19,5 @@ def figures(doc: Doc, m: Machine) -> None:
     doc.figure("speedup", p.speedup_plot(m.speedups, m.name), "speedup per strategy and GPU count")
     if len(doc.figures) == before:
         doc.missing("no successful trials to plot on this machine", "single")
-    elif not any(c["speedup"] for c in m.speedups):
+    elif m.several_gpus and not any(c["speedup"] for c in m.speedups):
         doc.missing("no speedup bars (no speedup rows on this machine)", "speedup")

@@ -22,6 +22,7 @@ from attnbench.report.document import Doc, Machine
 from attnbench.report.fit import capacities
 from attnbench.report.intervals import tflops_interval
 from attnbench.report.markdown import Table
+from attnbench.schema import Row
 from attnbench.units import format_gib, format_tokens, short_tokens
 
 COMPARE_AT = 32768  # the comparison length where the rows have it (the GPU profile's)
@@ -29,37 +30,41 @@ MODES = (("fwd", "Fwd"), ("fwd_bwd", "Train"))
 PRODUCER = "attnbench run --profile models"
 
 
-def models(doc: Doc, machine: Machine) -> None:
+TITLE = "Model shapes: model presets beside the seeds' shape"
+ORDER = 35
+
+
+def render(doc: Doc, machine: Machine) -> None:
     """The section: one table of the machine's model rows, or what produces them."""
-    rows = [r for r in machine.rows if r.get("model")]
+    rows = [r for r in machine.rows if getattr(r, "model", None)]
     records = model_records(rows)
     if not records:
         doc.add(f"_No data: no trials of a model preset. `{PRODUCER}` produces it._\n")
         return
     compare = compare_length(rows)
     doc.table(models_table(records, compare))
-    doc.add("\n" + note(compare, any(r.get("device") == "cuda" for r in rows)))
+    doc.add("\n" + note(compare, any(getattr(r, "device", None) == "cuda" for r in rows)))
 
 
-def compare_length(rows: list[dict[str, Any]]) -> int:
+def compare_length(rows: list[Row]) -> int:
     """32K where a trial ran there; else the length most series ran at (the longest of those)."""
-    ran = {(r.get("series"), r["seq_len"]) for r in rows if _is_trial(r) and r.get("status") == "ok"}
+    ran = {(getattr(r, "series", None), r.seq_len) for r in rows if _is_trial(r) and getattr(r, "status", None) == "ok"}
     counts = Counter(n for _, n in ran)
     if COMPARE_AT in counts or not counts:
         return COMPARE_AT
     return max(counts, key=lambda n: (counts[n], n))
 
 
-def model_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def model_records(rows: list[Row]) -> list[dict[str, Any]]:
     """One record per (model, implementation configuration, dtype), its modes' series inside."""
     fits = {c.series: c for c in capacities(rows)}
-    results = {r["series"]: r for r in rows if r.get("kind") == "max-seq-result"}
+    results = {r.series: r for r in rows if getattr(r, "kind", None) == "max-seq-result"}
     records: dict[tuple, dict[str, Any]] = {}
     for series, trials in _series(rows).items():
         head = trials[0]
-        key = (head["model"], head["impl"], json.dumps(head.get("config"), sort_keys=True), head["dtype"])
+        key = (head.model, head.impl, json.dumps(getattr(head, "config", None), sort_keys=True), head.dtype)
         rec = records.setdefault(key, _record(head))
-        rec[head.get("mode") or "fwd"] = {
+        rec[getattr(head, "mode", None) or "fwd"] = {
             "trials": trials,
             "result": results.get(series),
             "fit": fits.get(series),
@@ -67,37 +72,41 @@ def model_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(records.values())
 
 
-def _is_trial(row: dict[str, Any]) -> bool:
-    return row.get("kind") in ("max-seq", "points")
+def _is_trial(row: Row) -> bool:
+    return row.kind in ("max-seq", "points")
 
 
-def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _series(rows: list[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
     for r in rows:
         if _is_trial(r):
-            out.setdefault(r["series"], []).append(r)
+            out.setdefault(r.series, []).append(r)
     return out
 
 
-def _record(head: dict[str, Any]) -> dict[str, Any]:
-    kv = head.get("kv_heads") or head["heads"]
-    mask = "causal" if head.get("causal") else "no mask"
-    label = head.get("label") or head["impl"]
-    suffix = f" for {head['model']}"
+def _record(head: Row) -> dict[str, Any]:
+    kv = getattr(head, "kv_heads", None) or head.heads
+    mask = "causal" if getattr(head, "causal", None) else "no mask"
+    label = getattr(head, "label", None) or head.impl
+    suffix = f" for {head.model}"
     return {
-        "model": f"{head['model']} ({head['heads']} / {kv} / {head['head_dim']}, {mask})",
+        "model": f"{head.model} ({head.heads} / {kv} / {head.head_dim}, {mask})",
         "implementation": label[: -len(suffix)] if label.endswith(suffix) else label,
-        "grouped": kv != head["heads"],
+        "grouped": kv != head.heads,
     }
 
 
-def bytes_per_token(trials: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+def bytes_per_token(trials: list[Row]) -> tuple[float | None, float | None]:
     """(slope of the peak over the successful lengths, the floor's bytes per token); the slope
     needs two lengths."""
     points = sorted(
-        {(r["seq_len"], r["peak_bytes"]) for r in trials if r.get("status") == "ok" and r.get("peak_bytes")}
+        {
+            (r.seq_len, r.peak_bytes)
+            for r in trials
+            if getattr(r, "status", None) == "ok" and getattr(r, "peak_bytes", None)
+        }
     )
-    floor = next((r["floor_bytes"] / r["seq_len"] for r in trials if r.get("floor_bytes")), None)
+    floor = next((r.floor_bytes / r.seq_len for r in trials if getattr(r, "floor_bytes", None)), None)
     if len({n for n, _ in points}) < 2:
         return None, floor
     mean_n = sum(n for n, _ in points) / len(points)
@@ -109,7 +118,12 @@ def bytes_per_token(trials: list[dict[str, Any]]) -> tuple[float | None, float |
 def _kv_cell(rec: dict[str, Any]) -> str:
     if not rec["grouped"]:
         return "-"
-    layouts = {r.get("kv_layout") for m, _ in MODES for r in rec.get(m, {}).get("trials", []) if r.get("kv_layout")}
+    layouts = {
+        getattr(r, "kv_layout", None)
+        for m, _ in MODES
+        for r in rec.get(m, {}).get("trials", [])
+        if getattr(r, "kv_layout", None)
+    }
     if layouts:
         return " / ".join(sorted(layouts))
     return "unsupported" if _unsupported(rec) else "-"
@@ -118,8 +132,8 @@ def _kv_cell(rec: dict[str, Any]) -> str:
 def _unsupported(rec: dict[str, Any]) -> str:
     """The message of a configuration whose every trial the kernel refused ('' otherwise)."""
     trials = [r for m, _ in MODES for r in rec.get(m, {}).get("trials", [])]
-    if trials and all(r.get("status") == "unsupported" for r in trials):
-        return trials[0].get("message") or "unsupported"
+    if trials and all(getattr(r, "status", None) == "unsupported" for r in trials):
+        return trials[0].message or "unsupported"
     return ""
 
 
@@ -130,11 +144,11 @@ def _mode_cells(part: dict[str, Any] | None, compare: int, cuda: bool) -> dict[s
         return {}
     trials, result, fit = part["trials"], part["result"], part["fit"]
     slope, floor = bytes_per_token(trials)
-    at = next((r for r in trials if r["seq_len"] == compare and r.get("status") == "ok"), None)
+    at = next((r for r in trials if r.seq_len == compare and getattr(r, "status", None) == "ok"), None)
     predicted = fit.predict_for(fit.device_total) if cuda and fit and fit.fit and fit.device_total else None
     return {
-        "longest": result.get("seq_len") if result else None,
-        "limit": trials[0].get("memory_limit") if result else None,
+        "longest": result.seq_len if result else None,
+        "limit": trials[0].memory_limit if result else None,
         "predicted": predicted,
         "bytes": (slope, floor),
         "tflops": tflops_interval(at) if at else None,
@@ -145,7 +159,7 @@ def models_table(records: list[dict[str, Any]], compare: int) -> Table:
     at = short_tokens(compare)
     rows = []
     for rec in records:
-        cuda = any(r.get("device") == "cuda" for m, _ in MODES for r in rec.get(m, {}).get("trials", []))
+        cuda = any(getattr(r, "device", None) == "cuda" for m, _ in MODES for r in rec.get(m, {}).get("trials", []))
         row = {"Model (H / H_kv / D)": rec["model"], "Implementation": rec["implementation"], "K, V": _kv_cell(rec)}
         refused = _unsupported(rec)
         for mode, name in MODES:

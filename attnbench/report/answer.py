@@ -1,0 +1,195 @@
+"""The report's answer, first: per machine, one row per implementation configuration (its
+workload but the length and the mode) at its newest measurement. The longest sequence a
+forward and a training search ran (the bracket and what stopped it), memory per token and peak
+over the floor there, and useful TFLOP/s at the reference length with its interval.
+
+A configuration is listed when a max-seq search measured it; the newest search of each mode
+answers (a search on the whole device before one under an allocator limit), so a series a
+newer version of the code measured again shows only its newest numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.report import data as d
+from attnbench.report.intervals import bracket, tflops_cell, tflops_interval
+from attnbench.schema import Trial
+from attnbench.units import format_gib, short_tokens
+
+REFERENCE_LEN, REFERENCE_TEXT = 65536, "64K"  # where throughput is compared across configurations
+ANSWER_HEADERS = (
+    "Configuration",
+    "Settings",
+    "Longest forward",
+    "Stopped by",
+    "Per token",
+    "Peak/floor",
+    f"Fwd TFLOP/s at {REFERENCE_TEXT}",
+    "Longest training",
+    f"Train TFLOP/s at {REFERENCE_TEXT}",
+)
+
+
+@dataclass
+class Search:
+    """One max-seq search as the answer shows it."""
+
+    summary: dict[str, Any]  # from sweep_tables.max_seq_summary, with its first trial as "head"
+    best: Trial | None  # the successful trial at its longest length
+
+    @property
+    def head(self) -> Trial:
+        return self.summary["head"]
+
+    @property
+    def limit(self) -> int | None:
+        return self.head.memory_limit
+
+    def length_text(self) -> str:
+        s = self.summary
+        if not s["complete"]:
+            return f"≥ {short_tokens(s['max_seq_len'])}" if s["max_seq_len"] else "none yet"
+        return bracket(s["max_seq_len"], s["first_failure"], short_tokens)
+
+    def stop_text(self) -> str:
+        stop = self.summary["stopped_by"]
+        return f"{stop} ({format_gib(self.limit)} limit)" if self.limit else stop
+
+
+@dataclass
+class Configuration:
+    label: str
+    settings: str
+    world_size: int
+    forward: Search | None
+    training: Search | None
+    forward_tflops: Any  # Interval or None
+    training_tflops: Any
+
+    def record(self) -> dict[str, Any]:
+        fwd, train = self.forward, self.training
+        peak = d.peak_per_gpu(fwd.best) if fwd and fwd.best else None
+        held = d.tokens(fwd.best) / self.world_size if fwd and fwd.best else None
+        train_text = None
+        if train:
+            ratio = train.best.peak_over_floor if train.best else None
+            train_text = f"{train.length_text()}, {train.stop_text()}" + (f", {ratio:.2f}x floor" if ratio else "")
+        return {
+            "Configuration": self.label,
+            "Settings": self.settings,
+            "Longest forward": fwd.length_text() if fwd else None,
+            "Stopped by": fwd.stop_text() if fwd else None,
+            "Per token": f"{peak / held / 1e3:,.2f} KB" if peak and held else None,
+            "Peak/floor": f"{fwd.best.peak_over_floor:.2f}x" if fwd and fwd.best and fwd.best.peak_over_floor else None,
+            f"Fwd TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.forward_tflops) if self.forward_tflops else None,
+            "Longest training": train_text,
+            f"Train TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.training_tflops) if self.training_tflops else None,
+        }
+
+    def csv_record(self) -> dict[str, Any]:
+        """The same numbers raw, for the CSV: lengths in tokens, memory in bytes."""
+        out: dict[str, Any] = {"Configuration": self.label, "Settings": self.settings, "GPUs": self.world_size}
+        for name, search in (("Forward", self.forward), ("Training", self.training)):
+            s = search.summary if search else {}
+            best = search.best if search else None
+            out.update(
+                {
+                    f"{name} Longest": s.get("max_seq_len"),
+                    f"{name} First Failure": s.get("first_failure"),
+                    f"{name} Stopped By": s.get("stopped_by"),
+                    f"{name} Search Finished": s.get("complete"),
+                    f"{name} Memory Limit": search.limit if search else None,
+                    f"{name} Peak per GPU": d.peak_per_gpu(best),
+                    f"{name} Peak / Floor": best.peak_over_floor if best else None,
+                }
+            )
+        for name, iv in (("Forward", self.forward_tflops), ("Training", self.training_tflops)):
+            out.update(
+                {
+                    f"{name} TFLOP/s at {REFERENCE_TEXT}": iv.value if iv else None,
+                    f"{name} TFLOP/s CI Low": iv.low if iv else None,
+                    f"{name} TFLOP/s CI High": iv.high if iv else None,
+                    f"{name} TFLOP/s n": iv.n if iv else None,
+                }
+            )
+        return out
+
+
+def configuration_key(row: Trial) -> str:
+    """What one answer row stands for: the workload but its length and mode."""
+    ident = row.identity(seq_len=False)
+    ident.pop("mode", None)
+    return json.dumps(ident, sort_keys=True, default=str)
+
+
+def clean_label(label: str) -> str:
+    """A series label without the code version and allocator limit the report adds to tell
+    series apart (the answer shows one version and says the limit beside the length)."""
+    return label.split(" @ ")[0].split(" under ")[0]
+
+
+def settings_text(row: Trial) -> str:
+    extra = f" B{row.batch}" if row.batch != 1 else ""
+    return f"{row.dtype}{extra} H{row.heads} D{row.head_dim}" + (" causal" if row.causal else "")
+
+
+def _newest_search(searches: list[Search]) -> Search | None:
+    """The search that answers: on the whole device before one under a limit, then the newest."""
+    if not searches:
+        return None
+    return max(searches, key=lambda s: (s.limit is None, d.row_date(s.head), s.summary["series"]))
+
+
+def _reference_tflops(trials: list[Trial], mode: str):
+    at = [r for r in d.ok(trials) if r.seq_len == REFERENCE_LEN and (r.mode or "fwd") == mode and r.tflops_useful]
+    if not at:
+        return None
+    return tflops_interval(max(at, key=lambda r: (d.row_date(r), r.series)))
+
+
+def configurations(machine) -> list[Configuration]:
+    """The answer rows of one machine (``document.Machine``), longest forward sequence first."""
+    by_key: dict[str, list[Trial]] = {}
+    for r in machine.trials:
+        by_key.setdefault(configuration_key(r), []).append(r)
+    searches: dict[str, dict[str, list[Search]]] = {}
+    for s in machine.summaries:
+        mode = s["head"].mode or "fwd"
+        searches.setdefault(configuration_key(s["head"]), {}).setdefault(mode, []).append(Search(s, machine.at_max(s)))
+    out = []
+    for key, modes in searches.items():
+        fwd, train = _newest_search(modes.get("fwd", [])), _newest_search(modes.get("fwd_bwd", []))
+        head = (fwd or train).head
+        out.append(
+            Configuration(
+                label=clean_label(head.label),
+                settings=settings_text(head),
+                world_size=d.world_size(head),
+                forward=fwd,
+                training=train,
+                forward_tflops=_reference_tflops(by_key.get(key, []), "fwd"),
+                training_tflops=_reference_tflops(by_key.get(key, []), "fwd_bwd"),
+            )
+        )
+
+    def order(c: Configuration) -> tuple:
+        longest = c.forward.summary["max_seq_len"] if c.forward else 0
+        return (c.world_size, -(longest or 0), c.label, c.settings)
+
+    return sorted(out, key=order)
+
+
+def machine_words(machine) -> str:
+    """What the machine is, in a few words: 'one GPU, 140 GiB', 'two GPUs, 140 GiB each',
+    '2 cores, no GPU'."""
+    env = next((r.env for r in machine.rows if r.env), None)
+    if machine.name.startswith("cpu"):
+        cores = env.cpu_count if env else None
+        return f"{f'{cores} cores, ' if cores else ''}no GPU"
+    gpus = (env.gpus if env else None) or []
+    count = {1: "one GPU", 2: "two GPUs", 4: "four GPUs", 8: "eight GPUs"}.get(len(gpus), f"{len(gpus)} GPUs")
+    size = gpus[0].get("memory_total_bytes") if gpus else None
+    return f"{count}{f', {size / 2**30:.0f} GiB each' if size and len(gpus) > 1 else f', {size / 2**30:.0f} GiB' if size else ''}"

@@ -1,0 +1,31 @@
+"""How fast at fixed lengths: every points series (eager and GPU time with their intervals),
+and block-sparse against dense attention at the same lengths."""
+
+from __future__ import annotations
+
+from attnbench.report import data as d
+from attnbench.report.document import Doc, Machine
+from attnbench.report.sparsity import sparsity_table
+from attnbench.report.sweep_tables import series_groups, time_table
+
+TITLE = "How fast: fixed-length measurements"
+ORDER = 20
+
+
+def render(doc: Doc, m: Machine) -> None:
+    points = [
+        g
+        for g in series_groups(m.trials).values()
+        if g[0].kind == "points" and d.world_size(g[0]) == 1 and not g[0].impl.startswith("block-sparse")
+    ]
+    if points:
+        doc.heading(4, "Each series")
+        for rows in points:
+            doc.heading(5, f"{d.describe(rows[0])}: {d.settings_text(rows[0])}")
+            doc.add(time_table(rows))
+    else:
+        doc.missing("no fixed-length measurements on this machine", "single")
+    sparse = sparsity_table(m.rows)
+    if sparse.strip():
+        doc.heading(4, "Block-sparse against dense")
+        doc.add(sparse)

@@ -1,0 +1,155 @@
+"""The seed reports held against the measurements: ``seeds.md`` (every claim, by seed report, with
+its verdict and a short reason), the CSV behind it, and the short summary the report's first
+screen carries (the verdict counts and the findings that matter most)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnbench.report import verdicts as v
+from attnbench.report.claims import LEGEND, value_text
+from attnbench.report.markdown import Table, inline
+
+SEEDS_FILE = "seeds.md"
+HARDWARE = "two NVIDIA GeForce GTX 1080 (Pascal, 8 GB each)"
+SEED_TITLES = {
+    "000": "Block-sparse multi-GPU analysis",
+    "001": "Multi-GPU capabilities",
+    "002": "Extreme sequence length",
+    "003": "Dilated configurations and multi-GPU scaling",
+    "004": "Ring attention, one GPU against two",
+}
+FINDINGS = 3
+
+
+def machine_short(name: str) -> str:
+    """'NVIDIA H200 x1' -> 'H200 x1', 'cpu: AMD EPYC' -> 'CPU (AMD EPYC)'."""
+    if name.startswith("cpu: "):
+        return f"CPU ({name[5:]})"
+    return name.removeprefix("NVIDIA ")
+
+
+def measured_text(verdict: v.Verdict) -> str:
+    m = verdict.measured
+    if m is None:
+        return "-"
+    metric = "ratio" if verdict.claim.over is not None or verdict.claim.per else verdict.claim.metric
+    text = value_text(metric, m.value)
+    if m.low is not None and m.high is not None:
+        text += f" [{value_text(metric, m.low)}, {value_text(metric, m.high)}]"
+    return f"{text} n={m.n}"
+
+
+def why_text(verdict: v.Verdict) -> str:
+    """The verdict's reason, then how the rows stand in for the seed's workload, then how the
+    number was measured."""
+    bits = [verdict.why]
+    if verdict.claim.note and verdict.claim.comparable:
+        bits.append(verdict.claim.note)
+    if verdict.measured:
+        bits += verdict.measured.notes
+    return "; ".join(b for b in bits if b)
+
+
+def records(vs: list[v.Verdict]) -> list[dict[str, Any]]:
+    return [
+        {
+            "Id": x.claim.id,
+            "Seed": x.claim.seed,
+            "Claim": x.claim.says,
+            "Seed Says": x.claim.seed_text,
+            "Measured": measured_text(x),
+            "On": f"{machine_short(x.measured.machine)}: {x.measured.workload}" if x.measured else None,
+            "Verdict": x.verdict,
+            "Why": why_text(x),
+            "Measured Value": x.measured.value if x.measured else None,
+            "Seed Value": x.claim.seed_value,
+            "Seed Workload": x.claim.workload,
+            "Rows": " ".join(s for s in (x.measured.sources if x.measured else []) if s) or None,
+        }
+        for x in vs
+    ]
+
+
+def csv_table(vs: list[v.Verdict]) -> Table:
+    recs = records(vs)
+    return Table("seed-claims", list(recs[0]) if recs else ["Id"], recs)
+
+
+def counts(vs: list[v.Verdict]) -> dict[str, int]:
+    return {name: sum(x.verdict == name for x in vs) for name in v.VERDICTS}
+
+
+def tally(vs: list[v.Verdict]) -> str:
+    """'105 claims: 20 confirmed, ... (5 need two GPUs)'."""
+    c = counts(vs)
+    parts = [f"{n} {name}" for name, n in c.items() if n]
+    two = sum(x.verdict == v.NOT_MEASURED and x.why == "needs two GPUs" for x in vs)
+    return f"{len(vs)} claims: {'; '.join(parts)}" + (f" ({two} need two GPUs)" if two else "") + "."
+
+
+def findings(vs: list[v.Verdict], k: int = FINDINGS) -> list[v.Verdict]:
+    """The measurements furthest from what the seeds said: refuted sizes and directions, the
+    largest factor first, one per seed report."""
+    wrong = [x for x in vs if x.verdict in (v.REFUTED, v.DIRECTION_ONLY) and x.ratio and x.ratio > 0]
+    ranked = sorted(wrong, key=lambda x: (-abs(math.log(x.ratio)), x.claim.id))
+    out, seeds = [], set()
+    for x in ranked:
+        if x.claim.seed not in seeds:
+            out.append(x)
+            seeds.add(x.claim.seed)
+        if len(out) == k:
+            break
+    return out
+
+
+def finding_line(x: v.Verdict) -> str:
+    m = x.measured
+    metric = "ratio" if x.claim.over is not None or x.claim.per else x.claim.metric
+    return (
+        f"- Seed {x.claim.seed} said {x.claim.seed_text}: {inline(x.claim.says)}.\n"
+        f"  Measured {value_text(metric, m.value)} on {machine_short(m.machine)}: **{x.verdict}**, {x.why}."
+    )
+
+
+def summary(vs: list[v.Verdict]) -> str:
+    """The report's "against the seeds" part: counts, the findings that matter most, the link."""
+    lines = [
+        f"Five seed reports measured on {HARDWARE}; each claim is held against these rows",
+        f"by one rule (docs/verdicts.md), claim by claim in [{SEEDS_FILE}]({SEEDS_FILE}).",
+        tally(vs),
+    ]
+    furthest = findings(vs)
+    if furthest:
+        lines += ["", "Furthest from what the seeds said:", "", *(finding_line(x) for x in furthest)]
+    return "\n".join(lines) + "\n"
+
+
+def seeds_markdown(vs: list[v.Verdict]) -> str:
+    """seeds.md: the rule in brief, then every claim by seed report."""
+    out = [
+        "# The seed reports against the measurements\n\n",
+        f"Five seed reports measured dilated, block-sparse and ring attention on {HARDWARE}. Each number\n",
+        "of their summaries and tables is one claim below, held against the rows that measure the same\n",
+        "quantity on the same workload, by one rule (docs/verdicts.md in the attnbench repository):\n\n",
+        f"- the seed's number stands for every value its printing rounds to it; the measurement (its 95%\n"
+        f"  interval where it has one) agrees when it lies within a factor of {v.TOLERANCE:g} of that range;\n",
+        "- a claim that also says on which side of a threshold the quantity lies (slower than one GPU:\n"
+        "  below 1) holds there when its whole interval does: *direction confirmed, magnitude refuted*\n"
+        "  when the side holds and the size does not;\n",
+        "- another device's absolute speed, the seeds' arithmetic and projections are *not comparable*;\n"
+        "  a number rounded more coarsely than the tolerance cannot be tested by its size.\n\n",
+        f"{tally(vs)}\n\n",
+        f"{LEGEND} Measured: value [95% interval] and n samples (a/b: both sides of a ratio); "
+        "memory in GB = 10^9 bytes. The CSV `csv/seed-claims.csv` adds each claim's id, the seed's "
+        "workload and the rows (FILE:LINE) behind the measurement.\n",
+    ]
+    headers = ["Claim", "Seed Says", "Measured", "On", "Verdict", "Why"]
+    for seed, title in SEED_TITLES.items():
+        mine = [x for x in vs if x.claim.seed == seed]
+        if not mine:
+            continue
+        out.append(f"\n## {seed}: {title}\n\n{tally(mine)}\n\n")
+        out.append(Table("seeds", headers, records(mine)).markdown())
+    return "".join(out)

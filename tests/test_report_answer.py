@@ -1,0 +1,144 @@
+"""The report answers first and regenerates byte for byte: the answer table of every machine on
+the first screen (the committed report included), text from rows escaped so it cannot write a
+heading, an unfinished search shown as a lower bound, a section added by one module, and two
+runs of `attnbench report` on committed rows giving the same bytes but for the one line that
+says when."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnbench.report.build import render
+from attnbench.report.data import load
+from attnbench.results import load_rows
+
+from conftest import ROOT, run_cli, typed_row
+
+ENV = {"machine": "GPU box", "date": "2026-11-23T10:00:00+00:00", "commit": "abc", "gpus": [{"index": 0}]}
+REPORT = ROOT / "results" / "report" / "report.md"
+
+
+def write_rows(directory: Path, rows) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    return directory
+
+
+def search(label: str, lengths_ok: list[int], failed: int | None, finished: bool = True, series: str = "s"):
+    """A max-seq search of ``label`` (a 4 KB-a-token workload) as the runner writes it."""
+    rows = [
+        typed_row(
+            kind="max-seq",
+            series=series,
+            label=label,
+            seq_len=n,
+            peak_bytes=4096 * n,
+            floor_bytes=4096 * n,
+            peak_over_floor=1.0,
+            time_ms=1.0,
+            times_ms=[1.0, 1.0, 1.0],
+            env=ENV,
+        )
+        for n in lengths_ok
+    ]
+    if failed:
+        rows.append(
+            typed_row(kind="max-seq", series=series, label=label, seq_len=failed, status="oom", message="oom", env=ENV)
+        )
+    if finished:
+        rows.append(typed_row(kind="max-seq-result", series=series, label=label, seq_len=max(lengths_ok), env=ENV))
+    return rows
+
+
+def test_text_from_rows_never_writes_a_heading_or_a_table_row(tmp_path):
+    evil = "evil\n# injected heading\n| a | b |"
+    doc = render(load(write_rows(tmp_path / "run", search(evil, [1024, 2048], 4096))))
+    for text in (doc.text(), *doc.files.values()):
+        lines = text.splitlines()
+        assert "# injected heading" not in lines and not any(line.startswith("| a | b |") for line in lines)
+    assert "evil # injected heading \\| a \\| b \\|" in doc.text()  # in one cell, pipes escaped
+
+
+def test_an_unfinished_search_is_a_lower_bound(tmp_path):
+    rows = search("dilated", [1024, 2048], None, finished=False)
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| dilated | bf16 H8 D64 | ≥ 2K | search interrupted |" in answer
+
+
+def test_the_answer_names_each_machine_and_its_device(tmp_path):
+    gpu = search("dilated", [1024, 2048], 4096)
+    cpu_env = {"machine": "cpu: Some CPU", "date": "2026-11-23T10:00:00+00:00", "cpu_count": 2}
+    cpu = [typed_row(**{**r.to_json(), "device": "cpu", "env": cpu_env}) for r in search("naive", [256], 512)]
+    write_rows(tmp_path / "a", gpu)
+    write_rows(tmp_path / "b", cpu)
+    first = render(load(tmp_path)).text().splitlines()[:40]
+    assert "### GPU box (one GPU)" in first and "### cpu: Some CPU (2 cores, no GPU)" in first
+    assert sum(line.startswith("| Configuration |") for line in first) == 2
+
+
+def test_the_committed_report_answers_every_machine_on_its_first_screen():
+    rows, _ = load_rows(ROOT / "results")
+    machines = {r.env.machine for r in rows if r.env and r.kind == "max-seq"}
+    lines = REPORT.read_text().splitlines()
+    headings = {re.sub(r" \([^)]*\)$", "", line[4:]) for line in lines[:40] if line.startswith("### ")}
+    assert machines <= headings, machines - headings
+    assert all(len(line) <= 200 for line in lines[:60])
+    assert (REPORT.parent / "seeds.md").exists() and "[seeds.md](seeds.md)" in "\n".join(lines[:60])
+
+
+def test_a_section_is_one_module(tmp_path, monkeypatch):
+    from attnbench.report import sections as package
+    from attnbench.report.document import Machine
+
+    (tmp_path / "zz_models.py").write_text(
+        'TITLE = "Models: one line per model"\nORDER = 35\n\n'
+        "def render(doc, machine):\n"
+        '    doc.add(f"{len(machine.rows)} rows seen\\n")\n'
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, f"{package.__name__}.zz_models", raising=False)
+    found = package.sections()
+    orders = [s.order for s in found]
+    assert orders == sorted(orders) and "Models: one line per model" in [s.title for s in found]
+    before = [s.title for s in found if s.order < 35]
+    assert before == [
+        "How long: every max-seq search",
+        "How fast: fixed-length measurements",
+        "Training: forward plus backward",
+    ]
+    doc = render(load(write_rows(tmp_path / "run", search("dilated", [1024], 2048))))
+    assert "## Models: one line per model\n\n### GPU box\n3 rows seen" in doc.text()
+    assert isinstance(Machine("m", []).rows, list)
+
+
+@pytest.mark.slow
+def test_the_report_regenerates_byte_for_byte_but_its_timestamp(tmp_path):
+    """Committed rows of a CPU, one and two GPUs (searches, points, speedups, rings, seed
+    verdicts), reported twice in fresh processes with different hash seeds."""
+    tree = tmp_path / "results"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "results" / "cpu-tiny", tree / "cpu-tiny")
+    for run in ("2026-11-22-h200x2-speedup", "2026-11-22-h200x2-ring-max-seq", "2026-11-25-cpu-seeds"):
+        (tree / run).mkdir()
+        shutil.copy(ROOT / "results" / run / "trials.jsonl", tree / run / "trials.jsonl")
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"report-{seed}"
+        done = run_cli("report", tree, "--out", out, env={"PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        outs.append(out)
+    files = [sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) for out in outs]
+    assert files[0] == files[1] and len(files[0]) > 20
+    for name in files[0]:
+        a, b = ((out / name).read_bytes() for out in outs)
+        if name.name == "report.md":
+            a, b = (re.sub(rb"\nGenerated [^\n]*\n", b"\n", x, count=1) for x in (a, b))
+        assert a == b, name
+        if name.suffix in (".md", ".csv"):
+            assert not re.search(rb"(?<![\w.])-0\.0+(?![\d.])", a), name  # no negative zero

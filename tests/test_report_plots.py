@@ -1,0 +1,115 @@
+"""The report's figures as a reader needs them: at most eight series a panel with distinct labels
+and the legend inside the figure, the newest code version only, the memory floor of a ring at its
+per-GPU value, where a search stopped marked, and speedups on a log scale with anomalies marked."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from attnbench.report import plots
+from attnbench.report.data import separate_code_versions
+from attnbench.report.multigpu import speedup_cases
+
+from conftest import typed_row
+
+ENV = {"machine": "GPU box", "date": "2026-11-23T10:00:00+00:00", "commit": "aaa"}
+
+
+def trial(series: str, n: int, **fields):
+    base = dict(
+        kind="max-seq",
+        series=series,
+        label=series,
+        seq_len=n,
+        time_ms=1.0,
+        times_ms=[1.0, 1.0],
+        peak_bytes=4096 * n,
+        floor_bytes=4096 * n,
+        tflops_useful=1.0,
+        env=ENV,
+    )
+    return typed_row(**{**base, **fields})
+
+
+def legends_inside(fig) -> list[int]:
+    """Entries of every legend, after checking each lies inside the figure."""
+    fig.canvas.draw()
+    box = fig.bbox
+    counts = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        extent = legend.get_window_extent()
+        assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1 and box.y0 - 1 <= extent.y0, ax.get_title()
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert len(set(labels)) == len(labels), labels
+        counts.append(len(labels))
+    return counts
+
+
+def test_twelve_series_of_a_family_make_two_panels_of_six_with_distinct_labels():
+    rows = [trial(f"dilated{i}", n, impl="dilated", heads=i + 1) for i in range(12) for n in (1024, 2048)]
+    fig = plots.memory_plot(rows, "GPU box")
+    counts = legends_inside(fig)
+    assert counts == [6, 6]
+
+
+def test_only_the_newest_code_version_is_drawn():
+    old = [trial("s", n, env={**ENV, "commit": "old", "date": "2026-01-01"}) for n in (1024, 2048)]
+    new = [trial("s", n, env={**ENV, "commit": "new", "date": "2026-02-01"}) for n in (1024, 4096)]
+    fig = plots.time_plot(separate_code_versions(old + new), "GPU box")
+    (ax,) = [a for a in fig.axes if a.get_legend()]
+    drawn = [line for line in ax.get_lines() if line.get_label() and not line.get_label().startswith("_")]
+    assert len(drawn) == 1 and list(drawn[0].get_xdata()) == [1024, 4096]
+
+
+def test_a_ring_floor_is_drawn_at_its_per_gpu_value_and_the_stop_is_marked():
+    # a ring row's floor_bytes is already its rank's share: drawn as is, never halved again
+    rows = [
+        trial("ring", n, impl="ring-dilated", world_size=2, strategy="ring", floor_bytes=2048 * n, peak_bytes=2100 * n)
+        for n in (1 << 20, 1 << 21)
+    ]
+    rows.append(trial("ring", 1 << 22, impl="ring-dilated", world_size=2, strategy="ring", status="oom"))
+    rows.append(typed_row(kind="max-seq-result", series="ring", seq_len=1 << 21, impl="ring-dilated", world_size=2))
+    fig = plots.memory_plot(rows, "GPU box")
+    ax = next(a for a in fig.axes if a.get_legend())
+    floor = next(line for line in ax.get_lines() if line.get_linestyle() == "--")
+    assert list(floor.get_ydata()) == [2048 * n / 1e9 for n in (1 << 20, 1 << 21)]
+    stop = next(line for line in ax.get_lines() if line.get_marker() == plots.STOP_MARKERS["memory"])
+    assert list(stop.get_xdata()) == [1 << 22]
+
+
+def speedup_row(strategy: str, ms: float, world: int, seq_len: int = 8192, mode: str = "fwd"):
+    return typed_row(
+        kind="speedup",
+        key=f"{strategy}:{seq_len}:{mode}",
+        strategy=strategy,
+        world_size=world,
+        seq_len=seq_len,
+        batch=8,
+        mode=mode,
+        times_ms=[ms, ms, ms],
+        time_ms=ms,
+        env=ENV,
+    )
+
+
+def test_speedups_are_on_a_log_scale_and_an_efficiency_above_one_is_hatched():
+    rows = [
+        speedup_row("single", 100.0, 1),
+        speedup_row("dp", 20_000.0, 2),  # 0.005x: visible on a log scale
+        speedup_row("single", 100.0, 1, mode="fwd_bwd"),
+        speedup_row("mp", 30.0, 2, mode="fwd_bwd"),  # 3.3x on 2 GPUs: efficiency 1.67, an anomaly
+    ]
+    fig = plots.speedup_plot(speedup_cases(rows), "GPU box")
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    bars = [p for p in ax.patches if p.get_height() != 0]
+    tops = sorted(round(p.get_y() + p.get_height(), 4) for p in bars)
+    assert tops == [0.005, round(100 / 30, 4)]  # each bar ends at its speedup, from 1
+    hatched = [p for p in bars if p.get_hatch()]
+    assert len(hatched) == 1 and round(hatched[0].get_y() + hatched[0].get_height(), 4) == round(100 / 30, 4)
+    assert legends_inside(fig) == [2]
