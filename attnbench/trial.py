@@ -17,9 +17,9 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
+from attnbench.measure.core import MemoryProbe, Timer, measure_step
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
-from attnbench.measure.probe import MemoryProbe
-from attnbench.measure.timing import Timer, TimingPolicy, summarize, time_intervals
+from attnbench.measure.timing import TimingPolicy
 from attnbench.reference import VerifyCase, run_case
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S, announce_phase
 from attnbench.runtime.worker import run_in_child
@@ -54,7 +54,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     if nvml_note:
         row["nvml_note"] = nvml_note
     sampler = NvmlSampler(nvml)
-    mem = MemoryProbe(cuda)
+    mem = MemoryProbe([0] if cuda else [])
     try:
         impl = impls.build(wl.impl, **wl.config)
         row.update(impls.recorded_metadata(wl.impl))
@@ -67,20 +67,21 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
             q, k, v = wl.make_inputs(torch.Generator(device=wl.device).manual_seed(spec.seed))
             row["inputs_bytes"] = mem.in_use()
             step = _step(impl, wl, q, k, v)
-            if impl.compiles:
-                # a compiled kernel's first call pays for compilation: its time and memory apart
-                phase("compile")
-                row["compile_ms"] = timer(step)
-                row.update(mem.restart_peak("compile_peak_bytes"))
-            phase("first-call")
-            first_ms = timer(step)
-            row["first_call_ms"] = first_ms
-            row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
+            measured = measure_step(
+                step,
+                spec.policy(),
+                timer,
+                spec.max_trial_seconds,
+                probe=mem,
+                sampler=sampler,
+                compiles=impl.compiles,
+                gpu_timing=cuda,
+                phase=phase,
+            )
+            row.update(measured.fields())
         row["backend"] = impl.last_backend
-        row.update(summarize(row["times_ms"]))
         mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
         del step, q, k, v  # and gets the inputs' memory for it
-        row.update(time_intervals(row))
         row.update(accounting(impl, wl, row.get("time_ms")))
         row.update(_tflops_interval(row))
     except Exception as exc:  # a failing trial is data, not a crash
@@ -93,38 +94,6 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     row["peak_counter"] = "cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta"
     row["peak_over_floor"] = peak / wl.floor_bytes if peak else None
     return row
-
-
-def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, first_ms: float) -> dict[str, Any]:
-    """Warm-up by time, eager samples planned from warm calls, then GPU time; the time
-    limit is judged on a warm call (a cold one may carry seconds of library setup)."""
-    from attnbench.measure.timing import gpu_time, timed_samples, warm_up
-
-    out: dict[str, Any] = {}
-    limit_s, policy = spec.max_trial_seconds, spec.policy()
-    if first_ms > limit_s * 1e3:
-        phase("warm-call")
-        out["warm_call_ms"] = warm_ms = timer(step)
-        if warm_ms > limit_s * 1e3:
-            out.update(status="time-limit", message=f"a warm call took {warm_ms / 1e3:.1f} s > {limit_s:g} s")
-            return out
-    cap_s = max(policy.budget_s / 2, policy.warmup_seconds(cuda))
-    phase("warm-up", cap_s + limit_s)
-    warm = warm_up(step, timer, policy, cuda, sampler.clocks_settled, cap_s)
-    # a warm-up of no calls has no time of its own: the warm call taken above, else the first
-    warm_ms = warm.last_ms if warm.calls else out.get("warm_call_ms", first_ms)
-    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm_ms)
-    phase("timing", policy.budget_s + limit_s)
-    with sampler.recording():
-        out["times_ms"] = timed_samples(step, timer, warm_ms, policy)
-        out["status"] = "ok"
-        if cuda:
-            # CUDA-graph pools and the flush buffer stay out of the measured peak
-            mem.freeze()
-            phase("gpu-timing", policy.budget_s + limit_s)
-            out.update(gpu_time(step, out["times_ms"], policy.budget_s))
-    out.update(sampler.clock_summary())
-    return out
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:

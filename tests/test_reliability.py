@@ -407,7 +407,7 @@ class ScriptedTimer:
     script: list[float] = []
 
     def __init__(self, device):
-        self.name = "scripted"
+        self.name, self.cuda = "scripted", False
         self.times = list(self.script)
 
     def __call__(self, fn):
