@@ -1,8 +1,11 @@
 """One trial: build the implementation, allocate inputs, run it once for memory, then time it.
 
-``execute`` runs a trial in this process. ``run_isolated`` runs it in a fresh worker process
-(the default; see ``attnbench.runtime``), so an OOM, a crash or allocator fragmentation cannot
-change later trials, and a trial over its time limit can be killed.
+``execute`` runs a trial in this process. ``run_isolated`` runs it in a worker process of
+its own (the default; see ``attnbench.runtime``), so an OOM, a crash or allocator
+fragmentation cannot change later trials, and a trial over its time limit can be killed;
+the process was started (python and torch imported, no CUDA context) while the previous trial
+ran. The phases it announces (setup, device, inputs, compile, first-call, warm-call, warm-up,
+timing, gpu-timing, accounting) are timed by the parent into the row's ``phase_s``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
     row: dict[str, Any] = {"status": "error", "message": "", "times_ms": []}
+    phase("setup")
     nvml, nvml_note = open_nvml() if cuda else (None, "")
     if nvml_note:
         row["nvml_note"] = nvml_note
@@ -62,8 +66,10 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
         timer = Timer(wl.device)
         row["timer"] = timer.name
         limit = spec.memory_limit
+        phase("device")  # on a GPU: the CUDA context
         mem.start(limit)
         with sampler, CpuMemoryLimit(limit if not cuda else None):
+            phase("inputs")
             q, k, v = wl.make_inputs(torch.Generator(device=wl.device).manual_seed(spec.seed))
             row["inputs_bytes"] = mem.in_use()
             step = _step(impl, wl, q, k, v)
@@ -78,7 +84,8 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
                 gpu_timing=cuda,
                 phase=phase,
             )
-            row.update(measured.fields())
+        phase("accounting")
+        row.update(measured.fields())  # statistics outside the memory limit (bootstrap imports numpy.random)
         row["backend"] = impl.last_backend
         mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
         del step, q, k, v  # and gets the inputs' memory for it
@@ -141,16 +148,37 @@ def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------
 
 
+# Phases of a CPU trial during which the spare worker (the next trial's, importing torch) is
+# stopped: on a machine of few cores its imports would share the CPU with the timed calls and
+# the warm call that decides the time limit (the cold first call and the warm-up decide
+# nothing a slower call could make wrong). On a GPU the measured work is the device's, and
+# the host has cores to spare.
+CPU_HELD_PHASES = ("warm-call", "timing")
+
+
 def run_isolated(spec: TrialSpec) -> dict[str, Any]:
-    """Run the trial in a worker process; returns its row fields, classifying a kill or crash."""
-    return run_in_child(trial_job, {"spec": asdict(spec)}, spec.max_trial_seconds, memory_limit=spec.memory_limit)
+    """Run the trial in a worker process of its own, started while the previous trial ran;
+    returns its row fields (with ``phase_s``), classifying a kill or crash."""
+    cpu = Workload(**spec.workload).device == "cpu"
+    return run_in_child(
+        trial_job,
+        {"spec": asdict(spec)},
+        spec.max_trial_seconds,
+        memory_limit=spec.memory_limit,
+        warm=PRELOAD,
+        hold_phases=CPU_HELD_PHASES if cpu else (),
+    )
 
 
 def run_verify_isolated(
-    cases: list[VerifyCase], memory_limit: int | None = None, max_seconds: float = STARTUP_ALLOWANCE_S
+    cases: list[VerifyCase],
+    memory_limit: int | None = None,
+    max_seconds: float = STARTUP_ALLOWANCE_S,
+    warm: bool = False,
 ) -> list[dict[str, Any]]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
-    never live in the calling process (nor CUDA), and the trial's memory and time limits apply."""
+    never live in the calling process (nor CUDA), and the trial's memory and time limits apply.
+    ``warm``: trials follow, so the first one's process starts now."""
     if not cases:
         return []
     result = run_in_child(
@@ -158,6 +186,7 @@ def run_verify_isolated(
         {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
         max_seconds,
         memory_limit=memory_limit,
+        warm=PRELOAD if warm else False,
     )
     if "rows" not in result:
         raise AttnbenchError(
@@ -165,6 +194,15 @@ def run_verify_isolated(
             "use a smaller configuration or raise --memory-limit"
         )
     return result["rows"]
+
+
+def preload() -> None:
+    """What a spare worker does before its trial: every implementation module imported (the
+    registry; FlexAttention's brings torch's compiler), no CUDA context."""
+    impls.names()
+
+
+PRELOAD = "attnbench.trial:preload"
 
 
 def trial_job(args: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
     assert sorted((r["kind"], r["seq_len"]) for r in trials) == [
         ("max-seq", 512),
         ("max-seq", 1024),
+        ("max-seq", 1024),  # the search's answer, confirmed in a second run
         ("points", 512),
         ("points", 1024),
     ]
@@ -118,3 +119,17 @@ def vars_of(settings):
         for f in fields(settings)
         if getattr(settings, f.name) != getattr(default, f.name)
     }
+
+
+def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeypatch):
+    series = Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,)))
+    run_plan(tmp_path, series)
+    checked = []
+    real = SweepRunner.run_checks
+    monkeypatch.setattr(
+        SweepRunner, "run_checks", lambda self, cases, **kw: checked.append(cases) or real(self, cases, **kw)
+    )
+    plan = resolve(Plan("t", (series,)))
+    outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}, resume=True).run()
+    assert checked == [] and [o.verified for o in outcomes] == [True]
+    assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == 1

@@ -68,7 +68,7 @@ def max_seq(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
 ) -> None:
-    """Largest sequence length each implementation runs: double until the first failure, then bisect."""
+    """Largest sequence length each implementation runs: predicted from short trials, bracketed, confirmed."""
     flags = sweep_flags(
         kind="max-seq",
         heads=heads,

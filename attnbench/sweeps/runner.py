@@ -27,6 +27,7 @@ from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.runtime.supervise import pause_after_trials
+from attnbench.runtime.worker import close_spares
 from attnbench.sweeps import kinds
 from attnbench.sweeps.kinds.base import parallelism
 from attnbench.sweeps.session import Reporter as BaseReporter
@@ -102,7 +103,7 @@ class SweepRunner(RunSession):
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
         self.speedup_reporter = speedup_reporter
-        self.done: dict[tuple[str, int], dict[str, Any]] = {}  # (series key, seq_len) -> latest row
+        self.done: dict[tuple[str, int, int], dict[str, Any]] = {}  # (series key, seq_len, attempt) -> latest row
         self.kept: list[dict[str, Any]] = []  # verify and result rows already written
         self.resumed: list[dict[str, Any]] = []  # every row a resumed run continues from
         self._remeasured = 0
@@ -114,7 +115,7 @@ class SweepRunner(RunSession):
         self.resumed = self.resumed_rows()
         for r in self.resumed:
             if r.get("kind") in kinds.trial_kinds() and "series" in r and "seq_len" in r:
-                self.done[(r["series"], r["seq_len"])] = r
+                self.done[(r["series"], r["seq_len"], r.get("attempt") or 1)] = r
             elif r.get("kind") == "verify" or r.get("kind") in kinds.result_kinds():
                 self.kept.append(r)
 
@@ -128,7 +129,9 @@ class SweepRunner(RunSession):
         isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
         limits = [s.settings.memory_limit for s in self.plan.series]
         limit = None if None in limits else max(limits)
-        return self.run_checks(cases, isolate=isolate, memory_limit=limit) if cases else []
+        # trials in worker processes follow: the first one's process starts during the check
+        warm = any(s.settings.isolate and not s.distributed and s.settings.kind != "speedup" for s in self.plan.series)
+        return self.run_checks(cases, isolate=isolate, memory_limit=limit, warm=warm) if cases else []
 
     def _kept_check(self, case: VerifyCase) -> dict[str, Any] | None:
         # a forward-only check row names no mode (only fwd_bwd is written)
@@ -144,6 +147,12 @@ class SweepRunner(RunSession):
     def run(self) -> list[SeriesOutcome]:
         """Every reference check, then each series by its kind in plan order; a resumed run
         skips every trial it finds, of every kind."""
+        try:
+            return self._run()
+        finally:
+            close_spares()  # the next trial's process, started ahead: no trial will take it
+
+    def _run(self) -> list[SeriesOutcome]:
         self.prepare()
         kept = [self._kept_check(c) for c in verify_cases(self.plan)] if self.plan.verify else []
         verify_rows = self.reference_checks()  # bad input raises here, before anything is written
@@ -176,28 +185,78 @@ class SweepRunner(RunSession):
     def trial(
         self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, **fields: Any
     ) -> dict[str, Any]:
-        """One trial of ``s`` at ``seq_len`` (``processes`` fresh processes for a timed point,
-        stopping at the first failure), or the row a resumed run already holds for it;
-        ``fields`` join the row (what a model predicted for it, say)."""
+        """Attempt ``attempt`` of a trial of ``s`` at ``seq_len`` (``processes`` fresh processes
+        for a timed point, stopping at the first failure), or the row a resumed run already holds
+        for it; ``fields`` join the row (what a model predicted for it, say)."""
         key = (self.series_key(s), seq_len)
         spec = self.spec(s, seq_len)
-        earlier = self.done.get(key)
-        if earlier is not None and earlier.get("attempt", 1) >= attempt:
-            if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
-                self.reporter.trial_done(s, earlier, True)
-                return earlier
-            self._remeasured += 1
-            self.reporter.note(
-                f"{s.name} at {seq_len:,}: the earlier trial ran under "
-                f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
-                "measuring again"
-            )
+        earlier = self.replayed(s, key, attempt, spec)
+        if earlier is not None:
+            return earlier
         pause_after_trials(len(self.done))
         for process in range(processes):
             row = self._measure(s, spec, seq_len, phase, key, attempt, process if processes > 1 else None, fields)
             if row["status"] != "ok":
                 break
         return row
+
+    def not_run(
+        self, s: Series, seq_len: int, attempt: int, status: str, message: str, **fields: Any
+    ) -> dict[str, Any]:
+        """A trial decided without running it (a call predicted far over the time limit): a row
+        marked ``predicted_only``, or the one a resumed run already holds."""
+        key = (self.series_key(s), seq_len)
+        spec = self.spec(s, seq_len)
+        earlier = self.replayed(s, key, attempt, spec)
+        if earlier is not None:
+            return earlier
+        row = {
+            **self._row_head(s, spec, seq_len, "predicted", key, attempt),
+            **fields,
+            "predicted_only": True,
+            "status": status,
+            "message": message,
+            "times_ms": [],
+            "floor_bytes": s.workload(seq_len).floor_bytes // s.world_size,
+            "started_at": now_utc(),
+            "duration_s": 0.0,
+            "env": self.env,
+        }
+        self.record(row, key)
+        self.reporter.trial_done(s, row, False)
+        return row
+
+    def replayed(self, s: Series, key: tuple[str, int], attempt: int, spec: TrialSpec) -> dict[str, Any] | None:
+        """The row a resumed run holds for this attempt, when measured under this run's limits."""
+        earlier = self.done.get((*key, attempt))
+        if earlier is None:
+            return None
+        if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
+            self.reporter.trial_done(s, earlier, True)
+            return earlier
+        self._remeasured += 1
+        self.reporter.note(
+            f"{s.name} at {key[1]:,}: the earlier trial ran under "
+            f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+            "measuring again"
+        )
+        return None
+
+    def _row_head(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int) -> dict[str, Any]:
+        row_kind = kinds.get(s.settings.kind).row_kind
+        return {
+            "kind": row_kind,
+            **({"sweep": s.settings.kind} if row_kind != s.settings.kind else {}),
+            "run": self.run_id,
+            "trial": uuid.uuid4().hex[:12],
+            "series": key[0],
+            "label": s.name,
+            "phase": phase,
+            "attempt": attempt,
+            **asdict(s.workload(seq_len)),
+            **parallelism(s),
+            **spec_fields(spec, s),
+        }
 
     def _measure(
         self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None, fields
@@ -210,19 +269,8 @@ class SweepRunner(RunSession):
             measured = seqpar.run_trial(spec, s.world_size)
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
-        row_kind = kinds.get(s.settings.kind).row_kind
         row = {
-            "kind": row_kind,
-            **({"sweep": s.settings.kind} if row_kind != s.settings.kind else {}),
-            "run": self.run_id,
-            "trial": uuid.uuid4().hex[:12],
-            "series": key[0],
-            "label": s.name,
-            "phase": phase,
-            "attempt": attempt,
-            **asdict(s.workload(seq_len)),
-            **parallelism(s),
-            **spec_fields(spec, s),
+            **self._row_head(s, spec, seq_len, phase, key, attempt),
             **({"process": process} if process is not None else {}),
             **fields,
             **measured,
@@ -235,9 +283,9 @@ class SweepRunner(RunSession):
         return row
 
     def record(self, row: dict[str, Any], key: tuple[str, int]) -> None:
-        """Append a trial row (measured, or decided without running) as the latest at its length."""
+        """Append a trial row (measured, or decided without running) as the latest of its attempt."""
         self.append(row)
-        self.done[key] = row
+        self.done[(*key, row["attempt"])] = row
 
     def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
