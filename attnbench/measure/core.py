@@ -14,7 +14,7 @@ The policy, in order:
 4. warm-up: by time until the GPU clock settles in one process; a count planned from the
    slowest rank's call where ranks must make the same calls (their collectives line up);
 5. timed calls planned from a warm call (ranks: each after a barrier, the slowest rank's plan);
-6. on one CUDA process, GPU time beside the eager time (``gpu_time``).
+6. on one CUDA process, GPU time beside the eager time (``gpu_time``), for calls under a second.
 
 This module is the only place that creates CUDA timing events (``Timer``, ``cuda_event``, the
 GPU-time samples) and reads the allocator's peaks (``MemoryProbe``).
@@ -39,6 +39,9 @@ from attnbench.measure.timing import TimingPolicy, plan_calls, sample_statistics
 FLUSH_BELOW_MS = 1.0
 # The GPU-time sample covers at least this much work, so event resolution (~0.5 us) is noise.
 GPU_SAMPLE_MS = 10.0
+# Calls this long are not timed again for GPU time: the host's microseconds of dispatch are
+# far below the eager samples' spread, and each GPU-time sample would cost another call.
+GPU_TIME_BELOW_MS = 1000.0
 
 Step = Callable[[], object]
 Phase = Callable[..., None]  # phase(name, limit_s=None): tell a supervising parent what runs now
@@ -360,6 +363,9 @@ def measure_step(
 
 
 def _take_gpu_time(m: Measurement, step: Step, policy: TimingPolicy, limit_s: float, probe, phase: Phase) -> None:
+    if m.times_ms and statistics.median(m.times_ms) >= GPU_TIME_BELOW_MS:
+        m.gpu_timer = f"not taken: calls of {GPU_TIME_BELOW_MS / 1e3:g} s or more are their own GPU time"
+        return
     if probe is not None:
         probe.freeze()  # CUDA-graph pools and the flush buffer stay out of the measured peak
     phase("gpu-timing", policy.budget_s + limit_s)
