@@ -13,6 +13,9 @@ as null) are ``None``: not measured, or not applicable to that row; ``to_json`` 
 
 Nested objects stay plain where a reader needs nothing more than a key (``config``, the
 entries of ``ranks`` and ``env.gpus``); per-GPU memory and the environment are typed.
+
+Over 400 lines because every kind of row and every key, each with its comment, is read in
+one place: the schema is this file.
 """
 
 from __future__ import annotations

@@ -154,6 +154,9 @@ def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
 # nothing a slower call could make wrong). On a GPU the measured work is the device's, and
 # the host has cores to spare.
 CPU_HELD_PHASES = ("warm-call", "timing")
+# Spare workers ahead of a GPU trial: an import of torch can take longer than a short trial
+# (6-7 s on some GPU hosts), so the next two are started, each with two trials' time to get ready.
+GPU_SPARES = 2
 
 
 def run_isolated(spec: TrialSpec) -> dict[str, Any]:
@@ -167,6 +170,7 @@ def run_isolated(spec: TrialSpec) -> dict[str, Any]:
         memory_limit=spec.memory_limit,
         warm=PRELOAD,
         hold_phases=CPU_HELD_PHASES if cpu else (),
+        spares=1 if cpu else GPU_SPARES,
     )
 
 

@@ -133,3 +133,32 @@ def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeyp
     outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}, resume=True).run()
     assert checked == [] and [o.verified for o in outcomes] == [True]
     assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == 1
+
+
+def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeypatch):
+    """As a one-process trial does: the supervisor tells the kernel's OOM killer from another
+    kill by the limit."""
+    from attnbench.sweeps import seqpar
+    from attnbench.trial import TrialSpec
+
+    seen = {}
+
+    def launch(job, payload, world, device, **kw):
+        seen.update(kw)
+        return [{"status": "oom", "rank": r, "message": "out of memory", "times_ms": []} for r in range(world)]
+
+    monkeypatch.setattr(seqpar, "launch", launch)
+    workload = dict(
+        impl="ring",
+        config={},
+        batch=1,
+        seq_len=256,
+        heads=2,
+        head_dim=8,
+        dtype="fp32",
+        device="cpu",
+        mode="fwd",
+        causal=False,
+    )
+    row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
+    assert seen["memory_limit"] == 64 << 20 and row["status"] == "oom"

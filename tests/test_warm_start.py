@@ -40,6 +40,15 @@ def test_each_job_runs_in_a_process_of_its_own_started_while_the_previous_job_ra
         assert set(result["phase_s"]) >= {"start", "exit"} and min(result["phase_s"].values()) >= 0
 
 
+def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
+    """On a GPU the next two trials' processes start ahead: an import can outlast a short trial."""
+    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
+    ahead = SPARES.pids()
+    assert len(ahead) == 2
+    second = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
+    assert second["pid"] == ahead[0] and SPARES.pids()[0] == ahead[1] and len(SPARES.pids()) == 2
+
+
 def test_a_spare_imports_the_trial_machinery_without_a_cuda_context(jobs_importable):
     """What a spare does before its job (every implementation imported) creates no CUDA
     context: a second context would take GPU memory from the running trial."""

@@ -8,12 +8,12 @@ module and calls ``function(args)``, which returns a JSON-able dict. ``run_in_ch
 parent side: it writes the job file, supervises the worker and reads the result (or, when
 the worker died without one, the supervisor's account of why).
 
-Warm starts. Every job still runs in a process of its own, but with ``warm=True`` that
-process was started while the previous job ran: a spare worker imports its modules (torch and
-attnbench: seconds) and waits for its job on stdin. It touches no GPU before its job (a
+Warm starts. Every job still runs in a process of its own, but with ``warm`` that process was
+started while earlier jobs ran: a spare worker imports its modules (torch and attnbench:
+seconds) and waits for its job on stdin. It touches no GPU before its job (a
 second CUDA context would take memory from the running trial and move its out-of-memory
-edge). While a job times its calls the spare can be held stopped (``hold_phases``), so on a
-machine with few cores its imports do not share the CPU with the measurement. A spare dies
+edge). While a job times its calls the spares can be held stopped (``hold_phases``), so on a
+machine with few cores their imports do not share the CPU with the measurement. A spare dies
 with its parent (parent-death signal), is killed on exit and on Ctrl-C (``close_spares``).
 
 The result of a job run here carries ``phase_s``: the seconds of each phase the worker
@@ -67,12 +67,14 @@ def run_in_child(
     memory_limit: int | None = None,
     warm: bool | str = False,
     hold_phases: tuple[str, ...] = (),
+    spares: int = 1,
 ) -> dict[str, Any]:
     """Run ``fn(args)`` in a worker process of its own; its result (with ``phase_s``), or how
     the process ended (``memory_limit`` is evidence for telling the OOM killer from another
-    kill). ``warm``: take the spare worker started during the previous job, and start the
-    next one now (a ``"module:function"`` to run in it ahead of the job, or True: import
-    the job's module); the spare is stopped while this job is in one of ``hold_phases``."""
+    kill). ``warm``: take the spare worker started during an earlier job, and keep ``spares``
+    of them started for the next jobs (a ``"module:function"`` to run in them ahead of a job,
+    or True: import the job's module); spares are stopped while this job is in one of
+    ``hold_phases``."""
     remove_orphaned_temp_dirs()
     ref = function_ref(fn)
     with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
@@ -83,7 +85,7 @@ def run_in_child(
             preload = warm if isinstance(warm, str) else ref.partition(":")[0]
             child = SPARES.take(preload) or spawn_spare(preload)
             child.send(f"{job_path}\t{result_path}")
-            SPARES.start(preload)  # the next job's process, while this one runs
+            SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
             on_phase = SPARES.holder(hold_phases)
         else:
             child = Child(python_module("attnbench.runtime.worker", str(job_path), str(result_path)))
@@ -121,48 +123,60 @@ def spawn_spare(preload: str) -> Child:
 
 
 class Spares:
-    """At most one spare worker, started while the current job runs and taken by the next."""
+    """Spare workers started while the current job runs, taken in order by the next jobs:
+    ``depth`` of them, so each has that many jobs' time to import before it is needed."""
 
     def __init__(self) -> None:
-        self.spare: Child | None = None
-        self.module = ""
+        self.spares: list[Child] = []
+        self.preload = ""
         self.held = False
 
-    def start(self, module: str) -> None:
-        self.close()
-        self.spare, self.module = spawn_spare(module), module
+    def start(self, preload: str, depth: int = 1) -> None:
+        """Keep ``depth`` spares for ``preload`` (spares of another preload are killed)."""
+        if preload != self.preload:
+            self.close()
+            self.preload = preload
+        while len(self.spares) < depth:
+            self.spares.append(spawn_spare(preload))
+            if self.held:  # a spare started during a held phase waits too
+                self._signal(self.spares[-1], signal.SIGSTOP)
 
-    def take(self, module: str) -> Child | None:
-        """The spare, if it was started for ``module`` and is still alive."""
-        spare, self.spare = self.spare, None
-        self.hold(False, spare)
-        if spare is not None and (spare.proc.poll() is not None or self.module != module):
+    def take(self, preload: str) -> Child | None:
+        """The oldest live spare started for ``preload`` (continued if it was stopped)."""
+        while self.spares and preload == self.preload:
+            spare = self.spares.pop(0)
+            if self.held:
+                self._signal(spare, signal.SIGCONT)
+            if spare.proc.poll() is None:
+                return spare
             spare.kill()
-            spare = None
-        return spare
+        return None
 
     def holder(self, phases: tuple[str, ...]) -> Callable[[str], None]:
         return lambda phase: self.hold(phase in phases)
 
-    def hold(self, stopped: bool, spare: Child | None = None) -> None:
-        """Stop (SIGSTOP) or continue the spare; a stopped process still dies of SIGKILL."""
-        spare = spare or self.spare
-        if spare is None or spare.proc.poll() is not None or stopped == self.held:
+    def hold(self, stopped: bool) -> None:
+        """Stop (SIGSTOP) or continue the spares; a stopped process still dies of SIGKILL."""
+        if stopped == self.held:
             return
-        try:
-            os.kill(spare.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
-            self.held = stopped
-        except ProcessLookupError:
-            pass
+        self.held = stopped
+        for spare in self.spares:
+            self._signal(spare, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def _signal(self, spare: Child, sig: int) -> None:
+        if spare.proc.poll() is None:
+            try:
+                os.kill(spare.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def close(self) -> None:
-        if self.spare is not None:
-            self.spare.kill()
-            self.spare = None
-        self.held = False
+        for spare in self.spares:
+            spare.kill()
+        self.spares, self.held = [], False
 
     def pids(self) -> list[int]:
-        return [self.spare.pid] if self.spare is not None and self.spare.proc.poll() is None else []
+        return [s.pid for s in self.spares if s.proc.poll() is None]
 
 
 SPARES = Spares()
@@ -170,7 +184,7 @@ atexit.register(SPARES.close)
 
 
 def close_spares() -> None:
-    """Kill the spare worker (the end of a run, Ctrl-C)."""
+    """Kill the spare workers (the end of a run, Ctrl-C)."""
     SPARES.close()
 
 

@@ -79,13 +79,15 @@ class Limits:
     start: int
     granularity: int  # every length is a multiple of it
     max_len: int
-    resolution: int = 0  # stop once failure - success <= max(granularity, resolution)
+    resolution: int = 0  # stop once failure - success <= the resolution (on the granularity's grid)
     degree: int = 1  # of the memory fit: 1 linear, 2 quadratic
     time_limit_ms: float | None = None  # the per-call limit (None: none predicted)
 
     @property
     def gap(self) -> int:
-        return max(self.granularity, self.resolution)
+        """The resolution on the granularity's grid: the search stops once the bracket is this
+        narrow, and its guesses and steps are multiples of it."""
+        return max(self.granularity, -(-self.resolution // self.granularity) * self.granularity)
 
 
 @dataclass
