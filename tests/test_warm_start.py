@@ -126,3 +126,12 @@ def test_a_spare_is_killed_when_the_sweep_is_interrupted(tmp_path):
     _, stderr = sweep.communicate(timeout=300)
     assert sweep.returncode == 130, stderr
     assert gone(spare), "the interrupted sweep left its spare worker running"
+
+
+def test_a_spare_that_died_while_it_waited_is_replaced(jobs_importable):
+    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    (spare,) = SPARES.pids()
+    os.kill(spare, signal.SIGKILL)
+    wait_for(lambda: gone(spare), "the spare to die")
+    result = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    assert result["pid"] != spare and "start" in result["phase_s"]

@@ -83,8 +83,7 @@ def run_in_child(
         handed = time.monotonic()
         if warm:
             preload = warm if isinstance(warm, str) else ref.partition(":")[0]
-            child = SPARES.take(preload) or spawn_spare(preload)
-            child.send(f"{job_path}\t{result_path}")
+            child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
             SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
             on_phase = SPARES.holder(hold_phases)
         else:
@@ -97,6 +96,20 @@ def run_in_child(
         result = json.loads(result_path.read_text()) if result_path.exists() else outcome
         result["phase_s"] = phase_seconds(child, handed)
         return result
+
+
+def hand(spare: Child | None, preload: str, job: str) -> Child:
+    """Give ``job`` to the spare, or to a worker started now where there is none or the spare
+    died before it could read it."""
+    if spare is not None:
+        try:
+            spare.send(job)
+            return spare
+        except OSError:  # its stdin is gone: the spare died while it waited
+            spare.kill()
+    child = spawn_spare(preload)
+    child.send(job)
+    return child
 
 
 def phase_seconds(child: Child, handed: float) -> dict[str, float]:
