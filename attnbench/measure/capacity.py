@@ -162,9 +162,9 @@ def fit_leading(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryF
 @dataclass(frozen=True)
 class TimeModel:
     """time(N) = time(N0) * (N / N0) ** exponent, from the longest successful call N0: the
-    exponent is the larger of the FLOPs' growth and the time's own growth between the two
-    longest successes (fixed costs flatten the time of short calls; assuming the steeper law
-    keeps a prediction on the slow side), clamped to [1, 3]."""
+    exponent is the growth of the call's FLOPs where they are known (time follows them once
+    fixed costs are small; the times of short calls are mostly noise and dispatch), else of
+    the time between the two longest successes; clamped to [1, 3]."""
 
     seq_len: int
     time_ms: float
@@ -185,7 +185,5 @@ def fit_time(points: list[tuple[int, float, float | None]]) -> TimeModel | None:
     if len({p[0] for p in points}) < 2:
         return None
     (n0, t0, f0), (n1, t1, f1) = points[-2], points[-1]
-    exponents = [math.log(t1 / t0) / math.log(n1 / n0)]
-    if f0 and f1:
-        exponents.append(math.log(f1 / f0) / math.log(n1 / n0))
-    return TimeModel(n1, t1, min(3.0, max(1.0, *exponents)))
+    grows = (f1 / f0) if f0 and f1 else (t1 / t0)
+    return TimeModel(n1, t1, min(3.0, max(1.0, math.log(grows) / math.log(n1 / n0))))

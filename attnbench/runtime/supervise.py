@@ -110,6 +110,7 @@ class Child:
         )
         self.state = {"phase": "startup", "since": self.started, "limit": None}
         self.ended: float | None = None  # when it exited
+        self.on_phase: Callable[[str], None] | None = None  # hears each phase as its line arrives
         self.marks: list[tuple[str, float]] = []  # (phase, when it began), in order
         self.stderr_tail: deque[str] = deque(maxlen=40)
         self.ready = threading.Event()  # the child said "phase ready": started, imports done
@@ -129,6 +130,8 @@ class Child:
                 limit = float(parts[2]) if len(parts) > 2 else None
                 self.marks.append((parts[1], now))
                 self.state.update(phase=parts[1], since=now, limit=limit)
+                if self.on_phase is not None:  # at once, not at the next poll: timed calls follow
+                    self.on_phase(parts[1])
                 if parts[1] == "ready":
                     self.ready.set()
 
@@ -146,15 +149,15 @@ class Child:
         self, phase_limit_s: float, memory_limit: int | None = None, on_phase: Callable[[str], None] | None = None
     ) -> dict[str, Any]:
         """Wait for the child, killing it when a phase runs past its limit; ``on_phase`` hears
-        each phase as it begins. Its outcome when it died without a result (else {})."""
+        each phase as its line arrives. Its outcome when it died without a result (else {})."""
         oom_kills_before = cgroup_oom_kills()
-        killed, rss_peak, seen = None, 0, None
+        killed, rss_peak = None, 0
+        if on_phase is not None:
+            self.on_phase = on_phase
+            on_phase(self.state["phase"])
         try:
             while self.proc.poll() is None:
                 phase = self.state["phase"]
-                if on_phase is not None and phase != seen:
-                    seen = phase
-                    on_phase(phase)
                 limit = _phase_deadline(phase, self.state["limit"] or phase_limit_s)
                 rss_peak = max(rss_peak, rss_of(self.proc.pid))
                 elapsed = time.monotonic() - self.state["since"]

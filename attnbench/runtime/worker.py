@@ -91,6 +91,10 @@ def run_in_child(
             handed, on_phase = child.started, None
         try:
             outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
+            if warm and not result_path.exists() and not started_job(child, handed):
+                # the spare died as it was handed the job (killed from outside): a fresh one runs it
+                child = hand(None, preload, f"{job_path}\t{result_path}")
+                outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
         finally:
             SPARES.hold(False)
         result = json.loads(result_path.read_text()) if result_path.exists() else outcome
@@ -110,6 +114,11 @@ def hand(spare: Child | None, preload: str, job: str) -> Child:
     child = spawn_spare(preload)
     child.send(job)
     return child
+
+
+def started_job(child: Child, handed: float) -> bool:
+    """Whether the worker began the job it was handed (announced a phase of it)."""
+    return any(name != "ready" and t >= handed for name, t in child.marks)
 
 
 def phase_seconds(child: Child, handed: float) -> dict[str, float]:

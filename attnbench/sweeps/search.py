@@ -36,6 +36,9 @@ NEAR_MARGIN = 0.01
 # upper end next to a success the model is anchored on).
 FAR_OVER_TIME = 2.0
 NEAR_OVER_TIME = 1.25
+# ... and only where the model's longest call took this share of the limit: the time of short
+# calls is too noisy to extrapolate a verdict from.
+MIN_BASIS_SHARE = 0.1
 # A failure the model did not expect: a peak predicted under this share of the budget, or a
 # time under this share of the limit.
 UNEXPECTED_SHARE = 0.5
@@ -193,8 +196,8 @@ class _Search:
         below = min(NEAR_MARGIN * target, lim.gap / 2) if near else FAR_MARGIN * target
         guess = max(self.on_grid(target - below, lim.gap), lim.granularity)
         phase = "predict"
-        if guess <= self.lo:  # the model puts the limit here: step above it
-            guess, phase = self.lo + self.step, "bracket"
+        if guess <= self.lo:  # the model puts the limit here: step above it (at most doubling)
+            guess, phase = self.lo + min(self.step, self.lo), "bracket"
         if self.hi is not None and guess >= self.hi:
             return self.bisect()
         return min(guess, cap), phase
@@ -203,9 +206,7 @@ class _Search:
     def run(self, n: int, phase: str) -> tuple[Outcome, bool]:
         """The outcome at ``n`` and whether it was predicted rather than run."""
         prediction = self.predict(n)
-        limit = self.lim.time_limit_ms
-        over = NEAR_OVER_TIME if n <= 2 * self.lo else FAR_OVER_TIME
-        if phase != "confirm" and limit and prediction.time_ms and prediction.time_ms > over * limit:
+        if phase != "confirm" and self.over_time(n, prediction):
             return self.attempt(n, PREDICTED, prediction), True
         out = self.attempt(n, phase, prediction)
         if phase != "confirm" and out.status != "ok" and self.unexpected(out, prediction):
@@ -215,6 +216,13 @@ class _Search:
             if out.budget:
                 self.budgets.append(out.budget)
         return out, False
+
+    def over_time(self, n: int, p: Prediction) -> bool:
+        """The model puts a call at ``n`` over the limit, from a call long enough to say so."""
+        limit, times = self.lim.time_limit_ms, self.time_model()
+        if not (limit and p.time_ms and times) or times.time_ms < MIN_BASIS_SHARE * limit:
+            return False
+        return p.time_ms > (NEAR_OVER_TIME if n <= 2 * self.lo else FAR_OVER_TIME) * limit
 
     def attempt(self, n: int, phase: str, prediction: Prediction) -> Outcome:
         self.attempts[n] = self.attempts.get(n, 0) + 1
