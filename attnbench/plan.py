@@ -1,15 +1,20 @@
 """What a sweep will run: settings from built-in defaults, a TOML profile and CLI flags.
 
 Precedence, lowest first: built-in defaults, the profile's top-level settings, the profile
-entry (``[[sweep]]``), flags given on the command line. A model preset (``model``: built in,
-or a profile's ``[models.NAME]``) fills heads, kv_heads, head_dim and causal at the level that
-names it, under that level's own keys. Every key is checked: an unknown key or a wrong type is
-an error that names the key.
+entry (``[[sweep]]`` or ``[[speedup]]``), flags given on the command line. A model preset
+(``model``: built in, or a profile's ``[models.NAME]``) fills heads, kv_heads, head_dim and
+causal at the level that names it, under that level's own keys. Every key is checked: an
+unknown key or a wrong type is an error that names the key. One settings family serves every kind of series (max-seq, points, speedup, or a kind registered in
+``attnbench.sweeps.kinds``); what a kind does with them is that kind's business.
+
+Over 400 lines because the settings, their parsers and the profile tables that hold them
+(sweep and speedup) are one family, read together.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields, replace
@@ -25,10 +30,47 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 
 @dataclass(frozen=True)
+class Case:
+    """One speedup workload: a sequence length and a batch."""
+
+    seq_len: int
+    batch: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.seq_len}x{self.batch}"
+
+
+SEED_CASES = "2048x8,4096x4,8192x2,16384x1"  # the seed reports' speedup cases
+
+
+def parse_cases(text) -> tuple[Case, ...]:
+    """'2048x8,64Kx2' (or a list of such) -> (Case(2048, 8), Case(65536, 2))."""
+    cases = []
+    parts = text if isinstance(text, list) else str(text).split(",")
+    for part in (str(p).strip() for p in parts):
+        if not part:
+            continue
+        m = re.fullmatch(r"([0-9]+[kKmM]?)\s*[xX*]\s*([0-9]+)", part)
+        if not m or int(m.group(2)) < 1 or parse_tokens(m.group(1)) < 1:
+            raise AttnbenchError(f"cannot read case {part!r}: write SEQLENxBATCH, e.g. --cases 2048x8,4096x4 or 64Kx2")
+        cases.append(Case(parse_tokens(m.group(1)), int(m.group(2))))
+    if not cases:
+        raise AttnbenchError("--cases is empty: give SEQLENxBATCH cases, e.g. --cases " + SEED_CASES)
+    return tuple(dict.fromkeys(cases))
+
+
+def parse_names(text) -> tuple[str, ...]:
+    """'dp,mp' or ["dp", "mp"] -> ("dp", "mp"), in order, once each; ``single`` is implied."""
+    names = [n.strip() for n in (text if isinstance(text, list) else str(text).split(",")) if str(n).strip()]
+    return tuple(dict.fromkeys(n for n in names if n != "single"))
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything about a series except the implementation and its parameters."""
 
-    kind: str = "max-seq"  # max-seq: grow then bisect; points: the given seq_lens
+    kind: str = "max-seq"  # max-seq: the capacity search; points: the given seq_lens; speedup: cases x strategies
     device: str = "auto"
     dtype: str = "bf16"
     batch: int = 1
@@ -55,6 +97,11 @@ class Settings:
     equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
     kv_heads: int | None = None  # key/value heads shared by groups of query heads (None: heads)
     model: str | None = None  # the model preset that filled the shape (attnbench models)
+    # speedup: (sequence length x batch) cases, on one GPU and spread over gpus[0] GPUs by each strategy
+    cases: tuple[Case, ...] = ()
+    strategies: tuple[str, ...] = ("dp", "mp")  # single always runs, as the baseline
+    module: str = "attention"  # attention | multihead (q/k/v/out projections around it)
+    grad_compression: str | None = None  # DistributedDataParallel's gradient compression (mp only)
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -103,6 +150,14 @@ def _str(v):
     return v
 
 
+def _kind(v):
+    """A sweep kind's name; which kinds exist is checked when the plan is resolved (the
+    kinds are registered with the sweeps, above this module)."""
+    if not isinstance(v, str) or not re.fullmatch(r"[a-z][a-z0-9-]*", v):
+        raise ValueError("a kind's name, e.g. max-seq or points")
+    return v
+
+
 def _gpus(v):
     """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
     if isinstance(v, list):
@@ -113,7 +168,7 @@ def _gpus(v):
 
 
 SETTING_PARSERS = {
-    "kind": _choice("max-seq", "points"),
+    "kind": _kind,
     "device": _choice("auto", "cpu", "cuda"),
     "dtype": _choice(*DTYPES),
     "batch": _int,
@@ -140,8 +195,19 @@ SETTING_PARSERS = {
     "equal_work": _bool,
     "kv_heads": _at_least(1, _int, "a positive number of key/value heads (dividing heads)"),
     "model": _str,
+    "cases": parse_cases,
+    "strategies": parse_names,
+    "module": _str,
+    "grad_compression": lambda v: None if v in (None, "", "none") else _str(v),
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
+# settings a speedup table takes from the profile's top level, and those only it has
+SPEEDUP_SHARED = ("device", "dtype", "heads", "head_dim", "mode", "causal", "max_trial_seconds")
+SPEEDUP_TIMING = ("warmup", "min_samples", "max_samples", "target_ms")
+SPEEDUP_OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
+SPEEDUP_ONLY = ("cases", "strategies", "module", "grad_compression")
+# the keys of a [[sweep]] table and of a profile's top level
+SWEEP_KEYS = tuple(k for k in SETTING_PARSERS if k not in SPEEDUP_ONLY)
 
 
 def parse_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
@@ -173,12 +239,13 @@ class Series:
         """The implementation, bound to this series' ranks."""
         return impls.build_for_ranks(self.impl, self.config, self.world_size)
 
-    def workload(self, seq_len: int) -> Workload:
+    def workload(self, seq_len: int, batch: int | None = None) -> Workload:
+        """The call at ``seq_len`` (a speedup case names its own ``batch``)."""
         s = self.settings
         return Workload(
             impl=self.impl,
             config=self.config,
-            batch=s.batch,
+            batch=s.batch if batch is None else batch,
             seq_len=seq_len,
             heads=s.heads,
             head_dim=s.head_dim,
@@ -230,10 +297,14 @@ class Plan:
     series: tuple[Series, ...]
     description: str = ""
     verify: bool = True
-    speedups: tuple[Any, ...] = ()  # SpeedupSettings of the profile's [[speedup]] tables
     base: dict[str, Any] = field(default_factory=dict)  # the profile's top-level settings, parsed
     clip_ranks: bool = False  # drop rank counts the visible GPUs cannot hold (a profile's lists)
     clipped: tuple[str, ...] = ()  # what was dropped, in words (recorded in the run's env)
+
+    @property
+    def speedups(self) -> tuple[Series, ...]:
+        """The series of the profile's ``[[speedup]]`` tables (kind ``speedup``)."""
+        return tuple(s for s in self.series if s.settings.kind == "speedup")
 
 
 def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
@@ -253,7 +324,7 @@ def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
 def split_entry(
     entry: dict[str, Any],
     where: str,
-    setting_keys: Collection[str] = tuple(SETTING_PARSERS),
+    setting_keys: Collection[str] = SWEEP_KEYS,
     skip: Collection[str] = ("impl",),
     known: Callable[[str, set[str]], str] | None = None,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -330,9 +401,9 @@ def _load_profile(profile: str):
             raise AttnbenchError(f"profile {path}: [[sweep]] and [[speedup]] must be tables with an 'impl' key")
     if not entries and not speedups:
         raise AttnbenchError(f"profile {path}: needs at least one [[sweep]] or [[speedup]] table with an 'impl' key")
-    unknown = sorted(set(data) - set(SETTING_PARSERS))
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
-        raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SETTING_PARSERS)})")
+        raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SWEEP_KEYS)})")
     return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify, speedups, own_models
 
 
@@ -391,10 +462,8 @@ def build_plan(
             f"parameter {unused[0]!r} belongs to none of {', '.join(sorted({s.impl for s in series}))}; "
             "see `attnbench list` for each implementation's parameters"
         )
-    if speedups:
-        from attnbench.sweeps.profile_speedup import parse_entries
-
-        speedups = parse_entries(speedups, {**base, **flags}, name, split_entry)
+    shared = {**base, **flags}
+    series += [_speedup_series(e, shared, f"profile {name}, speedup {i}") for i, e in enumerate(speedups, 1)]
     # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
     clip = bool(profile) and "gpus" not in flags
     return Plan(
@@ -402,10 +471,41 @@ def build_plan(
         series=tuple(series),
         description=description,
         verify=verify,
-        speedups=tuple(speedups),
         base=base,
         clip_ranks=clip,
     )
+
+
+def speedup_series(impl: str, config: dict[str, Any], gpus: int = 2, **settings: Any) -> Series:
+    """A speedup series from values already parsed (the ``speedup`` command's options)."""
+    return Series(impl, config, replace(Settings(), kind="speedup", gpus=(gpus,), **settings))
+
+
+def _speedup_series(entry: dict[str, Any], shared: dict[str, Any], where: str) -> Series:
+    """A ``[[speedup]]`` table: the implementation and its parameters, ``cases`` (SEQLENxBATCH,
+    a list or one comma-separated string), ``strategies``, ``module``, ``grad_compression`` and
+    ``gpus`` (GPUs to spread over; on the CPU, processes); the profile's top-level settings a
+    speedup run has apply unless the table sets its own. ``device`` may still be ``auto``."""
+
+    def known(impl: str, params: set[str]) -> str:
+        keys = SPEEDUP_OWN + SPEEDUP_SHARED + SPEEDUP_TIMING
+        return f"speedup keys: {', '.join(keys)}; parameters of {impl}: {', '.join(sorted(params)) or 'none'}"
+
+    impl, own, config = split_entry(
+        entry, where, SPEEDUP_SHARED + SPEEDUP_TIMING + SPEEDUP_ONLY, ("impl", "gpus"), known
+    )
+    if "cases" not in own:
+        raise AttnbenchError(f'{where}: missing key \'cases\', e.g. cases = ["2048x8", "4096x4"]')
+    gpus = entry.get("gpus", 2)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise AttnbenchError(f"{where}: 'gpus' must be a positive number of GPUs, got {gpus!r}")
+    inherited = {k: v for k, v in shared.items() if k in SPEEDUP_SHARED + SPEEDUP_TIMING}
+    settings = replace(Settings(), **{**inherited, **own, "kind": "speedup", "gpus": (gpus,)})
+    try:
+        config = impls.normalize_config(impl, config)
+    except ConfigError as exc:
+        raise AttnbenchError(f"{where}: {exc}") from None
+    return Series(impl, config, settings)
 
 
 def _with_equal_work_baselines(series: list[Series]) -> list[Series]:

@@ -197,7 +197,7 @@ class Trial(Workload, Timing):
     KIND: ClassVar[tuple[str, ...]] = ("max-seq", "points")
     series: str  # identity of the sweep line (everything but seq_len)
     label: str  # the series' name in tables
-    phase: str | None = None  # grow, bisect or point
+    phase: str | None = None  # grow, predict, bracket, bisect, confirm, predicted (not run) or point
     isolate: bool | None = None  # ran in its own process
     max_trial_seconds: float | None = None  # time limit of one trial
     memory_limit: int | None = None  # bytes a trial may use on its device, when capped
@@ -220,12 +220,20 @@ class Trial(Workload, Timing):
     compile_peak_bytes: int | None = None  # allocator peak of the compiling call, kept out of peak_bytes
     tflops_executed_ci_low: float | None = None  # executed TFLOP/s over the time interval
     tflops_executed_ci_high: float | None = None
-    attempt: int | None = None  # 2: the retry of a failed search probe in a fresh process
+    attempt: int | None = None  # 2 and on: the same length again in a fresh process (a retry, the confirmation)
     process: int | None = None  # which of --repeat K fresh processes measured this point
     timing: dict[str, Any] | None = None  # the timing plan (warm-up, samples, budget): part of the identity
     pairs_counted: str | None = None  # outside mask: pairs counted exactly, or by blocks at large N
     sent_bytes: int | None = None  # sequence parallel: bytes the busiest rank sends per call
     algbw_gbps: float | None = None  # those bytes over the call's time (nccl-tests' algbw)
+    sweep: str | None = None  # the sweep kind that ran it, where its rows are another kind's (max-seq, points)
+    predicted_peak_bytes: float | None = None  # max-seq: the peak the capacity model predicted before it ran
+    predicted_time_ms: float | None = None  # max-seq: the warm call the model predicted before it ran
+    predicted_max_seq: int | None = None  # max-seq: the largest length the model predicted before it ran
+    predicted_only: bool | None = None  # not run: the model put its call over the time limit (status time-limit)
+    phase_s: dict[str, float] | None = (
+        None  # seconds per phase of its process: start (python, imports), setup, device, inputs, ..., exit
+    )
 
 
 @dataclass(kw_only=True)
@@ -244,6 +252,10 @@ class MaxSeqResult(Workload):
     start: int | None = None  # first length tried
     max_seq_len: int | None = None  # upper bound of the search, if any
     trials: int | None = None  # trials the search ran
+    confirmed: bool | None = None  # the longest success ran again in a fresh process and ran
+    margin: int | None = None  # first_failure - seq_len: the bracket's width, in tokens
+    first_failure_predicted: bool | None = None  # first_failure was predicted over the time limit, not run
+    predicted_max_seq: int | None = None  # the capacity model's largest length at the end of the search
 
 
 @dataclass(kw_only=True)

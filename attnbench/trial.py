@@ -1,8 +1,11 @@
 """One trial: build the implementation, allocate inputs, run it once for memory, then time it.
 
-``execute`` runs a trial in this process. ``run_isolated`` runs it in a fresh worker process
-(the default; see ``attnbench.runtime``), so an OOM, a crash or allocator fragmentation cannot
-change later trials, and a trial over its time limit can be killed.
+``execute`` runs a trial in this process. ``run_isolated`` runs it in a worker process of
+its own (the default; see ``attnbench.runtime``), so an OOM, a crash or allocator
+fragmentation cannot change later trials, and a trial over its time limit can be killed;
+the process was started (python and torch imported, no CUDA context) while the previous trial
+ran. The phases it announces (setup, device, inputs, compile, first-call, warm-call, warm-up,
+timing, gpu-timing, accounting) are timed by the parent into the row's ``phase_s``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
+from attnbench.measure.core import MemoryProbe, Timer, measure_step
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
-from attnbench.measure.probe import MemoryProbe
-from attnbench.measure.timing import Timer, TimingPolicy, summarize, time_intervals
+from attnbench.measure.timing import TimingPolicy
 from attnbench.reference import VerifyCase, run_case
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S, announce_phase
 from attnbench.runtime.worker import run_in_child
@@ -50,11 +53,12 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
     row: dict[str, Any] = {"status": "error", "message": "", "times_ms": []}
+    phase("setup")
     nvml, nvml_note = open_nvml() if cuda else (None, "")
     if nvml_note:
         row["nvml_note"] = nvml_note
     sampler = NvmlSampler(nvml)
-    mem = MemoryProbe(cuda)
+    mem = MemoryProbe([0] if cuda else [])
     try:
         impl = impls.build(wl.impl, **wl.config)
         row.update(impls.recorded_metadata(wl.impl))
@@ -62,27 +66,31 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
         timer = Timer(wl.device)
         row["timer"] = timer.name
         limit = spec.memory_limit
+        phase("device")  # on a GPU: the CUDA context
         mem.start(limit)
         with sampler, CpuMemoryLimit(limit if not cuda else None):
+            phase("inputs")
             q, k, v = wl.make_inputs(torch.Generator(device=wl.device).manual_seed(spec.seed))
             row["inputs_bytes"] = mem.in_use()
             step = _step(impl, wl, q, k, v)
-            if impl.compiles:
-                # a compiled kernel's first call pays for compilation: its time and memory apart
-                phase("compile")
-                row["compile_ms"] = timer(step)
-                row.update(mem.restart_peak("compile_peak_bytes"))
-            phase("first-call")
-            first_ms = timer(step)
-            row["first_call_ms"] = first_ms
-            row.update(_timed_phase(spec, step, timer, sampler, mem, cuda, phase, first_ms))
+            measured = measure_step(
+                step,
+                spec.policy(),
+                timer,
+                spec.max_trial_seconds,
+                probe=mem,
+                sampler=sampler,
+                compiles=impl.compiles,
+                gpu_timing=cuda,
+                phase=phase,
+            )
+        phase("accounting")
+        row.update(measured.fields())  # statistics outside the memory limit (bootstrap imports numpy.random)
         row["backend"] = impl.last_backend
         if impl.last_kv_layout:  # grouped K/V: shared, or copied to every query head
             row["kv_layout"] = impl.last_kv_layout
-        row.update(summarize(row["times_ms"]))
         mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
         del step, q, k, v  # and gets the inputs' memory for it
-        row.update(time_intervals(row))
         row.update(accounting(impl, wl, row.get("time_ms")))
         row.update(_tflops_interval(row))
     except Exception as exc:  # a failing trial is data, not a crash
@@ -95,38 +103,6 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     row["peak_counter"] = "cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta"
     row["peak_over_floor"] = peak / wl.floor_bytes if peak else None
     return row
-
-
-def _timed_phase(spec: TrialSpec, step, timer, sampler, mem, cuda: bool, phase, first_ms: float) -> dict[str, Any]:
-    """Warm-up by time, eager samples planned from warm calls, then GPU time; the time
-    limit is judged on a warm call (a cold one may carry seconds of library setup)."""
-    from attnbench.measure.timing import gpu_time, timed_samples, warm_up
-
-    out: dict[str, Any] = {}
-    limit_s, policy = spec.max_trial_seconds, spec.policy()
-    if first_ms > limit_s * 1e3:
-        phase("warm-call")
-        out["warm_call_ms"] = warm_ms = timer(step)
-        if warm_ms > limit_s * 1e3:
-            out.update(status="time-limit", message=f"a warm call took {warm_ms / 1e3:.1f} s > {limit_s:g} s")
-            return out
-    cap_s = max(policy.budget_s / 2, policy.warmup_seconds(cuda))
-    phase("warm-up", cap_s + limit_s)
-    warm = warm_up(step, timer, policy, cuda, sampler.clocks_settled, cap_s)
-    # a warm-up of no calls has no time of its own: the warm call taken above, else the first
-    warm_ms = warm.last_ms if warm.calls else out.get("warm_call_ms", first_ms)
-    out.update(warmup_calls=warm.calls, warmup_s=round(warm.seconds, 3), warm_call_ms=warm_ms)
-    phase("timing", policy.budget_s + limit_s)
-    with sampler.recording():
-        out["times_ms"] = timed_samples(step, timer, warm_ms, policy)
-        out["status"] = "ok"
-        if cuda:
-            # CUDA-graph pools and the flush buffer stay out of the measured peak
-            mem.freeze()
-            phase("gpu-timing", policy.budget_s + limit_s)
-            out.update(gpu_time(step, out["times_ms"], policy.budget_s))
-    out.update(sampler.clock_summary())
-    return out
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
@@ -174,16 +150,41 @@ def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------
 
 
+# Phases of a CPU trial during which the spare worker (the next trial's, importing torch) is
+# stopped: on a machine of few cores its imports would share the CPU with the timed calls and
+# the warm call that decides the time limit (the cold first call and the warm-up decide
+# nothing a slower call could make wrong). On a GPU the measured work is the device's, and
+# the host has cores to spare.
+CPU_HELD_PHASES = ("warm-call", "timing")
+# Spare workers ahead of a GPU trial: an import of torch can take longer than a short trial
+# (6-7 s on some GPU hosts), so the next two are started, each with two trials' time to get ready.
+GPU_SPARES = 2
+
+
 def run_isolated(spec: TrialSpec) -> dict[str, Any]:
-    """Run the trial in a worker process; returns its row fields, classifying a kill or crash."""
-    return run_in_child(trial_job, {"spec": asdict(spec)}, spec.max_trial_seconds, memory_limit=spec.memory_limit)
+    """Run the trial in a worker process of its own, started while the previous trial ran;
+    returns its row fields (with ``phase_s``), classifying a kill or crash."""
+    cpu = Workload(**spec.workload).device == "cpu"
+    return run_in_child(
+        trial_job,
+        {"spec": asdict(spec)},
+        spec.max_trial_seconds,
+        memory_limit=spec.memory_limit,
+        warm=PRELOAD,
+        hold_phases=CPU_HELD_PHASES if cpu else (),
+        spares=1 if cpu else GPU_SPARES,
+    )
 
 
 def run_verify_isolated(
-    cases: list[VerifyCase], memory_limit: int | None = None, max_seconds: float = STARTUP_ALLOWANCE_S
+    cases: list[VerifyCase],
+    memory_limit: int | None = None,
+    max_seconds: float = STARTUP_ALLOWANCE_S,
+    warm: bool = False,
 ) -> list[dict[str, Any]]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
-    never live in the calling process (nor CUDA), and the trial's memory and time limits apply."""
+    never live in the calling process (nor CUDA), and the trial's memory and time limits apply.
+    ``warm``: trials follow, so the first one's process starts now."""
     if not cases:
         return []
     result = run_in_child(
@@ -191,6 +192,7 @@ def run_verify_isolated(
         {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
         max_seconds,
         memory_limit=memory_limit,
+        warm=PRELOAD if warm else False,
     )
     if "rows" not in result:
         raise AttnbenchError(
@@ -198,6 +200,15 @@ def run_verify_isolated(
             "use a smaller configuration or raise --memory-limit"
         )
     return result["rows"]
+
+
+def preload() -> None:
+    """What a spare worker does before its trial: every implementation module imported (the
+    registry; FlexAttention's brings torch's compiler), no CUDA context."""
+    impls.names()
+
+
+PRELOAD = "attnbench.trial:preload"
 
 
 def trial_job(args: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,8 @@ LAYERS = [
     ),
     ("runtime", ["attnbench.runtime"]),
     ("trial", ["attnbench.trial"]),
-    ("sweeps, plan", ["attnbench.sweeps", "attnbench.plan"]),  # a plan holds sweeps and speedup runs
+    ("plan", ["attnbench.plan"]),  # settings and profiles into series of any kind; knows no sweep machinery
+    ("sweeps", ["attnbench.sweeps"]),
     ("report, check", ["attnbench.report", "attnbench.check"]),
     ("cli, api", ["attnbench.cli", "attnbench.__main__", "attnbench.api"]),
 ]
@@ -181,6 +182,7 @@ def test_the_scanner_finds_function_level_relative_and_private_imports():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     assert layer_of("attnbench.impls.dense") == layer_of("attnbench.measure.timing") < layer_of("attnbench.runtime")
     assert layer_of("attnbench.sweeps.seqpar") < layer_of("attnbench.report.sections") < layer_of("attnbench.cli")
+    assert layer_of("attnbench.plan") < layer_of("attnbench.sweeps.runner"), "plan imports nothing from sweeps"
     assert layer_of("attnbench.somewhere_new") is None
 
 
@@ -208,3 +210,20 @@ def test_read_only_commands_do_not_import_torch(command):
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded == [], f"`attnbench {' '.join(command)}` imported torch"
+
+
+# Calls that take a measurement's time or memory from the device: CUDA timing events and the
+# allocator's peak counters.
+MEASURING_CALLS = ("cuda.Event(", "max_memory_allocated(", "max_memory_reserved(", "reset_peak_memory_stats(")
+
+
+def test_one_module_creates_timing_events_and_reads_allocator_peaks():
+    """Trials, sequence-parallel ranks and speedup ranks measure through one core: no other
+    module times with CUDA events or reads the allocator's peaks, and each of them calls it."""
+    core = "attnbench.measure.core"
+    found = {m: [c for c in MEASURING_CALLS if c in path.read_text()] for m, path in modules().items() if m != core}
+    assert {m: calls for m, calls in found.items() if calls} == {}
+    assert all(c in modules()[core].read_text() for c in MEASURING_CALLS)
+    for m in ("attnbench.trial", "attnbench.sweeps.seqpar_job", "attnbench.sweeps.speedup_job"):
+        taken = {name for target, names, _ in imports(m) if target == core for name in names}
+        assert "measure_step" in taken, f"{m} measures without the core"

@@ -12,7 +12,8 @@ import pytest
 
 from attnbench.results import read_rows
 from attnbench.runtime.supervise import PAUSE_AFTER_TRIALS_ENV
-from attnbench.sweeps.search import grow_then_bisect
+from attnbench.sweeps.kinds.max_seq import outcome
+from attnbench.sweeps.search import Limits, grow_then_bisect, predicted_search
 
 from conftest import ROOT, run_cli
 
@@ -131,7 +132,7 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
         "--start",
         "1K",
         "--resolution",
-        1024,
+        "16K",
         "--out",
         out,
     ]
@@ -161,16 +162,68 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     rows = trials(out)
     attempts = [(r["seq_len"], r["attempt"]) for r in rows]
     assert len(attempts) == len(set(attempts)), "a trial ran twice"
-    # a failed probe is tried once more before the search accepts it; a success never is
-    assert all(
-        (n, 2) in attempts
-        for n, a in attempts
-        if a == 1 and next(r for r in rows if (r["seq_len"], r["attempt"]) == (n, 1))["status"] != "ok"
-    )
     assert {r["trial"] for r in kept} <= {r["trial"] for r in rows}, "a finished trial was lost"
-    # replaying the search over the recorded statuses (the last attempt's) visits exactly the recorded lengths
-    lengths = sorted({n for n, _ in attempts})
-    status = {r["seq_len"]: r["status"] for r in sorted(rows, key=lambda r: r["attempt"])}
-    replay = grow_then_bisect(lambda n, phase: status[n], start=1024, granularity=128, max_len=1 << 31, resolution=1024)
-    assert sorted(n for n, _ in replay.tried) == lengths
-    assert replay.stop_status == "oom"
+    (result,) = [r for r in read_rows(out)[0] if r["kind"] == "max-seq-result"]
+    # the resumed search made the decisions a search without interruption makes from these
+    # outcomes: replaying it over the recorded rows asks for exactly the recorded trials
+    replay = replay_search(rows, Limits(1024, 128, 1 << 31, resolution=16384, degree=1, time_limit_ms=60_000.0))
+    assert sorted(replay.tried) == sorted((r["seq_len"], r["status"]) for r in rows)
+    assert (replay.best, replay.first_failure, replay.confirmed) == (
+        result["seq_len"],
+        result["first_failure"],
+        result["confirmed"],
+    )
+
+
+def replay_search(rows, limits):
+    """The predicted search over recorded trial rows, each outcome as the sweep computed it."""
+    recorded = {(r["seq_len"], r["attempt"]): r for r in rows}
+    seen = []
+
+    def probe(n, phase, attempt, prediction):
+        seen.append(recorded[(n, attempt)])
+        return outcome(seen[-1], seen)
+
+    return predicted_search(probe, limits)
+
+
+# Each under a memory limit that the address-space cap of the trial's process enforces: what
+# stops the search is the allocator failing, not a model of it.
+CAPACITY_CASES = {
+    "naive": ({"memory_limit": "100MiB", "start": 512, "resolution": 256}, {}),
+    "sdpa": ({"memory_limit": "48MiB", "start": 1024, "resolution": 1024, "heads": 8, "head_dim": 64}, {}),
+    "dilated": (
+        {"memory_limit": "64MiB", "start": 16384, "resolution": 32768},
+        {"segment_lengths": [256, 512], "dilation_rates": [1, 2]},
+    ),
+}
+
+
+@pytest.mark.parametrize("impl", list(CAPACITY_CASES))
+def test_the_predicted_search_reaches_the_blind_searchs_length_in_six_trials(impl, tmp_path):
+    from attnbench.plan import build_plan
+    from attnbench.sweeps.runner import SweepRunner, resolve
+    from attnbench.trial import run_isolated
+
+    flags, params = CAPACITY_CASES[impl]
+    settings = {"kind": "max-seq", "device": "cpu", "dtype": "fp32", "heads": 2, "head_dim": 16, "warmup": 0}
+    settings |= {"min_samples": 1, "max_samples": 1, "target_ms": 0, "max_trial_seconds": 60}
+    plan = resolve(build_plan("t", [impl], {**settings, **flags}, params))
+    (outcome_,) = SweepRunner(plan, tmp_path / "run", {"machine": "cpu: test"}).run()
+    found = outcome_.result
+    rows = trials(tmp_path / "run")
+    assert len(rows) == len(found.tried) <= 6
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert failed and all(r["status"] == "oom" and "allocate" in r["message"] for r in failed)
+    assert found.confirmed and found.stop_status == "oom"
+    # today's blind search (double, then bisect), every probe in a fresh process as well
+    s, runner = plan.series[0], SweepRunner(plan, tmp_path / "blind", {"machine": "cpu: test"})
+    blind = grow_then_bisect(
+        lambda n, phase: run_isolated(runner.spec(s, n))["status"],
+        s.start(),
+        s.granularity(),
+        s.settings.max_seq_len,
+        s.settings.resolution,
+    )
+    gap = max(s.granularity(), s.settings.resolution)
+    assert abs(found.best - blind.best) <= gap, (found.tried, blind.tried)

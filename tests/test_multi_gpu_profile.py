@@ -74,13 +74,13 @@ def test_gpu_profile_holds_the_seed_cases_and_the_communication_bound_ring():
 
 def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     plan = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
-    assert [(s.impl, s.module, s.mode, s.grad_compression) for s in plan.speedups] == [
+    assert [(s.impl, s.settings.module, s.settings.mode, s.settings.grad_compression) for s in plan.speedups] == [
         ("block-sparse", "attention", "fwd", None),
         ("dilated", "multihead", "fwd_bwd", "fp16"),
         ("sdpa", "attention", "fwd", None),
     ]
-    assert plan.speedups[0].strategies == ("dp", "mp") and plan.speedups[0].timing["min_samples"] == 2
-    names = [(s.impl, s.world_size) for s in plan.series]
+    assert plan.speedups[0].settings.strategies == ("dp", "mp") and plan.speedups[0].settings.min_samples == 2
+    names = [(s.impl, s.world_size) for s in plan.series if s.settings.kind != "speedup"]
     # each equal-work baseline right before the sequence-parallel series it serves
     i = names.index(("ring", 1))
     assert names[i - 1] == ("sdpa", 1)
@@ -90,7 +90,7 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     assert before.config["dilation_rates"] == crossing.config["dilation_rates"]
     assert before.settings.seq_lens == crossing.settings.seq_lens and before.settings.gpus == ()
     # the max-seq search gets no baseline: equal work is a points comparison
-    assert sum(1 for s in plan.series if s.impl == "block-sparse") == 1
+    assert sum(1 for s in plan.series if s.impl == "block-sparse" and s.settings.kind != "speedup") == 1
 
 
 def test_unknown_key_in_a_speedup_table_names_it(tmp_path):
@@ -123,7 +123,7 @@ def test_bad_speedup_table_exits_2_with_one_line_and_no_results(tmp_path):
 
 def _fake_gpus(monkeypatch, n: int) -> None:
     monkeypatch.setattr(runner, "cuda_available", lambda: True)
-    monkeypatch.setattr(runner, "_visible_gpus", lambda: n)
+    monkeypatch.setattr(runner, "visible_gpus", lambda: n)
     monkeypatch.setattr(seqpar, "max_ranks", lambda device: n)
 
 
@@ -131,7 +131,7 @@ def test_rank_lists_and_gpu_counts_are_clipped_to_the_visible_gpus(monkeypatch):
     _fake_gpus(monkeypatch, 2)
     plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
     assert {s.world_size for s in plan.series} == {1, 2}
-    assert all(sp.gpus == 2 and sp.strategies for sp in plan.speedups)
+    assert all(sp.settings.gpus == (2,) and sp.settings.strategies for sp in plan.speedups)
     # every dropped rank count is named: 4 and 8 of each of the six sequence-parallel entries
     dropped = [c for c in plan.clipped if "not run" in c]
     assert len(dropped) == 6 * 2 and all(" x4:" in c or " x8:" in c for c in dropped)
@@ -142,7 +142,10 @@ def test_one_gpu_keeps_the_single_gpu_halves(monkeypatch):
     _fake_gpus(monkeypatch, 1)
     plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
     assert {s.world_size for s in plan.series} == {1}
-    assert all(sp.gpus == 1 and sp.strategies == () and sp.grad_compression is None for sp in plan.speedups)
+    assert all(
+        sp.settings.gpus == (1,) and sp.settings.strategies == () and sp.settings.grad_compression is None
+        for sp in plan.speedups
+    )
     assert sum("only the single-GPU baseline ran" in c for c in plan.clipped) == 3
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from attnbench.report.fit import _measured_budget, fit_memory, memory_degree
+from attnbench.measure.capacity import fit_memory, measured_budget, memory_degree
 
 from conftest import typed_row
 
@@ -95,13 +95,15 @@ def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
     def typed(rows):
         return [typed_row(**whole(r)) for r in rows]
 
-    device, overhead, budget, note = _measured_budget(typed(sorted(rows, key=lambda r: r["seq_len"])))
+    device, overhead, budget, note = measured_budget(typed(sorted(rows, key=lambda r: r["seq_len"])))
     assert device == total and overhead == pytest.approx(600e6) and budget == pytest.approx(total - 600e6)
     assert "NVML" in note
     limited = [{**r, "memory_limit": 8 * GIB} for r in rows]
-    assert _measured_budget(typed(limited))[2] == 8 * GIB
+    assert measured_budget(typed(limited))[2] == 8 * GIB
     no_nvml = [{**r, "gpus": []} for r in rows]
-    assert _measured_budget(typed(no_nvml))[1:3] == (0.0, total)
+    assert measured_budget(typed(no_nvml))[1:3] == (0.0, total)
+    # the search reads the rows it is writing (dicts): the same answer
+    assert measured_budget(sorted(rows, key=lambda r: r["seq_len"]))[:3] == (device, overhead, budget)
 
 
 def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_trials():
@@ -144,9 +146,10 @@ def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_t
 def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_peak():
     """On a GPU an allocation fails when the reserved footprint cannot grow, fragmentation
     included, so the fit models max_memory_reserved; on a CPU there is only peak_bytes."""
-    from attnbench.report.fit import fitted_peak
+    from attnbench.measure.capacity import fitted_peak
 
     gpu = {"device": "cuda", "peak_bytes": 900, "max_memory_reserved": 1000, "world_size": 1}
     assert fitted_peak(typed_row(**gpu)) == 1000
     assert fitted_peak(typed_row(**{**gpu, "max_memory_reserved": None})) == 900
     assert fitted_peak(typed_row(device="cpu", peak_bytes=700, world_size=1)) == 700
+    assert fitted_peak(gpu) == 1000  # a row a run is writing

@@ -29,6 +29,7 @@ def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
     assert sorted((r["kind"], r["seq_len"]) for r in trials) == [
         ("max-seq", 512),
         ("max-seq", 1024),
+        ("max-seq", 1024),  # the search's answer, confirmed in a second run
         ("points", 512),
         ("points", 1024),
     ]
@@ -56,3 +57,108 @@ def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeyp
     assert [o.verified for o in outcomes] == [False]
     rows = read_rows(tmp_path)[0]
     assert [r["kind"] for r in rows] == ["verify"] and rows[0]["status"] == "fail"
+
+
+@pytest.fixture
+def scan_kind():
+    """A new sweep kind, defined here in one place: time every power-of-two length from
+    ``start`` to ``max_seq_len`` (its trials are points rows, so every reader knows them)."""
+    from attnbench.sweeps import kinds
+    from attnbench.sweeps.kinds.base import TrialKind
+
+    class Scan(TrialKind):
+        name, row_kind = "scan", "points"
+
+        def lengths(self, s):
+            n, out = s.start(), []
+            while n <= s.settings.max_seq_len:
+                out.append(n)
+                n *= 2
+            return out
+
+        def trials(self, s, runner):
+            return [runner.trial(s, n, "scan")["status"] for n in self.lengths(s)]
+
+    kinds.register(Scan())
+    yield
+    kinds.KINDS.pop("scan")
+
+
+def test_a_new_sweep_kind_is_one_registered_module(tmp_path, scan_kind):
+    from attnbench.plan import build_plan
+
+    flags = {**vars_of(SMALL), "kind": "scan", "start": 128, "max_seq_len": 512}
+    plan = resolve(build_plan("t", ["dilated"], flags, DILATED))
+    env = {"machine": "cpu: test"}
+    outcomes = SweepRunner(plan, tmp_path, env).run()
+    assert [o.result for o in outcomes] == [["ok", "ok", "ok"]]
+    rows = read_rows(tmp_path)[0]
+    assert [r["kind"] for r in rows][0] == "verify"
+    scanned = [(r["kind"], r.get("sweep"), r["seq_len"]) for r in rows[1:]]
+    assert scanned == [("points", "scan", 128), ("points", "scan", 256), ("points", "scan", 512)]
+    # a resumed run replays the new kind's rows like any other's
+    SweepRunner(plan, tmp_path, env, resume=True).run()
+    assert len(read_rows(tmp_path)[0]) == len(rows)
+
+
+def test_an_unknown_kind_is_one_line_naming_the_kinds():
+    from attnbench.errors import AttnbenchError
+    from attnbench.plan import build_plan
+
+    with pytest.raises(AttnbenchError, match="unknown kind 'scan': choose from max-seq, points, speedup"):
+        resolve(build_plan("t", ["naive"], {**vars_of(SMALL), "kind": "scan"}, {}))
+
+
+def vars_of(settings):
+    """Settings as the flags build_plan takes (defaults left out)."""
+    from dataclasses import fields
+
+    default = type(settings)()
+    return {
+        f.name: getattr(settings, f.name)
+        for f in fields(settings)
+        if getattr(settings, f.name) != getattr(default, f.name)
+    }
+
+
+def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeypatch):
+    series = Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,)))
+    run_plan(tmp_path, series)
+    checked = []
+    real = SweepRunner.run_checks
+    monkeypatch.setattr(
+        SweepRunner, "run_checks", lambda self, cases, **kw: checked.append(cases) or real(self, cases, **kw)
+    )
+    plan = resolve(Plan("t", (series,)))
+    outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}, resume=True).run()
+    assert checked == [] and [o.verified for o in outcomes] == [True]
+    assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == 1
+
+
+def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeypatch):
+    """As a one-process trial does: the supervisor tells the kernel's OOM killer from another
+    kill by the limit."""
+    from attnbench.sweeps import seqpar
+    from attnbench.trial import TrialSpec
+
+    seen = {}
+
+    def launch(job, payload, world, device, **kw):
+        seen.update(kw)
+        return [{"status": "oom", "rank": r, "message": "out of memory", "times_ms": []} for r in range(world)]
+
+    monkeypatch.setattr(seqpar, "launch", launch)
+    workload = dict(
+        impl="ring",
+        config={},
+        batch=1,
+        seq_len=256,
+        heads=2,
+        head_dim=8,
+        dtype="fp32",
+        device="cpu",
+        mode="fwd",
+        causal=False,
+    )
+    row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
+    assert seen["memory_limit"] == 64 << 20 and row["status"] == "oom"

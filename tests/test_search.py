@@ -66,3 +66,171 @@ def test_phases_are_named():
 def test_start_must_be_on_the_grid():
     with pytest.raises(ValueError):
         grow_then_bisect(lambda n, p: "ok", start=1000, granularity=128, max_len=1 << 20)
+
+
+# --- the predicted search --------------------------------------------------------------------
+
+from attnbench.sweeps.search import PREDICTED, Limits, Outcome, predicted_search  # noqa: E402
+
+
+class Device:
+    """A device with a known memory law and call time: a length runs when its peak fits the
+    budget and its call the time limit; every probe is recorded."""
+
+    def __init__(self, peak, budget, time_ms=lambda n: 1.0, limit_ms=None, flops=None):
+        self.peak, self.budget, self.time_ms, self.limit_ms, self.flops = peak, budget, time_ms, limit_ms, flops
+        self.calls = []  # (length, phase, attempt, prediction)
+
+    def runs(self, n):
+        if self.peak(n) > self.budget:
+            return "oom"
+        return "time-limit" if self.limit_ms and self.time_ms(n) > self.limit_ms else "ok"
+
+    def __call__(self, n, phase, attempt, prediction):
+        self.calls.append((n, phase, attempt, prediction))
+        if phase == PREDICTED:
+            return Outcome("time-limit")
+        status = self.runs(n)
+        if status != "ok":
+            return Outcome(status)
+        flops = self.flops(n) if self.flops else None
+        return Outcome("ok", float(self.peak(n)), self.time_ms(n), flops, float(self.budget))
+
+    def truth(self, start, grid, max_len):
+        """The largest length on the grid that runs (the blind search's answer at granularity)."""
+        return max(n for n in range(grid, max_len + 1, grid) if self.runs(n) == "ok")
+
+
+def linear(n):  # 2.3 KiB per token on 5 MB: dilated on the CPU
+    return 5e6 + 2330 * n
+
+
+def quadratic(n):  # scores and probabilities of 4 heads in fp32, on 70 MB
+    return 7e7 + 32 * n * n
+
+
+@pytest.mark.parametrize(
+    "law,degree,budget,start,resolution",
+    [
+        (linear, 1, 2**30, 1024, 16384),
+        (linear, 1, 80 * 2**30, 65536, 262144),
+        (linear, 1, 64 * 2**20, 16384, 32768),
+        (quadratic, 2, 2**30, 1024, 256),
+        (quadratic, 2, 140 * 2**30, 4096, 1024),
+    ],
+)
+def test_the_predicted_search_finds_the_limit_within_the_resolution_in_few_trials(
+    law, degree, budget, start, resolution
+):
+    device = Device(law, budget)
+    lim = Limits(start=start, granularity=512, max_len=1 << 31, resolution=resolution, degree=degree)
+    result = predicted_search(device, lim)
+    truth = device.truth(start, 512, 1 << 31)
+    assert result.best <= truth < result.first_failure
+    assert result.first_failure - result.best <= lim.gap and result.margin == result.first_failure - result.best
+    assert result.stop_status == "oom" and result.confirmed
+    blind = grow_then_bisect(lambda n, p: device.runs(n), start, 512, 1 << 31, resolution)
+    assert abs(result.best - blind.best) <= lim.gap
+    # two or three short trials to fit (a quadratic needs three), a jump, a step, the confirmation
+    assert len(result.tried) <= 5 + degree and len(result.tried) <= len(blind.tried) + 1
+    lengths = [n for n, _ in result.tried]
+    assert lengths.count(result.best) == 2 and all(lengths.count(n) == 1 for n in lengths if n != result.best)
+    assert device.calls[-1][:3] == (result.best, "confirm", 2)
+
+
+def test_every_probe_carries_what_the_model_predicted_for_it():
+    device = Device(linear, 2**30)
+    predicted_search(device, Limits(start=1024, granularity=512, max_len=1 << 31, resolution=16384))
+    modelled = [(n, p) for n, _, _, p in device.calls if p and p.peak_bytes]
+    assert len(modelled) >= 3
+    for n, p in modelled:  # a linear law is fitted exactly: the prediction is the truth
+        assert p.peak_bytes == pytest.approx(linear(n), rel=1e-6) and p.max_seq > 0
+
+
+def test_a_kill_is_retried_once_and_an_expected_oom_is_not():
+    killed = set()
+
+    def probe(n, phase, attempt, prediction):
+        if n == 2048 and attempt == 1:
+            killed.add(n)
+            return Outcome("killed")
+        return Device(linear, 2**30)(n, phase, attempt, prediction)
+
+    result = predicted_search(probe, Limits(start=1024, granularity=512, max_len=1 << 31, resolution=16384))
+    statuses = {n: [s for m, s in result.tried if m == n] for n, _ in result.tried}
+    assert statuses[2048] == ["killed", "ok"]
+    assert all(s == ["oom"] for n, s in statuses.items() if n > result.best), "a failure above a success runs once"
+
+
+def test_an_oom_where_the_model_saw_plenty_of_room_runs_once_more():
+    """The probes report twice the memory there is (an overhead misread): the first jump fails
+    as the model could not know; the bisection below it runs where the model predicts half the
+    budget, so an OOM there is a contradiction and runs once more."""
+    device = Device(linear, 2**30)
+    injected = []
+
+    def probe(n, phase, attempt, prediction):
+        out = device(n, phase, attempt, prediction)
+        if phase == "bisect" and not injected:
+            injected.append(n)
+            assert prediction.peak_bytes < 0.8 * 2**31
+            return Outcome("oom")
+        return Outcome(out.status, out.peak_bytes, out.time_ms, out.flops, 2.0 * 2**30) if out.status == "ok" else out
+
+    result = predicted_search(probe, Limits(start=1024, granularity=512, max_len=1 << 31, resolution=16384))
+    assert injected and [s for n, s in result.tried if n == injected[0]] == ["oom", "ok"]
+    assert result.best <= device.truth(1024, 512, 1 << 31) < result.first_failure
+
+
+def test_a_length_predicted_over_the_time_limit_is_recorded_not_run():
+    # quadratic time (a fused kernel on the CPU), memory that never binds: the time limit stops it
+    device = Device(linear, 2**40, time_ms=lambda n: 1.2e-5 * n * n, limit_ms=5000.0, flops=lambda n: 4.0 * n * n)
+    lim = Limits(start=1024, granularity=512, max_len=1 << 31, resolution=8192, degree=1, time_limit_ms=5000.0)
+    result = predicted_search(device, lim)
+    truth = max(n for n in range(512, 1 << 20, 512) if device.time_ms(n) <= 5000)
+    assert result.best <= truth < result.first_failure and result.stopped_by == "time"
+    assert result.first_failure - result.best <= 8192 and len(result.tried) <= 5
+    # 16K runs in 3.2 s; the bracket's upper end, 24K, would take 7.2 s: recorded, not run
+    assert (result.first_failure, PREDICTED) in [(n, phase) for n, phase, _, _ in device.calls]
+    assert result.failure_predicted
+    assert all(device.time_ms(n) <= 5000 for n, phase, _, _ in device.calls if phase != PREDICTED)
+
+
+def test_a_confirmation_that_fails_moves_the_limit_below_it():
+    runs = {}
+
+    def probe(n, phase, attempt, prediction):
+        runs[n] = runs.get(n, 0) + 1
+        if phase == "confirm" and runs[n] == 2 and not runs.get("failed"):
+            runs["failed"] = True
+            return Outcome("oom")  # the edge is noisy: the second run of the largest success fails
+        return Device(linear, 2**30)(n, phase, attempt, prediction)
+
+    result = predicted_search(probe, Limits(start=1024, granularity=512, max_len=1 << 31, resolution=16384))
+    first_best = next(n for n, s in result.tried if s == "oom" and runs.get(n, 0) >= 2)
+    assert result.confirmed and result.best < first_best and result.first_failure <= first_best
+
+
+def test_replaying_recorded_outcomes_repeats_the_search():
+    device = Device(quadratic, 2**30)
+    lim = Limits(start=1024, granularity=512, max_len=1 << 31, resolution=256, degree=2)
+    first = predicted_search(device, lim)
+    recorded = {(n, a): device(n, p, a, None) for n, p, a, _ in list(device.calls)}
+    again = predicted_search(lambda n, p, a, pred: recorded[(n, a)], lim)
+    assert again.tried == first.tried and again.best == first.best
+
+
+def test_the_predicted_search_stops_at_the_cap():
+    device = Device(linear, 2**40)
+    result = predicted_search(device, Limits(start=1024, granularity=1024, max_len=8192))
+    assert result.best == 8192 and result.first_failure is None and result.stopped_by == "max-seq-len cap"
+
+
+def test_where_memory_binds_time_alone_never_sets_the_jump():
+    """Two short successes give a time model but not a quadratic memory fit (three lengths):
+    the search grows instead of jumping to where the time limit would be."""
+    device = Device(quadratic, 2**30, time_ms=lambda n: 1e-5 * n * n, limit_ms=60000.0)
+    lim = Limits(start=1024, granularity=512, max_len=1 << 31, resolution=1024, degree=2, time_limit_ms=60000.0)
+    result = predicted_search(device, lim)
+    assert [n for n, _ in result.tried[:3]] == [1024, 2048, 4096]
+    assert result.best <= device.truth(1024, 512, 1 << 31) < result.first_failure

@@ -5,26 +5,21 @@ output caught, NVML rows from a fake backend, the tables, and bad input."""
 import os
 import statistics
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from attnbench.errors import AttnbenchError
+from attnbench.plan import Case, Plan, parse_cases, speedup_series
 from attnbench.reference import TOLERANCE
 from attnbench.results import read_rows
 from attnbench.sweeps import strategies
-from attnbench.sweeps.speedup import (
-    Case,
-    SpeedupRunner,
-    SpeedupSettings,
-    check_settings,
-    gpu_rows,
-    notes_for,
-    parse_cases,
-    slowest_per_iteration,
-)
+from attnbench.sweeps.runner import SweepRunner
+from attnbench.sweeps.speedup import check_settings
 from attnbench.sweeps.speedup_job import context, measure
+from attnbench.sweeps.speedup_rows import gpu_rows, notes_for, slowest_per_iteration
 
 from conftest import ROOT, run_cli
 
@@ -215,7 +210,7 @@ def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(
     from attnbench.environment import capture_env
 
     settings = check_settings(
-        SpeedupSettings(
+        speedup_series(
             impl="dilated",
             config={"segment_lengths": [64, 128], "dilation_rates": [1, 2]},
             cases=(Case(256, 2),),
@@ -229,7 +224,8 @@ def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(
         ),
         cuda_devices=0,
     )
-    assert SpeedupRunner(settings, tmp_path / "run", capture_env()).run()
+    outcomes = SweepRunner(Plan("t", (settings,)), tmp_path / "run", capture_env()).run()
+    assert all(o.verified for o in outcomes)
     rows = speedup_rows(tmp_path / "run")
     failed = rows[("256x2", "fail-rank-1")]
     assert (
@@ -363,12 +359,12 @@ def test_dataparallel_notes_say_what_really_ran():
 
 def test_cases_parse_and_gpu_count_is_checked():
     assert parse_cases("2048x8, 64Kx2") == (Case(2048, 8), Case(65536, 2))
-    base = SpeedupSettings(impl="sdpa", config={}, cases=(Case(1024, 1),), gpus=2, strategies=("dp",), device="cuda")
+    base = speedup_series("sdpa", {}, cases=(Case(1024, 1),), gpus=2, strategies=("dp",), device="cuda")
     with pytest.raises(AttnbenchError, match="at most 1"):
         check_settings(base, cuda_devices=1)
     assert check_settings(base, cuda_devices=2).config == {"backend": "auto"}  # dp runs batch 1 on 2 GPUs, with a note
     with pytest.raises(AttnbenchError, match="not a multiple of 2"):
-        check_settings(SpeedupSettings(**{**base.__dict__, "strategies": ("mp",)}), cuda_devices=2)
+        check_settings(replace(base, settings=replace(base.settings, strategies=("mp",))), cuda_devices=2)
 
 
 @pytest.mark.slow
@@ -441,7 +437,7 @@ def test_more_gpus_than_exist_is_one_line_exit_2(tmp_path):
 
 
 def _cuda_settings(**kw):
-    return SpeedupSettings(
+    return speedup_series(
         **{
             "impl": "sdpa",
             "config": {"backend": "auto"},
@@ -458,7 +454,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
     """What the ranks of an mp trial on two GPUs return (the job's result files), merged:
     time per iteration is the slowest rank's, each GPU gets its own allocator peak and its
     NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
-    from attnbench.sweeps.speedup import merge_ranks
+    from attnbench.sweeps.speedup_rows import merge_ranks
 
     nvml = [
         {"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
@@ -506,7 +502,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
 
 
 def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
-    from attnbench.sweeps.speedup import merge_ranks
+    from attnbench.sweeps.speedup_rows import merge_ranks
 
     nvml = [
         {"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},

@@ -67,7 +67,9 @@ class RichReporter:
         if result is None:
             return
         best = format_tokens(result.best) if result.best else "none"
+        best += ", confirmed in a fresh process" if getattr(result, "confirmed", False) else ""
         fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
+        fail += " (predicted, not run)" if getattr(result, "failure_predicted", False) else ""
         console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
 
 

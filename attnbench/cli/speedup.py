@@ -61,27 +61,22 @@ def speedup(
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
     from attnbench.environment import capture_env
+    from attnbench.plan import SEED_CASES, Plan, parse_cases, parse_names, speedup_series
     from attnbench.report.speedup_tables import write_speedup_tables
     from attnbench.results import check_output_dir
-    from attnbench.sweeps.speedup import (
-        SEED_CASES,
-        SpeedupRunner,
-        SpeedupSettings,
-        check_settings,
-        parse_cases,
-        parse_strategies,
-    )
+    from attnbench.sweeps.runner import SweepRunner
+    from attnbench.sweeps.speedup import check_settings, order
 
     if out:
         check_output_dir(out)
     device = resolve_device(device)
-    settings = check_settings(
-        SpeedupSettings(
-            impl=impl,
-            config=impl_params(segment_lengths, dilation_rates, backend, param),
+    series = check_settings(
+        speedup_series(
+            impl,
+            impl_params(segment_lengths, dilation_rates, backend, param),
             cases=parse_cases(SEED_CASES if cases is None else cases),
             gpus=gpus,
-            strategies=parse_strategies(strategy),
+            strategies=parse_names(strategy),
             module=module,
             grad_compression=grad_compression,
             dtype=dtype,
@@ -96,15 +91,17 @@ def speedup(
         cases_given=cases is not None,
     )
     env = capture_env()
-    out_dir = Path(out) if out else _speedup_out(settings, env)
-    runner = SpeedupRunner(settings, out_dir, env, resume=resume, reporter=SpeedupReporter())
+    out_dir = Path(out) if out else _speedup_out(series, env)
+    plan = Plan(f"speedup-{impl}", (series,))
+    runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())
+    n = len(series.settings.cases)
     console.print(
         f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
-        f"({', '.join(settings.order())}), {len(settings.cases)} case{'s' if len(settings.cases) != 1 else ''} on {env['machine']} -> {out_dir}"
+        f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env['machine']} -> {out_dir}"
     )
     interrupted, verified = False, True
     try:
-        verified = runner.run()
+        verified = all(o.verified for o in runner.run())
     except KeyboardInterrupt:
         interrupted = True
     if (out_dir / "trials.jsonl").exists():
@@ -126,6 +123,7 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
-def _speedup_out(settings, env) -> Path:
-    machine = f"{env['gpus'][0]['name']} x{settings.gpus}" if settings.device == "cuda" and env.get("gpus") else "cpu"
-    return dated_results_dir(machine, f"speedup-{settings.impl}")
+def _speedup_out(series, env) -> Path:
+    st = series.settings
+    machine = f"{env['gpus'][0]['name']} x{st.gpus[0]}" if st.device == "cuda" and env.get("gpus") else "cpu"
+    return dated_results_dir(machine, f"speedup-{series.impl}")

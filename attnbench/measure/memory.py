@@ -84,6 +84,50 @@ def open_nvml() -> tuple[NvmlBackend | None, str]:
     return backend, ""
 
 
+class OneGpu:
+    """An NVML backend restricted to one GPU (a rank's own)."""
+
+    def __init__(self, backend: NvmlBackend, index: int) -> None:
+        self.backend, self.index = backend, index
+
+    def device_count(self) -> int:
+        return 1
+
+    def used_bytes(self, index: int) -> int:
+        return self.backend.used_bytes(self.index)
+
+
+def own_gpu_nvml(cuda_index: int) -> tuple[OneGpu | None, str]:
+    """NVML for CUDA device ``cuda_index`` alone, matched by UUID (CUDA and NVML may number
+    GPUs differently)."""
+    backend, note = open_nvml()
+    if backend is None:
+        return None, note
+    return OneGpu(backend, cuda_to_nvml(cuda_index + 1).get(str(cuda_index), cuda_index)), ""
+
+
+def cuda_to_nvml(count: int) -> dict[str, int]:
+    """NVML index of CUDA devices 0..count-1, matched by UUID (CUDA may order or hide GPUs
+    differently from NVML); the same index where a UUID cannot be read."""
+    mapping = {str(i): i for i in range(count)}
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        by_uuid = {}
+        for j in range(pynvml.nvmlDeviceGetCount()):
+            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(j))
+            by_uuid[(u.decode() if isinstance(u, bytes) else u).removeprefix("GPU-")] = j
+        for i in range(count):
+            j = by_uuid.get(str(torch.cuda.get_device_properties(i).uuid).removeprefix("GPU-"))
+            if j is not None:
+                mapping[str(i)] = j
+    except Exception:  # keep the CUDA index: right unless CUDA_VISIBLE_DEVICES reorders GPUs
+        pass
+    return mapping
+
+
 class NvmlSampler:
     """Polls every GPU's used memory on a thread; keeps the baseline and the peak per GPU,
     and, inside ``recording()``, every GPU's clocks, power and throttle reasons."""

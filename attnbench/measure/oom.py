@@ -16,6 +16,7 @@ _OOM_MESSAGES = (
     "cusolver_status_alloc_failed",
     "failed to allocate memory",
     "memoryerror",  # a child's last stderr line after Python's MemoryError
+    "failed to map segment from shared object",  # a library loaded lazily under an address-space cap
 )
 
 

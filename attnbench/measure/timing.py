@@ -1,4 +1,5 @@
-"""Timing with raw samples kept: two timers per trial.
+"""The timing policy and the statistics of samples, pure: the timers themselves (CUDA
+events, CUDA-graph replays) are in ``measure.core``. Two timers per trial:
 
 - **eager time**: one synchronised call per sample, dispatch included: CUDA events on the
   GPU, a monotonic clock on the CPU. What a caller of one attention call waits for.
@@ -17,21 +18,14 @@ flush, many samples) are followed here.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 # Eager time above this multiple of GPU time: the host (Python, dispatch, launch) is the
 # bottleneck, not the kernel. 1.5 means at least a third of each call is host overhead.
 HOST_BOUND_FACTOR = 1.5
-# Calls faster than this get an L2 flush before each call when GPU time is taken.
-FLUSH_BELOW_MS = 1.0
-# The GPU-time sample covers at least this much work, so event resolution (~0.5 us) is noise.
-GPU_SAMPLE_MS = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,26 +41,6 @@ class TimingPolicy:
         return (1.0 if cuda else 0.0) if self.warmup_s is None else self.warmup_s
 
 
-class Timer:
-    """Times one call of ``fn``; synchronizes the device so each sample is one call."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device.startswith("cuda")
-        self.name = "cuda-event" if self.cuda else "perf_counter"
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-
 def plan_calls(first_ms: float, policy: TimingPolicy) -> tuple[int, int]:
     """(warmup calls, timed calls) for calls of ``first_ms`` (a warm call where the caller
     has one): aim for the target time and the sample counts, never beyond the budget,
@@ -76,13 +50,6 @@ def plan_calls(first_ms: float, policy: TimingPolicy) -> tuple[int, int]:
     warmup = min(policy.warmup, affordable - 1)
     wanted = max(policy.min_samples, int(policy.target_ms / per_call))
     return warmup, max(1, min(wanted, affordable - warmup, policy.max_samples))
-
-
-def collect(fn: Callable[[], object], timer: Timer, first_ms: float, policy: TimingPolicy) -> list[float]:
-    warmup, n = plan_calls(first_ms, policy)
-    for _ in range(warmup):
-        fn()
-    return [timer(fn) for _ in range(n)]
 
 
 @dataclass
@@ -124,79 +91,12 @@ def timed_samples(
     return [timer(fn) for _ in range(n)]
 
 
-def gpu_samples(fn: Callable[[], object], warm_ms: float, n: int, flush_bytes: int = 0) -> tuple[list[float], str]:
-    """GPU time per call, ``n`` samples, and how it was taken (``cuda-graph`` or
-    ``back-to-back``; ``+l2-flush`` where a flush preceded each call)."""
-    graph = _capture(fn)
-    run = graph.replay if graph is not None else fn
-    how = "cuda-graph" if graph is not None else "back-to-back"
-    reps = max(1, int(GPU_SAMPLE_MS / max(warm_ms, 1e-3)))
-    flush = None
-    if flush_bytes and warm_ms < FLUSH_BELOW_MS:
-        flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-        how += "+l2-flush"
-    samples = []
-    for _ in range(n):
-        work = _between_events(run, reps, flush)
-        overhead = _between_events(None, reps, flush) if flush is not None else 0.0
-        samples.append(max(work - overhead, 0.0) / reps)
-    del graph, flush
-    return samples, how
-
-
-def _between_events(run: Callable[[], object] | None, reps: int, flush: torch.Tensor | None) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
-        if run is not None:
-            run()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end))
-
-
-def _capture(fn: Callable[[], object]):
-    """A CUDA graph of one call of ``fn``, or None where the implementation cannot be
-    captured (host synchronisation, data-dependent shapes, collectives, autograd in some
-    versions)."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()  # warm the side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        return graph
-    except Exception:  # anything capture rejects means "time it eagerly, back to back"
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
-        return None
-
-
-def gpu_time(fn: Callable[[], object], eager: list[float], budget_s: float | None = None) -> dict[str, object]:
-    """Row fields of GPU time for a step whose eager samples are ``eager``, in at most half
-    of ``budget_s`` (at least 3 samples); a failure (capture or flush out of memory, say)
-    leaves the eager row intact and says why."""
-    from attnbench.measure import oom
-
-    warm_ms = statistics.median(eager)
-    n = len(eager)
-    if budget_s:
-        n = min(n, max(3, int(budget_s * 1e3 / 2 / max(warm_ms, GPU_SAMPLE_MS))))
-    try:
-        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-        samples, how = gpu_samples(fn, warm_ms, n, 2 * l2)
-        return {"gpu_times_ms": samples, "gpu_timer": how}
-    except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
-        return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
+def sample_statistics(times_ms: list[float], gpu_times_ms: list[float] | None = None) -> dict[str, object]:
+    """Every statistic a row carries of its samples: the eager median and spread, the
+    intervals of the eager and GPU medians, the host's share of a call. The one place they
+    are computed, whether the samples came from one process or the slowest of several ranks."""
+    row = {"times_ms": times_ms, "gpu_times_ms": gpu_times_ms}
+    return {**summarize(times_ms), **time_intervals(row)}
 
 
 def time_intervals(row: dict[str, object]) -> dict[str, object]:

@@ -17,88 +17,23 @@ trial's peak minus that trial's ``max_memory_reserved`` (the allocator's whole f
 in a fresh process per trial it only grows, so both peaks coincide), the median over the
 series' longest successful trials, and assumed the same on every GPU size. The allocator's
 cache is not subtracted: before failing, the allocator frees it and retries.
+
+The model itself (the fit, the budget, the peak that is fitted) is ``attnbench.measure.capacity``,
+which the max-seq search predicts with before it probes; this module applies it to results.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
-import numpy as np
-
-from attnbench.report.data import gpu_memory, ok, peak_per_gpu, trials, world_size
+from attnbench.measure.capacity import MemoryFit, fit_memory, fitted_peak, measured_budget, memory_degree
+from attnbench.report.data import ok, trials, world_size
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Trial
 
 GIB = 2**30
 ACCURACY_TARGET = 0.05
 MIN_TRIALS_FOR_TARGET = 4
-# Backends that hold N x N scores whatever the implementation declares (sdpa's math).
-QUADRATIC_BACKENDS = {"math"}
-# Trials nearest the limit say most about what is not the allocator's near the limit.
-OVERHEAD_TRIALS = 3
-
-
-def memory_degree(impl: str, backend: str | None = None, row: Row | None = None) -> int:
-    """The fit's degree: the implementation's declared memory order (``ImplSpec.memory_order``,
-    recorded in the rows of outside implementations), 2 when a quadratic backend ran."""
-    from attnbench import impls
-
-    recorded = {"impl_source": row.impl_source} if row is not None else None
-    return 2 if impls.memory_order(impl, recorded) == 2 or backend in QUADRATIC_BACKENDS else 1
-
-
-@dataclass(frozen=True)
-class MemoryFit:
-    """peak(N) = coef[0] + coef[1] N (+ coef[2] N^2), fitted by least squares."""
-
-    degree: int
-    coef: tuple[float, ...]
-    seq_lens: tuple[int, ...]
-    peaks: tuple[float, ...]
-
-    def __call__(self, n: float) -> float:
-        return float(sum(c * n**i for i, c in enumerate(self.coef)))
-
-    def errors(self) -> list[float]:
-        """Relative error of the fit on each measured point."""
-        return [self(n) / p - 1 for n, p in zip(self.seq_lens, self.peaks)]
-
-    @property
-    def max_error(self) -> float:
-        return max(abs(e) for e in self.errors())
-
-    @property
-    def error_at_largest(self) -> float:
-        """The fit's error at the longest measured length, the one nearest any prediction."""
-        return self.errors()[max(range(len(self.seq_lens)), key=lambda i: self.seq_lens[i])]
-
-    def max_seq(self, budget: float) -> float | None:
-        """The length at which the fitted peak first reaches ``budget`` bytes; None if it never
-        does (no limit follows from the fit) or not even N = 0 fits."""
-        if budget <= self.coef[0]:
-            return None
-        roots = np.polynomial.polynomial.polyroots([self.coef[0] - budget, *self.coef[1:]])
-        real = [r.real for r in roots if abs(r.imag) < 1e-9 * max(1.0, abs(r.real)) and r.real > 0]
-        if not real:
-            return None
-        return float(min(real))
-
-    def formula(self) -> str:
-        from attnbench.units import format_bytes, format_bytes_short
-
-        terms = [format_bytes(self.coef[0])] + [
-            f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "") for i, c in enumerate(self.coef[1:], 1)
-        ]
-        return " + ".join(terms).replace("+ -", "- ")
-
-
-def fit_memory(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFit | None:
-    """Least-squares fit; None with fewer distinct lengths than the model has coefficients."""
-    if len(set(seq_lens)) < degree + 1:
-        return None
-    coef = np.polynomial.polynomial.polyfit(np.asarray(seq_lens, float), np.asarray(peaks, float), degree)
-    return MemoryFit(degree, tuple(float(c) for c in coef), tuple(seq_lens), tuple(float(p) for p in peaks))
 
 
 # --- per series ----------------------------------------------------------------------------
@@ -152,63 +87,6 @@ def fit_miss_cause(c: Capacity) -> str:
     return "predicted low: the fitted lengths are small, where fixed costs steepen the slope"
 
 
-def _measured_budget(rows: list[Trial]) -> tuple[float | None, float | None, float | None, str]:
-    """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
-    good = sorted(ok(rows), key=lambda r: r.seq_len)
-    head = rows[0]
-    limit = head.memory_limit
-    if head.device != "cuda":
-        if not limit:
-            return None, None, None, "CPU run without --memory-limit: no memory bound was measured"
-        return (
-            limit,
-            0.0,
-            float(limit),
-            (
-                "CPU: the trial's memory limit (an address-space cap) is the budget for "
-                "its resident-memory peak; indicative only"
-            ),
-        )
-    totals = [r.device_total_bytes for r in rows if r.device_total_bytes]
-    if not totals:
-        totals = [g.get("memory_total_bytes") for g in ((head.env.gpus if head.env else None) or [])[:1]]
-    total = float(totals[0]) if totals and totals[0] else None
-    if total is None:
-        return None, None, None, "the device's total memory is not in the rows"
-    extra = []
-    for r in good[-OVERHEAD_TRIALS:]:
-        per_gpu = [
-            g["nvml_peak"] - g["reserved"]
-            for g in gpu_memory(r)
-            if g["nvml_peak"] is not None and g["reserved"] is not None
-        ]
-        if per_gpu:
-            extra.append(max(per_gpu))
-    if extra:
-        overhead = max(0.0, statistics.median(extra))
-        note = (
-            "GPU: Set Aside is what the allocator cannot use: NVML device memory used at the peak minus "
-            f"max_memory_reserved, the median over the {OVERHEAD_TRIALS} longest successful trials (CUDA "
-            "context, library modules, driver reservation); the allocator's cache is not set aside, as it is "
-            "freed before an allocation fails"
-        )
-    else:
-        overhead = 0.0
-        note = "GPU without NVML readings: nothing is set aside for the CUDA context, so predictions run high"
-    budget = total - overhead
-    if limit and limit < budget:
-        budget, note = float(limit), "GPU with --memory-limit: the limit caps the allocator and is the budget"
-    return total, overhead, budget, note
-
-
-def fitted_peak(row: Trial) -> float | None:
-    """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
-    rank's), elsewhere ``peak_bytes``."""
-    if row.device == "cuda" and row.max_memory_reserved:
-        return row.max_memory_reserved
-    return peak_per_gpu(row)
-
-
 def capacities(rows: list[Row]) -> list[Capacity]:
     """One capacity estimate per series (max-seq and points trials of one workload together)."""
     stops = {s["series"]: s for s in max_seq_summary(rows)}
@@ -219,7 +97,7 @@ def capacities(rows: list[Row]) -> list[Capacity]:
         backend = next((r.backend for r in good if r.backend), None)
         degree = memory_degree(head.impl, backend, head)
         fit = fit_memory([r.seq_len for r in good], [fitted_peak(r) for r in good], degree)
-        total, overhead, budget, note = _measured_budget(series_rows)
+        total, overhead, budget, note = measured_budget(series_rows)
         stop = stops.get(key)
         out.append(
             Capacity(

@@ -47,12 +47,15 @@ def launch(
     device: str,
     phase_limit_s: float,
     collective_timeout_s: float = 300.0,
+    memory_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``job`` (a function or ``"module:function"``) on ``nprocs`` ranks; one result
     per rank, in rank order.
 
     A rank that left no result (killed by torchrun after another rank failed, or by the
     deadline) gets ``{"status": "killed", ...}``; the failing rank's row says why.
+    ``memory_limit`` (bytes a rank may use) is evidence for telling the OOM killer from
+    another kill, as for a one-process trial.
     """
     with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
         job_path = Path(tmp) / "job.json"
@@ -75,7 +78,7 @@ def launch(
                 "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0", *worker
             )
             env = MULTICAST_OFF
-        outcome = supervise(cmd, phase_limit_s, extra_env=env)
+        outcome = supervise(cmd, phase_limit_s, extra_env=env, memory_limit=memory_limit)
         results = []
         for rank in range(nprocs):
             path = Path(tmp) / f"rank{rank}.json"

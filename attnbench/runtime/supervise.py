@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from attnbench.measure.oom import classify_text
 # before the timed work begins, and the grace on top of each phase's time limit.
 STARTUP_ALLOWANCE_S = 300.0
 
-# Phases whose length is not the trial's business: starting up, compiling kernels.
-UNTIMED_PHASES = ("startup", "compile")
+# Phases whose length is not the trial's business: starting up (a spare worker's wait for its
+# job included), building the implementation and its device, inputs, compiling kernels, the
+# FLOP accounting after the timed calls.
+UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "accounting")
 # The cold first call may take this many times the limit before it is killed: the time
 # limit is decided on a warm call.
 COLD_CALL_FACTOR = 3.0
@@ -86,55 +89,101 @@ def supervise(
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit. The
     child dies with this process (parent-death signal), and its exit is classified by
     evidence: the cgroup's OOM-kill counter and its resident memory against the limit."""
-    oom_kills_before = cgroup_oom_kills()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(extra_env),
-        start_new_session=True,
-        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
-    )
-    state = {"phase": "startup", "since": time.monotonic(), "limit": None}
-    stderr_tail: deque[str] = deque(maxlen=40)
+    return Child(cmd, extra_env).watch(phase_limit_s, memory_limit)
 
-    def read_phases():
-        for line in proc.stdout:
+
+class Child:
+    """A child process whose ``phase`` lines are read (and timed) from the moment it starts,
+    so it can be started ahead of its work and watched from when the work is handed to it."""
+
+    def __init__(self, cmd: list[str], extra_env: dict[str, str] | None = None, stdin: bool = False) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(extra_env),
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        self.state = {"phase": "startup", "since": self.started, "limit": None}
+        self.ended: float | None = None  # when it exited
+        self.on_phase: Callable[[str], None] | None = None  # hears each phase as its line arrives
+        self.marks: list[tuple[str, float]] = []  # (phase, when it began), in order
+        self.stderr_tail: deque[str] = deque(maxlen=40)
+        self.ready = threading.Event()  # the child said "phase ready": started, imports done
+        self.readers = [threading.Thread(target=f, daemon=True) for f in (self._read_phases, self._read_stderr)]
+        for r in self.readers:
+            r.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_phases(self) -> None:
+        for line in self.proc.stdout:
             if line.startswith(PHASE_PREFIX):  # "phase NAME [LIMIT_S]"
                 parts = line.split()
+                now = time.monotonic()
                 limit = float(parts[2]) if len(parts) > 2 else None
-                state.update(phase=parts[1], since=time.monotonic(), limit=limit)
+                self.marks.append((parts[1], now))
+                self.state.update(phase=parts[1], since=now, limit=limit)
+                if self.on_phase is not None:  # at once, not at the next poll: timed calls follow
+                    self.on_phase(parts[1])
+                if parts[1] == "ready":
+                    self.ready.set()
 
-    def read_stderr():
-        for line in proc.stderr:
-            stderr_tail.append(line.rstrip())
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip())
 
-    readers = [threading.Thread(target=f, daemon=True) for f in (read_phases, read_stderr)]
-    for r in readers:
-        r.start()
-    killed = None
-    rss_peak = 0
-    try:
-        while proc.poll() is None:
-            limit = _phase_deadline(state["phase"], state["limit"] or phase_limit_s)
-            rss_peak = max(rss_peak, rss_of(proc.pid))
-            elapsed = time.monotonic() - state["since"]
-            if elapsed > limit:
-                killed = f"killed in phase {state['phase']} after {elapsed:.0f} s (limit {limit:.0f} s)"
-                kill(proc)
-                break
-            time.sleep(0.05)
-    except BaseException:  # Ctrl-C: the child must not outlive us
-        kill(proc)
-        raise
-    proc.wait()
-    for r in readers:
-        r.join(timeout=5)
-    if killed:
-        return {"status": "time-limit", "message": killed, "times_ms": []}
-    evidence = {"oom_kills": (oom_kills_before, cgroup_oom_kills()), "rss_peak": rss_peak, "memory_limit": memory_limit}
-    return classify_exit(proc.returncode, list(stderr_tail), evidence)
+    def send(self, line: str) -> None:
+        """Hand the child its work (a spare worker waits for one line on stdin)."""
+        self.state.update(phase="startup", since=time.monotonic(), limit=None)
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def watch(
+        self, phase_limit_s: float, memory_limit: int | None = None, on_phase: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
+        """Wait for the child, killing it when a phase runs past its limit; ``on_phase`` hears
+        each phase as its line arrives. Its outcome when it died without a result (else {})."""
+        oom_kills_before = cgroup_oom_kills()
+        killed, rss_peak = None, 0
+        if on_phase is not None:
+            self.on_phase = on_phase
+            on_phase(self.state["phase"])
+        try:
+            while self.proc.poll() is None:
+                phase = self.state["phase"]
+                limit = _phase_deadline(phase, self.state["limit"] or phase_limit_s)
+                rss_peak = max(rss_peak, rss_of(self.proc.pid))
+                elapsed = time.monotonic() - self.state["since"]
+                if elapsed > limit:
+                    killed = f"killed in phase {phase} after {elapsed:.0f} s (limit {limit:.0f} s)"
+                    self.kill()
+                    break
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C: the child must not outlive us
+            self.kill()
+            raise
+        self.proc.wait()
+        self.ended = time.monotonic()
+        for r in self.readers:
+            r.join(timeout=5)
+        if killed:
+            return {"status": "time-limit", "message": killed, "times_ms": []}
+        evidence = {
+            "oom_kills": (oom_kills_before, cgroup_oom_kills()),
+            "rss_peak": rss_peak,
+            "memory_limit": memory_limit,
+        }
+        return classify_exit(self.proc.returncode, list(self.stderr_tail), evidence)
+
+    def kill(self) -> None:
+        kill(self.proc)
 
 
 def _phase_deadline(phase: str, own_s: float) -> float:

@@ -1,26 +1,41 @@
 """The worker process: run one job function, write its result as JSON.
 
     python -m attnbench.runtime.worker JOB.json RESULT.json
+    python -m attnbench.runtime.worker --spare MODULE...   (then JOB.json RESULT.json on stdin)
 
 ``JOB.json`` is ``{"function": "module:function", "args": {...}}``; the worker imports the
 module and calls ``function(args)``, which returns a JSON-able dict. ``run_in_child`` is the
 parent side: it writes the job file, supervises the worker and reads the result (or, when
 the worker died without one, the supervisor's account of why).
+
+Warm starts. Every job still runs in a process of its own, but with ``warm`` that process was
+started while earlier jobs ran: a spare worker imports its modules (torch and attnbench:
+seconds) and waits for its job on stdin. It touches no GPU before its job (a
+second CUDA context would take memory from the running trial and move its out-of-memory
+edge). While a job times its calls the spares can be held stopped (``hold_phases``), so on a
+machine with few cores their imports do not share the CPU with the measurement. A spare dies
+with its parent (parent-death signal), is killed on exit and on Ctrl-C (``close_spares``).
+
+The result of a job run here carries ``phase_s``: the seconds of each phase the worker
+announced, with ``start`` (waiting for python and the imports) first and ``exit`` last.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnbench.runtime.supervise import python_module, supervise
+from attnbench.runtime.supervise import Child, announce_phase, python_module
 
 JobFunction = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -46,22 +61,153 @@ TEMP_PREFIX = "attnbench-trial-"
 
 
 def run_in_child(
-    fn: JobFunction | str, args: dict[str, Any], phase_limit_s: float, memory_limit: int | None = None
+    fn: JobFunction | str,
+    args: dict[str, Any],
+    phase_limit_s: float,
+    memory_limit: int | None = None,
+    warm: bool | str = False,
+    hold_phases: tuple[str, ...] = (),
+    spares: int = 1,
 ) -> dict[str, Any]:
-    """Run ``fn(args)`` in a fresh worker process; its result, or how the process ended
-    (``memory_limit`` is evidence for telling the OOM killer from another kill)."""
+    """Run ``fn(args)`` in a worker process of its own; its result (with ``phase_s``), or how
+    the process ended (``memory_limit`` is evidence for telling the OOM killer from another
+    kill). ``warm``: take the spare worker started during an earlier job, and keep ``spares``
+    of them started for the next jobs (a ``"module:function"`` to run in them ahead of a job,
+    or True: import the job's module); spares are stopped while this job is in one of
+    ``hold_phases``."""
     remove_orphaned_temp_dirs()
+    ref = function_ref(fn)
     with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({"function": function_ref(fn), "args": args}))
-        outcome = supervise(
-            python_module("attnbench.runtime.worker", str(job_path), str(result_path)),
-            phase_limit_s,
-            memory_limit=memory_limit,
-        )
-        if result_path.exists():
-            return json.loads(result_path.read_text())
-        return outcome
+        job_path.write_text(json.dumps({"function": ref, "args": args}))
+        handed = time.monotonic()
+        if warm:
+            preload = warm if isinstance(warm, str) else ref.partition(":")[0]
+            child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
+            SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
+            on_phase = SPARES.holder(hold_phases)
+        else:
+            child = Child(python_module("attnbench.runtime.worker", str(job_path), str(result_path)))
+            handed, on_phase = child.started, None
+        try:
+            outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
+            if warm and not result_path.exists() and not started_job(child, handed):
+                # the spare died as it was handed the job (killed from outside): a fresh one runs it
+                child = hand(None, preload, f"{job_path}\t{result_path}")
+                outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
+        finally:
+            SPARES.hold(False)
+        result = json.loads(result_path.read_text()) if result_path.exists() else outcome
+        result["phase_s"] = phase_seconds(child, handed)
+        return result
+
+
+def hand(spare: Child | None, preload: str, job: str) -> Child:
+    """Give ``job`` to the spare, or to a worker started now where there is none or the spare
+    died before it could read it."""
+    if spare is not None:
+        try:
+            spare.send(job)
+            return spare
+        except OSError:  # its stdin is gone: the spare died while it waited
+            spare.kill()
+    child = spawn_spare(preload)
+    child.send(job)
+    return child
+
+
+def started_job(child: Child, handed: float) -> bool:
+    """Whether the worker began the job it was handed (announced a phase of it)."""
+    return any(name != "ready" and t >= handed for name, t in child.marks)
+
+
+def phase_seconds(child: Child, handed: float) -> dict[str, float]:
+    """Seconds of each phase from when the job was handed over: ``start`` (until the job's
+    first phase: python and the imports where the process was not ready yet), each phase the
+    job announced, ``exit`` (writing the result, the interpreter's exit)."""
+    points = [("start", handed)]
+    points += [(name, max(t, handed)) for name, t in child.marks if name != "ready"]
+    points.append(("", child.ended or points[-1][1]))
+    out: dict[str, float] = {}
+    for (name, t), (_, t_next) in zip(points, points[1:]):
+        out[name] = out.get(name, 0.0) + max(0.0, t_next - t)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Spare workers
+# ---------------------------------------------------------------------------------------
+
+
+def spawn_spare(preload: str) -> Child:
+    """A worker that runs or imports ``preload`` (torch with it) and waits for its job."""
+    return Child(python_module("attnbench.runtime.worker", "--spare", preload), stdin=True)
+
+
+class Spares:
+    """Spare workers started while the current job runs, taken in order by the next jobs:
+    ``depth`` of them, so each has that many jobs' time to import before it is needed."""
+
+    def __init__(self) -> None:
+        self.spares: list[Child] = []
+        self.preload = ""
+        self.held = False
+
+    def start(self, preload: str, depth: int = 1) -> None:
+        """Keep ``depth`` spares for ``preload`` (spares of another preload are killed)."""
+        if preload != self.preload:
+            self.close()
+            self.preload = preload
+        while len(self.spares) < depth:
+            self.spares.append(spawn_spare(preload))
+            if self.held:  # a spare started during a held phase waits too
+                self._signal(self.spares[-1], signal.SIGSTOP)
+
+    def take(self, preload: str) -> Child | None:
+        """The oldest live spare started for ``preload`` (continued if it was stopped)."""
+        while self.spares and preload == self.preload:
+            spare = self.spares.pop(0)
+            if self.held:
+                self._signal(spare, signal.SIGCONT)
+            if spare.proc.poll() is None:
+                return spare
+            spare.kill()
+        return None
+
+    def holder(self, phases: tuple[str, ...]) -> Callable[[str], None]:
+        return lambda phase: self.hold(phase in phases)
+
+    def hold(self, stopped: bool) -> None:
+        """Stop (SIGSTOP) or continue the spares; a stopped process still dies of SIGKILL."""
+        if stopped == self.held:
+            return
+        self.held = stopped
+        for spare in self.spares:
+            self._signal(spare, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def _signal(self, spare: Child, sig: int) -> None:
+        if spare.proc.poll() is None:
+            try:
+                os.kill(spare.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        for spare in self.spares:
+            spare.kill()
+        self.spares, self.held = [], False
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.spares if s.proc.poll() is None]
+
+
+SPARES = Spares()
+atexit.register(SPARES.close)
+
+
+def close_spares() -> None:
+    """Kill the spare workers (the end of a run, Ctrl-C)."""
+    SPARES.close()
 
 
 def remove_orphaned_temp_dirs(root: Path | None = None) -> list[Path]:
@@ -97,8 +243,33 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def main(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    write_json_atomic(Path(result_path), resolve(job["function"])(job["args"]))
+    fn = resolve(job["function"])
+    announce_phase("ready")
+    result = fn(job["args"])
+    announce_phase("exit")
+    write_json_atomic(Path(result_path), result)
+    # the result is on disk: leave without the interpreter's teardown of torch's modules (seconds)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spare(preload: str) -> None:
+    """Run ``preload`` (``"module:function"``, or a module to import) now, then wait for one
+    job (``JOB.json<TAB>RESULT.json``) on stdin."""
+    if ":" in preload:
+        resolve(preload)()
+    else:
+        importlib.import_module(preload)
+    announce_phase("ready")
+    line = sys.stdin.readline().rstrip("\n")
+    if not line:  # the parent closed the pipe: no job is coming
+        return
+    main(*line.split("\t"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--spare":
+        spare(sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -1,45 +1,46 @@
-"""Run a plan: check it, verify each configuration against the reference, then run its
-trials, appending each row to ``trials.jsonl`` the moment the trial ends.
+"""Run a plan: check it, verify each configuration against the reference, then run each
+series by its kind (``attnbench.sweeps.kinds``), appending each row to ``trials.jsonl`` the
+moment its trial ends.
 
 Nothing is written until the plan has been checked and every configuration has run on the
 reference check, so bad input leaves no results file behind. ``resume`` replays the rows
 already in the directory instead of running those trials again, when they were measured
 under the same limits and timing settings (their identity); any other row is measured
-again, and the reporter says so. The run holds an exclusive lock on the directory.
+again, and the reporter says so; a reference check whose row is kept is not run again. The
+run holds an exclusive lock on the directory.
 
-Over 400 lines (formatted) because a sweep's order of events (plan check, reference
-checks, resume, trials, the max-seq search's probes and retries) reads best in one place.
+The runner owns what every kind shares: the reference checks, the results file, resume, and
+``trial`` (one measured trial of a series, in a fresh worker process unless the series says
+otherwise). What a kind plans, runs and summarises is in its own module.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnbench import impls
-from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Plan, Series
 from attnbench.reference import VerifyCase
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.runtime.supervise import pause_after_trials
-from attnbench.sweeps.search import SearchResult, grow_then_bisect
+from attnbench.runtime.worker import close_spares
+from attnbench.sweeps import kinds
+from attnbench.sweeps.kinds.base import parallelism
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
-from attnbench.sweeps.verification import config_text as _config_text
+from attnbench.sweeps.verification import config_text
 from attnbench.trial import TrialSpec, execute, run_isolated
-from attnbench.workload import check_heads
 
 
 class Reporter(BaseReporter, Protocol):
     def series_started(self, series: Series, index: int, total: int) -> None: ...
     def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
     def trial_done(self, series: Series, row: dict[str, Any], replayed: bool) -> None: ...
-    def series_done(self, series: Series, result: SearchResult | None) -> None: ...
+    def series_done(self, series: Series, result: Any) -> None: ...
     def note(self, text: str) -> None: ...
 
 
@@ -49,125 +50,44 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve(plan: Plan) -> Plan:
-    """Resolve ``device = auto`` and check every series before anything runs."""
-    have_cuda = None
-    resolved, clipped = [], []
-    for s in plan.series:
-        device = s.settings.device
-        if device in ("auto", "cuda"):
-            have_cuda = cuda_available() if have_cuda is None else have_cuda
-            if device == "cuda" and not have_cuda:
-                raise AttnbenchError(
-                    "--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu"
-                )
-            device = "cuda" if have_cuda else "cpu"
-        s = replace(s, settings=replace(s.settings, device=device))
-        if plan.clip_ranks and s.distributed and device == "cuda" and s.world_size > _visible_gpus():
-            clipped.append(f"{s.name}: {s.world_size} GPUs asked, {_visible_gpus()} visible; not run")
-            continue
-        check_series(s)
-        resolved.append(s)
-    speedups = []
-    if plan.speedups:
-        from attnbench.sweeps import profile_speedup
-
-        have_cuda = cuda_available() if have_cuda is None else have_cuda
-        for sp in plan.speedups:
-            sp, note = profile_speedup.resolve(sp, have_cuda, _visible_gpus() if have_cuda else 0)
-            speedups.append(sp)
-            clipped += [note] if note else []
-    return replace(plan, series=tuple(resolved), speedups=tuple(speedups), clipped=tuple(clipped))
-
-
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count()
 
 
-def check_series(s: Series) -> None:
-    spec = impls.spec(s.impl)
-    st = s.settings
-    if st.device not in spec.devices:
-        raise AttnbenchError(f"{s.impl} does not run on {st.device}: it runs on {', '.join(spec.devices)}")
-    if st.dtype not in spec.dtypes:
-        raise AttnbenchError(f"{s.impl} does not run {st.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
-    for key in ("batch", "heads", "head_dim"):
-        if getattr(st, key) <= 0:
-            raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
-    check_heads(st.heads, st.kv_heads)
-    if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
-        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
-    if not (math.isfinite(st.timing_budget_s) and st.timing_budget_s > 0):
-        raise AttnbenchError("--timing-budget must be positive seconds, e.g. --timing-budget 30")
-    if st.warmup_s is not None and st.warmup_s < 0:
-        raise AttnbenchError("warmup_s must be zero or more seconds, e.g. warmup_s = 1.0")
-    if st.repeat < 1:
-        raise AttnbenchError("--repeat must be at least 1 (fresh processes per timed point), e.g. --repeat 3")
-    if min(st.warmup, st.min_samples) < 0:
-        raise AttnbenchError("warmup and min_samples must be zero or more")
-    if st.max_samples < max(1, st.min_samples):
-        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
-    if st.kind == "max-seq" and s.start() > st.max_seq_len:
-        raise AttnbenchError(
-            f"{s.name}: --max-seq-len {st.max_seq_len:,} is below the first length {s.start():,}: "
-            "raise --max-seq-len or lower --start"
-        )
-    impl = s.build()
-    if s.distributed:
-        from attnbench.sweeps import seqpar
-
-        seqpar.check_world(st.device, s.world_size)
-        seqpar.check_modes(s.impl, st.mode, st.causal, impl)
-    elif st.causal and not impl.supports_causal:
-        raise AttnbenchError(
-            f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); drop --causal"
-        )
-    lengths = list(st.seq_lens) if st.kind == "points" else [s.start()]
-    if st.kind == "points" and not lengths:
-        raise AttnbenchError(f"{s.name}: a points sweep needs seq_lens, e.g. --seq-lens 65536,131072")
-    try:
-        for n in lengths:
-            impl.check_shape(n, st.heads)
-    except ConfigError as exc:
-        raise AttnbenchError(str(exc)) from None
+def resolve(plan: Plan) -> Plan:
+    """Resolve ``device = auto``, clip what the visible GPUs cannot hold (a profile's lists),
+    and check every series by its kind before anything runs."""
+    needs_cuda = any(s.settings.device in ("auto", "cuda") for s in plan.series)
+    have_cuda = cuda_available() if needs_cuda else False
+    gpus = visible_gpus() if have_cuda else 0
+    resolved, clipped = [], []
+    for s in plan.series:
+        s, note = kinds.get(s.settings.kind).resolve(s, have_cuda, gpus, plan.clip_ranks)
+        clipped += [note] if note else []
+        if s is not None:
+            resolved.append(s)
+    return replace(plan, series=tuple(resolved), clipped=tuple(clipped))
 
 
 def verify_cases(plan: Plan) -> list[VerifyCase]:
-    """The exact configuration, dtype, device, head layout and causality of each series, at a
-    small length where the float64 reference is cheap."""
-    cases = []
-    for s in plan.series:
-        impl = s.build()
-        st = s.settings
-        # a training series checks its gradients too (sequence-parallel ones run forward only)
-        mode = st.mode if s.world_size == 1 and not impls.spec(s.impl).distributed else "fwd"
-        cases.append(
-            VerifyCase(
-                s.impl,
-                impl.config(),
-                min(st.batch, 2),
-                impl.verify_seq_len(),
-                st.heads,
-                st.head_dim,
-                st.causal,
-                st.dtype,
-                st.device,
-                s.world_size,
-                mode,
-                st.kv_heads,
-            )
-        )
+    """Every series' reference-check cases, each configuration once."""
+    cases = [c for s in plan.series for c in kinds.get(s.settings.kind).verify_cases(s)]
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
     return list(unique.values())
+
+
+def check_key(impl: str, config: dict[str, Any], world_size: int | None) -> tuple[str, str, int]:
+    """What a reference check vouches for: an implementation configuration on its ranks."""
+    return impl, config_text(config), world_size or 1
 
 
 @dataclass
 class SeriesOutcome:
     series: Series
     verified: bool
-    result: SearchResult | None
+    result: Any  # what the kind's run returned (a max-seq search's result; None for points)
 
 
 class SweepRunner(RunSession):
@@ -182,157 +102,169 @@ class SweepRunner(RunSession):
     ) -> None:
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
-        self._done: dict[tuple[str, int], dict[str, Any]] = {}
-        self._kept: list[dict[str, Any]] = []  # verify and max-seq-result rows already written
+        self.speedup_reporter = speedup_reporter
+        self.done: dict[tuple[str, int, int], dict[str, Any]] = {}  # (series key, seq_len, attempt) -> latest row
+        self.kept: list[dict[str, Any]] = []  # verify and result rows already written
+        self.resumed: list[dict[str, Any]] = []  # every row a resumed run continues from
         self._remeasured = 0
-        self.speedups = [self._speedup_runner(sp, speedup_reporter) for sp in plan.speedups]
-        self.speedups_unverified: list[str] = []  # speedup runs whose reference check failed
-
-    def _speedup_runner(self, settings, reporter):
-        from attnbench.sweeps.speedup import SpeedupRunner
-
-        return SpeedupRunner(settings, self.out_dir, self.env, resume=self.resume, reporter=reporter)
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
         """What a resumed run holds; read again under the lock (a run that just ended counts)."""
-        self._done, self._kept = {}, []
-        for r in self.resumed_rows():
-            if r.get("kind") in ("max-seq", "points") and "series" in r and "seq_len" in r:
-                self._done[(r["series"], r["seq_len"])] = r
-            elif r.get("kind") in ("verify", "max-seq-result"):
-                self._kept.append(r)
+        self.done, self.kept = {}, []
+        self.resumed = self.resumed_rows()
+        for r in self.resumed:
+            if r.get("kind") in kinds.trial_kinds() and "series" in r and "seq_len" in r:
+                self.done[(r["series"], r["seq_len"], r.get("attempt") or 1)] = r
+            elif r.get("kind") == "verify" or r.get("kind") in kinds.result_kinds():
+                self.kept.append(r)
 
     def reference_checks(self) -> list[dict[str, Any]]:
         """Each configuration against the float64 reference, in a child under the trials'
-        memory limit like a trial (in this process only when every series runs in-process)."""
+        memory limit like a trial (in this process only when every series runs in-process).
+        A check whose row a resumed run already holds is not run again."""
         if not self.plan.verify:
             return []
-        cases = verify_cases(self.plan)
+        cases = [c for c in verify_cases(self.plan) if self._kept_check(c) is None]
         isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
         limits = [s.settings.memory_limit for s in self.plan.series]
         limit = None if None in limits else max(limits)
-        return self.run_checks(cases, isolate=isolate, memory_limit=limit)
+        # trials in worker processes follow: the first one's process starts during the check
+        warm = any(s.settings.isolate and not s.distributed and s.settings.kind != "speedup" for s in self.plan.series)
+        return self.run_checks(cases, isolate=isolate, memory_limit=limit, warm=warm) if cases else []
+
+    def _kept_check(self, case: VerifyCase) -> dict[str, Any] | None:
+        # a forward-only check row names no mode (only fwd_bwd is written)
+        want = asdict(case)
+        for r in self.kept:
+            if r.get("kind") == "verify" and all(
+                r.get(k, "fwd" if k == "mode" else None) == v for k, v in want.items()
+            ):
+                return r
+        return None
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> list[SeriesOutcome]:
-        """Every reference check (sweeps, then speedup runs), then the sweeps' trials, then the
-        speedup runs' trials; a resumed run skips every trial it finds, of every kind."""
+        """Every reference check, then each series by its kind in plan order; a resumed run
+        skips every trial it finds, of every kind."""
+        try:
+            return self._run()
+        finally:
+            close_spares()  # the next trial's process, started ahead: no trial will take it
+
+    def _run(self) -> list[SeriesOutcome]:
         self.prepare()
-        for sp in self.speedups:  # before anything is written: each refuses a directory it may not continue
-            sp.prepare()
-        verify_rows = self.reference_checks()
-        speedup_checks = [None if sp.verified else sp.verify() for sp in self.speedups]  # bad input raises here
+        kept = [self._kept_check(c) for c in verify_cases(self.plan)] if self.plan.verify else []
+        verify_rows = self.reference_checks()  # bad input raises here, before anything is written
         with ResultsLock(self.out_dir):  # one run per directory
             self.prepare()  # again under the lock: what a run that just ended wrote counts
             for row in verify_rows:
-                self._append_once({**row, "run": self.run_id, "env": self.env}, VERIFY_IDENTITY)
+                self.append_once({**row, "run": self.run_id, "env": self.env}, VERIFY_IDENTITY)
             self.reporter.verify_done(verify_rows)
-            checked = [sp.verified or sp.record_verify(rows) for sp, rows in zip(self.speedups, speedup_checks)]
-            outcomes = self._run_sweeps(verify_rows)
-            for sp, ok in zip(self.speedups, checked):
-                if ok:
-                    sp.run_cases()
-                else:
-                    self.speedups_unverified.append(sp.s.impl)
+            checks = verify_rows + [r for r in kept if r is not None]
+            # an unsupported shape is not a wrong output: its series runs and its trials say so
+            failed = {
+                check_key(r["impl"], r["config"], r.get("world_size"))
+                for r in checks
+                if r["status"] not in ("pass", "unsupported")
+            }
+            outcomes = []
+            for i, s in enumerate(self.plan.series):
+                kind = kinds.get(s.settings.kind)
+                if check_key(s.impl, s.build().config(), s.world_size) in failed:
+                    kind.unverified(s, self, i, len(self.plan.series))
+                    outcomes.append(SeriesOutcome(s, False, None))
+                    continue
+                result = kind.run(s, self, i, len(self.plan.series))
+                outcomes.append(SeriesOutcome(s, True, result))
+            if self._remeasured:
+                self.reporter.note(
+                    f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
+                    "or timing settings and were measured again"
+                )
         return outcomes
 
-    def _run_sweeps(self, verify_rows: list[dict[str, Any]]) -> list[SeriesOutcome]:
-        # an unsupported shape is not a wrong output: its series runs and its trials say so
-        failed = {
-            (r["impl"], _config_text(r["config"]), r.get("world_size", 1))
-            for r in verify_rows
-            if r["status"] not in ("pass", "unsupported")
-        }
-        outcomes = []
-        for i, s in enumerate(self.plan.series):
-            self.reporter.series_started(s, i, len(self.plan.series))
-            if (s.impl, _config_text(s.build().config()), s.world_size) in failed:
-                outcomes.append(SeriesOutcome(s, False, None))
-                self.reporter.series_done(s, None)
-                continue
-            result = self._run_series(s)
-            outcomes.append(SeriesOutcome(s, True, result))
-            self.reporter.series_done(s, result)
-        if self._remeasured:
-            self.reporter.note(
-                f"{self._remeasured} earlier trial(s) in {self.out_dir} were measured under other limits "
-                "or timing settings and were measured again"
-            )
-        return outcomes
+    def series_key(self, s: Series) -> str:
+        return series_key(s.workload(0).to_dict(), kind=s.settings.kind, **parallelism(s))
 
-    def _run_series(self, s: Series) -> SearchResult | None:
-        if s.settings.kind == "points":
-            for n in s.settings.seq_lens:
-                self._probe(s, n, "point")
-            return None
-        result = grow_then_bisect(
-            lambda n, phase: self._probe(s, n, phase),
-            start=s.start(),
-            granularity=s.granularity(),
-            max_len=s.settings.max_seq_len,
-            resolution=s.settings.resolution,
-        )
-        self._append_once(
-            {
-                "kind": "max-seq-result",
-                "run": self.run_id,
-                "series": self._key(s),
-                "label": s.name,
-                **_workload_fields(s.workload(result.best or s.start())),
-                "seq_len": result.best,
-                "first_failure": result.first_failure,
-                "stop_status": result.stop_status,
-                "stopped_by": result.stopped_by,
-                "granularity": s.granularity(),
-                **_parallelism(s),
-                "resolution": s.settings.resolution,
-                "start": s.start(),
-                "max_seq_len": s.settings.max_seq_len,
-                "trials": len(result.tried),
-                "env": self.env,
-            },
-            RESULT_IDENTITY,
-        )
-        return result
-
-    def _key(self, s: Series) -> str:
-        return series_key(_workload_fields(s.workload(0)), kind=s.settings.kind, **_parallelism(s))
-
-    def _probe(self, s: Series, seq_len: int, phase: str) -> str:
-        """One point of the search. A failed search probe is retried once in a fresh process
-        before the search accepts it (both attempts are rows): one flaky kill or OOM must not
-        set a capacity."""
-        row = self._trial(s, seq_len, phase, attempt=1)
-        if row["status"] != "ok" and phase in ("grow", "bisect") and row.get("attempt", 1) < 2:
-            row = self._trial(s, seq_len, phase, attempt=2)
-        return row["status"]
-
-    def _trial(self, s: Series, seq_len: int, phase: str, attempt: int) -> dict[str, Any]:
-        key = (self._key(s), seq_len)
-        spec = self._spec(s, seq_len)
-        earlier = self._done.get(key)
-        if earlier is not None and earlier.get("attempt", 1) >= attempt:
-            if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
-                self.reporter.trial_done(s, earlier, True)
-                return earlier
-            self._remeasured += 1
-            self.reporter.note(
-                f"{s.name} at {seq_len:,}: the earlier trial ran under "
-                f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
-                "measuring again"
-            )
-        pause_after_trials(len(self._done))
-        # a timed point in several fresh processes: the gate's unit is the process
-        repeats = s.settings.repeat if s.settings.kind == "points" else 1
-        for process in range(repeats):
-            row = self._measure(s, spec, seq_len, phase, key, attempt, process if repeats > 1 else None)
+    def trial(
+        self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, **fields: Any
+    ) -> dict[str, Any]:
+        """Attempt ``attempt`` of a trial of ``s`` at ``seq_len`` (``processes`` fresh processes
+        for a timed point, stopping at the first failure), or the row a resumed run already holds
+        for it; ``fields`` join the row (what a model predicted for it, say)."""
+        key = (self.series_key(s), seq_len)
+        spec = self.spec(s, seq_len)
+        earlier = self.replayed(s, key, attempt, spec)
+        if earlier is not None:
+            return earlier
+        pause_after_trials(len(self.done))
+        for process in range(processes):
+            row = self._measure(s, spec, seq_len, phase, key, attempt, process if processes > 1 else None, fields)
             if row["status"] != "ok":
                 break
         return row
 
+    def not_run(
+        self, s: Series, seq_len: int, attempt: int, status: str, message: str, **fields: Any
+    ) -> dict[str, Any]:
+        """A trial decided without running it (a call predicted far over the time limit): a row
+        marked ``predicted_only``, or the one a resumed run already holds."""
+        key = (self.series_key(s), seq_len)
+        spec = self.spec(s, seq_len)
+        earlier = self.replayed(s, key, attempt, spec)
+        if earlier is not None:
+            return earlier
+        row = {
+            **self._row_head(s, spec, seq_len, "predicted", key, attempt),
+            **fields,
+            "predicted_only": True,
+            "status": status,
+            "message": message,
+            "times_ms": [],
+            "floor_bytes": s.workload(seq_len).floor_bytes // s.world_size,
+            "started_at": now_utc(),
+            "duration_s": 0.0,
+            "env": self.env,
+        }
+        self.record(row, key)
+        self.reporter.trial_done(s, row, False)
+        return row
+
+    def replayed(self, s: Series, key: tuple[str, int], attempt: int, spec: TrialSpec) -> dict[str, Any] | None:
+        """The row a resumed run holds for this attempt, when measured under this run's limits."""
+        earlier = self.done.get((*key, attempt))
+        if earlier is None:
+            return None
+        if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
+            self.reporter.trial_done(s, earlier, True)
+            return earlier
+        self._remeasured += 1
+        self.reporter.note(
+            f"{s.name} at {key[1]:,}: the earlier trial ran under "
+            f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+            "measuring again"
+        )
+        return None
+
+    def _row_head(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int) -> dict[str, Any]:
+        row_kind = kinds.get(s.settings.kind).row_kind
+        return {
+            "kind": row_kind,
+            **({"sweep": s.settings.kind} if row_kind != s.settings.kind else {}),
+            "run": self.run_id,
+            "trial": uuid.uuid4().hex[:12],
+            "series": key[0],
+            "label": s.name,
+            "phase": phase,
+            "attempt": attempt,
+            **s.workload(seq_len).to_dict(),
+            **parallelism(s),
+            **spec_fields(spec, s),
+        }
+
     def _measure(
-        self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None
+        self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None, fields
     ) -> dict[str, Any]:
         self.reporter.trial_started(s, seq_len, phase)
         started, t0 = now_utc(), time.monotonic()
@@ -343,28 +275,24 @@ class SweepRunner(RunSession):
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
         row = {
-            "kind": s.settings.kind,
-            "run": self.run_id,
-            "trial": uuid.uuid4().hex[:12],
-            "series": key[0],
-            "label": s.name,
-            "phase": phase,
-            "attempt": attempt,
-            **_workload_fields(s.workload(seq_len)),
-            **_parallelism(s),
-            **spec_fields(spec, s),
+            **self._row_head(s, spec, seq_len, phase, key, attempt),
             **({"process": process} if process is not None else {}),
+            **fields,
             **measured,
             "started_at": started,
             "duration_s": round(time.monotonic() - t0, 3),
             "env": self.env,
         }
-        self.append(row)
-        self._done[key] = row
+        self.record(row, key)
         self.reporter.trial_done(s, row, False)
         return row
 
-    def _spec(self, s: Series, seq_len: int) -> TrialSpec:
+    def record(self, row: dict[str, Any], key: tuple[str, int]) -> None:
+        """Append a trial row (measured, or decided without running) as the latest of its attempt."""
+        self.append(row)
+        self.done[(*key, row["attempt"])] = row
+
+    def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
         return TrialSpec(
             workload=s.workload(seq_len).to_dict(),
@@ -382,16 +310,16 @@ class SweepRunner(RunSession):
             seed=seq_len,
         )
 
-    def _append_once(self, row: dict[str, Any], identity: tuple[str, ...]) -> None:
-        """A resumed run does not repeat a reference check or a search result it already has."""
+    def append_once(self, row: dict[str, Any], identity: tuple[str, ...]) -> None:
+        """A resumed run does not repeat a reference check or a series' result it already has."""
         ident = {k: row.get(k) for k in identity}
-        if any(r.get("kind") == row["kind"] and {k: r.get(k) for k in identity} == ident for r in self._kept):
+        if any(r.get("kind") == row["kind"] and {k: r.get(k) for k in identity} == ident for r in self.kept):
             return
-        self._kept.append(row)
+        self.kept.append(row)
         self.append(row)
 
 
-# What makes two rows the same reference check, or the same search result.
+# What makes two rows the same reference check.
 VERIFY_IDENTITY = (
     "impl",
     "config",
@@ -406,7 +334,6 @@ VERIFY_IDENTITY = (
     "status",
     "kv_heads",
 )
-RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
 # The settings besides the workload that can change a trial's outcome: a row measured under
 # other values is not this run's trial.
 TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
@@ -434,16 +361,3 @@ def _identity_text(fields: dict[str, Any]) -> str:
         f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
         f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}"
     )
-
-
-def _workload_fields(wl) -> dict[str, Any]:
-    return wl.to_dict()
-
-
-def _parallelism(s: Series) -> dict[str, Any]:
-    """How the work is spread: a sequence-parallel implementation's ranks, or one device."""
-    if s.distributed:
-        from attnbench.sweeps.seqpar import STRATEGY
-
-        return {"world_size": s.world_size, "strategy": STRATEGY}
-    return {"world_size": 1, "strategy": "single"}

@@ -86,20 +86,22 @@ def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict
 
     wl = Workload(**spec.workload)
     payload = {"spec": asdict(spec), "fail_rank": fail_rank}
-    results = launch(TRIAL_JOB, payload, world, wl.device, phase_limit_s=spec.max_trial_seconds)
+    results = launch(
+        TRIAL_JOB, payload, world, wl.device, phase_limit_s=spec.max_trial_seconds, memory_limit=spec.memory_limit
+    )
     return combine(results, wl, world)
 
 
 def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     """One row from the ranks' results: each call's time is the slowest rank's."""
-    from attnbench.measure.timing import summarize
+    from attnbench.measure.timing import sample_statistics
 
     status, message = agreed_status(results)
     row: dict[str, Any] = {"status": status, "message": message, "times_ms": []}
     samples = [r.get("times_ms") or [] for r in results]
     if status == "ok" and all(samples):
         row["times_ms"] = [max(call) for call in zip(*samples)]
-    row.update(summarize(row["times_ms"]))
+    row.update(sample_statistics(row["times_ms"]))
     firsts = [r["first_call_ms"] for r in results if r.get("first_call_ms") is not None]
     row["first_call_ms"] = max(firsts) if len(firsts) == world else None
     compiles = [r["compile_ms"] for r in results if r.get("compile_ms") is not None]

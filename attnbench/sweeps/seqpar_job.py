@@ -17,7 +17,7 @@ from typing import Any
 
 from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
-from attnbench.measure.probe import MemoryProbe
+from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.sweeps.seqpar import case_row
 from attnbench.trial import TrialSpec
@@ -107,10 +107,8 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
 
 def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
     import torch
-    import torch.distributed as dist
 
-    from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler
-    from attnbench.measure.timing import Timer, plan_calls
+    from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, own_gpu_nvml
     from attnbench.workload import Workload
 
     spec = TrialSpec(**payload["spec"])
@@ -121,13 +119,13 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     impl.check_causal(wl.causal)
     shard = Workload(**{**wl.to_dict(), "seq_len": wl.seq_len // world, "device": str(dev)})
 
-    def phase(name: str) -> None:
+    def phase(name: str, limit_s: float | None = None) -> None:
         if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
-            print(f"phase {name}", flush=True)
+            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
 
-    nvml, nvml_note = _own_gpu_nvml(dev) if dev.type == "cuda" else (None, "")
+    nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")
     sampler = NvmlSampler(nvml)
-    probe = _RankMemory(dev)
+    probe = MemoryProbe([dev.index] if dev.type == "cuda" else [])
     timer = Timer(device)
     row: dict[str, Any] = {"timer": timer.name, "times_ms": []}
     if nvml_note:
@@ -142,25 +140,21 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             with torch.no_grad():
                 impl(q, k, v, is_causal=wl.causal)
 
-        if impl.compiles:  # a compiled kernel's first call pays for compilation: record it apart
-            phase("compile")
-            dist.barrier()
-            row["compile_ms"] = timer(step)
-        phase("first-call")
-        dist.barrier()
-        row["first_call_ms"] = timer(step)
-        slowest = torch.tensor([row["first_call_ms"]], dtype=torch.float64, device=dev)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank plans the same number of calls
-        slowest_ms = float(slowest.item())
-        if slowest_ms > spec.max_trial_seconds * 1e3:
-            row.update(
-                status="time-limit", message=f"one call took {slowest_ms / 1e3:.1f} s > {spec.max_trial_seconds:g} s"
-            )
-        else:
-            phase("timing")
-            row.update(_timed_calls(impl, step, timer, plan_calls(slowest_ms, spec.policy())), status="ok")
+        measured = measure_step(
+            step,
+            spec.policy(),
+            timer,
+            spec.max_trial_seconds,
+            probe=probe,
+            ranks=rank_agreement(dev),
+            compiles=impl.compiles,
+            after_call=impl.last_breakdown,
+            phase=phase,
+        )
         row["backend"] = impl.last_backend
         row["kv_layout"] = impl.last_kv_layout
+    row.update(measured.fields())  # statistics outside the memory limit (bootstrap imports numpy.random)
+    row.update(_ring_breakdown(measured.per_call))
     row.update(probe.peaks())
     gpu = sampler.per_gpu()
     if dev.type == "cuda":
@@ -176,97 +170,27 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     return row
 
 
-def _timed_calls(impl, step, timer, plan: tuple[int, int]) -> dict[str, Any]:
-    """Warm-up then timed calls, every call after a barrier so all ranks start together; the
-    rank's times and its median split of each call into compute and communication wait."""
+def rank_agreement(dev) -> Ranks:
+    """The ranks of a job under torchrun: a barrier before each call, the slowest value."""
+    import torch
     import torch.distributed as dist
 
-    warmup, calls = plan
-    for _ in range(warmup):
-        dist.barrier()
-        step()
-    times, breakdowns = [], []
-    for _ in range(calls):
-        dist.barrier()
-        times.append(timer(step))
-        breakdowns.append(impl.last_breakdown())
-    out: dict[str, Any] = {"times_ms": times}
-    for key in ("compute_ms", "comm_wait_ms"):
-        out[key] = statistics.median(b.get(key, 0.0) for b in breakdowns)
-    out["sent_bytes"] = breakdowns[-1].get("sent_bytes")
-    out["comm_steps"] = breakdowns[-1].get("comm_steps")
+    def agree_max(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    return Ranks(barrier=dist.barrier, agree_max=agree_max)
+
+
+def _ring_breakdown(per_call: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median split of a timed call into compute and communication wait, and what the
+    last call sent."""
+    if not per_call:
+        return {}
+    out: dict[str, Any] = {
+        key: statistics.median(b.get(key, 0.0) for b in per_call) for key in ("compute_ms", "comm_wait_ms")
+    }
+    out["sent_bytes"] = per_call[-1].get("sent_bytes")
+    out["comm_steps"] = per_call[-1].get("comm_steps")
     return out
-
-
-class _OneGpu:
-    """An NVML backend restricted to the rank's own GPU."""
-
-    def __init__(self, backend, index: int) -> None:
-        self.backend, self.index = backend, index
-
-    def device_count(self) -> int:
-        return 1
-
-    def used_bytes(self, index: int) -> int:
-        return self.backend.used_bytes(self.index)
-
-
-def _own_gpu_nvml(dev):
-    """NVML for this rank's GPU, matched by UUID (CUDA and NVML may number GPUs differently)."""
-    import torch
-
-    from attnbench.measure.memory import open_nvml
-
-    backend, note = open_nvml()
-    if backend is None:
-        return None, note
-    index = dev.index
-    try:
-        import pynvml
-
-        uuid = str(torch.cuda.get_device_properties(dev).uuid)
-        for i, handle in enumerate(backend._handles):
-            name = pynvml.nvmlDeviceGetUUID(handle)
-            if (name.decode() if isinstance(name, bytes) else name).endswith(uuid):
-                index = i
-                break
-    except Exception:  # keep the CUDA index: right unless CUDA_VISIBLE_DEVICES reorders GPUs
-        pass
-    return _OneGpu(backend, index), ""
-
-
-class _RankMemory:
-    """Allocator peaks of the rank's own GPU (reset per trial), resident set on the CPU."""
-
-    def __init__(self, dev) -> None:
-        self.dev = dev
-        self.cpu = MemoryProbe(cuda=False) if dev.type == "cpu" else None
-        self.base = 0
-
-    def start(self, limit: int | None) -> None:
-        import torch
-
-        if self.cpu:
-            return self.cpu.start(limit)
-        torch.cuda.empty_cache()
-        if limit:
-            total = torch.cuda.get_device_properties(self.dev).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), self.dev)
-        torch.cuda.reset_peak_memory_stats(self.dev)
-        self.base = torch.cuda.memory_allocated(self.dev)
-
-    def in_use(self) -> int:
-        import torch
-
-        return self.cpu.in_use() if self.cpu else torch.cuda.memory_allocated(self.dev) - self.base
-
-    def peaks(self) -> dict[str, Any]:
-        import torch
-
-        if self.cpu:
-            return self.cpu.peaks()
-        return {
-            "max_memory_allocated": torch.cuda.max_memory_allocated(self.dev),
-            "max_memory_reserved": torch.cuda.max_memory_reserved(self.dev),
-            "device_total_bytes": torch.cuda.get_device_properties(self.dev).total_memory,
-        }

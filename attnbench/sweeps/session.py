@@ -39,11 +39,11 @@ class RunSession:
         return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
     def run_checks(
-        self, cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None
+        self, cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None, warm: bool = False
     ) -> list[dict[str, Any]]:
         """Run the reference check and refuse a case that cannot run; writes nothing, so a
         run with several parts can check all of them before its first row."""
-        rows = run_reference_checks(cases, isolate, memory_limit)
+        rows = run_reference_checks(cases, isolate, memory_limit, warm)
         refuse_unrunnable(rows)
         return rows
 

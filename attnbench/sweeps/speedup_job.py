@@ -4,11 +4,11 @@ it, read its memory, and check its output against the single-GPU output.
 Runs under ``attnbench.runtime.distributed.launch`` as ``speedup_rank`` (one process for single and
 DataParallel, one per GPU for mp). ``measure`` is the whole of it and also runs in-process.
 
-- Time: one untimed call, then (all ranks agreeing on the plan) warm-up and timed calls;
-  before each timed call every rank waits at a barrier, so iteration i starts together on
-  all ranks and the parent takes the slowest rank's time for it.
-- Memory: local rank 0 samples NVML on every GPU in the background (the other ranks' work
-  included); each rank reads the allocator peaks of the devices it used.
+- Time and memory: through the measurement core (``attnbench.measure.core``), all ranks
+  agreeing on the plan; before each call every rank waits at a barrier, so iteration i starts
+  together on all ranks and the parent takes the slowest rank's time for it. Local rank 0
+  samples NVML on every GPU in the background (the other ranks' work included); each rank
+  reads the allocator peaks of the devices it used.
 - Output: the single run saves its output per batch element; any other strategy compares
   its share with it, in float32, and returns the squared error and reference norms.
 """
@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from attnbench.measure.memory import NvmlBackend, NvmlSampler
-from attnbench.measure.timing import Timer, TimingPolicy, collect, gpu_time
+from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
+from attnbench.measure.memory import NvmlBackend, NvmlSampler, cuda_to_nvml
+from attnbench.measure.timing import TimingPolicy
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
 from attnbench.workload import Workload
@@ -43,9 +44,9 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
 
         nvml, nvml_note = open_nvml()
 
-    def phase(name: str) -> None:
+    def phase(name: str, limit_s: float | None = None) -> None:
         if ctx.local_rank == 0:
-            print(f"phase {name}", flush=True)
+            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
 
     result = measure(strategy, ctx, payload, nvml, phase)
     if nvml_note:
@@ -71,7 +72,7 @@ def measure(
     ctx: RankContext,
     payload: dict[str, Any],
     nvml: NvmlBackend | None,
-    phase: Callable[[str], None] = lambda name: None,
+    phase: Callable[..., None] = lambda name, limit_s=None: None,
 ) -> dict[str, Any]:
     """One rank's trial. ``payload``: ``timing`` (TimingPolicy fields), ``max_trial_seconds``,
     ``reference_dir``, ``role`` (``measure``, ``reference``: also save the output, or
@@ -81,28 +82,20 @@ def measure(
     out: dict[str, Any] = {"status": "ok", "devices": devices, "times_ms": []}
     policy = TimingPolicy(**{**payload.get("timing", {}), "budget_s": payload["max_trial_seconds"]})
     sampler = NvmlSampler(nvml)
+    probe = MemoryProbe(devices if ctx.cuda else [])
     with sampler:
         _barrier(ctx)
-        for d in devices:
-            torch.cuda.reset_peak_memory_stats(d)
+        probe.start(None)
         prepared = strategy.prepare(ctx)
         if role != "reference-only":
-            out.update(_time(prepared, ctx, policy, phase))
+            out.update(_time(prepared, ctx, policy, probe, phase))
         _barrier(ctx)  # the sampler on local rank 0 must see every rank's work
     out["nvml"] = sampler.per_gpu() if nvml is not None else None
     if nvml is not None and ctx.cuda:
         out["nvml_index"] = cuda_to_nvml(ctx.gpus)
-    out["allocator"] = {
-        str(d): {
-            "max_memory_allocated": torch.cuda.max_memory_allocated(d),
-            "max_memory_reserved": torch.cuda.max_memory_reserved(d),
-        }
-        for d in devices
-    }
+    out["allocator"] = probe.allocator()
     if not ctx.cuda:
-        from attnbench.measure.memory import rss_peak_bytes
-
-        out["cpu_peak_rss"] = rss_peak_bytes()
+        out["cpu_peak_rss"] = probe.peaks()["cpu_peak_rss"]
     out["backend"] = prepared.backend()
     out.update(prepared.facts)
     if out["status"] != "ok":
@@ -119,32 +112,29 @@ def measure(
     return out
 
 
-def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, phase) -> dict[str, Any]:
-    timer = Timer(ctx.workload.device)
-    phase("first-call")
-    own_first_ms = timer(prepared.step)
-    first_ms = agree_max(ctx, own_first_ms)  # every rank plans the same number of calls
-    if first_ms > policy.budget_s * 1e3:
-        return {
-            "status": "time-limit",
-            "first_call_ms": first_ms,
-            "rank_first_call_ms": own_first_ms,
-            "message": f"one call took {first_ms / 1e3:.1f} s > {policy.budget_s:g} s",
-        }
-    phase("timing")
-
-    def after_barrier(fn):
-        _barrier(ctx)
-        return timer(fn)
-
-    out = {
-        "first_call_ms": first_ms,
-        "rank_first_call_ms": own_first_ms,
-        "times_ms": collect(prepared.step, after_barrier, first_ms, policy),
+def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, probe: MemoryProbe, phase) -> dict[str, Any]:
+    """The strategy's step through the measurement core, every rank planning the same calls;
+    one process on a GPU also takes GPU time."""
+    m = measure_step(
+        prepared.step,
+        policy,
+        Timer(ctx.workload.device),
+        policy.budget_s,
+        probe=probe,
+        ranks=Ranks(barrier=lambda: _barrier(ctx), agree_max=lambda value: agree_max(ctx, value)),
+        gpu_timing=ctx.cuda and ctx.world == 1,
+        phase=phase,
+    )
+    out: dict[str, Any] = {
+        "status": m.status,
+        "first_call_ms": m.slowest_first_call_ms,
+        "rank_first_call_ms": m.first_call_ms,
+        "times_ms": m.times_ms,
     }
-    if ctx.cuda and ctx.world == 1:  # one process: its GPU time beside the eager time
-        phase("gpu-timing")
-        out.update(gpu_time(prepared.step, out["times_ms"]))
+    if m.status != "ok":
+        out["message"] = m.message
+    if m.gpu_times_ms is not None:
+        out.update(gpu_times_ms=m.gpu_times_ms, gpu_timer=m.gpu_timer)
     return out
 
 
@@ -165,27 +155,6 @@ def agree_max(ctx: RankContext, value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
-
-
-def cuda_to_nvml(count: int) -> dict[str, int]:
-    """NVML index of CUDA devices 0..count-1, matched by UUID (CUDA may order or hide GPUs
-    differently from NVML); the same index where a UUID cannot be read."""
-    mapping = {str(i): i for i in range(count)}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        by_uuid = {}
-        for j in range(pynvml.nvmlDeviceGetCount()):
-            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(j))
-            by_uuid[(u.decode() if isinstance(u, bytes) else u).removeprefix("GPU-")] = j
-        for i in range(count):
-            j = by_uuid.get(str(torch.cuda.get_device_properties(i).uuid).removeprefix("GPU-"))
-            if j is not None:
-                mapping[str(i)] = j
-    except Exception:
-        pass
-    return mapping
 
 
 # ---------------------------------------------------------------------------------------

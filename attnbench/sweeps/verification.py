@@ -17,14 +17,15 @@ from attnbench.trial import run_verify_isolated
 
 
 def run_reference_checks(
-    cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None
+    cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None, warm: bool = False
 ) -> list[dict[str, Any]]:
     """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
-    a child under ``memory_limit`` like a trial (always on the GPU)."""
+    a child under ``memory_limit`` like a trial (always on the GPU); ``warm``: trials in worker
+    processes follow (the first one's process starts meanwhile)."""
     ranked = [c for c in cases if impls.spec(c.impl).distributed]
     single = [c for c in cases if not impls.spec(c.impl).distributed]
     if isolate or any(c.device == "cuda" for c in single):
-        rows = run_verify_isolated(single, memory_limit)
+        rows = run_verify_isolated(single, memory_limit, warm=warm)
     else:
         rows = [run_case(c) for c in single]
     if ranked:

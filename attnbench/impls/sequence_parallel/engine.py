@@ -14,6 +14,7 @@ import torch
 
 from attnbench.impls import fused_sdpa
 from attnbench.impls.fused_sdpa import cuda_kernel
+from attnbench.measure.core import cuda_event
 
 # ---------------------------------------------------------------------------------------
 # One block of attention with its log-sum-exp, from a fused kernel
@@ -96,9 +97,7 @@ class StepClock:
 
     def mark(self, label: str) -> None:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append((label, ev))
+            self.marks.append((label, cuda_event()))
         else:
             self.marks.append((label, time.perf_counter()))
 

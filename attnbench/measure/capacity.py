@@ -1,0 +1,201 @@
+"""The capacity model: peak memory fitted against sequence length from a series' successful
+trials, solved for the longest sequence a given memory holds; the memory a series may use on
+its device; and the time of one call extrapolated along the implementation's FLOPs.
+
+Pure (numpy): the max-seq search predicts with it before it probes (``attnbench.sweeps.search``)
+and the report predicts other GPU sizes with it (``attnbench.report.fit``, whose docstring says
+why the reserved peak is fitted on a GPU and what is set aside for the CUDA context).
+
+Each series gets a least-squares fit of its measured peaks over its lengths: linear for
+implementations whose memory grows with N, quadratic for those that hold N x N scores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Backends that hold N x N scores whatever the implementation declares (sdpa's math).
+QUADRATIC_BACKENDS = {"math"}
+# Trials nearest the limit say most about what is not the allocator's near the limit.
+OVERHEAD_TRIALS = 3
+
+
+def field(obj: Any, key: str) -> Any:
+    """A field of a row or of its per-GPU entry, whether a dict (the rows a run is writing) or a
+    schema object (rows read back): the model serves the search and the report alike."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def memory_degree(impl: str, backend: str | None = None, row: Any = None) -> int:
+    """The fit's degree: the implementation's declared memory order (``ImplSpec.memory_order``,
+    recorded in the rows of outside implementations), 2 when a quadratic backend ran."""
+    from attnbench import impls
+
+    recorded = {"impl_source": field(row, "impl_source")} if row is not None else None
+    return 2 if impls.memory_order(impl, recorded) == 2 or backend in QUADRATIC_BACKENDS else 1
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """peak(N) = coef[0] + coef[1] N (+ coef[2] N^2), fitted by least squares."""
+
+    degree: int
+    coef: tuple[float, ...]
+    seq_lens: tuple[int, ...]
+    peaks: tuple[float, ...]
+
+    def __call__(self, n: float) -> float:
+        return float(sum(c * n**i for i, c in enumerate(self.coef)))
+
+    def errors(self) -> list[float]:
+        """Relative error of the fit on each measured point."""
+        return [self(n) / p - 1 for n, p in zip(self.seq_lens, self.peaks)]
+
+    @property
+    def max_error(self) -> float:
+        return max(abs(e) for e in self.errors())
+
+    @property
+    def error_at_largest(self) -> float:
+        """The fit's error at the longest measured length, the one nearest any prediction."""
+        return self.errors()[max(range(len(self.seq_lens)), key=lambda i: self.seq_lens[i])]
+
+    def max_seq(self, budget: float) -> float | None:
+        """The length at which the fitted peak first reaches ``budget`` bytes; None if it never
+        does (no limit follows from the fit) or not even N = 0 fits."""
+        if budget <= self.coef[0]:
+            return None
+        roots = np.polynomial.polynomial.polyroots([self.coef[0] - budget, *self.coef[1:]])
+        real = [r.real for r in roots if abs(r.imag) < 1e-9 * max(1.0, abs(r.real)) and r.real > 0]
+        if not real:
+            return None
+        return float(min(real))
+
+    def formula(self) -> str:
+        from attnbench.units import format_bytes, format_bytes_short
+
+        terms = [format_bytes(self.coef[0])] + [
+            f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "") for i, c in enumerate(self.coef[1:], 1)
+        ]
+        return " + ".join(terms).replace("+ -", "- ")
+
+
+def fit_memory(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFit | None:
+    """Least-squares fit; None with fewer distinct lengths than the model has coefficients."""
+    if len(set(seq_lens)) < degree + 1:
+        return None
+    coef = np.polynomial.polynomial.polyfit(np.asarray(seq_lens, float), np.asarray(peaks, float), degree)
+    return MemoryFit(degree, tuple(float(c) for c in coef), tuple(seq_lens), tuple(float(p) for p in peaks))
+
+
+def measured_budget(rows: list[Any]) -> tuple[float | None, float | None, float | None, str]:
+    """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
+    good = sorted((r for r in rows if field(r, "status") == "ok"), key=lambda r: field(r, "seq_len"))
+    head = rows[0]
+    limit = field(head, "memory_limit")
+    if field(head, "device") != "cuda":
+        if not limit:
+            return None, None, None, "CPU run without --memory-limit: no memory bound was measured"
+        return (
+            limit,
+            0.0,
+            float(limit),
+            (
+                "CPU: the trial's memory limit (an address-space cap) is the budget for "
+                "its resident-memory peak; indicative only"
+            ),
+        )
+    totals = [field(r, "device_total_bytes") for r in rows if field(r, "device_total_bytes")]
+    if not totals:
+        env = field(head, "env")
+        totals = [g.get("memory_total_bytes") for g in ((field(env, "gpus") if env else None) or [])[:1]]
+    total = float(totals[0]) if totals and totals[0] else None
+    if total is None:
+        return None, None, None, "the device's total memory is not in the rows"
+    extra = []
+    for r in good[-OVERHEAD_TRIALS:]:
+        per_gpu = [
+            field(g, "nvml_used_peak") - field(g, "max_memory_reserved")
+            for g in field(r, "gpus") or []
+            if field(g, "nvml_used_peak") is not None and field(g, "max_memory_reserved") is not None
+        ]
+        if per_gpu:
+            extra.append(max(per_gpu))
+    if extra:
+        overhead = max(0.0, statistics.median(extra))
+        note = (
+            "GPU: Set Aside is what the allocator cannot use: NVML device memory used at the peak minus "
+            f"max_memory_reserved, the median over the {OVERHEAD_TRIALS} longest successful trials (CUDA "
+            "context, library modules, driver reservation); the allocator's cache is not set aside, as it is "
+            "freed before an allocation fails"
+        )
+    else:
+        overhead = 0.0
+        note = "GPU without NVML readings: nothing is set aside for the CUDA context, so predictions run high"
+    budget = total - overhead
+    if limit and limit < budget:
+        budget, note = float(limit), "GPU with --memory-limit: the limit caps the allocator and is the budget"
+    return total, overhead, budget, note
+
+
+def fitted_peak(row: Any) -> float | None:
+    """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
+    rank's), elsewhere ``peak_bytes``."""
+    if field(row, "device") == "cuda" and field(row, "max_memory_reserved"):
+        return field(row, "max_memory_reserved")
+    if int(field(row, "world_size") or 1) > 1:
+        peaks = [
+            field(g, "max_memory_allocated")
+            for g in field(row, "gpus") or []
+            if field(g, "max_memory_allocated") is not None
+        ]
+        if peaks:
+            return max(peaks)
+    return field(row, "peak_bytes")
+
+
+def fit_leading(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFit | None:
+    """peak(N) = c0 + c_d N^degree by least squares: the model's leading term alone, from two
+    lengths where a full fit of a quadratic needs three. The lower terms' growth is taken for
+    the leading term's, so the fit grows faster than the peak and predicts its limit short of it."""
+    if len(set(seq_lens)) < 2:
+        return None
+    n = np.asarray(seq_lens, float) ** degree
+    (c0, cd), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n], axis=1), np.asarray(peaks, float), rcond=None)
+    coef = (float(c0), *([0.0] * (degree - 1)), float(cd))
+    return MemoryFit(degree, coef, tuple(seq_lens), tuple(float(p) for p in peaks))
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """time(N) = time(N0) * (N / N0) ** exponent, from the longest successful call N0: the
+    exponent is the growth of the call's FLOPs where they are known (time follows them once
+    fixed costs are small; the times of short calls are mostly noise and dispatch), else of
+    the time between the two longest successes; clamped to [1, 3]."""
+
+    seq_len: int
+    time_ms: float
+    exponent: float
+
+    def __call__(self, n: float) -> float:
+        return self.time_ms * (n / self.seq_len) ** self.exponent
+
+    def max_seq(self, limit_ms: float) -> float:
+        """The length at which a call is predicted to take ``limit_ms``."""
+        return self.seq_len * (limit_ms / self.time_ms) ** (1 / self.exponent)
+
+
+def fit_time(points: list[tuple[int, float, float | None]]) -> TimeModel | None:
+    """(length, time of one warm call in ms, FLOPs or None) of successful trials; None
+    without two lengths of positive time (one point says nothing of the growth)."""
+    points = sorted(p for p in points if p[1] and p[1] > 0)
+    if len({p[0] for p in points}) < 2:
+        return None
+    (n0, t0, f0), (n1, t1, f1) = points[-2], points[-1]
+    grows = (f1 / f0) if f0 and f1 else (t1 / t0)
+    return TimeModel(n1, t1, min(3.0, max(1.0, math.log(grows) / math.log(n1 / n0))))

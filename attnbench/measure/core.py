@@ -1,0 +1,373 @@
+"""The measurement core: one measured step, however many processes run it.
+
+``measure_step`` runs a step (a callable: forward, or forward plus backward) under one policy
+and returns one ``Measurement`` holding the raw samples; ``Measurement.fields`` computes its
+statistics (through ``timing.sample_statistics``, the one place they are computed). A trial
+in one process, a sequence-parallel rank and a speedup rank all measure through it, so a time,
+a peak and a time-limit mean the same thing in every row.
+
+The policy, in order:
+
+1. a compiled kernel's first call pays for compilation: timed and its allocator peak kept apart;
+2. the first call, cold (library setup, allocator warm-up): recorded, never judged;
+3. where it took longer than the per-call limit, one warm call decides the time limit;
+4. warm-up: by time until the GPU clock settles in one process; a count planned from the
+   slowest rank's call where ranks must make the same calls (their collectives line up);
+5. timed calls planned from a warm call (ranks: each after a barrier, the slowest rank's plan);
+6. on one CUDA process, GPU time beside the eager time (``gpu_time``), for calls under a second.
+
+This module is the only place that creates CUDA timing events (``Timer``, ``cuda_event``, the
+GPU-time samples) and reads the allocator's peaks (``MemoryProbe``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnbench.measure.memory import NvmlSampler, current_rss_bytes, rss_peak_bytes
+from attnbench.measure.probe import reset_rss_peak, rss_high_water
+from attnbench.measure.timing import TimingPolicy, plan_calls, sample_statistics, timed_samples, warm_up
+
+# Calls faster than this get an L2 flush before each call when GPU time is taken.
+FLUSH_BELOW_MS = 1.0
+# The GPU-time sample covers at least this much work, so event resolution (~0.5 us) is noise.
+GPU_SAMPLE_MS = 10.0
+# Calls this long are not timed again for GPU time: the host's microseconds of dispatch are
+# far below the eager samples' spread, and each GPU-time sample would cost another call.
+GPU_TIME_BELOW_MS = 1000.0
+
+Step = Callable[[], object]
+Phase = Callable[..., None]  # phase(name, limit_s=None): tell a supervising parent what runs now
+
+
+# ---------------------------------------------------------------------------------------
+# Timers
+# ---------------------------------------------------------------------------------------
+
+
+def cuda_event() -> torch.cuda.Event:
+    """A recorded CUDA timing event (the ring engine marks its compute and wait with these)."""
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+class Timer:
+    """Times one call of ``fn``; synchronizes the device so each sample is one call."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.name = "cuda-event" if self.cuda else "perf_counter"
+
+    def __call__(self, fn: Step) -> float:
+        if self.cuda:
+            start = cuda_event()
+            fn()
+            end = cuda_event()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def gpu_samples(fn: Step, warm_ms: float, n: int, flush_bytes: int = 0) -> tuple[list[float], str]:
+    """GPU time per call, ``n`` samples, and how it was taken (``cuda-graph`` or
+    ``back-to-back``; ``+l2-flush`` where a flush preceded each call)."""
+    graph = _capture(fn)
+    run = graph.replay if graph is not None else fn
+    how = "cuda-graph" if graph is not None else "back-to-back"
+    reps = max(1, int(GPU_SAMPLE_MS / max(warm_ms, 1e-3)))
+    flush = None
+    if flush_bytes and warm_ms < FLUSH_BELOW_MS:
+        flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+        how += "+l2-flush"
+    samples = []
+    for _ in range(n):
+        work = _between_events(run, reps, flush)
+        overhead = _between_events(None, reps, flush) if flush is not None else 0.0
+        samples.append(max(work - overhead, 0.0) / reps)
+    del graph, flush
+    return samples, how
+
+
+def _between_events(run: Step | None, reps: int, flush: torch.Tensor | None) -> float:
+    start = cuda_event()
+    for _ in range(reps):
+        if flush is not None:
+            flush.zero_()
+        if run is not None:
+            run()
+    end = cuda_event()
+    end.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def _capture(fn: Step):
+    """A CUDA graph of one call of ``fn``, or None where the implementation cannot be
+    captured (host synchronisation, data-dependent shapes, collectives, autograd in some
+    versions)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm the side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except Exception:  # anything capture rejects means "time it eagerly, back to back"
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None
+
+
+def gpu_time(fn: Step, eager: list[float], budget_s: float | None = None) -> dict[str, object]:
+    """Row fields of GPU time for a step whose eager samples are ``eager``, in at most half
+    of ``budget_s`` (at least 3 samples); a failure (capture or flush out of memory, say)
+    leaves the eager row intact and says why."""
+    from attnbench.measure import oom
+
+    warm_ms = statistics.median(eager)
+    n = len(eager)
+    if budget_s:
+        n = min(n, max(3, int(budget_s * 1e3 / 2 / max(warm_ms, GPU_SAMPLE_MS))))
+    try:
+        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
+        samples, how = gpu_samples(fn, warm_ms, n, 2 * l2)
+        return {"gpu_times_ms": samples, "gpu_timer": how}
+    except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return {"gpu_times_ms": [], "gpu_timer": f"failed: {oom.one_line(exc)}"}
+
+
+# ---------------------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------------------
+
+
+class MemoryProbe:
+    """Peak memory of a measured step: allocator peaks of the CUDA devices it uses (reset at
+    ``start``), or the resident set's growth on the CPU. ``start`` notes the baseline and caps
+    the allocator at ``limit`` bytes on each device; ``peaks`` reads what the step added."""
+
+    def __init__(self, devices: Sequence[int] = ()) -> None:
+        self.devices = list(devices)  # CUDA device indices; none: the CPU
+        self.cuda = bool(self.devices)
+        self.base = 0
+        self.frozen: tuple[dict[str, Any], dict[str, dict[str, int]]] | None = None
+
+    def start(self, limit: int | None) -> None:
+        if self.cuda:
+            torch.cuda.set_device(self.devices[0])
+            torch.cuda.empty_cache()
+            for d in self.devices:
+                if limit:
+                    total = torch.cuda.get_device_properties(d).total_memory
+                    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), d)
+                torch.cuda.reset_peak_memory_stats(d)
+            self.base = torch.cuda.memory_allocated(self.devices[0])
+        else:
+            torch.ones(256, 256) @ torch.ones(256, 256)  # start the thread pool before any limit
+            reset_rss_peak()
+            self.base = current_rss_bytes()
+
+    def in_use(self) -> int:
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.devices[0]) - self.base
+        return current_rss_bytes() - self.base
+
+    def restart_peak(self, name: str) -> dict[str, Any]:
+        """The peak so far under ``name`` (compilation, autotuning), then a fresh peak."""
+        if not self.cuda:
+            return {}
+        peak = max(torch.cuda.max_memory_allocated(d) for d in self.devices)
+        for d in self.devices:
+            torch.cuda.reset_peak_memory_stats(d)
+        return {name: peak}
+
+    def freeze(self) -> None:
+        """Report the peaks as they are now; later allocations (CUDA-graph pools, counting
+        pairs from a declared mask) are not the step's. The first freeze holds."""
+        if self.frozen is None:
+            self.frozen = (self.peaks(), self.allocator())
+
+    def peaks(self) -> dict[str, Any]:
+        """The first device's peaks (the trial's device, a rank's own GPU); on the CPU the
+        resident set's high-water mark and its growth since ``start``."""
+        if self.frozen is not None:
+            return self.frozen[0]
+        if self.cuda:
+            if not torch.cuda.is_initialized():
+                return {}
+            d = self.devices[0]
+            return {
+                **self.allocator()[str(d)],
+                "device_total_bytes": torch.cuda.get_device_properties(d).total_memory,
+            }
+        return {
+            "cpu_peak_rss_delta": max(0, rss_high_water() - self.base) if self.base else None,
+            "cpu_peak_rss": rss_peak_bytes(),
+        }
+
+    def allocator(self) -> dict[str, dict[str, int]]:
+        """Allocator peaks of every device, by CUDA index (a process spread over several GPUs)."""
+        if self.frozen is not None:
+            return self.frozen[1]
+        if not self.cuda or not torch.cuda.is_initialized():
+            return {}
+        return {
+            str(d): {
+                "max_memory_allocated": torch.cuda.max_memory_allocated(d),
+                "max_memory_reserved": torch.cuda.max_memory_reserved(d),
+            }
+            for d in self.devices
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# The measured step
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """How the processes of one step agree: a barrier before each call, the slowest value."""
+
+    barrier: Callable[[], None]
+    agree_max: Callable[[float], float]
+
+
+@dataclass
+class Measurement:
+    """One measured step: its raw samples and what decided them."""
+
+    timer: str  # how eager samples were taken (cuda-event, perf_counter)
+    status: str = "ok"  # ok, or time-limit when a warm call took longer than the limit
+    message: str = ""
+    times_ms: list[float] = field(default_factory=list)  # eager samples, one call each
+    compile_ms: float | None = None  # a compiled kernel's first call
+    compile_peak_bytes: int | None = None  # its allocator peak, kept out of the step's
+    first_call_ms: float | None = None  # this process's cold first call
+    slowest_first_call_ms: float | None = None  # over the ranks (their plan's basis)
+    warm_call_ms: float | None = None  # the call the sample plan and the time limit were decided on
+    warmup_calls: int | None = None
+    warmup_s: float | None = None
+    gpu_times_ms: list[float] | None = None  # GPU time per call (one CUDA process)
+    gpu_timer: str | None = None
+    clocks: dict[str, Any] = field(default_factory=dict)  # the sampler's clock summary of the timed calls
+    per_call: list[dict[str, Any]] = field(default_factory=list)  # ``after_call``'s reading of each timed call
+
+    def fields(self) -> dict[str, Any]:
+        """Row fields: the samples, what decided them, and their statistics."""
+        out: dict[str, Any] = {"status": self.status, "message": self.message, "timer": self.timer}
+        for key in (
+            "compile_ms",
+            "compile_peak_bytes",
+            "first_call_ms",
+            "warm_call_ms",
+            "warmup_calls",
+            "warmup_s",
+            "gpu_timer",
+        ):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out["times_ms"] = self.times_ms
+        if self.gpu_times_ms is not None:
+            out["gpu_times_ms"] = self.gpu_times_ms
+        out.update(self.clocks)
+        out.update(sample_statistics(self.times_ms, self.gpu_times_ms))
+        return out
+
+
+def measure_step(
+    step: Step,
+    policy: TimingPolicy,
+    timer: Timer,
+    limit_s: float,
+    *,
+    probe: MemoryProbe | None = None,
+    sampler: NvmlSampler | None = None,
+    ranks: Ranks | None = None,
+    compiles: bool = False,
+    gpu_timing: bool = False,
+    after_call: Callable[[], dict[str, Any]] | None = None,
+    phase: Phase = lambda name, limit_s=None: None,
+) -> Measurement:
+    """Measure ``step`` (see the module's docstring for the order). ``limit_s`` is the per-call
+    limit, ``policy.budget_s`` the timing budget; ``gpu_timing`` adds GPU time (one CUDA
+    process); ``after_call`` reads something after each timed call (a ring's compute and
+    wait, ranks only). Out-of-memory and other failures raise, as the step raised them."""
+    sampler = sampler or NvmlSampler(None)
+    m = Measurement(timer=timer.name)
+    sync = ranks.barrier if ranks else lambda: None
+    agree = ranks.agree_max if ranks else lambda x: x
+
+    def call() -> float:
+        sync()
+        return timer(step)
+
+    if compiles:
+        phase("compile")
+        m.compile_ms = call()
+        if probe is not None:
+            m.compile_peak_bytes = probe.restart_peak("compile_peak_bytes").get("compile_peak_bytes")
+    phase("first-call")
+    m.first_call_ms = call()
+    m.slowest_first_call_ms = basis = agree(m.first_call_ms)
+    if basis > limit_s * 1e3:
+        phase("warm-call")
+        m.warm_call_ms = basis = agree(call())
+        if basis > limit_s * 1e3:
+            m.status, m.message = "time-limit", f"a warm call took {basis / 1e3:.1f} s > {limit_s:g} s"
+            return m
+    if ranks is None:
+        cap_s = max(policy.budget_s / 2, policy.warmup_seconds(timer.cuda))
+        phase("warm-up", cap_s + limit_s)
+        warm = warm_up(step, timer, policy, timer.cuda, sampler.clocks_settled, cap_s)
+        # a warm-up of no calls has no time of its own: the warm call taken above, else the first
+        basis = warm.last_ms if warm.calls else basis
+        m.warm_call_ms, m.warmup_calls, m.warmup_s = basis, warm.calls, round(warm.seconds, 3)
+        phase("timing", policy.budget_s + limit_s)
+        with sampler.recording():
+            m.times_ms = timed_samples(step, timer, basis, policy)
+            if gpu_timing and timer.cuda:
+                _take_gpu_time(m, step, policy, limit_s, probe, phase)
+    else:
+        warmup, calls = plan_calls(basis, policy)
+        phase("timing", policy.budget_s + limit_s)
+        for _ in range(warmup):
+            sync()
+            step()
+        m.warmup_calls = warmup
+        with sampler.recording():
+            for _ in range(calls):
+                m.times_ms.append(call())
+                if after_call is not None:
+                    m.per_call.append(after_call())
+            if gpu_timing and timer.cuda:
+                _take_gpu_time(m, step, policy, limit_s, probe, phase)
+    m.clocks = sampler.clock_summary()
+    return m
+
+
+def _take_gpu_time(m: Measurement, step: Step, policy: TimingPolicy, limit_s: float, probe, phase: Phase) -> None:
+    if m.times_ms and statistics.median(m.times_ms) >= GPU_TIME_BELOW_MS:
+        m.gpu_timer = f"not taken: calls of {GPU_TIME_BELOW_MS / 1e3:g} s or more are their own GPU time"
+        return
+    if probe is not None:
+        probe.freeze()  # CUDA-graph pools and the flush buffer stay out of the measured peak
+    phase("gpu-timing", policy.budget_s + limit_s)
+    gpu = gpu_time(step, m.times_ms, policy.budget_s)
+    m.gpu_times_ms, m.gpu_timer = gpu["gpu_times_ms"], gpu["gpu_timer"]

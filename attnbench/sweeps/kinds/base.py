@@ -1,0 +1,144 @@
+"""What every trial-based sweep kind shares: resolving a series' device and ranks, the checks
+of its settings, its reference-check case, and the frame of its run (announce the series,
+run its trials, summarise, report the outcome). A kind fills in ``check``, ``lengths`` and
+``trials`` (and ``summarise`` where its answer is a row of its own)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from attnbench import impls
+from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.plan import Series
+from attnbench.reference import VerifyCase
+from attnbench.workload import check_heads
+
+
+class TrialKind:
+    """A kind whose trials are single measured calls at sequence lengths (``runner.trial``)."""
+
+    name = ""
+    row_kind = ""  # the kind of row its trials are written as: max-seq or points, so every reader knows them
+    result_kinds: tuple[str, ...] = ()
+
+    @property
+    def row_kinds(self) -> tuple[str, ...]:
+        return (self.row_kind,)
+
+    # --- plan ------------------------------------------------------------------------------
+    def resolve(self, s: Series, have_cuda: bool, gpus: int, clip: bool) -> tuple[Series | None, str | None]:
+        device = s.settings.device
+        if device in ("auto", "cuda"):
+            if device == "cuda" and not have_cuda:
+                raise AttnbenchError(
+                    "--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu"
+                )
+            device = "cuda" if have_cuda else "cpu"
+        s = replace(s, settings=replace(s.settings, device=device))
+        if clip and s.distributed and device == "cuda" and s.world_size > gpus:
+            return None, f"{s.name}: {s.world_size} GPUs asked, {gpus} visible; not run"
+        check_trial_series(s)
+        self.check(s)
+        impl = s.build()
+        try:
+            for n in self.lengths(s):
+                impl.check_shape(n, s.settings.heads)
+        except ConfigError as exc:
+            raise AttnbenchError(str(exc)) from None
+        return s, None
+
+    def check(self, s: Series) -> None:
+        """Bad input of this kind's own settings (AttnbenchError naming the fix)."""
+
+    def lengths(self, s: Series) -> list[int]:
+        """Lengths whose shape is checked before anything runs."""
+        return []
+
+    def verify_cases(self, s: Series) -> list[VerifyCase]:
+        """The exact configuration, dtype, device, head layout and causality of the series, at
+        a small length where the float64 reference is cheap."""
+        impl = s.build()
+        st = s.settings
+        # a training series checks its gradients too (sequence-parallel ones run forward only)
+        mode = st.mode if s.world_size == 1 and not impls.spec(s.impl).distributed else "fwd"
+        return [
+            VerifyCase(
+                s.impl,
+                impl.config(),
+                min(st.batch, 2),
+                impl.verify_seq_len(),
+                st.heads,
+                st.head_dim,
+                st.causal,
+                st.dtype,
+                st.device,
+                s.world_size,
+                mode,
+                st.kv_heads,
+            )
+        ]
+
+    # --- run -------------------------------------------------------------------------------
+    def run(self, s: Series, runner, index: int, total: int) -> Any:
+        runner.reporter.series_started(s, index, total)
+        outcome = self.trials(s, runner)
+        self.summarise(s, outcome, runner)
+        runner.reporter.series_done(s, outcome)
+        return outcome
+
+    def unverified(self, s: Series, runner, index: int, total: int) -> None:
+        runner.reporter.series_started(s, index, total)
+        runner.reporter.series_done(s, None)
+
+    def trials(self, s: Series, runner) -> Any:
+        raise NotImplementedError
+
+    def summarise(self, s: Series, outcome: Any, runner) -> None:
+        """The row that states the series' answer, where its trials do not say it alone."""
+
+
+def check_trial_series(s: Series) -> None:
+    """The settings every trial-based series must get right."""
+    spec = impls.spec(s.impl)
+    st = s.settings
+    if st.device not in spec.devices:
+        raise AttnbenchError(f"{s.impl} does not run on {st.device}: it runs on {', '.join(spec.devices)}")
+    if st.dtype not in spec.dtypes:
+        raise AttnbenchError(f"{s.impl} does not run {st.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
+    for key in ("batch", "heads", "head_dim"):
+        if getattr(st, key) <= 0:
+            raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
+    check_heads(st.heads, st.kv_heads)
+    if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
+        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
+    if not (math.isfinite(st.timing_budget_s) and st.timing_budget_s > 0):
+        raise AttnbenchError("--timing-budget must be positive seconds, e.g. --timing-budget 30")
+    if st.warmup_s is not None and st.warmup_s < 0:
+        raise AttnbenchError("warmup_s must be zero or more seconds, e.g. warmup_s = 1.0")
+    if st.repeat < 1:
+        raise AttnbenchError("--repeat must be at least 1 (fresh processes per timed point), e.g. --repeat 3")
+    if min(st.warmup, st.min_samples) < 0:
+        raise AttnbenchError("warmup and min_samples must be zero or more")
+    if st.max_samples < max(1, st.min_samples):
+        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
+    impl = s.build()
+    if s.distributed:
+        from attnbench.sweeps import seqpar
+
+        seqpar.check_world(st.device, s.world_size)
+        seqpar.check_modes(s.impl, st.mode, st.causal, impl)
+    elif st.causal and not impl.supports_causal:
+        raise AttnbenchError(
+            f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); drop --causal"
+        )
+
+
+def parallelism(s: Series) -> dict[str, Any]:
+    """How the work is spread: a sequence-parallel implementation's ranks, or one device."""
+    if s.distributed:
+        from attnbench.sweeps.seqpar import STRATEGY
+
+        return {"world_size": s.world_size, "strategy": STRATEGY}
+    return {"world_size": 1, "strategy": "single"}

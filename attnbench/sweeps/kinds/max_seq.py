@@ -1,0 +1,125 @@
+"""``max-seq``: the largest sequence length a series runs, by the predicted search
+(``attnbench.sweeps.search``), summarised in one ``max-seq-result`` row that states the answer,
+its bracket and margin, and whether a second fresh process confirmed it.
+
+Each trial row records what the model predicted for it (``predicted_peak_bytes``,
+``predicted_time_ms``, ``predicted_max_seq``), so the report can show how good the prediction
+was; a length not run because its call was predicted over the time limit is a row marked
+``predicted_only``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnbench import impls
+from attnbench.errors import AttnbenchError
+from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured_budget
+from attnbench.plan import Series
+from attnbench.sweeps.kinds import register
+from attnbench.sweeps.kinds.base import TrialKind, parallelism
+from attnbench.sweeps.search import PREDICTED, Limits, Outcome, Prediction, SearchResult, predicted_search
+
+# What makes two max-seq-result rows the same search result (a resumed run does not repeat one).
+RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
+
+
+class MaxSeq(TrialKind):
+    name = row_kind = "max-seq"
+    result_kinds = ("max-seq-result",)
+
+    def check(self, s: Series) -> None:
+        if s.start() > s.settings.max_seq_len:
+            raise AttnbenchError(
+                f"{s.name}: --max-seq-len {s.settings.max_seq_len:,} is below the first length {s.start():,}: "
+                "raise --max-seq-len or lower --start"
+            )
+
+    def lengths(self, s: Series) -> list[int]:
+        return [s.start()]
+
+    def trials(self, s: Series, runner) -> SearchResult:
+        rows: list[dict[str, Any]] = []  # this search's trials: what the budget is measured from
+
+        def probe(n: int, phase: str, attempt: int, prediction: Prediction | None) -> Outcome:
+            fields = prediction_fields(prediction)
+            if phase == PREDICTED:
+                seconds = (prediction.time_ms or 0) / 1e3
+                row = runner.not_run(
+                    s,
+                    n,
+                    attempt,
+                    "time-limit",
+                    f"not run: a call is predicted to take {seconds:.1f} s, over the "
+                    f"{s.settings.max_trial_seconds:g} s limit",
+                    **fields,
+                )
+            else:
+                row = runner.trial(s, n, phase, attempt=attempt, **fields)
+            rows.append(row)
+            return outcome(row, rows)
+
+        st = s.settings
+        limits = Limits(
+            start=s.start(),
+            granularity=s.granularity(),
+            max_len=st.max_seq_len,
+            resolution=st.resolution,
+            degree=impls.memory_order(s.impl),
+            time_limit_ms=st.max_trial_seconds * 1e3,
+        )
+        return predicted_search(probe, limits)
+
+    def summarise(self, s: Series, result: SearchResult, runner) -> None:
+        runner.append_once(
+            {
+                "kind": "max-seq-result",
+                "run": runner.run_id,
+                "series": runner.series_key(s),
+                "label": s.name,
+                **s.workload(result.best or s.start()).to_dict(),
+                "seq_len": result.best,
+                "first_failure": result.first_failure,
+                "stop_status": result.stop_status,
+                "stopped_by": result.stopped_by,
+                "granularity": s.granularity(),
+                **parallelism(s),
+                "resolution": s.settings.resolution,
+                "start": s.start(),
+                "max_seq_len": s.settings.max_seq_len,
+                "trials": len(result.tried),
+                "confirmed": result.confirmed,
+                "margin": result.margin,
+                "first_failure_predicted": result.failure_predicted or None,
+                "predicted_max_seq": result.predicted_max,
+                "env": runner.env,
+            },
+            RESULT_IDENTITY,
+        )
+
+
+def prediction_fields(p: Prediction | None) -> dict[str, Any]:
+    """What the model said of a trial before it ran, as row fields (none before there is a model)."""
+    if p is None:
+        return {}
+    fields = {"predicted_peak_bytes": p.peak_bytes, "predicted_time_ms": p.time_ms, "predicted_max_seq": p.max_seq}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def outcome(row: dict[str, Any], rows: list[dict[str, Any]]) -> Outcome:
+    """What the search learns from a trial: its status; for a success the peak the memory model
+    fits, the time of a warm call (the median timed call), its FLOPs, the budget measured so far."""
+    if row["status"] != "ok":
+        return Outcome(row["status"])
+    budget = measured_budget(rows)[2]
+    return Outcome(
+        "ok",
+        peak_bytes=fitted_peak(row),
+        time_ms=row.get("time_ms") or row.get("warm_call_ms"),  # the timed calls: warm, and taken alone
+        flops=row.get("flops_executed"),
+        budget=budget,
+        degree=2 if row.get("backend") in QUADRATIC_BACKENDS else None,
+    )
+
+
+MAX_SEQ = register(MaxSeq())

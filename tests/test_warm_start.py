@@ -1,0 +1,142 @@
+"""Warm starts: every trial still runs in a process of its own, but that process was started
+(python up, torch and attnbench imported, no CUDA context) while the previous trial ran; a
+spare never outlives the sweep that started it, however the sweep ends; each trial row says
+where its seconds went."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_reliability import _zombie, wait_for
+
+from attnbench.runtime.supervise import PAUSE_AFTER_TRIALS_ENV
+from attnbench.runtime.worker import SPARES, alive, close_spares, run_in_child
+
+from conftest import ROOT
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def jobs_importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    yield
+    close_spares()
+
+
+def test_each_job_runs_in_a_process_of_its_own_started_while_the_previous_job_ran(jobs_importable):
+    first = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    (spare,) = SPARES.pids()  # started while the first job ran, waiting for the next
+    assert spare != first["pid"] and not alive(first["pid"])
+    second = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    assert second["pid"] == spare
+    assert SPARES.pids() and SPARES.pids() != [spare]
+    for result in (first, second):
+        assert set(result["phase_s"]) >= {"start", "exit"} and min(result["phase_s"].values()) >= 0
+
+
+def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
+    """On a GPU the next two trials' processes start ahead: an import can outlast a short trial."""
+    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
+    ahead = SPARES.pids()
+    assert len(ahead) == 2
+    second = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
+    assert second["pid"] == ahead[0] and SPARES.pids()[0] == ahead[1] and len(SPARES.pids()) == 2
+
+
+def test_a_spare_imports_the_trial_machinery_without_a_cuda_context(jobs_importable):
+    """What a spare does before its job (every implementation imported) creates no CUDA
+    context: a second context would take GPU memory from the running trial."""
+    run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trial:preload")
+    result = run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trial:preload")
+    assert result["cuda_initialized"] is False
+
+
+SWEEP = [
+    "max-seq",
+    "--impl",
+    "naive",
+    "--device",
+    "cpu",
+    "--dtype",
+    "fp32",
+    "--heads",
+    "1",
+    "--head-dim",
+    "8",
+    "--start",
+    "128",
+    "--max-seq-len",
+    "1024",
+]
+
+
+def spares_of(pid: int) -> list[int]:
+    """Spare workers whose parent is ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == pid and b"--spare" in cmd:
+            found.append(int(proc.name))
+    return found
+
+
+def paused_sweep(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A sweep waiting before its second trial (the test hook), and its spare worker's pid."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), PAUSE_AFTER_TRIALS_ENV: "1"}
+    out = tmp_path / "run"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "attnbench", *SWEEP, "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: (out / "trials.jsonl").exists() and '"max-seq"' in (out / "trials.jsonl").read_text(), "a trial")
+    wait_for(lambda: spares_of(sweep.pid) or sweep.poll() is not None, "the next trial's spare worker")
+    (spare,) = spares_of(sweep.pid)
+    return sweep, spare
+
+
+def gone(pid: int) -> bool:
+    return not alive(pid) or _zombie(pid)
+
+
+@pytest.mark.slow
+def test_a_spare_dies_with_a_sweep_that_is_killed(tmp_path):
+    sweep, spare = paused_sweep(tmp_path)
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+    wait_for(lambda: gone(spare), "the spare to die with its parent (parent-death signal)")
+
+
+@pytest.mark.slow
+def test_a_spare_is_killed_when_the_sweep_is_interrupted(tmp_path):
+    sweep, spare = paused_sweep(tmp_path)
+    sweep.send_signal(signal.SIGINT)
+    _, stderr = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, stderr
+    assert gone(spare), "the interrupted sweep left its spare worker running"
+
+
+@pytest.mark.parametrize("reaped", [True, False])
+def test_a_spare_that_died_while_it_waited_is_replaced(jobs_importable, reaped):
+    """Killed from outside before its job (the OOM killer, say): the job runs in a fresh worker,
+    whether the spare is already gone or still dying when the job is handed over."""
+    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    (spare,) = SPARES.spares
+    os.kill(spare.pid, signal.SIGKILL)
+    if reaped:
+        spare.proc.wait()
+    result = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    spare = spare.pid
+    assert result.get("pid") not in (None, spare) and "start" in result["phase_s"], result
