@@ -23,7 +23,9 @@ def test_cpu_cases_run_here_and_pass_in_case_order():
 def test_gpu_cases_run_in_a_child_process(monkeypatch):
     sent = []
     monkeypatch.setattr(
-        verification, "run_verify_isolated", lambda cases, memory_limit=None: sent.extend(cases) or [{"n": len(cases)}]
+        verification,
+        "run_verify_isolated",
+        lambda cases, memory_limit=None, warm=False: sent.extend(cases) or [{"n": len(cases)}],
     )
     monkeypatch.setattr(verification, "run_case", lambda c: pytest.fail("a GPU case ran in the parent"))
     cases = [case(device="cuda"), case(device="cuda", causal=True)]
