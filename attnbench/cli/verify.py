@@ -12,7 +12,6 @@ from rich.table import Table
 
 from attnbench.cli.base import app, config_short, console, show
 from attnbench.cli.options import impl_params, resolve_device
-from attnbench.errors import AttnbenchError
 
 
 @app.command("list")
@@ -67,57 +66,42 @@ def verify(
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
-    from attnbench import impls
     from attnbench.environment import capture_env
-    from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE, default_cases
-    from attnbench.results import ResultsWriter, check_output_dir, check_same_machine, clean_floats
-    from attnbench.sweeps import seqpar
-    from attnbench.sweeps.verification import run_reference_checks
-    from attnbench.workload import check_workload_fields
+    from attnbench.results import check_output_dir, check_same_machine
+    from attnbench.sweeps.verification import plan_verify
 
     if out:
         check_output_dir(out)
-    names = impl or impls.names()
-    for n in names:
-        impls.spec(n)
     device = resolve_device(device)
-    dtypes = dtype or ["fp32", "bf16"]
-    for d in dtypes:
-        check_workload_fields(d, mode, device)
-    if mode == "fwd_bwd":
-        names = _single_device_only(names, impl)
-    runnable = [n for n in names if device in impls.spec(n).devices]
-    single = [n for n in runnable if not impls.spec(n).distributed]
-    distributed = [n for n in runnable if impls.spec(n).distributed]
-    worlds = _verify_worlds(gpus, device) if distributed else []
-    ranked = [
-        c
-        for n in distributed
-        for w in worlds
-        for c in seqpar.cases_for(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], w)
-    ]
     given = impl_params(None, None, None, param)
-    configs = {
-        n: [impls.normalize_config(n, {k: v for k, v in given.items() if k in {p.name for p in impls.spec(n).params}})]
-        for n in names
-        if given
-    }
-    cases = [
-        c
-        for n in single
-        for c in default_cases(n, device, [d for d in dtypes if d in impls.spec(n).dtypes], mode, configs.get(n))
-    ]
-    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
-    if not cases and not ranked:
-        raise AttnbenchError(
-            f"no reference check to run: {', '.join(names)} cannot run {'/'.join(dtypes)} on {device}; "
-            "see `attnbench list` for each implementation's devices and dtypes"
-        )
+    plan = plan_verify(impl, device, dtype or ["fp32", "bf16"], mode, gpus, given or None)
     env = capture_env() if out else None
     if out:
         check_same_machine(out, env["machine"])
-    with console.status(f"running {len(cases) + len(ranked)} reference checks on {device}"):
-        rows = run_reference_checks(cases + ranked)
+    rows = _run_groups(plan, device, out, env)
+    console.print(_table(rows, device, mode))
+    # a kernel without the shape (a backend with no grouped-query kernel) computed nothing wrong
+    unsupported = [r for r in rows if r["status"] == "unsupported"]
+    failed = [r for r in rows if r["status"] not in ("pass", "unsupported")]
+    passed = len(rows) - len(failed) - len(unsupported)
+    console.print(
+        f"{passed} of {len(rows)} cases pass"
+        + (f", {len(unsupported)} unsupported by the kernel" if unsupported else "")
+    )
+    for line in plan.broken:
+        console.print(f"[red]contract violated[/] {escape(line)}")
+    if failed or plan.broken:
+        raise typer.Exit(1)
+
+
+def _sci(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _table(rows: list[dict], device: str, mode: str) -> Table:
+    """One line per case: its relative errors against the float64 reference and the verdict."""
+    from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE
+
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
     grad_cols = ("dq err", "dk err", "dv err", "grad tol.") if mode == "fwd_bwd" else ()
     for col in (
@@ -165,67 +149,30 @@ def verify(
             *grads,
             mark,
         )
-    console.print(t)
-    if out:
-        writer = ResultsWriter(out)
-        for r in rows:
-            writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
-    # a kernel without the shape (a backend with no grouped-query kernel) computed nothing wrong
-    unsupported = [r for r in rows if r["status"] == "unsupported"]
-    failed = [r for r in rows if r["status"] not in ("pass", "unsupported")]
-    passed = len(rows) - len(failed) - len(unsupported)
-    console.print(
-        f"{passed} of {len(rows)} cases pass"
-        + (f", {len(unsupported)} unsupported by the kernel" if unsupported else "")
-    )
-    for line in broken:
-        console.print(f"[red]contract violated[/] {escape(line)}")
-    if failed or broken:
-        raise typer.Exit(1)
+    return t
 
 
-def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
-    """fwd_bwd checks single-device implementations; naming a sequence-parallel one is an error."""
-    from attnbench import impls
+def _run_groups(plan, device: str, out: Optional[Path], env: Optional[dict]) -> list[dict]:
+    """Each implementation's cases in a process of their own, with progress; with ``out`` each
+    group's rows are appended as it finishes, so an interrupted verify keeps what it checked."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    ranked = [n for n in names if impls.spec(n).distributed]
-    if asked and ranked:
-        raise AttnbenchError(
-            f"verify --mode fwd_bwd checks single-device implementations; {', '.join(ranked)} "
-            "runs forward only: drop --mode fwd_bwd or that --impl"
-        )
-    return [n for n in names if n not in ranked]
+    from attnbench.results import ResultsWriter, clean_floats
+    from attnbench.sweeps.verification import run_reference_checks
 
-
-def _sci(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2e}"
-
-
-def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
-    """The contract checks of outside implementations (attnbench/contract.py), one line each."""
-    from attnbench import impls
-    from attnbench.contract import violations
-
-    return [
-        f"{n} [{dtype}]: {v}"
-        for n in names
-        for config in configs.get(n, [{}])
-        for dtype in dtypes
-        if dtype in impls.spec(n).dtypes
-        for v in violations(n, config, device, dtype)
-    ]
-
-
-def _verify_worlds(gpus: str | None, device: str) -> list[int]:
-    """Ranks to verify sequence-parallel implementations on: as given, else 2 (1 on a
-    one-GPU machine)."""
-    from attnbench.sweeps import seqpar
-    from attnbench.units import parse_int_list
-
-    if gpus is None:
-        worlds = [min(2, max(1, seqpar.max_ranks(device)))]
-    else:
-        worlds = sorted(set(parse_int_list(gpus, "gpus")))
-    for w in worlds:
-        seqpar.check_world(device, w)
-    return worlds
+    writer = ResultsWriter(out) if out else None
+    groups = plan.groups()
+    rows: list[dict] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"reference checks on {device}", total=len(plan.cases))
+        for i, (name, cases) in enumerate(groups):
+            progress.update(task, description=f"{name}: {len(cases)} reference checks on {device}")
+            got = run_reference_checks(cases, warm=device == "cuda" and i + 1 < len(groups))
+            for r in got if writer else ():
+                writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
+            rows += got
+            progress.advance(task, len(cases))
+            passed = sum(r["status"] == "pass" for r in got)
+            progress.console.print(f"  {name}: {passed} of {len(got)} pass")
+    return rows

@@ -8,6 +8,7 @@ their single-device counterpart. Rows come back in case order: one-device cases 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench import impls
@@ -48,3 +49,113 @@ def refuse_unrunnable(rows: list[dict[str, Any]]) -> None:
                 f"{row['impl']} {config_text(row['config'])} cannot run {row['dtype']} on {row['device']}: "
                 f"{row['message']}; choose another --dtype, backend or configuration"
             )
+
+
+@dataclass
+class VerifyPlan:
+    """What `attnbench verify` checks: one-device cases, sequence-parallel cases (on ranks),
+    and the contract violations of outside implementations (found while planning)."""
+
+    cases: list[VerifyCase]
+    broken: list[str] = field(default_factory=list)
+
+    def groups(self) -> list[tuple[str, list[VerifyCase]]]:
+        """The cases per implementation, in plan order: each group runs in a process of its
+        own, so progress shows and rows are kept group by group."""
+        by_impl: dict[str, list[VerifyCase]] = {}
+        for c in self.cases:
+            by_impl.setdefault(c.impl, []).append(c)
+        return list(by_impl.items())
+
+
+def plan_verify(
+    names: list[str] | None,
+    device: str,
+    dtypes: list[str],
+    mode: str,
+    gpus: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> VerifyPlan:
+    """The reference checks for ``names`` (all registered when None): each implementation's
+    verify shapes, causal and not, in every dtype it supports on ``device``; ``params``
+    replaces the verify configurations of the implementations that have those parameters."""
+    from attnbench.reference import default_cases
+    from attnbench.workload import check_workload_fields
+
+    asked = names
+    names = names or impls.names()
+    for n in names:
+        impls.spec(n)
+    for d in dtypes:
+        check_workload_fields(d, mode, device)
+    if mode == "fwd_bwd":
+        names = _single_device_only(names, asked)
+    runnable = [n for n in names if device in impls.spec(n).devices]
+    single = [n for n in runnable if not impls.spec(n).distributed]
+    distributed = [n for n in runnable if impls.spec(n).distributed]
+    configs = {n: [impls.normalize_config(n, _own_params(n, params))] for n in names} if params else {}
+    cases = [c for n in single for c in default_cases(n, device, _dtypes_of(n, dtypes), mode, configs.get(n))]
+    if distributed:
+        from attnbench.sweeps import seqpar  # torchrun machinery, only where a case needs ranks
+
+        cases += [
+            c
+            for n in distributed
+            for w in _verify_worlds(gpus, device)
+            for c in seqpar.cases_for(n, device, _dtypes_of(n, dtypes), w)
+        ]
+    if not cases:
+        raise AttnbenchError(
+            f"no reference check to run: {', '.join(names)} cannot run {'/'.join(dtypes)} on {device}; "
+            "see `attnbench list` for each implementation's devices and dtypes"
+        )
+    broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
+    return VerifyPlan(cases, broken)
+
+
+def _dtypes_of(name: str, dtypes: list[str]) -> list[str]:
+    return [d for d in dtypes if d in impls.spec(name).dtypes]
+
+
+def _own_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    own = {p.name for p in impls.spec(name).params}
+    return {k: v for k, v in params.items() if k in own}
+
+
+def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
+    """fwd_bwd checks single-device implementations; naming a sequence-parallel one is an error."""
+    ranked = [n for n in names if impls.spec(n).distributed]
+    if asked and ranked:
+        raise AttnbenchError(
+            f"verify --mode fwd_bwd checks single-device implementations; {', '.join(ranked)} "
+            "runs forward only: drop --mode fwd_bwd or that --impl"
+        )
+    return [n for n in names if n not in ranked]
+
+
+def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
+    """The contract checks of outside implementations (attnbench/contract.py), one line each."""
+    from attnbench.contract import violations
+
+    return [
+        f"{n} [{dtype}]: {v}"
+        for n in names
+        for config in configs.get(n, [{}])
+        for dtype in _dtypes_of(n, dtypes)
+        for v in violations(n, config, device, dtype)
+    ]
+
+
+def _verify_worlds(gpus: str | None, device: str) -> list[int]:
+    """Ranks to verify sequence-parallel implementations on: as given, else 2 (1 on a
+    one-GPU machine)."""
+    from attnbench.sweeps import seqpar
+    from attnbench.units import parse_int_list
+
+    if gpus is None:
+        worlds = [min(2, max(1, seqpar.max_ranks(device)))]
+    else:
+        worlds = sorted(set(parse_int_list(gpus, "gpus")))
+    for w in worlds:
+        seqpar.check_world(device, w)
+    return worlds
