@@ -661,3 +661,14 @@ def test_allocator_limits_read_as_profiles_write_them():
         "100 MiB",
         "1.5 GiB",
     ]
+
+
+def test_a_model_preset_label_is_compacted_like_any_other():
+    row = {
+        "impl": "dilated",
+        "label": "dilated(segment_lengths=2048,4096, dilation_rates=1,2) for llama3-8b",
+        "config": {"segment_lengths": [2048, 4096], "dilation_rates": [1, 2]},
+    }
+    assert compact_label(row) == "dilated[2048,4096/1,2] for llama3-8b"
+    sdpa = {"impl": "sdpa", "label": "sdpa(backend=cudnn) for llama3-8b", "config": {"backend": "cudnn"}}
+    assert compact_label(sdpa) == "sdpa(backend=cudnn) for llama3-8b"

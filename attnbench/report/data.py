@@ -226,9 +226,9 @@ def describe(row: Any) -> str:
     return _get(row, "label") or compact_label(row, f"{_get(row, 'impl')}()")
 
 
-# A label the runner derived from the configuration, `impl(k=v, ...)` and ` xP` on P ranks;
-# a profile's own label is kept as written.
-_AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)?$")
+# A label the runner derived from the configuration, `impl(k=v, ...)`, ` xP` on P ranks and
+# ` for MODEL` with a model preset; a profile's own label is kept as written.
+_AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)?(?P<model> for [\w.-]+)?$")
 _SHOWN_COMPACTLY = {"segment_lengths", "dilation_rates", "pattern_type", "sparsity_ratio", "block_size"}
 
 
@@ -259,7 +259,7 @@ def compact_label(row: Any, label: str | None = None) -> str:
         for a in re.split(r", (?=\w+=)", m["args"] or "")
         if a and a.split("=")[0] not in _SHOWN_COMPACTLY and a != "backend=auto"
     ]
-    return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "")
+    return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "") + (m["model"] or "")
 
 
 # --- matching -------------------------------------------------------------------------------------
