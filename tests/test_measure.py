@@ -186,6 +186,19 @@ def test_warm_up_runs_until_the_clocks_settle_and_plans_from_warm_calls():
     assert TimingPolicy().warmup_seconds(cuda=True) == 1.0 and TimingPolicy().warmup_seconds(cuda=False) == 0.0
 
 
+def test_a_warm_up_call_that_would_end_past_the_cap_is_not_started():
+    # calls of at least 0.2 s (a slower machine only lengthens them), a 0.3 s cap, clocks that
+    # never settle: one call warms up, where a second would end past the cap
+    def timer(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    policy = TimingPolicy(warmup=1, warmup_s=0.1, budget_s=1e6)
+    w = warm_up(lambda: time.sleep(0.2), timer, policy, cuda=True, settled=lambda: False, cap_s=0.3)
+    assert w.calls == 1
+
+
 def test_host_bound_threshold():
     assert host_bound(3.0, 1.0) is True  # two thirds of an eager call is the host's
     assert host_bound(1.2, 1.0) is False
