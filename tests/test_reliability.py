@@ -335,6 +335,28 @@ def test_a_trial_dies_with_its_parent_and_its_temp_dir_is_removed(tmp_path):
     assert not trial_dir.exists()
 
 
+RANKS_PARENT = """
+import sys
+from attnbench.runtime.distributed import launch
+launch("worker_jobs:sleep_forever", {"dir": sys.argv[1]}, 2, "cpu", 3600)
+"""
+
+
+@pytest.mark.distributed
+def test_the_ranks_of_a_multi_process_job_die_with_attnbench(tmp_path):
+    # attnbench -> torchrun agent -> two gloo ranks; a SIGKILL of attnbench leaves none of them
+    from attnbench.runtime.worker import alive as _alive
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    parent = subprocess.Popen([sys.executable, "-c", RANKS_PARENT, str(tmp_path)], env=env)
+    pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+    wait_for(lambda: all(p.exists() and p.read_text() for p in pid_files), "both ranks to start")
+    ranks = [int(p.read_text()) for p in pid_files]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    wait_for(lambda: not any(_alive(pid) and not _zombie(pid) for pid in ranks), "the ranks to die with attnbench")
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"

@@ -13,3 +13,13 @@ def whoami(args: dict) -> dict:
     import torch
 
     return {"pid": os.getpid(), "cuda_initialized": torch.cuda.is_initialized()}
+
+
+def sleep_forever(payload: dict, rank: int, world_size: int, device: str) -> dict:
+    """A rank that records its pid in the payload's directory, then never finishes."""
+    import time
+    from pathlib import Path
+
+    (Path(payload["dir"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    time.sleep(3600)
+    return {}

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
-from attnbench.runtime.supervise import python_module, supervise
+from attnbench.runtime.supervise import die_with_parent, python_module, supervise
 from attnbench.runtime.worker import function_ref, resolve, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
@@ -126,7 +126,17 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
 
+def die_with_launcher() -> None:
+    """A rank dies with the torchrun agent that started it, as the agent dies with attnbench:
+    a SIGKILL of attnbench (or of the agent) leaves no rank running."""
+    agent = os.getppid()
+    die_with_parent()
+    if os.getppid() != agent:  # the agent was gone before the signal was armed
+        os._exit(1)
+
+
 def main(job_path: str, out_dir: str) -> None:
+    die_with_launcher()
     spec = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
