@@ -50,6 +50,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_memory_bytes(device: str) -> int | None:
+    """What one device can hold at most: a GPU's memory (the largest visible, by NVML, no CUDA
+    context), the CPU's physical memory; None where it cannot be read."""
+    if device == "cuda":
+        gpus, _ = gpu_inventory()
+        return max((g["memory_total_bytes"] for g in gpus), default=None)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """GPUs as NVML reports them (name, memory, links), without creating a CUDA context."""
     try:

@@ -84,6 +84,15 @@ PROFILES = {
     "not toml": ("[[sweep]\nimpl = naive\n", "not valid TOML"),
     "no sweeps": ('device = "cpu"\n', "[[sweep]]"),
     "sweep without impl": ("[[sweep]]\nstart = 1024\n", "'impl'"),
+    # values that make no sense, refused before anything runs
+    "negative sequence length": ('[[sweep]]\nimpl = "naive"\nkind = "points"\nseq_lens = ["-4K"]\n', "'seq_lens'"),
+    "negative memory limit": ('memory_limit = "-1GiB"\n[[sweep]]\nimpl = "naive"\n', "'memory_limit'"),
+    "zero heads": ('heads = 0\n[[sweep]]\nimpl = "naive"\n', "heads must be a positive integer"),
+    # 2**62 sequences of q, k, v and the output are more bytes than any device holds
+    "batch beyond any device": (
+        'batch = 4611686018427387904\n[[sweep]]\nimpl = "naive"\n',
+        "batch 4611686018427387904",
+    ),
 }
 
 

@@ -42,11 +42,14 @@ class TrialKind:
         check_trial_series(s)
         self.check(s)
         impl = s.build()
+        lengths = self.lengths(s)
         try:
-            for n in self.lengths(s):
+            for n in lengths:
                 impl.check_shape(n, s.settings.heads)
         except ConfigError as exc:
             raise AttnbenchError(str(exc)) from None
+        if lengths:
+            check_fits_device(s, min(lengths))
         return s, None
 
     def check(self, s: Series) -> None:
@@ -109,7 +112,10 @@ def check_trial_series(s: Series) -> None:
         raise AttnbenchError(f"{s.impl} does not run {st.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
     for key in ("batch", "heads", "head_dim"):
         if getattr(st, key) <= 0:
-            raise AttnbenchError(f"--{key.replace('_', '-')} must be positive")
+            raise AttnbenchError(
+                f"{s.name}: {key} must be a positive integer, got {getattr(st, key)} "
+                f"(--{key.replace('_', '-')}, or {key} in a profile)"
+            )
     check_heads(st.heads, st.kv_heads)
     if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
         raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
@@ -142,3 +148,20 @@ def parallelism(s: Series) -> dict[str, Any]:
 
         return {"world_size": s.world_size, "strategy": STRATEGY}
     return {"world_size": 1, "strategy": "single"}
+
+
+def check_fits_device(s: Series, seq_len: int) -> None:
+    """A series whose inputs and output alone, at its shortest length, exceed what the device
+    holds cannot run a single trial: refused before anything runs, the keys named."""
+    from attnbench.environment import device_memory_bytes
+    from attnbench.units import format_bytes
+
+    st = s.settings
+    floor = s.workload(seq_len).floor_bytes
+    total = device_memory_bytes(st.device)
+    if total is not None and floor > total:
+        raise AttnbenchError(
+            f"{s.name}: batch {st.batch} x heads {st.heads} x head_dim {st.head_dim} at {seq_len:,} tokens needs "
+            f"{format_bytes(floor)} for q, k, v and the output alone, more than the {st.device}'s "
+            f"{format_bytes(total)}: lower batch, heads or the sequence length"
+        )
