@@ -151,6 +151,8 @@ def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
         "commit": source_commit(),
         "date": now_utc(),
         "command": " ".join(argv if argv is not None else sys.argv),
+        # the arguments as given, from the command's name on: what `--resume --out DIR` replays
+        "argv": list((argv if argv is not None else sys.argv)[1:]),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "platform": platform.platform(),

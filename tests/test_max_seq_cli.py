@@ -156,8 +156,10 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     assert len(kept) == 3
     assert not any(r["kind"] == "max-seq-result" for r in read_rows(out)[0])
 
-    done = run_cli(*args, "--resume")
+    # `--resume --out DIR` alone: the command the rows recorded runs again
+    done = run_cli("max-seq", "--resume", "--out", out)
     assert done.returncode == 0, done.stderr
+    assert "resuming: attnbench max-seq --impl dilated" in done.stderr
     assert "(from earlier run)" in done.stdout
     rows = trials(out)
     attempts = [(r["seq_len"], r["attempt"]) for r in rows]

@@ -114,8 +114,10 @@ def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
 def test_resume_finds_every_trial_done_and_a_new_run_must_choose_another_out(cpu_run):
     out, _ = cpu_run
     before = (out / "trials.jsonl").read_bytes()
-    proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", CASES, "--out", out, "--resume")
+    # `--resume --out DIR` alone replays the command the rows recorded
+    proc = run_cli("speedup", "--resume", "--out", out)
     assert proc.returncode == 0, proc.stderr
+    assert "resuming: attnbench speedup --impl dilated" in proc.stderr
     assert "from earlier run" in proc.stdout
     assert (out / "trials.jsonl").read_bytes() == before
     proc = run_cli("speedup", *DILATED, *CPU, "--gpus", 2, "--cases", CASES, "--out", out)

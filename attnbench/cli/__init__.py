@@ -29,7 +29,8 @@ def main() -> None:
     """Console entry: one-line errors with exit 2, never a traceback for bad input."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        code = app(standalone_mode=False)  # click returns a typer.Exit's code here
+        args = _replay_resumed(sys.argv[1:])
+        code = app(args=args, standalone_mode=False)  # click returns a typer.Exit's code here
         sys.exit(code if isinstance(code, int) else 0)
     except AttnbenchError as exc:
         err_console.print(f"error: {escape(str(exc))}", soft_wrap=True)
@@ -48,6 +49,19 @@ def main() -> None:
             err_console.print(f"error: {escape(exc.format_message())} (see --help)")
             sys.exit(2)
         raise
+
+
+def _replay_resumed(args: list[str]) -> list[str]:
+    """`CMD --resume --out DIR` alone runs the command DIR's rows recorded (cli/resume.py)."""
+    import shlex
+
+    from attnbench.cli.resume import replayed_argv
+
+    replayed = replayed_argv(args)
+    if replayed != args:
+        err_console.print(f"resuming: attnbench {escape(shlex.join(replayed))}")
+        sys.argv = [sys.argv[0], *replayed]  # the rows record the command that ran
+    return replayed
 
 
 def _raise_interrupt(signum, frame):
