@@ -157,3 +157,18 @@ def format_sparsity(kept: float | None, causal: bool = False) -> str:
     kept_pct = kept / full * 100
     decimals = max(1, 1 - math.floor(math.log10(kept_pct))) if kept_pct > 0 else 1
     return f"{100 - kept_pct:.{decimals}f}% sparse"
+
+
+def clip_text(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut after a sentence where one ends in the
+    second half, else at a word, never inside one ("CUDA out of memory. Tried to allocate
+    2.00 GiB. ..." keeps its sentences whole)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    sentence = head.rfind(". ")
+    if sentence >= limit // 2:
+        return head[: sentence + 1] + " …"
+    word = head.rfind(" ")
+    return (head[:word] if word > 0 else head).rstrip(" ,;:") + "…"

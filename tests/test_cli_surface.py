@@ -7,7 +7,7 @@ import pytest
 
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
-from attnbench.units import parse_bytes
+from attnbench.units import clip_text, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,35 @@ def test_derived_files_and_rows_take_the_users_umask(tmp_path, umask, mode):
 
 WORKLOAD = {"impl": "naive", "config": {}, "batch": 1, "seq_len": 128, "heads": 1, "head_dim": 8}
 WORKLOAD |= {"dtype": "fp32", "device": "cpu", "causal": False}
+
+
+CUDA_OOM = (
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 19.75 GiB. GPU 0 has a total capacity of 79.18 GiB "
+    "of which 19.41 GiB is free. Including non-PyTorch memory, this process has 59.76 GiB memory in use."
+)
+
+
+def test_a_long_message_is_cut_after_a_sentence_or_a_word_never_inside_one():
+    cut = clip_text(CUDA_OOM, 160)
+    assert cut == (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 19.75 GiB. GPU 0 has a total capacity of 79.18 GiB "
+        "of which 19.41 GiB is free. …"
+    )
+    words = "alpha beta gamma delta epsilon " * 4
+    short = clip_text(words, 30)
+    assert len(short) <= 30 and short.endswith("…") and short[:-1].split()[-1] in words.split()
+    assert clip_text("fits as it is", 30) == "fits as it is"
+
+
+def test_a_retried_trial_says_it_is_a_retry(capsys):
+    from types import SimpleNamespace
+
+    from attnbench.cli.progress import RichReporter
+
+    row = {"phase": "bracket", "seq_len": 4096, "status": "oom", "message": CUDA_OOM}
+    series = SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10))
+    for attempt in (1, 2):
+        RichReporter().trial_done(series, {**row, "attempt": attempt}, replayed=False)
+    first, second = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "retry" not in first and "bracket (retry)" in second
+    assert "Including non-PyTorch mem" not in first and "is free. …" in first

@@ -14,7 +14,7 @@ from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Finding, Thres
 from attnbench.check.significance import NOT_GATED, compare_times, process_spread
 from attnbench.errors import AttnbenchError
 from attnbench.schema import Trial, Verify
-from attnbench.units import format_bytes, format_ms, format_ratio
+from attnbench.units import clip_text, format_bytes, format_ms, format_ratio
 
 # Exact counts a trial row carries; q, k, v bytes only where the allocator counts them
 # (on the CPU they are resident-set growth, which moves with the page cache and the heap).
@@ -151,7 +151,9 @@ class Comparison:
             )
             return
         if c.status != "ok":
-            self._add("capacity", "regression", cur_rows, model, "ran", c.status, "now fails", c.message[:200])
+            self._add(
+                "capacity", "regression", cur_rows, model, "ran", c.status, "now fails", clip_text(c.message, 200)
+            )
         else:
             self._add("capacity", "improvement", cur_rows, model, b.status, "ran", "now runs")
 
@@ -271,7 +273,7 @@ class Comparison:
                     why = (
                         f"rel. error {r.rel_err:.2e} > tolerance {r.tolerance}"
                         if r.rel_err is not None
-                        else (r.message or "no output")[:200]
+                        else clip_text(r.message or "no output", 200)
                     )
                     self._add(
                         "correctness",

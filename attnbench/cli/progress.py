@@ -35,17 +35,18 @@ class RichReporter:
     def trial_started(self, series, seq_len, phase) -> None:
         from attnbench.units import format_tokens
 
-        self._status = console.status(f"{phase} N={format_tokens(seq_len)} ...")
-        self._status.start()
+        limit = series.settings.max_trial_seconds
+        self._status = _Running(f"{phase} N={format_tokens(seq_len)} (a call may take up to {limit:g} s)")
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
-        from attnbench.units import format_bytes, format_tokens
+        from attnbench.units import clip_text, format_bytes, format_tokens
 
         if self._status:
             self._status.stop()
             self._status = None
-        bits = [f"  {row.get('phase', ''):6} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
+        phase = row.get("phase", "") + (" (retry)" if (row.get("attempt") or 1) > 1 else "")
+        bits = [f"  {phase:9} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
         if row.get("time_ms"):
             bits.append(f"{row['time_ms']:,.2f} ms")
         if row.get("peak_bytes"):
@@ -56,7 +57,7 @@ class RichReporter:
         if row.get("tflops_executed"):
             bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
         if row["status"] != "ok" and row.get("message"):
-            bits.append(escape(row["message"][:160]))
+            bits.append(escape(clip_text(row["message"], 160)))
         if replayed:
             bits.append("(from earlier run)")
         console.print("  ".join(bits))
@@ -84,11 +85,11 @@ class SpeedupReporter:
         RichReporter().verify_done(rows)
 
     def trial_started(self, case, strategy) -> None:
-        self._status = console.status(f"{case.label} {strategy} ...")
-        self._status.start()
+        self._status = _Running(f"{case.label} {strategy}")
 
     def trial_done(self, row, replayed) -> None:
         from attnbench.report.markdown import result_text
+        from attnbench.units import clip_text
 
         if self._status:
             self._status.stop()
@@ -101,9 +102,26 @@ class SpeedupReporter:
             elif row["case"] in self._single:
                 bits.append(f"{self._single[row['case']] / row['time_ms']:.2f}x")
         if row["status"] != "ok" and row.get("message"):
-            bits.append(escape(row["message"][:200]))
+            bits.append(escape(clip_text(row["message"], 200)))
         elif row.get("note"):
-            bits.append(escape(row["note"][:200]))
+            bits.append(escape(clip_text(row["note"], 200)))
         if replayed:
             bits.append("(from earlier run)")
         console.print("  ".join(bits))
+
+
+class _Running:
+    """A spinner with the seconds a trial has run, so a long trial is seen to be alive; gone
+    when it stops (a log that is not a terminal gets only the finished line)."""
+
+    def __init__(self, what: str) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+        )
+        self._progress.add_task(escape(what), total=None)
+        self._progress.start()
+
+    def stop(self) -> None:
+        self._progress.stop()

@@ -66,5 +66,8 @@ def classify(exc: BaseException) -> str:
 
 
 def one_line(exc: BaseException) -> str:
+    """The exception's name and first line, at most 400 characters, never cut inside a word."""
+    from attnbench.units import clip_text
+
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
+    return clip_text(f"{type(exc).__name__}: {text[0] if text else ''}", 400)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.measure.oom import classify_text
+from attnbench.units import clip_text
 
 # Seconds a child may take to start (import torch, create a CUDA context, allocate inputs)
 # before the timed work begins, and the grace on top of each phase's time limit.
@@ -231,7 +232,7 @@ def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, A
         }
     return {
         "status": classify_text(last),
-        "message": f"trial process exited with {returncode}: {last}"[:400],
+        "message": clip_text(f"trial process exited with {returncode}: {last}", 400),
         "times_ms": [],
     }
 
