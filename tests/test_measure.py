@@ -197,6 +197,9 @@ def test_a_warm_up_call_that_would_end_past_the_cap_is_not_started():
     policy = TimingPolicy(warmup=1, warmup_s=0.1, budget_s=1e6)
     w = warm_up(lambda: time.sleep(0.2), timer, policy, cuda=True, settled=lambda: False, cap_s=0.3)
     assert w.calls == 1
+    # a warm call already made (the one that decided the time limit) is that warm-up
+    w = warm_up(lambda: time.sleep(0.2), timer, policy, cuda=True, settled=lambda: False, cap_s=0.3, warm_ms=(200.0,))
+    assert w.calls == 0 and w.last_ms == 200.0
 
 
 def test_host_bound_threshold():

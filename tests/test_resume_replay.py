@@ -10,7 +10,6 @@ from attnbench.errors import AttnbenchError
 
 from conftest import ROOT, run_cli
 
-
 # a reference-check row as `attnbench verify --out` writes it; each test gives it its own env
 VERIFY_ROW = {
     "schema": 1,

@@ -335,7 +335,8 @@ def measure_step(
     if ranks is None:
         cap_s = max(policy.budget_s / 2, policy.warmup_seconds(timer.cuda))
         phase("warm-up", cap_s + limit_s)
-        warm = warm_up(step, timer, policy, timer.cuda, sampler.clocks_settled, cap_s)
+        warm_calls = (m.warm_call_ms,) if m.warm_call_ms is not None else ()
+        warm = warm_up(step, timer, policy, timer.cuda, sampler.clocks_settled, cap_s, warm_calls)
         # a warm-up of no calls has no time of its own: the warm call taken above, else the first
         basis = warm.last_ms if warm.calls else basis
         m.warm_call_ms, m.warmup_calls, m.warmup_s = basis, warm.calls, round(warm.seconds, 3)

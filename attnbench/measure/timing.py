@@ -66,15 +66,18 @@ def warm_up(
     cuda: bool,
     settled: Callable[[], bool] = lambda: True,
     cap_s: float | None = None,
+    warm_ms: tuple[float, ...] = (),
 ) -> WarmUp:
     """Call ``fn`` until ``policy``'s warm-up time and calls have passed and ``settled()``
-    says the clocks are steady, for at most ``cap_s`` (half the budget by default): a call
-    that would end past the cap is not started once the warm-up time has passed (a 4 s call
-    under a 5 s cap warms up once)."""
+    says the clocks are steady, for at most ``cap_s`` (half the budget by default), counting
+    the ``warm_ms`` calls already made warm. A call that would end past the cap is not started
+    once the warm-up time has passed: a 4 s call under a 5 s cap warms up once, or not at all
+    after a warm call."""
     want_s = policy.warmup_seconds(cuda)
     cap_s = policy.budget_s / 2 if cap_s is None else cap_s
-    times: list[float] = []
-    t0 = time.monotonic()
+    # calls already made warm (the call that decided the time limit) count as warm-up done
+    times: list[float] = list(warm_ms)
+    t0 = time.monotonic() - sum(warm_ms) / 1e3
     while True:
         elapsed = time.monotonic() - t0
         done = len(times) >= policy.warmup and elapsed >= want_s and settled()
@@ -82,7 +85,7 @@ def warm_up(
             break
         times.append(timer(fn))
     last = times[-3:] or [0.0]
-    return WarmUp(len(times), time.monotonic() - t0, statistics.median(last))
+    return WarmUp(len(times) - len(warm_ms), time.monotonic() - t0, statistics.median(last))
 
 
 def timed_samples(

@@ -11,6 +11,7 @@ newer version of the code measured again shows only its newest numbers.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,9 @@ class Configuration:
         train_text = None
         if train:
             ratio = train.best.peak_over_floor if train.best else None
-            train_text = f"{train.length_text()}, {train.stop_text()}" + (f", {ratio:.2f}x floor" if ratio else "")
+            # the limit is said once, beside the forward, where both ran under the same one
+            stop = train.summary["stopped_by"] if fwd and fwd.limit == train.limit else train.stop_text()
+            train_text = f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
         return {
             "Configuration": self.label,
             "Settings": self.settings,
@@ -127,13 +130,18 @@ def configuration_key(row: Trial) -> str:
 
 def clean_label(label: str) -> str:
     """A series label without the code version and allocator limit the report adds to tell
-    series apart (the answer shows one version and says the limit beside the length)."""
-    return label.split(" @ ")[0].split(" under ")[0]
+    series apart (the answer shows one version and says the limit beside the length), and
+    without its model preset (the settings name it)."""
+    return re.sub(r" for [\w.-]+$", "", label.split(" @ ")[0].split(" under ")[0])
 
 
 def settings_text(row: Trial) -> str:
+    """The shape in a few characters: `bf16 H8 D64`, `llama3-8b bf16 H32/8 D128 causal` (query
+    heads / key-value heads)."""
     extra = f" B{row.batch}" if row.batch != 1 else ""
-    return f"{row.dtype}{extra} H{row.heads} D{row.head_dim}" + (" causal" if row.causal else "")
+    heads = f"H{row.heads}" + (f"/{row.kv_heads}" if row.kv_heads else "")
+    model = f"{row.model} " if row.model else ""
+    return f"{model}{row.dtype}{extra} {heads} D{row.head_dim}" + (" causal" if row.causal else "")
 
 
 def _newest_search(searches: list[Search]) -> Search | None:
