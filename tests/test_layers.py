@@ -4,6 +4,7 @@ and the read-only commands never import torch."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from functools import cache
@@ -14,31 +15,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attnbench"
 
-# Lowest first: a module imports only from its own layer or those before it. A new module
-# is placed here (the test names any that is not).
-LAYERS = [
-    ("base", ["attnbench", "attnbench.errors", "attnbench.units"]),
-    ("masks", ["attnbench.patterns", "attnbench.block_lists", "attnbench.hilbert", "attnbench.masks"]),
-    ("impls, measure", ["attnbench.impls", "attnbench.measure"]),
-    (
-        "workload, reference, results",
-        [
-            "attnbench.workload",
-            "attnbench.reference",
-            "attnbench.results",
-            "attnbench.environment",
-            "attnbench.schema",
-            "attnbench.contract",
-            "attnbench.models",
-        ],
-    ),
-    ("runtime", ["attnbench.runtime"]),
-    ("trial", ["attnbench.trial"]),
-    ("plan", ["attnbench.plan"]),  # settings and profiles into series of any kind; knows no sweep machinery
-    ("sweeps", ["attnbench.sweeps"]),
-    ("report, check", ["attnbench.report", "attnbench.check"]),
-    ("cli, api", ["attnbench.cli", "attnbench.__main__", "attnbench.api"]),
-]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def doc_layers(text: str) -> list[tuple[str, list[str]]]:
+    """The layer table of docs/architecture.md ("## Layers"), lowest first: (layer, module
+    prefixes). A module cell names `attnbench` (the package root), `name` (attnbench.name) or
+    `name/` (the subpackage attnbench.name, every module under it included)."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and the rule
+    layers = []
+    for row in rows:
+        layer, cell = (c.strip() for c in row.split("|")[1:3])
+        names = re.findall(r"`([^`]+)`", cell)
+        layers.append((layer, [n if n == "attnbench" else "attnbench." + n.rstrip("/") for n in names]))
+    return layers
+
+
+# Lowest first: a module imports only from its own layer or those before it. The table in
+# docs/architecture.md is the rule; a new module is placed there (the test names any that is not).
+LAYERS = doc_layers(ARCHITECTURE.read_text())
 
 
 def module_name(path: Path) -> str:
@@ -107,7 +103,16 @@ def edges() -> dict[str, set[str]]:
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in modules() if layer_of(m) is None]
-    assert not unplaced, f"place these modules in LAYERS (tests/test_layers.py): {unplaced}"
+    assert not unplaced, f"place these modules in the layer table of docs/architecture.md: {unplaced}"
+
+
+def test_the_layer_table_names_only_modules_that_exist():
+    assert len(LAYERS) >= 10, "docs/architecture.md's layer table was not read"
+    named = [m for _, prefixes in LAYERS for m in prefixes]
+    assert [m for m in named if m not in modules()] == []
+    assert len(named) == len(set(named)), "a module is in two layers"
+    top = {name.split(".")[1] for name in modules() if name.count(".") >= 1}
+    assert sorted(top - {m.split(".")[1] for m in named if "." in m}) == [], "every top-level module is named"
 
 
 # The package root re-exports the public loading API (attnbench.load) and imports it only
