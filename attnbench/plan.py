@@ -4,8 +4,9 @@ Precedence, lowest first: built-in defaults, the profile's top-level settings, t
 entry (``[[sweep]]`` or ``[[speedup]]``), flags given on the command line. A model preset
 (``model``: built in, or a profile's ``[models.NAME]``) fills heads, kv_heads, head_dim and
 causal at the level that names it, under that level's own keys. Every key is checked: an
-unknown key or a wrong type is an error that names the key. One settings family serves every kind of series (max-seq, points, speedup, or a kind registered in
-``attnbench.sweeps.kinds``); what a kind does with them is that kind's business.
+unknown key or a wrong type is an error that names the key. One settings family serves every
+kind of series (max-seq, points, speedup, or a kind registered in ``attnbench.sweeps.kinds``);
+what a kind does with them is that kind's business.
 
 Over 400 lines because the settings, their parsers and the profile tables that hold them
 (sweep and speedup) are one family, read together.
