@@ -97,8 +97,16 @@ class Device:
         return Outcome("ok", float(self.peak(n)), self.time_ms(n), flops, float(self.budget))
 
     def truth(self, start, grid, max_len):
-        """The largest length on the grid that runs (the blind search's answer at granularity)."""
-        return max(n for n in range(grid, max_len + 1, grid) if self.runs(n) == "ok")
+        """The largest length on the grid that runs (the blind search's answer at granularity):
+        peak and time grow with the length, so a bisection over the grid finds it exactly."""
+        lo, hi = 1, max_len // grid
+        assert self.runs(lo * grid) == "ok"
+        if self.runs(hi * grid) == "ok":
+            return hi * grid
+        while hi - lo > 1:  # runs at lo, fails at hi
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.runs(mid * grid) == "ok" else (lo, mid)
+        return lo * grid
 
 
 def linear(n):  # 2.3 KiB per token on 5 MB: dilated on the CPU
