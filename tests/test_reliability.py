@@ -281,10 +281,14 @@ def test_a_reference_check_too_big_for_the_memory_limit_is_one_line(tmp_path):
         "cpu",
         "--dtype",
         "fp32",
+        # q, k, v and the output fit this machine at 1K (2.1 GB), but the float64 reference's
+        # q, k and v alone (3 x 131 MB) do not fit the 256 MiB limit
         "--heads",
-        100000,
+        2000,
         "--head-dim",
-        4096,
+        64,
+        "--start",
+        "1K",
         "--memory-limit",
         "256MiB",
         "--out",
