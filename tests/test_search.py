@@ -242,3 +242,24 @@ def test_where_memory_binds_time_alone_never_sets_the_jump():
     result = predicted_search(device, lim)
     assert [n for n, _ in result.tried[:3]] == [1024, 2048, 4096]
     assert result.best <= device.truth(1024, 512, 1 << 31) < result.first_failure
+
+
+class EarlyOom(Device):
+    """Peaks as the fit sees them (quadratic), but the allocator fails above ``true_max``
+    (fragmentation, say): the model puts the limit above the failures."""
+
+    true_max = 2400
+
+    def runs(self, n):
+        return "oom" if n > self.true_max else super().runs(n)
+
+
+def test_a_failure_the_model_put_below_its_limit_is_bracketed_one_resolution_under():
+    device = EarlyOom(quadratic, 350_000_000)
+    lim = Limits(start=512, granularity=128, max_len=1 << 31, resolution=256, degree=2)
+    result = predicted_search(device, lim)
+    # 2560 failed where the fit put the limit near 2958; once 1792 ran, 2560 is within twice
+    # the largest success: the next probe is 2560 - 256, where a bisection would take 2176
+    lengths = [n for n, _ in result.tried]
+    assert lengths[: lengths.index(1792) + 2] == [512, 1024, 2560, 1792, 2304]
+    assert (result.best, result.first_failure) == (2304, 2560) and len(result.tried) <= 6

@@ -5,7 +5,10 @@ implementation's memory (``attnbench.measure.capacity``: linear or quadratic in 
 of a call, then jumps to just below the length the fits predict the limit at, brackets the
 limit from there and bisects inside the bracket, every probe on the grid of the resolution
 (so a small change in a measured peak does not move the lengths probed). It falls back to
-doubling or bisection wherever the fit is missing or the last guess it made failed. A length
+doubling or bisection wherever the fit is missing or the last guess it made failed; when a
+guess failed where the fit put the limit above it, the next probe is one resolution under the
+failure (the limit is just below it) where that guess was within twice the largest success,
+and bisection alone after a second miss. A length
 whose predicted time is far over the per-call limit is not run: it is recorded as predicted.
 
 Failures are run once: a failure above the largest success is what the search expects of a
@@ -185,6 +188,10 @@ class _Search:
         if self.lo == 0:  # the first length failed: below it
             return self.bisect()
         target = self.predict().max_seq
+        under = self.below_failure(target)
+        if under is not None and self.misses < MODEL_MISSES:
+            self.missed = False
+            return under, "bracket"
         if target is None or self.missed or self.misses >= MODEL_MISSES:
             self.missed = False
             if self.hi is None:
@@ -201,6 +208,16 @@ class _Search:
         if self.hi is not None and guess >= self.hi:
             return self.bisect()
         return min(guess, cap), phase
+
+    def below_failure(self, target: int | None) -> int | None:
+        """One resolution under the smallest failure, where the model puts the limit at or
+        above that failure and the failure is within twice the largest success: the limit is
+        just below it, so this brackets it where a bisection would halve (a far jump that
+        failed says less)."""
+        if target is None or self.hi is None or target < self.hi or 2 * self.lo < self.hi:
+            return None
+        under = self.on_grid(self.hi - self.lim.gap, self.lim.granularity)
+        return under if under > self.lo else None
 
     # --- one length ---------------------------------------------------------------------
     def run(self, n: int, phase: str) -> tuple[Outcome, bool]:
