@@ -5,7 +5,7 @@ causality, world size and strategy, and the device model they ran on (results of
 device models are never compared). Each matched pair is judged on
 
 - time: a regression only when the current time is slower than the stated minimum factor
-  (``--time-factor``; 1.10 on a GPU, 1.5 on a CPU) and than the noise between processes (the
+  (``--time-factor``; 1.10 on a GPU, 1.8 on a CPU) and than the noise between processes (the
   largest ratio between two processes of one trial on one side, over all trials of that device
   model); a process's time is its median call on a GPU, its fastest call on a CPU. A point
   timed in one process on a side, with too few samples or calls too short for the timer, or

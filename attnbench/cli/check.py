@@ -21,7 +21,7 @@ def check(
         Optional[float],
         typer.Option(
             "--time-factor",
-            help="a median slower than this factor may be a regression \\[default: 1.10 on a GPU, 1.5 on a CPU]",
+            help="a median slower than this factor may be a regression \\[default: 1.10 on a GPU, 1.8 on a CPU]",
             show_default=False,
         ),
     ] = None,
