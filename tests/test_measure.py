@@ -306,3 +306,16 @@ def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status
     )
     assert row["status"] == status, row["message"]
     assert row["first_call_ms"] > 1000 and ("warm_call_ms" in row)
+
+
+def test_cpu_memory_in_use_is_never_negative_when_the_resident_set_shrinks(monkeypatch):
+    """The resident set may hand pages back after the baseline: the inputs then hold no memory
+    that can be counted, never a negative amount (a reader refuses negative sizes)."""
+    import attnbench.measure.core as core
+
+    rss = iter([10_000_000, 9_995_904, 10_004_096])  # baseline, shrunk by 4 KiB, grown by 4 KiB
+    monkeypatch.setattr(core, "current_rss_bytes", lambda: next(rss))
+    probe = core.MemoryProbe()
+    probe.start(None)
+    assert probe.in_use() == 0
+    assert probe.in_use() == 4096

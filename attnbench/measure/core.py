@@ -186,7 +186,8 @@ class MemoryProbe:
     def in_use(self) -> int:
         if self.cuda:
             return torch.cuda.memory_allocated(self.devices[0]) - self.base
-        return current_rss_bytes() - self.base
+        # the resident set can shrink below its baseline (pages handed back): that is none in use
+        return max(0, current_rss_bytes() - self.base)
 
     def restart_peak(self, name: str) -> dict[str, Any]:
         """The peak so far under ``name`` (compilation, autotuning), then a fresh peak."""
