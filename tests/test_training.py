@@ -18,10 +18,12 @@ from attnbench.reference import (
 from conftest import run_cli
 
 
-def _cases(name, mode="fwd_bwd"):
+def _cases(name, mode="fwd_bwd", grouped=False):
     cases = default_cases(name, "cpu", ["fp32"], mode)
     if name == "block-sparse":  # every pattern and ratio, causal and not, at the smaller block and shape
-        cases = [c for c in cases if c.config["block_size"] == 16 and c.batch == 2]
+        cases = [
+            c for c in cases if c.config["block_size"] == 16 and c.batch == 2 and (c.kv_heads is not None) == grouped
+        ]
     return cases
 
 
@@ -36,6 +38,21 @@ def test_gradients_of_every_verify_configuration_match_the_reference(name):
         assert r["mode"] == "fwd_bwd" and all(
             0 <= r[f"rel_err_{g}"] <= GRAD_TOLERANCE["fp32"] for g in ("dq", "dk", "dv")
         )
+
+
+@pytest.mark.slow
+def test_block_sparse_gradients_with_grouped_heads_match_for_every_pattern():
+    """The grouped shape (8 query heads over 2 key/value heads) for every pattern and ratio;
+    the fast suite checks it for the default pattern (tests/test_gqa.py)."""
+    cases = _cases("block-sparse", grouped=True)
+    assert {c.config["pattern_type"] for c in cases} == {
+        "local_window",
+        "dilated_sparse",
+        "global_local",
+        "hierarchical",
+    }
+    rows = [run_case(c, seed=i) for i, c in enumerate(cases)]
+    assert not [(r["config"], r["causal"], r["message"]) for r in rows if r["status"] != "pass"]
 
 
 def test_a_wrong_gradient_fails(monkeypatch):

@@ -9,10 +9,12 @@ def nothing() -> None:
 
 
 def whoami(args: dict) -> dict:
-    """The worker's pid, and whether a CUDA context existed when its job began."""
-    import torch
+    """The worker's pid, and whether a CUDA context existed when its job began (none can
+    where torch was never imported)."""
+    import sys
 
-    return {"pid": os.getpid(), "cuda_initialized": torch.cuda.is_initialized()}
+    torch = sys.modules.get("torch")
+    return {"pid": os.getpid(), "cuda_initialized": torch is not None and torch.cuda.is_initialized()}
 
 
 def sleep_forever(payload: dict, rank: int, world_size: int, device: str) -> dict:

@@ -3,7 +3,7 @@ decides, for every trial."""
 
 from __future__ import annotations
 
-import torch
+import sys
 
 # Allocation failures that do not surface as torch.OutOfMemoryError: the CPU allocator,
 # cuBLAS / cuDNN handles and workspaces, and raw CUDA runtime calls.
@@ -48,7 +48,10 @@ def is_oom_text(text: str) -> bool:
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    # torch is not imported here: a process that never imported it (the parent, a worker
+    # before its job) raises no torch error, and starts without torch's seconds of import
+    torch = sys.modules.get("torch")
+    if isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError)):
         return True
     return isinstance(exc, RuntimeError) and is_oom_text(str(exc))
 
