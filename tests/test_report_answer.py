@@ -16,6 +16,7 @@ import pytest
 
 from attnbench.report.build import render
 from attnbench.report.data import load
+from attnbench.report.sweep_tables import max_seq_summary
 from attnbench.results import load_rows
 
 from conftest import ROOT, run_cli, typed_row
@@ -70,6 +71,20 @@ def test_an_unfinished_search_is_a_lower_bound(tmp_path):
     md = render(load(write_rows(tmp_path / "run", rows))).text()
     answer = md.split("## The answer")[1].split("\n## ")[0]
     assert "| dilated | bf16 H8 D64 | ≥ 2K | search interrupted |" in answer
+
+
+def test_a_length_whose_confirmation_failed_is_not_the_answer(tmp_path):
+    """The search ran 2K once, failed to confirm it in a fresh process and settled on 1K: the
+    answer, the stop and the peak are the result row's, not the largest length that once ran."""
+    rows = search("sdpa", [1024, 2048], 4096)
+    rows[-1] = typed_row(kind="max-seq-result", series="s", label="sdpa", seq_len=1024, env=ENV)
+    failed_confirm = typed_row(kind="max-seq", series="s", label="sdpa", seq_len=2048, status="oom", env=ENV)
+    rows.insert(-1, failed_confirm)
+    (summary,) = max_seq_summary(rows)
+    assert (summary["max_seq_len"], summary["first_failure"], summary["peak_bytes"]) == (1024, 2048, 4096 * 1024)
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| sdpa | bf16 H8 D64 | 1K – 2K | memory |" in answer
 
 
 def test_the_answer_names_each_machine_and_its_device(tmp_path):

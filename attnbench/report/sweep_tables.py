@@ -79,20 +79,22 @@ def series_groups(rows: list[Row]) -> dict[str, list[Trial]]:
 
 
 def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
-    """Per max-seq series: the largest length that ran and what stopped the next one.
-    Derived from the trials, so an interrupted sweep still has its summary."""
+    """Per max-seq series: the search's answer and what stopped the next length. An
+    interrupted sweep (no result row) still has a summary from its trials: the largest length
+    that ran, a lower bound. A finished search's answer is its result row's, which is below a
+    length that ran once where the fresh-process confirmation there failed."""
     results = {r.series: r for r in rows if isinstance(r, MaxSeqResult)}
     out = []
     for key, trials in series_groups(rows).items():
         head = trials[0]
         if head.kind != "max-seq":
             continue
+        done = results.get(key)
         ok = [r for r in trials if r.status == "ok"]
-        best = max((r.seq_len for r in ok), default=0)
+        best = done.seq_len if done else max((r.seq_len for r in ok), default=0)
         failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
         stop = min(failures, key=lambda r: r.seq_len) if failures else None
-        best_row = next((r for r in ok if r.seq_len == best), None)
-        done = results.get(key)
+        best_row = next((r for r in reversed(ok) if r.seq_len == best), None)  # the confirmation
         out.append(
             {
                 "series": key,
