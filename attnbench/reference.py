@@ -91,34 +91,37 @@ def verify_shapes(n: int) -> list[tuple[int, int, int, int | None, int]]:
     return [(b, n * (2 if i == 1 else 1), h, kv, d) for i, (b, h, kv, d) in enumerate(VERIFY_SHAPES)]
 
 
-def default_cases(name: str, device: str, dtypes: list[str], mode: str = "fwd", configs=None) -> list[VerifyCase]:
+def default_cases(
+    name: str, device: str, dtypes: list[str], mode: str = "fwd", configs=None, world: int = 1
+) -> list[VerifyCase]:
     """Several small shapes per configuration (``configs``, default the implementation's
-    verify configurations): ``VERIFY_SHAPES``, causal and not; ``mode`` fwd_bwd checks dq,
-    dk, dv too."""
+    verify configurations): ``VERIFY_SHAPES``, causal where it means something; ``mode``
+    fwd_bwd checks dq, dk, dv too; a sequence-parallel implementation runs on ``world`` ranks."""
     entry = impls.spec(name)
     if configs is None:
         configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
     cases = []
     for config in configs:
-        impl = impls.build(name, **config)
+        impl = impls.build_for_ranks(name, config, world)  # its shape rules depend on the ranks
         for batch, seq_len, heads, kv_heads, head_dim in verify_shapes(impl.verify_seq_len()):
             for causal in (False, True) if impl.supports_causal else (False,):
-                for dtype in dtypes:
-                    cases.append(
-                        VerifyCase(
-                            name,
-                            impl.config(),
-                            batch,
-                            seq_len,
-                            heads,
-                            head_dim,
-                            causal,
-                            dtype,
-                            device,
-                            mode=mode,
-                            kv_heads=kv_heads,
-                        )
+                cases += [
+                    VerifyCase(
+                        name,
+                        impl.config(),
+                        batch,
+                        seq_len,
+                        heads,
+                        head_dim,
+                        causal,
+                        dtype,
+                        device,
+                        world,
+                        mode,
+                        kv_heads,
                     )
+                    for dtype in dtypes
+                ]
     return cases
 
 

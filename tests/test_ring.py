@@ -16,7 +16,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls.sequence_parallel.engine import LseAccumulator, attend_with_lse
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
 from attnbench.patterns import PATTERN_TYPES
-from attnbench.reference import TOLERANCE, masked_reference, relative_error
+from attnbench.reference import TOLERANCE, default_cases, masked_reference, relative_error
 from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
 from attnbench.trial import TrialSpec
@@ -119,7 +119,7 @@ def test_shape_rules_depend_on_the_ranks():
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"{w}-ranks")
 def verified(request):
     world = request.param
-    cases = [c for name in RING_IMPLS for c in seqpar.cases_for(name, "cpu", ["fp32", "bf16"], world)]
+    cases = [c for name in RING_IMPLS for c in default_cases(name, "cpu", ["fp32", "bf16"], world=world)]
     return world, cases, seqpar.verify(cases)
 
 
@@ -153,7 +153,7 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_rank_that_raises_ends_the_run_with_its_error():
-    case = seqpar.cases_for("ring", "cpu", ["fp32"], 2)[0]
+    case = default_cases("ring", "cpu", ["fp32"], world=2)[0]
     t0 = time.monotonic()
     rows = seqpar.verify([case], fail_rank=1)  # rank 0 is already waiting for rank 1's K/V
     assert time.monotonic() - t0 < 60, "the other rank must not wait for its collective timeout"

@@ -25,7 +25,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.accounting import accounting
-from attnbench.reference import TOLERANCE, VerifyCase, verify_shapes
+from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trial import TrialSpec
@@ -172,36 +172,6 @@ def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
     if r.get("status") == "ok":
         out.pop("message", None)
     return out
-
-
-def cases_for(name: str, device: str, dtypes: list[str], world: int) -> list[VerifyCase]:
-    """Like reference.default_cases, on ``world`` ranks: its shapes per configuration (B > 1,
-    head counts that do not divide into groups, grouped K/V), causal where it means something."""
-    entry = impls.spec(name)
-    configs = entry.verify_configs(device) if callable(entry.verify_configs) else entry.verify_configs
-    cases = []
-    for config in configs:
-        impl = build(name, config, world)
-        n = impl.verify_seq_len()
-        for batch, seq_len, heads, kv_heads, head_dim in verify_shapes(n):
-            for causal in (False, True) if impl.supports_causal else (False,):
-                for dtype in dtypes:
-                    cases.append(
-                        VerifyCase(
-                            name,
-                            impl.config(),
-                            batch,
-                            seq_len,
-                            heads,
-                            head_dim,
-                            causal,
-                            dtype,
-                            device,
-                            world,
-                            kv_heads=kv_heads,
-                        )
-                    )
-    return cases
 
 
 def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[dict[str, Any]]:

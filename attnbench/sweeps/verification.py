@@ -95,15 +95,12 @@ def plan_verify(
     distributed = [n for n in runnable if impls.spec(n).distributed]
     configs = {n: [impls.normalize_config(n, _own_params(n, params))] for n in names} if params else {}
     cases = [c for n in single for c in default_cases(n, device, _dtypes_of(n, dtypes), mode, configs.get(n))]
-    if distributed:
-        from attnbench.sweeps import seqpar  # torchrun machinery, only where a case needs ranks
-
-        cases += [
-            c
-            for n in distributed
-            for w in _verify_worlds(gpus, device)
-            for c in seqpar.cases_for(n, device, _dtypes_of(n, dtypes), w)
-        ]
+    cases += [
+        c
+        for n in distributed
+        for w in _verify_worlds(gpus, device)
+        for c in default_cases(n, device, _dtypes_of(n, dtypes), world=w)
+    ]
     if not cases:
         raise AttnbenchError(
             f"no reference check to run: {', '.join(names)} cannot run {'/'.join(dtypes)} on {device}; "
