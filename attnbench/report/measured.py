@@ -133,16 +133,14 @@ def _max_seq(m, match: dict[str, Any]) -> Measured | None:
         return None
     s = max(found, key=lambda s: d.row_date(s["head"]))
     bound = "" if s["complete"] else "at least "
+    return _search_answer(m, s, f"{bound}what one search ran, stopped by {s['stopped_by']}")
+
+
+def _search_answer(m, s: dict[str, Any], note: str) -> Measured:
+    """A search's longest length, as one measured value."""
+    head = s["head"]
     return Measured(
-        s["max_seq_len"],
-        None,
-        None,
-        "1 search",
-        m.name,
-        short_label(s["head"]),
-        d.row_date(s["head"]),
-        [f"{bound}what one search ran, stopped by {s['stopped_by']}"],
-        [s["head"].source],
+        s["max_seq_len"], None, None, "1 search", m.name, short_label(head), d.row_date(head), [note], [head.source]
     )
 
 
@@ -157,17 +155,7 @@ def _max_seq_8gb(m, match: dict[str, Any]) -> Measured | None:
     ]
     if limited:
         s = max(limited, key=lambda s: d.row_date(s["head"]))
-        return Measured(
-            s["max_seq_len"],
-            None,
-            None,
-            "1 search",
-            m.name,
-            short_label(s["head"]),
-            d.row_date(s["head"]),
-            [f"a search under an 8 GiB allocator limit, stopped by {s['stopped_by']}"],
-            [s["head"].source],
-        )
+        return _search_answer(m, s, f"a search under an 8 GiB allocator limit, stopped by {s['stopped_by']}")
     if match.get("kind") == "speedup":
         return _speedup_capacity(m, match)
     found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(EIGHT_GIB)]

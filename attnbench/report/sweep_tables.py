@@ -94,7 +94,7 @@ def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
         best = done.seq_len if done else max((r.seq_len for r in ok), default=0)
         failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
         stop = min(failures, key=lambda r: r.seq_len) if failures else None
-        best_row = next((r for r in reversed(ok) if r.seq_len == best), None)  # the confirmation
+        best_row = next((r for r in ok if r.seq_len == best), None)
         out.append(
             {
                 "series": key,
