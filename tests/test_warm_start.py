@@ -40,6 +40,27 @@ def test_each_job_runs_in_a_process_of_its_own_started_while_the_previous_job_ra
         assert set(result["phase_s"]) >= {"start", "exit"} and min(result["phase_s"].values()) >= 0
 
 
+def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable):
+    """What the spinner shows: the phases the worker announces, as they arrive, and nothing once
+    the display has stopped listening."""
+    from attnbench.cli.progress import _Running
+    from attnbench.runtime.worker import PHASE_LISTENERS
+
+    heard = []
+    PHASE_LISTENERS.append(heard.append)
+    try:
+        run_in_child("worker_jobs:whoami", {}, 300)
+    finally:
+        PHASE_LISTENERS.remove(heard.append)
+    assert heard[0] == "startup" and heard[-1] == "exit"
+    spinner = _Running("grow N=4K")
+    spinner.phase("timing")
+    (task,) = spinner._progress.tasks
+    assert task.description.startswith("grow N=4K") and "timing" in task.description
+    spinner.stop()
+    assert spinner.phase not in PHASE_LISTENERS
+
+
 def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
     """On a GPU the next two trials' processes start ahead: an import can outlast a short trial."""
     run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)

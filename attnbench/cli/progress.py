@@ -36,7 +36,7 @@ class RichReporter:
         from attnbench.units import format_tokens
 
         limit = series.settings.max_trial_seconds
-        self._status = _Running(f"{phase} N={format_tokens(seq_len)} (a call may take up to {limit:g} s)")
+        self._status = _Running(f"{phase} N={format_tokens(seq_len)}", f"(a call may take up to {limit:g} s)")
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
@@ -111,17 +111,50 @@ class SpeedupReporter:
 
 
 class _Running:
-    """A spinner with the seconds a trial has run, so a long trial is seen to be alive; gone
-    when it stops (a log that is not a terminal gets only the finished line)."""
+    """A spinner with the seconds a trial has run and the phase its process is in (starting,
+    compile, warm-up, timing...), so a long trial is seen to be alive and where; gone when it
+    stops (a log that is not a terminal gets only the finished line)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, note: str = "") -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        from attnbench.runtime.worker import PHASE_LISTENERS
+
+        self._what, self._note = escape(what), escape(note)
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         )
-        self._progress.add_task(escape(what), total=None)
+        self._task = self._progress.add_task(self._line(""), total=None)
+        self._listeners = PHASE_LISTENERS
+        self._listeners.append(self.phase)
         self._progress.start()
 
+    def _line(self, phase: str) -> str:
+        return f"{self._what}{'  ' + phase if phase else ''}  [dim]{self._note}[/]"
+
+    def phase(self, name: str) -> None:
+        self._progress.update(self._task, description=self._line(escape(PHASE_WORDS.get(name, name))))
+
     def stop(self) -> None:
+        if self.phase in self._listeners:
+            self._listeners.remove(self.phase)
         self._progress.stop()
+
+
+# What the spinner says of a trial's phases (as its worker announces them).
+PHASE_WORDS = {
+    "startup": "starting python",
+    "ready": "started",
+    "setup": "setting up",
+    "device": "starting the device",
+    "inputs": "making inputs",
+    "compile": "compiling",
+    "first-call": "first call",
+    "warm-up": "warming up",
+    "timing": "timing",
+    "warm-call": "warm call",
+    "gpu-timing": "timing on the GPU",
+    "compare": "comparing with the reference",
+    "accounting": "counting",
+    "exit": "writing the result",
+}

@@ -59,6 +59,20 @@ def resolve(ref: str) -> Callable:
 # that died without cleaning up (their workers died with them: parent-death signal).
 TEMP_PREFIX = "attnbench-trial-"
 
+# Who else hears each phase a running job announces (a progress display), as it arrives:
+# called on the thread that reads the worker's output, so a listener must be quick.
+PHASE_LISTENERS: list[Callable[[str], None]] = []
+
+
+def _phase_heard(hold: Callable[[str], None] | None) -> Callable[[str], None]:
+    def heard(phase: str) -> None:
+        if hold is not None:
+            hold(phase)
+        for listen in list(PHASE_LISTENERS):
+            listen(phase)
+
+    return heard
+
 
 def run_in_child(
     fn: JobFunction | str,
@@ -85,10 +99,10 @@ def run_in_child(
             preload = warm if isinstance(warm, str) else ref.partition(":")[0]
             child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
             SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
-            on_phase = SPARES.holder(hold_phases)
+            on_phase = _phase_heard(SPARES.holder(hold_phases))
         else:
             child = Child(python_module("attnbench.runtime.worker", str(job_path), str(result_path)))
-            handed, on_phase = child.started, None
+            handed, on_phase = child.started, _phase_heard(None)
         try:
             outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
             if warm and not result_path.exists() and not started_job(child, handed):
