@@ -31,6 +31,18 @@ def test_quadratic_fit_recovers_n_squared_memory():
     assert n == pytest.approx((-100 + math.sqrt(100**2 - 4 * 32 * (5e5 - 80 * GIB))) / 64, rel=1e-9)
 
 
+def test_points_on_the_law_give_its_exact_coefficients_and_no_error():
+    """The fit is exact arithmetic: integer peaks on an integer law come back as those
+    integers, with an error of exactly zero, on any machine (a floating-point solver leaves
+    residues of 1e-16 that differ between BLAS builds and so between regenerated reports)."""
+    lengths = [1024, 2048, 4096, 8192, 12288]
+    linear = fit_memory(lengths, [1_000_003 + 4096 * n for n in lengths], 1)
+    assert linear.coef == (1_000_003.0, 4096.0) and linear.max_error == 0.0
+    quadratic = fit_memory(lengths, [7 + 100 * n + 32 * n * n for n in lengths], 2)
+    assert quadratic.coef == (7.0, 100.0, 32.0) and quadratic.max_error == 0.0
+    assert quadratic.max_seq(7 + 100 * 5000 + 32 * 5000**2) == 5000.0  # the closed-form root, exactly
+
+
 def test_fit_error_is_reported_on_the_measured_points():
     lengths = [1000, 2000, 3000, 4000]
     noise = [0.02, -0.01, 0.0, 0.01]

@@ -2,12 +2,14 @@
 trials, solved for the longest sequence a given memory holds; the memory a series may use on
 its device; and the time of one call extrapolated along the implementation's FLOPs.
 
-Pure (numpy): the max-seq search predicts with it before it probes (``attnbench.sweeps.search``)
+Pure Python: the max-seq search predicts with it before it probes (``attnbench.sweeps.search``)
 and the report predicts other GPU sizes with it (``attnbench.report.fit``, whose docstring says
 why the reserved peak is fitted on a GPU and what is set aside for the CUDA context).
 
 Each series gets a least-squares fit of its measured peaks over its lengths: linear for
-implementations whose memory grows with N, quadratic for those that hold N x N scores.
+implementations whose memory grows with N, quadratic for those that hold N x N scores. The fit
+is solved exactly in rationals and its roots in closed form, so every machine (whatever its
+BLAS, threads or SIMD) gets the same bits: the report regenerates byte for byte.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
-
-import numpy as np
 
 # Backends that hold N x N scores whatever the implementation declares (sdpa's math).
 QUADRATIC_BACKENDS = {"math"}
@@ -70,11 +71,15 @@ class MemoryFit:
         does (no limit follows from the fit) or not even N = 0 fits."""
         if budget <= self.coef[0]:
             return None
-        roots = np.polynomial.polynomial.polyroots([self.coef[0] - budget, *self.coef[1:]])
-        real = [r.real for r in roots if abs(r.imag) < 1e-9 * max(1.0, abs(r.real)) and r.real > 0]
-        if not real:
+        c, b, a = self.coef[0] - budget, self.coef[1], (self.coef[2] if self.degree == 2 else 0.0)
+        if a == 0:
+            return -c / b if b > 0 else None
+        disc = b * b - 4 * a * c
+        if disc < 0:
             return None
-        return float(min(real))
+        q = -0.5 * (b + math.copysign(math.sqrt(disc), b))  # the stable pair of roots: q / a, c / q
+        positive = [r for r in (q / a, c / q if q else math.inf) if 0 < r < math.inf]
+        return min(positive) if positive else None
 
     def formula(self) -> str:
         from attnbench.units import format_bytes, format_bytes_short
@@ -89,8 +94,29 @@ def fit_memory(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFi
     """Least-squares fit; None with fewer distinct lengths than the model has coefficients."""
     if len(set(seq_lens)) < degree + 1:
         return None
-    coef = np.polynomial.polynomial.polyfit(np.asarray(seq_lens, float), np.asarray(peaks, float), degree)
-    return MemoryFit(degree, tuple(float(c) for c in coef), tuple(seq_lens), tuple(float(p) for p in peaks))
+    coef = least_squares([[n**i for i in range(degree + 1)] for n in seq_lens], peaks)
+    return MemoryFit(degree, coef, tuple(seq_lens), tuple(float(p) for p in peaks))
+
+
+def least_squares(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
+    """The coefficients c minimising |rows @ c - y|, solved exactly (normal equations in
+    rationals, Gauss-Jordan elimination), then rounded once: the same bits on every machine.
+    The columns must be independent (distinct lengths)."""
+    a = [[Fraction(x) for x in r] for r in rows]
+    k = len(a[0])
+    m = [
+        [sum((r[i] * r[j] for r in a), Fraction(0)) for j in range(k)]
+        + [sum((r[i] * Fraction(t) for r, t in zip(a, y)), Fraction(0))]
+        for i in range(k)
+    ]
+    for col in range(k):
+        pivot = next(i for i in range(col, k) if m[i][col] != 0)
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(k):
+            if i != col and m[i][col] != 0:
+                f = m[i][col] / m[col][col]
+                m[i] = [x - f * p for x, p in zip(m[i], m[col])]
+    return tuple(float(m[i][k] / m[i][i]) for i in range(k))
 
 
 def measured_budget(rows: list[Any]) -> tuple[float | None, float | None, float | None, str]:
@@ -165,9 +191,8 @@ def fit_leading(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryF
     the leading term's, so the fit grows faster than the peak and predicts its limit short of it."""
     if len(set(seq_lens)) < 2:
         return None
-    n = np.asarray(seq_lens, float) ** degree
-    (c0, cd), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n], axis=1), np.asarray(peaks, float), rcond=None)
-    coef = (float(c0), *([0.0] * (degree - 1)), float(cd))
+    c0, cd = least_squares([[1, n**degree] for n in seq_lens], peaks)
+    coef = (c0, *([0.0] * (degree - 1)), cd)
     return MemoryFit(degree, coef, tuple(seq_lens), tuple(float(p) for p in peaks))
 
 
