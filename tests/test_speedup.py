@@ -21,7 +21,7 @@ from attnbench.sweeps.speedup import check_settings
 from attnbench.sweeps.speedup_job import context, measure
 from attnbench.sweeps.speedup_rows import gpu_rows, notes_for, slowest_per_iteration
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, typed_row
 
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
 DILATED = ["--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2"]
@@ -572,3 +572,19 @@ def test_environment_names_how_each_gpu_pair_is_connected():
         {"gpus": [0, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
         {"gpus": [1, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
     ]
+
+
+def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_grouping():
+    """Grouped key/value heads are another call: a 2-GPU row with 8 query heads over 2 K/V heads
+    is divided into the single-GPU row of that shape, not the ungrouped one beside it."""
+    from attnbench.report.speedup_tables import speedup_records
+    from attnbench.sweeps.speedup import trial_key
+
+    def row(strategy, world, kv_heads, ms):
+        fields = dict(strategy=strategy, world_size=world, kv_heads=kv_heads, time_ms=ms, times_ms=[ms] * 3)
+        return typed_row("speedup", key=trial_key({**fields, "heads": 8}), **fields)
+
+    rows = [row("single", 1, None, 10.0), row("single", 1, 2, 6.0), row("dp", 2, 2, 4.0)]
+    assert len({r.key for r in rows}) == 3  # resume tells the two single rows apart
+    (multi,) = [rec for rec in speedup_records(rows) if rec["row"].strategy == "dp"]
+    assert multi["single"].kv_heads == 2 and multi["speedup"] == pytest.approx(1.5)

@@ -23,22 +23,6 @@ from attnbench.results import load_rows, write_text_atomic
 from attnbench.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
 
-# a single row and a multi-GPU row answer the same question when these agree
-MATCH_FIELDS = (
-    "run",
-    "impl",
-    "config",
-    "batch",
-    "seq_len",
-    "heads",
-    "head_dim",
-    "dtype",
-    "device",
-    "mode",
-    "causal",
-    "module",
-)
-GROUP_FIELDS = ("run", "impl", "config", "heads", "head_dim", "dtype", "device", "mode", "causal", "module")
 CSV_COLUMNS = [
     "run",
     "machine",
@@ -92,10 +76,15 @@ MEMORY_COLUMNS = [
 ]
 
 
-def _ident(row: Speedup, fields) -> str:
+def _ident(row: Speedup, *but: str) -> str:
+    """The question a row answers, whatever GPUs answered it: the workload's identity without
+    how it was spread, with its run and the model around attention; ``but`` leaves more out."""
     import json
 
-    return json.dumps([getattr(row, f) for f in fields], sort_keys=True, default=str)
+    ident = {**row.identity(), "run": row.run, "module": row.module}
+    for name in ("strategy", "world_size", *but):
+        ident.pop(name, None)
+    return json.dumps(ident, sort_keys=True, default=str)
 
 
 def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
@@ -105,10 +94,10 @@ def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
     for r in speedup_rows(rows):
         latest[r.key or str(len(latest))] = r
     found = list(latest.values())
-    single = {_ident(r, MATCH_FIELDS): r for r in found if r.strategy == "single"}
+    single = {_ident(r): r for r in found if r.strategy == "single"}
     out = []
     for r in found:
-        base = single.get(_ident(r, MATCH_FIELDS))
+        base = single.get(_ident(r))
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager; the interval resamples both sides
         ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
@@ -131,7 +120,7 @@ def groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Records of one run and one workload family (everything but the case), in run order."""
     out: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
-        out.setdefault(_ident(rec["row"], GROUP_FIELDS), []).append(rec)
+        out.setdefault(_ident(rec["row"], "batch", "seq_len"), []).append(rec)
     return out
 
 

@@ -152,7 +152,10 @@ def _check_compression(s: Series) -> None:
 
 
 def trial_key(row: dict[str, Any]) -> str:
-    blob = json.dumps({k: row.get(k) for k in KEY_FIELDS}, sort_keys=True, default=str)
+    key = {k: row.get(k) for k in KEY_FIELDS}
+    if row.get("kv_heads") not in (None, row.get("heads")):  # grouped heads: another call (rows without keep their key)
+        key["kv_heads"] = row["kv_heads"]
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
