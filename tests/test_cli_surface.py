@@ -101,9 +101,12 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     from attnbench.cli.progress import RichReporter
 
     row = {"phase": "bracket", "seq_len": 4096, "status": "oom", "message": CUDA_OOM}
+    ok = {"phase": "grow", "seq_len": 2048, "status": "ok"}
     series = SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10))
-    for attempt in (1, 2):
-        RichReporter().trial_done(series, {**row, "attempt": attempt}, replayed=False)
-    first, second = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    reporter = RichReporter()
+    for r in (ok, row, {**row, "attempt": 2}, {**ok, "phase": "confirm", "attempt": 2}):
+        reporter.trial_done(series, r, replayed=False)
+    grow, first, second, confirm = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert "retry" not in first and "bracket (retry)" in second
+    assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
     assert "Including non-PyTorch mem" not in first and "is free. …" in first

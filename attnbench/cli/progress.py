@@ -12,6 +12,7 @@ class RichReporter:
 
     def __init__(self) -> None:
         self._status = None
+        self._failed: tuple[int, int] | None = None  # (series, length) of the last row, where it failed
 
     def verify_done(self, rows) -> None:
         for r in rows:
@@ -45,7 +46,10 @@ class RichReporter:
         if self._status:
             self._status.stop()
             self._status = None
-        phase = row.get("phase", "") + (" (retry)" if (row.get("attempt") or 1) > 1 else "")
+        # a retry runs a length again right after it failed (a confirmation runs one that succeeded)
+        here = (id(series), row["seq_len"])
+        phase = row.get("phase", "") + (" (retry)" if here == self._failed and not replayed else "")
+        self._failed = here if row["status"] != "ok" else None
         bits = [f"  {phase:9} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
         if row.get("time_ms"):
             bits.append(f"{row['time_ms']:,.2f} ms")
