@@ -157,3 +157,23 @@ def test_the_report_regenerates_byte_for_byte_but_its_timestamp(tmp_path):
         assert a == b, name
         if name.suffix in (".md", ".csv"):
             assert not re.search(rb"(?<![\w.])-0\.0+(?![\d.])", a), name  # no negative zero
+
+
+def test_the_first_screen_deals_rows_to_every_machine_and_names_each_implementation_first():
+    """Eight rows for three machines: the small machine shows all it has, the others take turns;
+    a machine cut short spends a row saying so, and shows each implementation before a second
+    configuration of one."""
+    from types import SimpleNamespace
+
+    from attnbench.report.answer import first_screen
+
+    def config(impl):
+        return SimpleNamespace(forward=SimpleNamespace(head=SimpleNamespace(impl=impl)), training=None, impl=impl)
+
+    big = [config(i) for i in ("dilated", "dilated", "dilated", "sdpa", "naive")]
+    other = [config(i) for i in ("sdpa", "sdpa", "sdpa", "sdpa")]
+    small = [config("ring")]
+    shown = first_screen([big, other, small], 8)
+    assert [len(s) for s in shown] == [3, 2, 1]  # 6 rows and a "more" line for each machine cut short: 8
+    assert [c.impl for c in shown[0]] == ["dilated", "sdpa", "naive"]  # every implementation, in table order
+    assert first_screen([big, small], 20) == [big, small]  # room for all: nothing is cut

@@ -190,6 +190,43 @@ def configurations(machine) -> list[Configuration]:
     return sorted(out, key=order)
 
 
+def first_screen(configs: list[list[Configuration]], rows: int) -> list[list[Configuration]]:
+    """Which answer rows of each machine fit in ``rows`` lines of tables: dealt one at a time to
+    every machine in turn (one with fewer takes what it has), and a machine that shows fewer
+    than it has spends a line on saying so. Within a machine each implementation's first
+    configuration comes before any second one, so every implementation is seen; rows keep their
+    order."""
+    picks = [sorted(range(len(c)), key=lambda i, c=c: (_rank_in_impl(c, i), i)) for c in configs]
+    sizes = [len(c) for c in configs]
+    shown = _deal(sizes, rows)
+    while True:  # each machine cut short costs a line: deal again with fewer until that holds
+        cut = sum(n < size for n, size in zip(shown, sizes))
+        again = _deal(sizes, rows - cut)
+        if again == shown:
+            break
+        shown = again
+    return [[c[i] for i in sorted(order[:n])] for c, order, n in zip(configs, picks, shown)]
+
+
+def _deal(sizes: list[int], rows: int) -> list[int]:
+    shown = [0] * len(sizes)
+    while rows > 0 and any(n < size for n, size in zip(shown, sizes)):
+        for m, size in enumerate(sizes):
+            if shown[m] < size and rows > 0:
+                shown[m], rows = shown[m] + 1, rows - 1
+    return shown
+
+
+def _rank_in_impl(configs: list[Configuration], i: int) -> int:
+    """How many configurations of the same implementation come before ``configs[i]``."""
+    impl = _impl(configs[i])
+    return sum(1 for c in configs[:i] if _impl(c) == impl)
+
+
+def _impl(c: Configuration) -> str:
+    return (c.forward or c.training).head.impl
+
+
 def machine_words(machine) -> str:
     """What the machine is, in a few words: 'one GPU, 140 GiB', 'two GPUs, 140 GiB each',
     '2 cores, no GPU'."""

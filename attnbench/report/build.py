@@ -79,6 +79,10 @@ def render(results: Results) -> Doc:
     return doc
 
 
+# The answer for every machine fits in the first screen of a terminal, this many lines.
+FIRST_SCREEN_LINES = 40
+
+
 def answer(doc: Doc, machines: list[Machine]) -> None:
     """The first screen: per machine, the answer table."""
     doc.heading(2, "The answer: how long, how fast, how much memory")
@@ -87,8 +91,11 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
         "finished), memory per token and peak over the floor (q, k, v, output) there; useful TFLOP/s at "
         f"{a.REFERENCE_TEXT}, ±half the 95% interval (n).\n"
     )
-    for i, m in enumerate(machines):
-        configs = a.configurations(m)
+    every = [a.configurations(m) for m in machines]
+    used = len(doc.text().splitlines()) + 1  # and the blank line before the first machine
+    framing = sum(3 if configs else 2 for configs in every)  # a heading, and a table's header and rule
+    shown = a.first_screen(every, FIRST_SCREEN_LINES - used - framing)
+    for i, (m, configs, rows) in enumerate(zip(machines, every, shown)):
         # no blank line between tables: a heading ends the table above it, and the first screen stays short
         doc.add(f"{'' if i else chr(10)}### {inline(m.name)} ({a.machine_words(m)})\n")
         if not configs:
@@ -96,8 +103,14 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
                 f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
             )
             continue
-        table = Table("answer", list(a.ANSWER_HEADERS), [c.record() for c in configs])
+        table = Table("answer", list(a.ANSWER_HEADERS), [c.record() for c in rows])
         doc.add(table.markdown())
+        if len(rows) < len(configs):
+            more = len(configs) - len(rows)
+            doc.add(
+                f"{more} more configuration{'s' * (more > 1)} of this machine in "
+                f"[How long](#how-long-every-max-seq-search) and `csv/answer-{m.slug}.csv`.\n"
+            )
         raw = [c.csv_record() for c in configs]
         doc.tables.append((f"answer-{m.slug}.csv", Table("answer", list(raw[0]), raw)))
 
