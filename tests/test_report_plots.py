@@ -113,3 +113,13 @@ def test_speedups_are_on_a_log_scale_and_an_efficiency_above_one_is_hatched():
     hatched = [p for p in bars if p.get_hatch()]
     assert len(hatched) == 1 and round(hatched[0].get_y() + hatched[0].get_height(), 4) == round(100 / 30, 4)
     assert legends_inside(fig) == [2]
+
+
+def test_a_legend_names_grouped_key_value_heads():
+    """32 query heads over 8 key/value heads is another shape than 32 heads: the legend says
+    `H32/8` as the answer table does; the seeds' shape stays unsaid."""
+    from attnbench.report.plots import _label
+
+    grouped = typed_row("points", label="sdpa", heads=32, kv_heads=8, head_dim=128, causal=True)
+    assert "H32/8 D128 causal" in _label(grouped)
+    assert "H8" not in _label(typed_row("points", label="sdpa", kv_heads=8))  # H8 over H8: ungrouped, the default

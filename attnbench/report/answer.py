@@ -139,9 +139,8 @@ def settings_text(row: Trial) -> str:
     """The shape in a few characters: `bf16 H8 D64`, `llama3-8b bf16 H32/8 D128 causal` (query
     heads / key-value heads)."""
     extra = f" B{row.batch}" if row.batch != 1 else ""
-    heads = f"H{row.heads}" + (f"/{row.kv_heads}" if row.kv_heads else "")
     model = f"{row.model} " if row.model else ""
-    return f"{model}{row.dtype}{extra} {heads} D{row.head_dim}" + (" causal" if row.causal else "")
+    return f"{model}{row.dtype}{extra} {d.heads_text(row)} D{row.head_dim}" + (" causal" if row.causal else "")
 
 
 def _newest_search(searches: list[Search]) -> Search | None:

@@ -186,8 +186,9 @@ def short_label(row: Row) -> str:
     p = d.world_size(row)
     strategy = getattr(row, "strategy", None)
     how = f" {strategy}" if strategy and strategy not in ("single", "ring") else ""
-    return f"{d.short_name(row)} {row.dtype} B{row.batch or 1} H{row.heads} D{row.head_dim} {row.mode or 'fwd'}" + (
-        f" x{p}{how}" if p > 1 or how else ""
+    return (
+        f"{d.short_name(row)} {row.dtype} B{row.batch or 1} {d.heads_text(row)} D{row.head_dim} {row.mode or 'fwd'}"
+        + (f" x{p}{how}" if p > 1 or how else "")
     )
 
 

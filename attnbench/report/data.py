@@ -232,6 +232,12 @@ _AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)
 _SHOWN_COMPACTLY = {"segment_lengths", "dilation_rates", "pattern_type", "sparsity_ratio", "block_size"}
 
 
+def heads_text(row: Any) -> str:
+    """Query heads, and the key/value heads they share where fewer: `H8`, `H32/8`."""
+    kv = getattr(row, "kv_heads", None)
+    return f"H{row.heads}" + (f"/{kv}" if kv and kv != row.heads else "")
+
+
 def short_name(row: Any) -> str:
     """An implementation and its configuration in a few characters: `dilated[2048,4096/1,2]`,
     `bs:local_window 5%/128` (block-sparse keeping 5% of blocks of 128 tokens)."""

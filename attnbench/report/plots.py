@@ -16,7 +16,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report.data import describe, is_superseded, ok, peak_per_gpu, row_date, world_size
+from attnbench.report.data import describe, heads_text, is_superseded, ok, peak_per_gpu, row_date, world_size
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Trial
 from attnbench.units import format_gib, short_tokens
@@ -101,7 +101,8 @@ def _label(head: Trial) -> str:
     p = world_size(head)
     settings = [head.dtype]
     settings += [f"B{head.batch}"] if head.batch != 1 else []
-    settings += [f"H{head.heads} D{head.head_dim}"] if (head.heads, head.head_dim) != (8, 64) else []
+    shape = f"{heads_text(head)} D{head.head_dim}"
+    settings += [shape] if shape != "H8 D64" else []
     settings += ["causal"] if head.causal else []
     settings += ["train"] if head.mode == "fwd_bwd" else []
     settings += [f"under {format_gib(head.memory_limit)}"] if head.memory_limit and " under " not in label else []
