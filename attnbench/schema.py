@@ -298,7 +298,7 @@ class Speedup(Workload, Timing):
     tolerance: float | None = None
     grad_tolerance: float | None = None
     note: str | None = None  # what the row's numbers mean, for the table
-    replica_batches: list[list[int]] | None = None  # dp: [first, end) batch indices of each replica
+    replica_batches: list[list[int]] | None = None  # dp: [gpu, batch size] each replica really got
 
 
 # Workload fields that are bookkeeping, not part of what was measured (a model preset names a

@@ -167,3 +167,19 @@ def test_a_workload_identity_is_every_workload_field_but_the_length():
     }
     other = row_from_json({**d, "seq_len": 512})
     assert other.identity_key() != row.identity_key() and other.identity_key(seq_len=False) == row.identity_key(False)
+
+
+def test_every_stored_field_of_every_row_kind_is_in_the_results_format_doc():
+    """The README promises that docs/results-format.md names every field of every row: a field
+    added to a row class without a word in that page fails here."""
+    import dataclasses
+    import re
+
+    named = set(re.findall(r"`([a-z_0-9]+)`", (ROOT / "docs" / "results-format.md").read_text()))
+    missing = {
+        cls.__name__: [
+            f.name for f in dataclasses.fields(cls) if f.name not in named and f.name not in schema._NOT_STORED
+        ]
+        for cls in schema.ROW_TYPES
+    }
+    assert missing == {cls.__name__: [] for cls in schema.ROW_TYPES}

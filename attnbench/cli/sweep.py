@@ -187,6 +187,8 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     n = len(plan.speedups)
     speedups = f", {n} speedup run{'s' if n != 1 else ''}" if n else ""
     console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env['machine']} -> {out_dir}")
+    if plan.description:  # what the profile measures, in its own words
+        console.print(f"[dim]{escape(plan.description)}[/]")
     for note in plan.clipped:
         err_console.print(f"clipped to the visible GPUs: {escape(note)}")
     interrupted = False
