@@ -23,6 +23,17 @@ def test_every_committed_profile_builds(path):
             s.build().check_shape(n, s.settings.heads)
 
 
+def test_every_profile_setting_is_in_the_profiles_doc():
+    """docs/profiles.md is where the README sends a profile's author: each setting a profile
+    accepts is named there."""
+    import re
+
+    from attnbench.plan import SETTING_PARSERS
+
+    named = set(re.findall(r"`([a-z_0-9]+)`", (PROFILE_DIR.parent / "docs" / "profiles.md").read_text()))
+    assert [key for key in SETTING_PARSERS if key not in named] == []
+
+
 def test_cli_flags_override_the_profile():
     plan = build_plan("x", [], {"dtype": "fp32", "heads": 4}, {}, "default-cpu")
     assert all(s.settings.dtype == "fp32" and s.settings.heads == 4 for s in plan.series)
