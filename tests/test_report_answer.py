@@ -177,3 +177,4 @@ def test_the_first_screen_deals_rows_to_every_machine_and_names_each_implementat
     assert [len(s) for s in shown] == [3, 2, 1]  # 6 rows and a "more" line for each machine cut short: 8
     assert [c.impl for c in shown[0]] == ["dilated", "sdpa", "naive"]  # every implementation, in table order
     assert first_screen([big, small], 20) == [big, small]  # room for all: nothing is cut
+    assert [len(s) for s in first_screen([big, other, small], 0)] == [1, 1, 1]  # no room: a row each still

@@ -204,6 +204,7 @@ def first_screen(configs: list[list[Configuration]], rows: int) -> list[list[Con
         if again == shown:
             break
         shown = again
+    shown = [max(n, min(1, size)) for n, size in zip(shown, sizes)]  # too many machines: one row each still
     return [[c[i] for i in sorted(order[:n])] for c, order, n in zip(configs, picks, shown)]
 
 
