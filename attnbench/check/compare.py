@@ -62,7 +62,7 @@ class Comparison:
     def run(self) -> None:
         common = self.base.trials.keys() & self.cur.trials.keys()
         self.noise = time_noise(*({k: side.trials[k] for k in common} for side in (self.base, self.cur)))
-        self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]))
+        self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]), _probe)
         self._match(
             self.base.capacity,
             self.cur.capacity,
@@ -74,9 +74,20 @@ class Comparison:
         if not self.measured and (self.not_compared or not self.checked or self.base.trials or self.cur.trials):
             self._nothing_in_common()
 
-    def _match(self, base: dict, cur: dict, judge, name) -> None:
+    def _match(self, base: dict, cur: dict, judge, name, probe=lambda value: None) -> None:
         """Judge keys present on both sides; list the rest as added, missing, or measured on
-        another device model (never compared)."""
+        another device model (never compared). A length one search probed and the other did not
+        (``probe`` names its search) is neither: searches take their own path to the answer,
+        and the answers are compared."""
+        apart: dict[str, int] = defaultdict(int)
+        searches = [{(probe(v), k[1]) for k, v in side.items()} - {(None, k[1]) for k in side} for side in (base, cur)]
+        base = {k: v for k, v in base.items() if k in cur or not _counted(apart, (probe(v), k[1]), searches[1])}
+        cur = {k: v for k, v in cur.items() if k in base or not _counted(apart, (probe(v), k[1]), searches[0])}
+        for search, n in sorted(apart.items()):
+            self.not_compared.append(
+                f"{search}: {n} length{'s' * (n > 1)} probed on one side only (the searches took "
+                "different paths; their answers are compared)"
+            )
         for key in sorted(base.keys() & cur.keys(), key=order):
             self.measured += 1
             judge(base[key], cur[key], key[1])
@@ -149,6 +160,10 @@ class Comparison:
             self.not_compared.append(
                 f"{describe_trial(cur_rows[0])}: {b.status} -> {c.status}; a time limit is not deterministic"
             )
+            return
+        near = _near_the_time_limit(b, c, cur_rows, self.t.time_factor_for(cur_rows[0].device))
+        if near:
+            self.not_compared.append(f"{describe_trial(cur_rows[0])}: {b.status} -> {c.status}; {near}")
             return
         if c.status != "ok":
             self._add(
@@ -344,6 +359,34 @@ def time_noise(*sides: dict[tuple[str, str], list[Trial]]) -> dict[str, float]:
             if spread:
                 noise[model] = max(noise.get(model, 1.0), spread)
     return noise
+
+
+def _probe(rows: list[Trial]) -> str | None:
+    """The search a trial was a probe of (None for a fixed-length point)."""
+    return f"max-seq of {describe_trial(rows[0], with_len=False)}" if rows[0].kind == "max-seq" else None
+
+
+def _counted(apart: dict[str, int], search: tuple[str | None, str], other_side: set) -> bool:
+    """Count a probe of ``search`` (its name and device model) made on one side only where the
+    other side ran the same search on the same device model; False for anything else."""
+    if search[0] is None or search not in other_side:
+        return False
+    apart[search[0]] += 1
+    return True
+
+
+def _near_the_time_limit(b: Pooled, c: Pooled, rows: list[Trial], factor: float) -> str:
+    """Why a run/time-limit flip is the clock's, not the code's ("" where it is not): the side
+    that ran took within the time factor of the limit, so the same code on a busier machine
+    crosses it. A flip from far under the limit is a slowdown beyond the factor: a regression."""
+    limit_s = rows[0].max_trial_seconds
+    ran = b if c.status == "time-limit" else c if b.status == "time-limit" else None
+    if ran is None or not limit_s or not ran.processes:
+        return ""
+    took_ms = statistics.median(min(p) for p in ran.processes)
+    if took_ms * factor < limit_s * 1e3:
+        return ""
+    return f"its calls took {format_ms(took_ms, adaptive=True)}, within x{factor:g} of the {limit_s:g} s limit: the clock's noise"
 
 
 def _spread(values: list[int]) -> int:
