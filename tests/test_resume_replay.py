@@ -65,8 +65,16 @@ def test_a_command_typed_in_full_or_without_resume_is_taken_as_typed(tmp_path):
     assert replayed_argv(typed) == typed
     assert replayed_argv(["bench", "--out", str(out)]) == ["bench", "--out", str(out)]
     assert replayed_argv(["report", "--resume", "--out", str(out)]) == ["report", "--resume", "--out", str(out)]
+
+
+def test_resume_and_out_alone_where_nothing_was_recorded_is_refused(tmp_path):
+    """A mistyped or empty DIR: one error, not a whole new run started under --resume."""
     empty = tmp_path / "empty"
-    assert replayed_argv(["run", "--resume", "--out", str(empty)]) == ["run", "--resume", "--out", str(empty)]
+    empty.mkdir()
+    for out in (empty, tmp_path / "not-there"):
+        with pytest.raises(AttnbenchError, match=r"nothing to resume in .*start a new run"):
+            replayed_argv(["run", "--resume", "--out", str(out)])
+    assert not (tmp_path / "not-there").exists()
 
 
 def test_rows_without_argv_replay_their_command_line(tmp_path):

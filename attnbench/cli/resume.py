@@ -17,15 +17,19 @@ RESUMABLE = ("max-seq", "bench", "run", "speedup")
 
 def replayed_argv(argv: list[str]) -> list[str]:
     """``argv`` (without the program name), or the recorded command when it names only
-    ``--resume`` and ``--out DIR`` of a resumable command whose DIR holds rows."""
+    ``--resume`` and ``--out DIR`` of a resumable command (an error where DIR holds no row to
+    resume)."""
     if not argv or argv[0] not in RESUMABLE:
         return argv
     out, rest = _take_out(argv[1:])
     if out is None or rest != ["--resume"]:
         return argv
     recorded = recorded_argv(Path(out))
-    if recorded is None:
-        return argv
+    if recorded is None:  # nothing recorded: a mistyped DIR would otherwise start a whole new run
+        raise AttnbenchError(
+            f"nothing to resume in {out}: it holds no readable result row; check the directory, "
+            f"or start a new run with the whole command (`attnbench {argv[0]} ... --out {out}`)"
+        )
     if not recorded or recorded[0] != argv[0]:
         what = f"`attnbench {recorded[0]}`" if recorded else "a command attnbench cannot replay"
         raise AttnbenchError(
