@@ -178,3 +178,18 @@ def test_the_first_screen_deals_rows_to_every_machine_and_names_each_implementat
     assert [c.impl for c in shown[0]] == ["dilated", "sdpa", "naive"]  # every implementation, in table order
     assert first_screen([big, small], 20) == [big, small]  # room for all: nothing is cut
     assert [len(s) for s in first_screen([big, other, small], 0)] == [1, 1, 1]  # no room: a row each still
+
+
+def test_a_forward_and_a_training_search_of_one_label_are_told_apart():
+    """The summary of searches (sweep.md, the console, max_seq.csv) names the mode: a forward
+    and a training search of one configuration share their label."""
+    import dataclasses
+
+    from attnbench.report.sweep_tables import summary_table
+
+    forward = search("sdpa", [1024, 2048], 4096, series="f")
+    training = [dataclasses.replace(r, mode="fwd_bwd") for r in search("sdpa", [1024], 2048, series="t")]
+    summary = max_seq_summary(forward + training)
+    assert sorted((s["mode"], s["max_seq_len"]) for s in summary) == [("fwd", 2048), ("fwd_bwd", 1024)]
+    lines = summary_table(summary).splitlines()
+    assert "Mode" in lines[0] and any("| sdpa | bf16 | fwd_bwd |" in line for line in lines)

@@ -224,12 +224,13 @@ def _print_summary(out_dir: Path) -> None:
     if not summary:
         return
     t = Table(title="largest sequence per implementation")
-    for col in ("implementation", "dtype", "max sequence", "stopped by", "peak at max", "peak / floor"):
+    for col in ("implementation", "dtype", "mode", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
         t.add_row(
             s["label"],
             s["dtype"],
+            s["mode"],
             max_seq_text(s),
             s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
             format_bytes(s["peak_bytes"]),

@@ -101,6 +101,7 @@ def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
                 "label": head.label,
                 "impl": head.impl,
                 "dtype": head.dtype,
+                "mode": head.mode or "fwd",  # a forward and a training search share a label
                 "device": head.device,
                 "machine": head.env.machine if head.env else None,
                 "max_seq_len": best,
@@ -202,6 +203,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
         [
             "Implementation",
             "Dtype",
+            "Mode",
             "Device",
             "Max Sequence (ran – failed)",
             "Stopped By",
@@ -213,6 +215,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
             [
                 s["label"],
                 s["dtype"],
+                s["mode"],
                 s["machine"] or s["device"],
                 bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
                 s["stopped_by"],
