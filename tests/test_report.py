@@ -193,8 +193,9 @@ def test_the_answer_first_then_the_seeds_then_sections_by_question(report):
 def test_sections_without_data_name_the_command_that_produces_it(report):
     md = (report[0] / "report.md").read_text()
     training = section(md, "Training")
-    assert "Not on cpu: AMD EPYC" in training
-    assert "_No data: no forward-plus-backward trials. `attnbench run --profile gpu-fwd-bwd` produces it._" in training
+    assert "Not measured on cpu: AMD EPYC" in training
+    # a CPU machine is sent to the CPU twin of the GPU profile
+    assert "_No data: no forward-plus-backward trials. `attnbench run --profile models-cpu` produces it._" in training
 
 
 # --- executive summary ------------------------------------------------------------------------------
@@ -672,3 +673,17 @@ def test_a_model_preset_label_is_compacted_like_any_other():
     assert compact_label(row) == "dilated[2048,4096/1,2] for llama3-8b"
     sdpa = {"impl": "sdpa", "label": "sdpa(backend=cudnn) for llama3-8b", "config": {"backend": "cudnn"}}
     assert compact_label(sdpa) == "sdpa(backend=cudnn) for llama3-8b"
+
+
+def test_a_missing_table_names_the_command_for_the_machine_it_is_about():
+    from attnbench.report.document import Doc
+
+    gpu, cpu = Doc(), Doc()
+    cpu.on_cpu = True
+    for doc in (gpu, cpu):
+        doc.missing("no fixed-length measurements on this machine", "points")
+        doc.missing("no speedup rows on this machine", "speedup")
+    assert "`attnbench run --profile auto`" in gpu.text() and "--gpus 2`" in gpu.text()
+    assert (
+        "`attnbench run --profile models-cpu`" in cpu.text() and "`attnbench run --profile multi-gpu-cpu`" in cpu.text()
+    )

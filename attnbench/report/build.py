@@ -124,6 +124,7 @@ def details(doc: Doc, machines: list[Machine]) -> None:
         for m in machines:
             part = Doc()
             part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
+            part.on_cpu = m.name.startswith("cpu")
             before = (len(doc.tables), len(doc.figures))
             section.render(part, m)
             missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
@@ -133,7 +134,7 @@ def details(doc: Doc, machines: list[Machine]) -> None:
             elif missing:
                 without.setdefault(missing, []).append(m.name)
         for lines, names in without.items():
-            body.add(f"\nNot on {', '.join(inline(n) for n in names)}:\n\n{lines}")
+            body.add(f"\nNot measured on {', '.join(inline(n) for n in names)}:\n\n{lines}")
         if body.parts:  # a section no machine has anything for is left out
             doc.heading(2, section.title)
             doc.parts += body.parts

@@ -21,9 +21,10 @@ from attnbench.units import (
     format_tokens_per_s,
 )
 
-# The command that produces each kind of data, named where the data is missing.
+# The command that produces each kind of data on a GPU machine, named where the data is missing.
 PRODUCERS = {
     "single": "attnbench run --profile auto",
+    "points": "attnbench run --profile auto",
     "seed-003": "attnbench run --profile seed-003",
     "block-sparse": "attnbench bench --impl block-sparse --seq-lens 64K,128K --param pattern_type=local_window "
     "--param sparsity_ratio=0.05",
@@ -33,7 +34,23 @@ PRODUCERS = {
     "ring-points": "attnbench bench --impl ring-dilated --gpus 2 --seq-lens 1M,4M --segment-lengths 2048,4096 "
     "--dilation-rates 1,2",
     "training": "attnbench run --profile gpu-fwd-bwd",
+    "models": "attnbench run --profile models",
     "seeds-cpu": "attnbench run --profile seeds-cpu",
+}
+# ... and on a CPU machine, where it differs: the profiles' CPU twins (two gloo processes for
+# what takes two GPUs).
+CPU_PRODUCERS = {
+    "single": "attnbench run --profile default-cpu",
+    "points": "attnbench run --profile models-cpu",
+    "seed-003": "attnbench max-seq --impl dilated --device cpu --dtype fp32 --memory-limit 512MiB",
+    "block-sparse": "attnbench bench --impl block-sparse --device cpu --dtype fp32 --seq-lens 4K,8K "
+    "--param pattern_type=local_window --param sparsity_ratio=0.05",
+    "speedup": "attnbench run --profile multi-gpu-cpu",
+    "speedup-block-sparse": "attnbench run --profile multi-gpu-cpu",
+    "ring-max-seq": "attnbench run --profile multi-gpu-cpu",
+    "ring-points": "attnbench run --profile multi-gpu-cpu",
+    "training": "attnbench run --profile models-cpu",
+    "models": "attnbench run --profile models-cpu",
 }
 
 
@@ -77,6 +94,7 @@ class Doc:
         self.figures: list[tuple[str, Any]] = []  # (png file name, matplotlib Figure)
         self.files: dict[str, str] = {}  # other markdown files beside the report: name -> text
         self.machine_slug = ""
+        self.on_cpu = False  # the machine a part is about has no GPU: name the CPU twins
 
     def add(self, text: str) -> None:
         self.parts.append(text if text.endswith("\n") else text + "\n")
@@ -96,7 +114,8 @@ class Doc:
         self.add(f"\n<sub>CSV: `csv/{name}.csv`</sub>\n")
 
     def missing(self, what: str, producer: str) -> None:
-        self.add(f"_No data: {what}. `{PRODUCERS[producer]}` produces it._\n")
+        command = CPU_PRODUCERS.get(producer, PRODUCERS[producer]) if self.on_cpu else PRODUCERS[producer]
+        self.add(f"_No data: {what}. `{command}` produces it._\n")
 
     def figure(self, name: str, fig, alt: str) -> None:
         if fig is None:

@@ -24,7 +24,7 @@ def render(doc: Doc, m: Machine) -> None:
             doc.heading(5, f"{d.describe(rows[0])}: {d.settings_text(rows[0])}")
             doc.add(time_table(rows))
     else:
-        doc.missing("no fixed-length measurements on this machine", "single")
+        doc.missing("no fixed-length measurements on this machine", "points")
     sparse = sparsity_table(m.rows)
     if sparse.strip():
         doc.heading(4, "Block-sparse against dense")

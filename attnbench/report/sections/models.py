@@ -27,7 +27,6 @@ from attnbench.units import format_gib, format_tokens, short_tokens
 
 COMPARE_AT = 32768  # the comparison length where the rows have it (the GPU profile's)
 MODES = (("fwd", "Fwd"), ("fwd_bwd", "Train"))
-PRODUCER = "attnbench run --profile models"
 
 
 TITLE = "Model shapes: model presets beside the seeds' shape"
@@ -39,7 +38,7 @@ def render(doc: Doc, machine: Machine) -> None:
     rows = [r for r in machine.rows if getattr(r, "model", None)]
     records = model_records(rows)
     if not records:
-        doc.add(f"_No data: no trials of a model preset. `{PRODUCER}` produces it._\n")
+        doc.missing("no trials of a model preset", "models")
         return
     compare = compare_length(rows)
     doc.table(models_table(records, compare))
