@@ -115,6 +115,19 @@ NOT_CALLABLE = 3
 
 def not_a_mask_mod(x):
     return 7
+
+
+class EagerFlex(torch.nn.Module):
+    "FlexAttention called as is: on the CPU torch warns at every call that it is not compiled"
+
+    def forward(self, q, k, v, is_causal=False):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+
+
+def eager_flex():
+    return EagerFlex()
 """
 
 
@@ -299,3 +312,20 @@ def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, 
     r = run_cli("report", out, env={"PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sliding-window" in (out / "report" / "report.md").read_text()
+
+
+def test_an_outside_module_calling_flex_on_the_cpu_runs_without_a_warning_per_call(user_module):
+    """The warning torch gives for FlexAttention without torch.compile (the CPU's only path)
+    would fill the console of every trial and check: attnbench silences it for outside modules
+    as for its own flex."""
+    import warnings
+
+    import torch
+
+    impl = impls.build("userattn:eager_flex")
+    q = torch.randn(1, 128, 2, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = impl(q, q, q)
+    assert out.shape == q.shape
+    assert not [w for w in caught if "flex_attention" in str(w.message)]

@@ -11,8 +11,10 @@ against and what FLOPs and sparsity are counted from. Every call's shapes are ch
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,3 +150,12 @@ def lcm(values: list[int] | tuple[int, ...]) -> int:
     for v in values:
         out = out * v // math.gcd(out, v)
     return out
+
+
+@contextlib.contextmanager
+def quiet_eager_flex() -> Iterator[None]:
+    """FlexAttention run without torch.compile (its only path on the CPU) warns on every call:
+    noise in a benchmark's output, whether attnbench's flex or an outside module calls it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        yield

@@ -10,7 +10,6 @@ are shared (``enable_gqa``); the mask_mod's ``h`` is the query head.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
 from attnbench.impls import mask_mod as masks
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param, quiet_eager_flex
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.
 FLEX_GRANULARITY = masks.BLOCK
@@ -133,8 +132,7 @@ class FlexAttention(AttentionImpl):
         block_mask = self._block_mask(q.shape[1], q.shape[2], is_causal, device)
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
         self.last_backend = "flex (compiled)" if device == "cuda" else "flex (eager)"
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        with quiet_eager_flex():
             grouped = {"enable_gqa": True} if gqa.heads_differ(qh, kh, 1) else {}
             out = _flex_attention(device)(qh, kh, vh, block_mask=block_mask, **grouped)
         return out.transpose(1, 2)

@@ -38,7 +38,7 @@ from torch import nn
 
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs, quiet_eager_flex
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -201,7 +201,8 @@ class OutsideImpl(AttentionImpl):
             groups = q.shape[2] // k.shape[2]
             k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
             self.last_kv_layout = gqa.EXPANDED
-        out = self.inner(q, k, v, is_causal=is_causal)
+        with quiet_eager_flex():
+            out = self.inner(q, k, v, is_causal=is_causal)
         self.last_backend = getattr(self.inner, "last_backend", None)
         return out
 
