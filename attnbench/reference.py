@@ -50,6 +50,12 @@ def masked_attention(q, k, v, mask: torch.Tensor, scale: float | None = None) ->
     return torch.einsum("bhtu,buhd->bthd", probs, v)
 
 
+def reference_bytes(case: VerifyCase) -> int:
+    """About what ``masked_attention`` holds for a case in float64: scores, masked scores and
+    probabilities, each (B, H, N, N) of 8 bytes."""
+    return 3 * 8 * case.batch * case.heads * case.seq_len**2
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     out = out.detach().to("cpu", torch.float64)
     if not torch.isfinite(out).all():

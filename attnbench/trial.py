@@ -23,7 +23,7 @@ from attnbench.measure.accounting import accounting
 from attnbench.measure.core import MemoryProbe, Timer, measure_step
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import TimingPolicy
-from attnbench.reference import VerifyCase, run_case
+from attnbench.reference import VerifyCase, reference_bytes, run_case
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S, announce_phase
 from attnbench.runtime.worker import run_in_child
 from attnbench.workload import Workload
@@ -195,11 +195,25 @@ def run_verify_isolated(
         warm=PRELOAD if warm else False,
     )
     if "rows" not in result:
-        raise AttnbenchError(
-            f"the reference check could not run ({result.get('status')}: {result.get('message')}); "
-            "use a smaller configuration or raise --memory-limit"
-        )
+        raise AttnbenchError(_unchecked(cases, result, memory_limit))
     return result["rows"]
+
+
+def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: int | None) -> str:
+    """Why the reference checks did not run, naming the largest: what it is and needs."""
+    from attnbench.units import clip_text, format_gib
+
+    big = max(cases, key=reference_bytes)
+    why = clip_text(f"{result.get('status')}: {result.get('message')}", 160)
+    shape = f"{big.impl} at N={big.seq_len} (B={big.batch}, H={big.heads})"
+    if result.get("status") not in ("oom", "host-oom"):
+        return f"the reference check could not run ({why}); its largest case is {shape}"
+    limit = f" under --memory-limit {format_gib(memory_limit)}" if memory_limit else ""
+    return (
+        f"the reference check ran out of memory{limit}: its largest case, {shape}, holds about "
+        f"{format_gib(reference_bytes(big))} in its float64 reference; raise --memory-limit above that "
+        f"or choose a smaller configuration ({why})"
+    )
 
 
 def preload() -> None:

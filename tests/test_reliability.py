@@ -294,7 +294,8 @@ def test_a_reference_check_too_big_for_the_memory_limit_is_one_line(tmp_path):
         "--out",
         out,
     )
-    one_line_exit_2(proc, "reference check could not run")
+    one_line_exit_2(proc, "reference check ran out of memory under --memory-limit 256 MiB")
+    assert "its largest case, naive at N=" in proc.stderr and "raise --memory-limit above that" in proc.stderr
     assert not out.exists()
 
 
