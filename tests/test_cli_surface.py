@@ -110,3 +110,35 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     assert "retry" not in first and "bracket (retry)" in second
     assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
     assert "Including non-PyTorch mem" not in first and "is free. …" in first
+
+
+def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in_scaling_md(tmp_path, capsys):
+    """Two ring points (1 and 2 ranks): the console shows six columns, unabridged names;
+    scaling.md holds the whole table."""
+    import json
+
+    from attnbench.cli.sweep import _scaling_readout
+
+    from conftest import typed_row
+
+    rows = [
+        typed_row(
+            "points",
+            series=f"s{p}",
+            label=f"ring(backend=auto) x{p}",
+            impl="ring",
+            strategy="ring",
+            world_size=p,
+            device="cpu",
+            dtype="fp32",
+            time_ms=ms,
+            times_ms=[ms] * 5,
+        )
+        for p, ms in ((1, 4.0), (2, 2.5))
+    ]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    _scaling_readout(tmp_path)
+    out = capsys.readouterr().out
+    assert "ring(backend=auto) x2" in out and "1.60x" in out and "0.80" in out
+    assert max(len(line) for line in out.splitlines() if "│" in line) <= 120  # the table's rows
+    assert "Comm Wait (ms)" in (tmp_path / "scaling.md").read_text()

@@ -27,8 +27,14 @@ class RichReporter:
 
     def series_started(self, series, index, total) -> None:
         st = series.settings
+        # a speedup's batch is each case's: its cases and strategies say what runs
+        batch = (
+            f"{','.join(f'{c.seq_len}x{c.batch}' for c in st.cases)} single,{','.join(st.strategies)}"
+            if st.kind == "speedup"
+            else f"B={st.batch}"
+        )
         console.rule(
-            f"[{index + 1}/{total}] {escape(series.name)}  {st.kind}  {st.dtype} B={st.batch} H={st.heads} "
+            f"[{index + 1}/{total}] {escape(series.name)}  {st.kind}  {st.dtype} {batch} H={st.heads} "
             + (f"H_kv={st.kv_heads} " if st.kv_heads not in (None, st.heads) else "")
             + f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}"
         )

@@ -240,18 +240,47 @@ def _print_summary(out_dir: Path) -> None:
 
 
 def _scaling_readout(out_dir: Path) -> None:
-    """Sequence-parallel runs: efficiency against one GPU, written to scaling.md and shown."""
-    from rich.markdown import Markdown
-
-    from attnbench.report.scaling import scaling_markdown
+    """Sequence-parallel runs: efficiency against one device, written whole to scaling.md and
+    shown in the few columns a terminal holds (ranks: GPUs, or processes on the CPU)."""
+    from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
     from attnbench.results import load_rows, write_text_atomic
+    from attnbench.units import format_tokens
 
     rows, _ = load_rows(out_dir)
     text = scaling_markdown(rows)
-    if text:
-        write_text_atomic(out_dir / "scaling.md", text)
-        console.print(Markdown(text))
-        console.print(f"wrote {out_dir / 'scaling.md'}")
+    if not text:
+        return
+    write_text_atomic(out_dir / "scaling.md", text)
+    times = time_scaling(rows)
+    if times:
+        t = Table(title="sequence parallel against one device")
+        for col in ("implementation", "sequence", "ranks", "time (ms)", "speedup", "efficiency"):
+            t.add_column(col, overflow="fold")
+        for r in times:
+            t.add_row(
+                escape(r["label"]),
+                format_tokens(r["seq_len"]),
+                str(r["world_size"]),
+                f"{r['time_ms']:,.2f}" if r["time_ms"] else "-",
+                f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+                f"{r['efficiency']:.2f}" if r["efficiency"] else "-",
+            )
+        console.print(t)
+    sizes = max_seq_scaling(rows)
+    if sizes:
+        t = Table(title="sequence parallel: largest sequence against one device")
+        for col in ("implementation", "ranks", "max sequence", "stopped by", "x one device"):
+            t.add_column(col, overflow="fold")
+        for s in sizes:
+            t.add_row(
+                escape(s["label"]),
+                str(s["world_size"]),
+                format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
+                s["stopped_by"],
+                f"{s['ratio']:.2f}" if s["ratio"] else "-",
+            )
+        console.print(t)
+    console.print(f"wrote {out_dir / 'scaling.md'} (every column: bandwidth, compute and wait, memory per rank)")
 
 
 def _default_out(plan, env) -> Path:

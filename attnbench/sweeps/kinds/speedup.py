@@ -59,6 +59,7 @@ class Speedup:
         ]
 
     def run(self, s: Series, runner, index: int, total: int) -> Any:
+        runner.reporter.series_started(s, index, total)  # its trial lines name cases, not the series
         SpeedupRunner(s, runner, reporter=runner.speedup_reporter).run_cases()
         return None
 
