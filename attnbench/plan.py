@@ -434,7 +434,7 @@ def build_plan(
                 raise AttnbenchError(f"profile {path} has no sweep for {', '.join(impl_names)}")
     else:
         if not impl_names:
-            raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile")
+            raise AttnbenchError("name an implementation (see `attnbench list`) or a profile")
         entries = [{"impl": n} for n in impl_names]
     flags = parse_settings({k: v for k, v in flags.items() if v is not None}, "command line")
     used_params: set[str] = set()

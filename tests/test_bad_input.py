@@ -1,6 +1,7 @@
 """Bad input: a one-line error that names the fix, exit code 2, no traceback, and no
 results file created or changed."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,12 @@ def test_bad_input_leaves_existing_results_unchanged(tmp_path):
     )
     assert proc.returncode == 2
     assert (out / "trials.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["bench", "--seq-lens", "1K"], ["max-seq"]])
+def test_a_missing_implementation_names_only_options_the_command_has(command, tmp_path):
+    proc = run_cli(*command, *CPU, "--out", tmp_path / "out")
+    options = re.findall(r"--[a-z][a-z-]*", proc.stderr)
+    help_text = run_cli(command[0], "--help").stdout  # the command's own options: the truth
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "--impl" in options, proc.stderr
+    assert all(re.search(rf"{o}(?![\w-])", help_text) for o in options), (options, proc.stderr)

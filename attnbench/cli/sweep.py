@@ -40,6 +40,7 @@ from attnbench.cli.options import (
     sweep_flags,
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
+from attnbench.errors import AttnbenchError
 
 
 @app.command("max-seq")
@@ -95,6 +96,8 @@ def max_seq(
     )
     if profile:
         flags.pop("kind")
+    elif not impl:
+        raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile FILE")
     _run_plan(
         "max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume
     )
@@ -127,6 +130,8 @@ def bench(
     repeat: RepeatOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
+    if not impl:  # bench takes no profile: `run --profile` does
+        raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`)")
     flags = sweep_flags(
         kind="points",
         seq_lens=seq_lens,
