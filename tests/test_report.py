@@ -496,6 +496,21 @@ def test_predict_prints_one_prediction_per_series(tmp_path):
     assert every.returncode == 0 and len(every.stdout.strip().splitlines()) == 5  # five dilated series
 
 
+def test_predict_without_a_matching_series_says_what_the_results_hold():
+    trial_rows = [r for r in fixture_rows() if r["kind"] in ("points", "max-seq")]
+    wrong_label = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", "x")
+    absent = run_cli("predict", "--impl", "flex", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    for proc in (wrong_label, absent):
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "enough successful trials" not in proc.stderr  # none matched: too few trials is not why
+    labels = re.findall(r"'([^']+)'", wrong_label.stderr.split("its labels are")[1])
+    assert len(labels) == len({r["series"] for r in trial_rows if r["impl"] == "dilated"}), wrong_label.stderr
+    named = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", labels[-1])
+    assert named.returncode == 0, named.stderr  # a label it lists is one --label takes
+    assert "no series of flex" in absent.stderr
+    assert all(impl in absent.stderr for impl in {r["impl"] for r in trial_rows})
+
+
 def test_predict_bad_input(tmp_path):
     unknown = run_cli("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown implementation 'nosuch'")
