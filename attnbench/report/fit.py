@@ -32,6 +32,7 @@ from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Trial
 
 GIB = 2**30
+FAR_BEYOND = 16  # a prediction this many times the longest fitted length is flagged
 ACCURACY_TARGET = 0.05
 MIN_TRIALS_FOR_TARGET = 4
 
@@ -57,6 +58,7 @@ class Capacity:
     budget_note: str
     measured_max: int | None
     stopped_by: str | None
+    longest_ok: int | None = None  # the longest length with a fitted peak
 
     @property
     def predicted(self) -> float | None:
@@ -117,6 +119,7 @@ def capacities(rows: list[Row]) -> list[Capacity]:
                 budget_note=note,
                 measured_max=stop["max_seq_len"] if stop else None,
                 stopped_by=stop["stopped_by"] if stop else None,
+                longest_ok=max((r.seq_len for r in good), default=None),
             )
         )
     return out
@@ -130,7 +133,8 @@ def single_device_capacities(rows: list[Row]) -> list[Capacity]:
 
 
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
-    """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``."""
+    """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``,
+    followed by a line starting 'warning: ' where the prediction stands on weak ground."""
     from attnbench.errors import AttnbenchError
     from attnbench.report.data import load
     from attnbench.units import parse_bytes
@@ -142,7 +146,11 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
     chosen = [(machine, c) for machine, c in held if c.impl == impl and (not label or c.label == label)]
     if not chosen:
         raise AttnbenchError(_no_series(impl, label, source, [c for _, c in held]))
-    lines = [_prediction_line(machine, c, device_bytes, gpu_memory) for machine, c in chosen if c.fit]
+    lines = []
+    for machine, c in chosen:
+        if c.fit:
+            lines.append(_prediction_line(machine, c, device_bytes, gpu_memory))
+            lines.extend(_prediction_warning(c, device_bytes))
     if not lines:
         scope = f" with label {label!r}" if label else ""
         raise AttnbenchError(
@@ -193,3 +201,20 @@ def _prediction_line(machine: str, c: Capacity, device_bytes: float, gpu_memory:
         f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
         f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})"
     )
+
+
+def _prediction_warning(c: Capacity, device_bytes: float) -> list[str]:
+    """A CPU fit (resident memory) solved for a GPU, or a length far past the measured ones:
+    the number is still printed, the ground it stands on is said."""
+    from attnbench.units import format_tokens
+
+    n = c.predict_for(device_bytes)
+    if n is None or not c.longest_ok:
+        return []
+    why = []
+    if c.device == "cpu":
+        why.append("fitted on CPU resident memory, solved for a GPU's memory")
+    if n > FAR_BEYOND * c.longest_ok:
+        why.append(f"{n / c.longest_ok:,.0f}x beyond the longest measured length")
+    measured = f"measured up to {format_tokens(c.longest_ok)} tokens on {c.device}"
+    return [f"warning: {c.label}: {'; '.join(why)} ({measured})"] if why else []
