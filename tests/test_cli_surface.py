@@ -110,3 +110,14 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     assert "retry" not in first and "bracket (retry)" in second
     assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
     assert "Including non-PyTorch mem" not in first and "is free. …" in first
+
+
+@pytest.mark.parametrize("tflops, shown", [(0.0853, "85.3 GFLOP/s"), (0.004, "4.0 GFLOP/s"), (312.4, "312.4 TFLOP/s")])
+def test_a_trials_rate_reads_in_gflops_under_one_tflops(capsys, tflops, shown):
+    from types import SimpleNamespace
+
+    from attnbench.cli.progress import RichReporter
+
+    row = {"phase": "grow", "seq_len": 2048, "status": "ok", "tflops_executed": tflops}
+    RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
+    assert shown in capsys.readouterr().out

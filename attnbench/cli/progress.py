@@ -59,7 +59,7 @@ class RichReporter:
                 + (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else "")
             )
         if row.get("tflops_executed"):
-            bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
+            bits.append(flop_rate(row["tflops_executed"]))
         if row["status"] != "ok" and row.get("message"):
             bits.append(escape(clip_text(row["message"], 160)))
         if replayed:
@@ -76,6 +76,11 @@ class RichReporter:
         fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
         fail += " (predicted, not run)" if getattr(result, "failure_predicted", False) else ""
         console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
+
+
+def flop_rate(tflops: float) -> str:
+    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
+    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
 
 
 class SpeedupReporter:
