@@ -109,7 +109,23 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     grow, first, second, confirm = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert "retry" not in first and "bracket (retry)" in second
     assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
-    assert "Including non-PyTorch mem" not in first and "is free. …" in first
+    assert "Including non-PyTorch mem" not in first and first.endswith(". …")  # cut after a sentence
+
+
+@pytest.mark.parametrize("width", [60, 100, 160, 220])
+def test_a_failed_trials_line_fits_the_console_with_at_least_40_characters_of_message(capsys, monkeypatch, width):
+    from types import SimpleNamespace
+
+    from attnbench.cli import base
+    from attnbench.cli.progress import RichReporter
+
+    monkeypatch.setattr(base.console, "width", width)
+    message = "RuntimeError: [enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: not enough memory: " * 3
+    row = {"phase": "bracket", "seq_len": 4096, "status": "oom", "message": message, "peak_bytes": 3 * 10**9}
+    RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
+    line = capsys.readouterr().out.rstrip("\n")
+    assert "\n" not in line and (len(line) <= width or width < 100), line  # 60: the 40-character floor
+    assert "RuntimeError: [enforce fail at" in line  # a message of 40 characters keeps its first words
 
 
 @pytest.mark.parametrize("tflops, shown", [(0.0853, "85.3 GFLOP/s"), (0.004, "4.0 GFLOP/s"), (312.4, "312.4 TFLOP/s")])

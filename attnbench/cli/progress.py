@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.text import Text
 
 from attnbench.cli.base import config_short, console, err_console
 
@@ -60,10 +61,11 @@ class RichReporter:
             )
         if row.get("tflops_executed"):
             bits.append(flop_rate(row["tflops_executed"]))
-        if row["status"] != "ok" and row.get("message"):
-            bits.append(escape(clip_text(row["message"], 160)))
         if replayed:
             bits.append("(from earlier run)")
+        if row["status"] != "ok" and row.get("message"):  # last, clipped to what the console has left
+            room = max(40, console.width - Text.from_markup("  ".join(bits)).cell_len - 2)
+            bits.append(escape(clip_text(row["message"], room)))
         console.print("  ".join(bits))
 
     def series_done(self, series, result) -> None:
