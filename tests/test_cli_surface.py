@@ -137,3 +137,11 @@ def test_a_trials_rate_reads_in_gflops_under_one_tflops(capsys, tflops, shown):
     row = {"phase": "grow", "seq_len": 2048, "status": "ok", "tflops_executed": tflops}
     RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
     assert shown in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [[], ["bench"], ["run"], ["speedup"]])
+def test_help_shows_no_value_for_a_flag(cli, command):
+    text = cli(*command, "--help").stdout
+    flags = [ln for ln in text.splitlines() if re.search(r"--(help|resume|version|causal|in-process)\s", ln)]
+    assert flags and not any("<bool>" in ln for ln in flags), flags  # a flag takes no value
+    assert "<bool>" not in text
