@@ -145,3 +145,14 @@ def test_help_shows_no_value_for_a_flag(cli, command):
     flags = [ln for ln in text.splitlines() if re.search(r"--(help|resume|version|causal|in-process)\s", ln)]
     assert flags and not any("<bool>" in ln for ln in flags), flags  # a flag takes no value
     assert "<bool>" not in text
+
+
+def test_list_fits_120_columns_and_keeps_every_parameter(cli):
+    from attnbench import impls
+
+    lines = cli("list").stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    for name in impls.names():  # wrapping dropped nothing: each name and parameter still starts a line
+        assert any(line.startswith(f"{name}  ") for line in lines), name
+        for p in impls.spec(name).params:
+            assert any(line.startswith(f"    --param {p.name}=") for line in lines), (name, p.name)
