@@ -1,4 +1,4 @@
-"""Errors that reach the user as one line and exit code 2."""
+"""Errors that reach the user as one line and exit code 2, and the interrupt SIGTERM raises."""
 
 
 class AttnbenchError(Exception):
@@ -7,3 +7,13 @@ class AttnbenchError(Exception):
 
 class ConfigError(AttnbenchError):
     """An implementation configuration or shape that cannot run."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stops a run as Ctrl-C does (finished trials kept), but exits 128 + 15 = 143,
+    so a supervisor sees the signal it sent."""
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM."""
+    return 143 if isinstance(exc, Terminated) else 130

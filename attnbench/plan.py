@@ -130,6 +130,15 @@ def _at_least(low, parse, what):
     return check
 
 
+def _seq_lens(v) -> tuple[int, ...]:
+    """Lengths to time, each positive (a zero length is no workload, whatever the granularity)."""
+    lens = tuple(parse_tokens(x) for x in (v if isinstance(v, list) else parse_int_list(v, "seq_lens")))
+    for n in lens:
+        if n < 1:
+            raise AttnbenchError(f"sequence length {n} must be positive: write e.g. 4096 or 64K")
+    return lens
+
+
 def _bool(v):
     if not isinstance(v, bool):
         raise ValueError("true or false")
@@ -177,7 +186,7 @@ SETTING_PARSERS = {
     "head_dim": _int,
     "mode": _choice(*MODES),
     "causal": _bool,
-    "seq_lens": lambda v: tuple(parse_tokens(x) for x in (v if isinstance(v, list) else parse_int_list(v, "seq_lens"))),
+    "seq_lens": lambda v: _seq_lens(v),
     "start": _at_least(0, parse_tokens, "a length >= 0 (0: the default)"),
     "max_seq_len": _at_least(1, parse_tokens, "a positive length, e.g. 64K"),
     "resolution": _at_least(0, parse_tokens, "a length >= 0"),
@@ -434,7 +443,7 @@ def build_plan(
                 raise AttnbenchError(f"profile {path} has no sweep for {', '.join(impl_names)}")
     else:
         if not impl_names:
-            raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile")
+            raise AttnbenchError("name an implementation (see `attnbench list`) or a profile")
         entries = [{"impl": n} for n in impl_names]
     flags = parse_settings({k: v for k, v in flags.items() if v is not None}, "command line")
     used_params: set[str] = set()

@@ -94,9 +94,9 @@ def format_gib(n: float) -> str:
 
 
 def short_tokens(n: int, exact: bool = False) -> str:
-    """65536 -> '64K', 1572864 -> '1.5M' (binary multiples, one decimal). ``exact``: only
-    where the short form is the exact length (to 1/8 K or M, '2.875M'), else the digits."""
-    for suffix, size in (("M", 2**20), ("K", 2**10)):
+    """65536 -> '64K', 1572864 -> '1.5M', 2**31 -> '2G' (binary multiples, one decimal). ``exact``:
+    only where the short form is the exact length (to 1/8 K, M or G, '2.875M'), else the digits."""
+    for suffix, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n >= size:
             short = n / size
             if exact:

@@ -1,6 +1,7 @@
 """Bad input: a one-line error that names the fix, exit code 2, no traceback, and no
 results file created or changed."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ BAD = {
         ["bench", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "1", "--seq-lens", "1000", *CPU],
         "multiple of 256",
     ),
+    "zero length": (["bench", "--impl", "sdpa", "--seq-lens", "0", *CPU], "sequence length 0 must be positive"),
+    "zero length among others": (["bench", "--impl", "naive", "--seq-lens", "1K,0", *CPU], "must be positive"),
     "dilation not dividing segment": (
         ["max-seq", "--impl", "dilated", "--segment-lengths", "256,512", "--dilation-rates", "3,2", *CPU],
         "does not divide",
@@ -128,3 +131,27 @@ def test_bad_input_leaves_existing_results_unchanged(tmp_path):
     )
     assert proc.returncode == 2
     assert (out / "trials.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["bench", "--seq-lens", "1K"], ["max-seq"]])
+def test_a_missing_implementation_names_only_options_the_command_has(command, tmp_path):
+    proc = run_cli(*command, *CPU, "--out", tmp_path / "out")
+    options = re.findall(r"--[a-z][a-z-]*", proc.stderr)
+    help_text = run_cli(command[0], "--help").stdout  # the command's own options: the truth
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "--impl" in options, proc.stderr
+    assert all(re.search(rf"{o}(?![\w-])", help_text) for o in options), (options, proc.stderr)
+
+
+def test_a_length_off_the_segments_names_one_rule_and_lengths_that_follow_it():
+    from attnbench import impls
+    from attnbench.errors import ConfigError
+
+    dilated = impls.build("dilated", segment_lengths=[256, 512], dilation_rates=[1, 2])
+    with pytest.raises(ConfigError) as err:
+        dilated.check_shape(1000, 2)
+    # one rule: the least common multiple of the segments (512), and the valid lengths either side
+    assert "multiple of 512" in str(err.value) and "512 or 1024" in str(err.value), str(err.value)
+    for n in (512, 1024):  # the lengths it offers are ones it runs
+        dilated.check_shape(n, 2)
+    with pytest.raises(ConfigError, match="must be positive"):
+        impls.build("sdpa").check_shape(0, 2)

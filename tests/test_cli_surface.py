@@ -109,7 +109,7 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     grow, first, second, confirm = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert "retry" not in first and "bracket (retry)" in second
     assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
-    assert "Including non-PyTorch mem" not in first and "is free. …" in first
+    assert "Including non-PyTorch mem" not in first and first.endswith(". …")  # cut after a sentence
 
 
 def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in_scaling_md(tmp_path, capsys):
@@ -142,3 +142,49 @@ def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in
     assert "ring(backend=auto) x2" in out and "1.60x" in out and "0.80" in out
     assert max(len(line) for line in out.splitlines() if "│" in line) <= 120  # the table's rows
     assert "Comm Wait (ms)" in (tmp_path / "scaling.md").read_text()
+
+
+@pytest.mark.parametrize("width", [60, 100, 160, 220])
+def test_a_failed_trials_line_fits_the_console_with_at_least_40_characters_of_message(capsys, monkeypatch, width):
+    from types import SimpleNamespace
+
+    from attnbench.cli import base
+    from attnbench.cli.progress import RichReporter
+
+    monkeypatch.setattr(base.console, "width", width)
+    message = "RuntimeError: [enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: not enough memory: " * 3
+    row = {"phase": "bracket", "seq_len": 4096, "status": "oom", "message": message, "peak_bytes": 3 * 10**9}
+    RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
+    line = capsys.readouterr().out.rstrip("\n")
+    assert "\n" not in line and (len(line) <= width or width < 100), line  # 60: the 40-character floor
+    assert "RuntimeError: [enforce fail at" in line  # a message of 40 characters keeps its first words
+
+
+@pytest.mark.parametrize("tflops, shown", [(0.0853, "85.3 GFLOP/s"), (0.004, "4.0 GFLOP/s"), (312.4, "312.4 TFLOP/s")])
+def test_a_trials_rate_reads_in_gflops_under_one_tflops(capsys, tflops, shown):
+    from types import SimpleNamespace
+
+    from attnbench.cli.progress import RichReporter
+
+    row = {"phase": "grow", "seq_len": 2048, "status": "ok", "tflops_executed": tflops}
+    RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
+    assert shown in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [[], ["bench"], ["run"], ["speedup"]])
+def test_help_shows_no_value_for_a_flag(cli, command):
+    text = cli(*command, "--help").stdout
+    flags = [ln for ln in text.splitlines() if re.search(r"--(help|resume|version|causal|in-process)\s", ln)]
+    assert flags and not any("<bool>" in ln for ln in flags), flags  # a flag takes no value
+    assert "<bool>" not in text
+
+
+def test_list_fits_120_columns_and_keeps_every_parameter(cli):
+    from attnbench import impls
+
+    lines = cli("list").stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    for name in impls.names():  # wrapping dropped nothing: each name and parameter still starts a line
+        assert any(line.startswith(f"{name}  ") for line in lines), name
+        for p in impls.spec(name).params:
+            assert any(line.startswith(f"    --param {p.name}=") for line in lines), (name, p.name)

@@ -17,7 +17,7 @@ from attnbench.measure.timing import (
     summarize,
     warm_up,
 )
-from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens
+from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens, short_tokens
 
 
 @pytest.mark.parametrize(
@@ -121,6 +121,13 @@ def test_units():
     for bad in ("2 parsecs", "", "GiB", "80"):
         with pytest.raises(AttnbenchError):
             parse_bytes(bad)
+
+
+def test_a_length_past_a_binary_giga_reads_in_g_not_thousands_of_m():
+    assert format_tokens(1_080_308_587) == "1,080,308,587 (1.0G)"  # 1,080,308,587 / 2**30 = 1.006
+    assert short_tokens(3 * 2**29) == "1.5G" and short_tokens(1023 * 2**20) == "1023M"
+    for n in (2**30, 5 * 2**31):  # the exact form reads back as the length
+        assert parse_tokens(short_tokens(n, exact=True)) == n
 
 
 class FakeClockedNvml(FakeNvml):

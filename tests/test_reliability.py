@@ -618,3 +618,22 @@ def test_git_keeps_its_ownership_protection():
     import inspect
 
     assert "safe.directory" not in inspect.getsource(results)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_as_an_interrupt_does_and_exits_143(tmp_path):
+    out = tmp_path / "run"
+    lens = ",".join(str(128 * k) for k in range(1, 33))  # more trials than run before the signal
+    args = ["bench", "--impl", "naive", "--seq-lens", lens, *CPU, "--out", out]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnbench", *map(str, args)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    trials = out / "trials.jsonl"
+    wait_for(lambda: trials.exists() and '"points"' in trials.read_text(), "a first trial")
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted: every finished trial is kept" in stderr and "Traceback" not in stderr
+    rows = [json.loads(line) for line in trials.read_text().splitlines()]
+    assert rows and all(r["kind"] in ("verify", "points") for r in rows)

@@ -497,6 +497,36 @@ def test_predict_prints_one_prediction_per_series(tmp_path):
     assert every.returncode == 0 and len(every.stdout.strip().splitlines()) == 5  # five dilated series
 
 
+def test_predict_warns_of_a_cpu_fit_and_of_a_length_far_past_the_measured_ones():
+    label = "Multi-segment [512,1024]"
+    ok_rows = [r for r in fixture_rows() if r.get("label") == label and r.get("status") == "ok" and r.get("peak_bytes")]
+    longest = max(r["seq_len"] for r in ok_rows)
+    far = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", label)
+    near = run_cli("predict", "--impl", "naive", "--gpu-memory", "256MiB", "--from", FIXTURE)
+    for proc in (far, near):  # the prediction is still printed, one warning line beside it
+        assert proc.returncode == 0 and "tokens on" in proc.stdout, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("warning: ")
+        assert "CPU resident memory" in proc.stderr and "on cpu" in proc.stderr
+    predicted = int(re.search(r"about ([\d,]+)", far.stdout).group(1).replace(",", ""))
+    assert predicted > 16 * longest and f"measured up to {tokens_text(longest)} tokens" in far.stderr
+    assert f"{predicted / longest:,.0f}x beyond" in far.stderr and "beyond" not in near.stderr
+
+
+def test_predict_without_a_matching_series_says_what_the_results_hold():
+    trial_rows = [r for r in fixture_rows() if r["kind"] in ("points", "max-seq")]
+    wrong_label = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", "x")
+    absent = run_cli("predict", "--impl", "flex", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    for proc in (wrong_label, absent):
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "enough successful trials" not in proc.stderr  # none matched: too few trials is not why
+    labels = re.findall(r"'([^']+)'", wrong_label.stderr.split("its labels are")[1])
+    assert len(labels) == len({r["series"] for r in trial_rows if r["impl"] == "dilated"}), wrong_label.stderr
+    named = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", labels[-1])
+    assert named.returncode == 0, named.stderr  # a label it lists is one --label takes
+    assert "no series of flex" in absent.stderr
+    assert all(impl in absent.stderr for impl in {r["impl"] for r in trial_rows})
+
+
 def test_predict_bad_input(tmp_path):
     unknown = run_cli("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown implementation 'nosuch'")

@@ -400,3 +400,19 @@ def test_scaling_readout_from_rows():
     assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
     # the time cell is the median with its interval and sample count (one sample: no interval)
     assert "| ring x2 | 1,048,576 (1M) | 2 | 500 ms (n=1) |" in scaling_markdown(rows)
+
+
+@pytest.mark.parametrize(
+    "cuda_build, gpu, says",
+    [(None, False, "not usable with this torch build"), ("12.8", False, "no CUDA GPU"), ("12.8", True, "available")],
+)
+def test_list_says_context_parallel_needs_cuda_where_there_is_none(monkeypatch, cuda_build, gpu, says):
+    import torch
+
+    from attnbench.impls.sequence_parallel import context_parallel as cp
+
+    monkeypatch.setattr(cp, "context_parallel_support", lambda: "")  # the API is there: only the device differs
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    line = cp.context_parallel_availability()
+    assert says in line and ("needs CUDA" in line) == (not gpu), line

@@ -389,7 +389,7 @@ BAD = {
     "batch mp cannot split": (["--cases", "256x3", "--strategy", "mp"], "not a multiple of 2"),
     "named case mp cannot split": (["--cases", "16384x1"], "not a multiple of 2"),
     "malformed case": (["--cases", "256by2"], "SEQLENxBATCH"),
-    "length the configuration cannot split": (["--cases", "200x2"], "divisible by segment length"),
+    "length the configuration cannot split": (["--cases", "200x2"], "must be a multiple of"),
     "unknown strategy": (["--strategy", "warp"], "unknown strategy"),
     "compression without DDP": (["--grad-compression", "fp16"], "--module multihead"),
     "bf16 compression on gloo": (

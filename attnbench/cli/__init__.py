@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from attnbench.cli.base import app, err_console
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, Terminated, interrupt_exit_code
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
 COMMAND_MODULES = ("verify", "models", "sweep", "report", "check", "speedup", "pattern")
@@ -37,9 +37,9 @@ def main() -> None:
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         err_console.print("interrupted")
-        sys.exit(130)
+        sys.exit(interrupt_exit_code(exc))
     except Exception as exc:
         # click's (or typer's vendored click's) usage errors and Abort, whichever is installed
         if type(exc).__name__ == "Abort":
@@ -65,7 +65,7 @@ def _replay_resumed(args: list[str]) -> list[str]:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 __all__ = ["app", "main"]

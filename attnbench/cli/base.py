@@ -8,8 +8,36 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
-app = typer.Typer(
+
+def _without_flag_metavars(params: list) -> list:
+    """typer shows a flag's type as if it took a value (`--resume <bool>`); a flag takes none."""
+    for param in params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx):
+        return _without_flag_metavars(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):
+        return _without_flag_metavars(super().get_params(ctx))
+
+
+class _App(typer.Typer):
+    """Every command is a _Command."""
+
+    def command(self, *args, **kwargs):
+        return super().command(*args, cls=kwargs.pop("cls", None) or _Command, **kwargs)
+
+
+app = _App(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.text import Text
 
 from attnbench.cli.base import config_short, console, err_console
 
@@ -65,11 +66,12 @@ class RichReporter:
                 + (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else "")
             )
         if row.get("tflops_executed"):
-            bits.append(f"{row['tflops_executed']:.1f} TFLOP/s")
-        if row["status"] != "ok" and row.get("message"):
-            bits.append(escape(clip_text(row["message"], 160)))
+            bits.append(flop_rate(row["tflops_executed"]))
         if replayed:
             bits.append("(from earlier run)")
+        if row["status"] != "ok" and row.get("message"):  # last, clipped to what the console has left
+            room = max(40, console.width - Text.from_markup("  ".join(bits)).cell_len - 2)
+            bits.append(escape(clip_text(row["message"], room)))
         console.print("  ".join(bits))
 
     def series_done(self, series, result) -> None:
@@ -82,6 +84,11 @@ class RichReporter:
         fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
         fail += " (predicted, not run)" if getattr(result, "failure_predicted", False) else ""
         console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
+
+
+def flop_rate(tflops: float) -> str:
+    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
+    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
 
 
 class SpeedupReporter:

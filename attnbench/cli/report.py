@@ -43,4 +43,4 @@ def predict(
     from attnbench.report.fit import predict_lines
 
     for line in predict_lines(impl, gpu_memory, source, label):
-        console.print(escape(line))
+        (err_console if line.startswith("warning: ") else console).print(escape(line))

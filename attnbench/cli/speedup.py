@@ -20,6 +20,7 @@ from attnbench.cli.options import (
     resolve_device,
 )
 from attnbench.cli.progress import SpeedupReporter
+from attnbench.errors import interrupt_exit_code
 
 
 @app.command()
@@ -99,11 +100,11 @@ def speedup(
         f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
         f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env['machine']} -> {out_dir}"
     )
-    interrupted, verified = False, True
+    interrupted, verified = 0, True  # interrupted: the exit code of an interrupt
     try:
         verified = all(o.verified for o in runner.run())
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        interrupted = interrupt_exit_code(exc)
     if (out_dir / "trials.jsonl").exists():
         for path in write_speedup_tables(out_dir):
             console.print(f"wrote {path}")
@@ -111,7 +112,7 @@ def speedup(
         err_console.print(
             f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
         )
-        raise typer.Exit(130)
+        raise typer.Exit(interrupted)
     if not verified:
         err_console.print("the configuration failed the reference check; no speedup trial ran")
         raise typer.Exit(1)

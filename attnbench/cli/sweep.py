@@ -40,6 +40,7 @@ from attnbench.cli.options import (
     sweep_flags,
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
+from attnbench.errors import AttnbenchError, interrupt_exit_code
 
 
 @app.command("max-seq")
@@ -95,6 +96,8 @@ def max_seq(
     )
     if profile:
         flags.pop("kind")
+    elif not impl:
+        raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile FILE")
     _run_plan(
         "max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume
     )
@@ -127,6 +130,8 @@ def bench(
     repeat: RepeatOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
+    if not impl:  # bench takes no profile: `run --profile` does
+        raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`)")
     flags = sweep_flags(
         kind="points",
         seq_lens=seq_lens,
@@ -191,11 +196,11 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
         console.print(f"[dim]{escape(plan.description)}[/]")
     for note in plan.clipped:
         err_console.print(f"clipped to the visible GPUs: {escape(note)}")
-    interrupted = False
+    interrupted = 0  # the exit code of an interrupt
     try:
         outcomes = runner.run()
-    except KeyboardInterrupt:
-        interrupted, outcomes = True, []
+    except KeyboardInterrupt as exc:
+        interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
         from attnbench.report.speedup_tables import write_speedup_tables
 
@@ -207,7 +212,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
         err_console.print(
             f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
         )
-        raise typer.Exit(130)
+        raise typer.Exit(interrupted)
     console.print(f"results in {out_dir}")
     if any(not o.verified for o in outcomes):
         err_console.print("some configurations failed the reference check; their sweeps did not run")

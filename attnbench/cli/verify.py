@@ -21,7 +21,7 @@ def list_impls() -> None:
 
     for name in impls.names():
         s = impls.spec(name)
-        console.print(f"[bold]{name}[/]  {s.summary}")
+        console.print(f"[bold]{name}[/]" + _wrapped(f"{name}  {s.summary}", 4)[len(name) :])
         console.print(
             f"    devices: {', '.join(s.devices)}   dtypes: {', '.join(s.dtypes)}"
             + ("   (multi-GPU, launched by torchrun)" if s.distributed else "")
@@ -35,7 +35,14 @@ def list_impls() -> None:
             console.print("    parameters: none")
         for p in s.params:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
-            console.print(f"    --param {p.name}={show(p.default)}  {p.help}{choices}")
+            console.print(_wrapped(f"    --param {p.name}={show(p.default)}  {p.help}{choices}", 8))
+
+
+def _wrapped(line: str, indent: int, width: int = 120) -> str:
+    """One entry of `attnbench list` in lines of at most ``width`` columns, continued under ``indent`` spaces."""
+    import textwrap
+
+    return textwrap.fill(line, width, subsequent_indent=" " * indent, break_on_hyphens=False)
 
 
 @app.command()

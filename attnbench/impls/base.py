@@ -88,7 +88,9 @@ class AttentionImpl(nn.Module):
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         """Raise ConfigError (naming the fix) if this configuration cannot run the shape."""
-        if seq_len <= 0 or seq_len % self.granularity:
+        if seq_len <= 0:
+            raise ConfigError(f"{self.name}: sequence length {seq_len} must be positive")
+        if seq_len % self.granularity:
             raise ConfigError(
                 f"{self.name}: sequence length {seq_len} is not a multiple of {self.granularity}; "
                 f"choose a multiple of {self.granularity}"
@@ -159,3 +161,9 @@ def quiet_eager_flex() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         yield
+
+
+def nearest_multiples(n: int, step: int) -> str:
+    """The valid lengths either side of ``n``: '4096 or 8192', or '4096' when none is below."""
+    below, above = n // step * step, (n // step + 1) * step
+    return f"{below} or {above}" if below > 0 else str(above)

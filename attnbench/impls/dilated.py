@@ -28,7 +28,7 @@ from torch.nn.attention import sdpa_kernel
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, fused_sdpa, gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm, nearest_multiples
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
 
@@ -154,12 +154,14 @@ class DilatedAttention(AttentionImpl):
         return self.granularity
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        for w in self.segment_lengths:
-            if seq_len % w:
-                raise ConfigError(
-                    f"dilated: sequence length {seq_len} is not divisible by segment length {w}; "
-                    f"choose a multiple of {self.granularity}"
-                )
+        if seq_len <= 0:
+            raise ConfigError(f"dilated: sequence length {seq_len} must be positive")
+        if seq_len % self.granularity:
+            raise ConfigError(
+                f"dilated: sequence length {seq_len} must be a multiple of {self.granularity}, the least "
+                f"common multiple of the segment lengths {', '.join(map(str, self.segment_lengths))}; "
+                f"nearest valid lengths: {nearest_multiples(seq_len, self.granularity)}"
+            )
         if num_heads < len(self.segment_lengths):
             raise ConfigError(
                 f"dilated: {num_heads} heads cannot form {len(self.segment_lengths)} head groups; "

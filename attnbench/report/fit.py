@@ -32,6 +32,7 @@ from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Trial
 
 GIB = 2**30
+FAR_BEYOND = 16  # a prediction this many times the longest fitted length is flagged
 ACCURACY_TARGET = 0.05
 MIN_TRIALS_FOR_TARGET = 4
 
@@ -57,6 +58,7 @@ class Capacity:
     budget_note: str
     measured_max: int | None
     stopped_by: str | None
+    longest_ok: int | None = None  # the longest length with a fitted peak
 
     @property
     def predicted(self) -> float | None:
@@ -117,6 +119,7 @@ def capacities(rows: list[Row]) -> list[Capacity]:
                 budget_note=note,
                 measured_max=stop["max_seq_len"] if stop else None,
                 stopped_by=stop["stopped_by"] if stop else None,
+                longest_ok=max((r.seq_len for r in good), default=None),
             )
         )
     return out
@@ -130,41 +133,24 @@ def single_device_capacities(rows: list[Row]) -> list[Capacity]:
 
 
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
-    """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``."""
-    from attnbench import impls
+    """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``,
+    followed by a line starting 'warning: ' where the prediction stands on weak ground."""
     from attnbench.errors import AttnbenchError
     from attnbench.report.data import load
-    from attnbench.units import format_tokens, parse_bytes
+    from attnbench.units import parse_bytes
 
     device_bytes = parse_bytes(gpu_memory)
     results = load(source)
-    measured = sorted({r.impl for r in trials(results.rows)})
-    if impl not in measured and impl not in impls.names():
-        raise AttnbenchError(f"unknown implementation {impl!r}: the results hold {', '.join(measured) or 'no trials'}")
+    _check_known(impl, results.rows)
+    held = [(machine, c) for machine, rows in results.by_machine.items() for c in capacities(rows)]
+    chosen = [(machine, c) for machine, c in held if c.impl == impl and (not label or c.label == label)]
+    if not chosen:
+        raise AttnbenchError(_no_series(impl, label, source, [c for _, c in held]))
     lines = []
-    for machine, rows in results.by_machine.items():
-        for c in capacities(rows):
-            if c.impl != impl or (label and c.label != label):
-                continue
-            if not c.fit:
-                continue
-            n = c.predict_for(device_bytes)
-            where = (
-                f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
-                f"D={c.head.head_dim}, {c.head.mode}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
-            )
-            if n is None:
-                lines.append(
-                    f"{where}: no sequence fits in {gpu_memory} (the fit needs {c.fit(0) / GIB:.2f} GiB at N=0 "
-                    f"plus {(c.overhead or 0) / GIB:.2f} GiB set aside)"
-                )
-                continue
-            measured_text = f"; measured max {format_tokens(c.measured_max)} on this device" if c.measured_max else ""
-            lines.append(
-                f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
-                f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
-                f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})"
-            )
+    for machine, c in chosen:
+        if c.fit:
+            lines.append(_prediction_line(machine, c, device_bytes, gpu_memory))
+            lines.extend(_prediction_warning(c, device_bytes))
     if not lines:
         scope = f" with label {label!r}" if label else ""
         raise AttnbenchError(
@@ -173,3 +159,62 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
             "and predict --from DIR"
         )
     return lines
+
+
+def _check_known(impl: str, rows: list[Row]) -> None:
+    from attnbench import impls
+    from attnbench.errors import AttnbenchError
+
+    measured = sorted({r.impl for r in trials(rows)})
+    if impl not in measured and impl not in impls.names():
+        raise AttnbenchError(f"unknown implementation {impl!r}: the results hold {', '.join(measured) or 'no trials'}")
+
+
+def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> str:
+    """No series matches at all (not too few trials): say what the results do hold."""
+    labels = sorted({c.label for c in held if c.impl == impl})
+    if label and labels:
+        return f"no series of {impl} in {source} has label {label!r}: its labels are {', '.join(map(repr, labels))}"
+    impls_held = sorted({c.impl for c in held})
+    return (
+        f"{source} holds no series of {impl}: it holds {', '.join(impls_held) or 'no trials'}; "
+        f"run `attnbench max-seq --impl {impl} --out DIR` and predict --from DIR"
+    )
+
+
+def _prediction_line(machine: str, c: Capacity, device_bytes: float, gpu_memory: str) -> str:
+    from attnbench.units import format_tokens
+
+    n = c.predict_for(device_bytes)
+    where = (
+        f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
+        f"D={c.head.head_dim}, {c.head.mode}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
+    )
+    if n is None:
+        return (
+            f"{where}: no sequence fits in {gpu_memory} (the fit needs {c.fit(0) / GIB:.2f} GiB at N=0 "
+            f"plus {(c.overhead or 0) / GIB:.2f} GiB set aside)"
+        )
+    measured_text = f"; measured max {format_tokens(c.measured_max)} on this device" if c.measured_max else ""
+    return (
+        f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
+        f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
+        f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})"
+    )
+
+
+def _prediction_warning(c: Capacity, device_bytes: float) -> list[str]:
+    """A CPU fit (resident memory) solved for a GPU, or a length far past the measured ones:
+    the number is still printed, the ground it stands on is said."""
+    from attnbench.units import format_tokens
+
+    n = c.predict_for(device_bytes)
+    if n is None or not c.longest_ok:
+        return []
+    why = []
+    if c.device == "cpu":
+        why.append("fitted on CPU resident memory, solved for a GPU's memory")
+    if n > FAR_BEYOND * c.longest_ok:
+        why.append(f"{n / c.longest_ok:,.0f}x beyond the longest measured length")
+    measured = f"measured up to {format_tokens(c.longest_ok)} tokens on {c.device}"
+    return [f"warning: {c.label}: {'; '.join(why)} ({measured})"] if why else []

@@ -30,7 +30,14 @@ def context_parallel_support() -> str:
 def context_parallel_availability() -> str:
     """The line ``attnbench list`` shows."""
     reason = context_parallel_support()
-    return f"available in torch {torch.__version__}" if not reason else f"UNAVAILABLE: {reason}"
+    if reason:
+        return f"UNAVAILABLE: {reason}"
+    # "available" must not read as usable where its one device is missing
+    if torch.version.cuda is None:
+        return f"needs CUDA: not usable with this torch build ({torch.__version__}, no CUDA)"
+    if not torch.cuda.is_available():
+        return f"needs CUDA: in torch {torch.__version__}, but no CUDA GPU is visible"
+    return f"available in torch {torch.__version__}"
 
 
 class ContextParallelAttention(DenseSequenceParallel):
