@@ -86,14 +86,18 @@ class AttentionImpl(nn.Module):
         """Sequence lengths this implementation runs at are multiples of this."""
         return 1
 
+    def granularity_reason(self) -> str:
+        """Why lengths are multiples of the granularity, as the error says it after the number."""
+        return ""
+
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         """Raise ConfigError (naming the fix) if this configuration cannot run the shape."""
         if seq_len <= 0:
             raise ConfigError(f"{self.name}: sequence length {seq_len} must be positive")
         if seq_len % self.granularity:
             raise ConfigError(
-                f"{self.name}: sequence length {seq_len} is not a multiple of {self.granularity}; "
-                f"choose a multiple of {self.granularity}"
+                f"{self.name}: sequence length {seq_len} must be a multiple of {self.granularity}"
+                f"{self.granularity_reason()}; nearest valid lengths: {nearest_multiples(seq_len, self.granularity)}"
             )
         if num_heads <= 0:
             raise ConfigError(f"{self.name}: need at least one head")

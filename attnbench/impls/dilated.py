@@ -28,7 +28,7 @@ from torch.nn.attention import sdpa_kernel
 from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, fused_sdpa, gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm, nearest_multiples
+from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
 
@@ -153,15 +153,12 @@ class DilatedAttention(AttentionImpl):
     def verify_seq_len(self) -> int:
         return self.granularity
 
+    def granularity_reason(self) -> str:
+        return f", the least common multiple of the segment lengths {', '.join(map(str, self.segment_lengths))}"
+
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        if seq_len <= 0:
-            raise ConfigError(f"dilated: sequence length {seq_len} must be positive")
-        if seq_len % self.granularity:
-            raise ConfigError(
-                f"dilated: sequence length {seq_len} must be a multiple of {self.granularity}, the least "
-                f"common multiple of the segment lengths {', '.join(map(str, self.segment_lengths))}; "
-                f"nearest valid lengths: {nearest_multiples(seq_len, self.granularity)}"
-            )
+        if seq_len <= 0 or seq_len % self.granularity:  # the length first: its rule names the segments
+            super().check_shape(seq_len, num_heads)
         if num_heads < len(self.segment_lengths):
             raise ConfigError(
                 f"dilated: {num_heads} heads cannot form {len(self.segment_lengths)} head groups; "
