@@ -5,6 +5,7 @@ per-GPU value, where a search stopped marked, and speedups on a log scale with a
 from __future__ import annotations
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -15,6 +16,15 @@ from attnbench.report.multigpu import speedup_cases
 from conftest import typed_row
 
 ENV = {"machine": "GPU box", "date": "2026-11-23T10:00:00+00:00", "commit": "aaa"}
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Each test inspects its figures and leaves none open for the next."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def trial(series: str, n: int, **fields):
@@ -123,3 +133,20 @@ def test_a_legend_names_grouped_key_value_heads():
     grouped = typed_row("points", label="sdpa", heads=32, kv_heads=8, head_dim=128, causal=True)
     assert "H32/8 D128 causal" in _label(grouped)
     assert "H8" not in _label(typed_row("points", label="sdpa", kv_heads=8))  # H8 over H8: ungrouped, the default
+
+
+def test_a_report_holds_its_figures_as_png_bytes_with_none_left_open(tmp_path):
+    """A report of many figures draws each, keeps its PNG and frees it: none stays open."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from attnbench.report.build import render
+    from attnbench.report.data import load
+
+    rows = [trial("dilated", n) for n in (1024, 2048, 4096)]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    plt.close("all")
+    doc = render(load(tmp_path))
+    assert doc.figures and all(data.startswith(b"\x89PNG") for _, data in doc.figures)
+    assert plt.get_fignums() == []

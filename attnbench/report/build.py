@@ -21,7 +21,7 @@ from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import sections
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
 from attnbench.report.verdicts import verdicts
-from attnbench.results import check_output_dir, now_utc, write_text_atomic
+from attnbench.results import check_output_dir, now_utc, write_bytes_atomic, write_text_atomic
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
@@ -62,7 +62,7 @@ def render(results: Results) -> Doc:
     doc.files[sd.SEEDS_FILE] = sd.seeds_markdown(vs)
     figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
     if figure is not None:
-        doc.figures.append((ANSWER_FIGURE, figure))
+        doc.figures.append((ANSWER_FIGURE, p.png(figure)))
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
@@ -171,8 +171,8 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
             path = out_dir / CSV_DIR / f"max-seq-{slug(name)}.csv"
             write_text_atomic(path, pd.DataFrame(summary).to_csv(index=False))
             written.append(path)
-    for name, fig in doc.figures:
-        p.save(fig, out_dir / name)
+    for name, data in doc.figures:
+        write_bytes_atomic(out_dir / name, data)
         written.append(out_dir / name)
     for name, text in doc.files.items():
         write_text_atomic(out_dir / name, text)

@@ -91,7 +91,7 @@ class Doc:
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.tables: list[tuple[str, Table]] = []  # (csv file name, table)
-        self.figures: list[tuple[str, Any]] = []  # (png file name, matplotlib Figure)
+        self.figures: list[tuple[str, bytes]] = []  # (png file name, its bytes: drawn and freed at once)
         self.files: dict[str, str] = {}  # other markdown files beside the report: name -> text
         self.machine_slug = ""
         self.on_cpu = False  # the machine a part is about has no GPU: name the CPU twins
@@ -120,8 +120,10 @@ class Doc:
     def figure(self, name: str, fig, alt: str) -> None:
         if fig is None:
             return
+        from attnbench.report.plots import png
+
         file = f"{name}-{self.machine_slug}.png"
-        self.figures.append((file, fig))
+        self.figures.append((file, png(fig)))
         self.add(f"![{alt}]({file})\n")
 
     def text(self) -> str:

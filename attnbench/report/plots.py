@@ -329,13 +329,12 @@ def _answer_label(c) -> str:
     return f"{c.label} ({c.settings})" + (f" under {', '.join(limits)}" if limits else "")
 
 
-def save(fig, path) -> None:
-    """Write a PNG so a reader never sees half of it, and free the figure."""
+def png(fig) -> bytes:
+    """The figure as PNG bytes, and the figure freed: a report of many figures holds one open
+    at a time."""
     import io
-
-    from attnbench.results import write_bytes_atomic
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
-    write_bytes_atomic(path, buf.getvalue())
     _pyplot().close(fig)
+    return buf.getvalue()
