@@ -186,7 +186,7 @@ SETTING_PARSERS = {
     "head_dim": _int,
     "mode": _choice(*MODES),
     "causal": _bool,
-    "seq_lens": lambda v: _seq_lens(v),
+    "seq_lens": _seq_lens,
     "start": _at_least(0, parse_tokens, "a length >= 0 (0: the default)"),
     "max_seq_len": _at_least(1, parse_tokens, "a positive length, e.g. 64K"),
     "resolution": _at_least(0, parse_tokens, "a length >= 0"),

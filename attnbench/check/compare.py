@@ -80,7 +80,7 @@ class Comparison:
         (``probe`` names its search) is neither: searches take their own path to the answer,
         and the answers are compared."""
         apart: dict[str, int] = defaultdict(int)
-        searches = [{(probe(v), k[1]) for k, v in side.items()} - {(None, k[1]) for k in side} for side in (base, cur)]
+        searches = [{(probe(v), k[1]) for k, v in side.items() if probe(v)} for side in (base, cur)]
         base = {k: v for k, v in base.items() if k in cur or not _counted(apart, (probe(v), k[1]), searches[1])}
         cur = {k: v for k, v in cur.items() if k in base or not _counted(apart, (probe(v), k[1]), searches[0])}
         for search, n in sorted(apart.items()):
