@@ -65,7 +65,8 @@ def test_naive_stops_on_a_real_oom_where_its_n_squared_memory_says(naive_sweep):
     ok = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] != "ok"]
     assert failed and all(r["status"] == "oom" for r in failed), [r["message"] for r in failed]
-    best = max(r["seq_len"] for r in ok)
+    # a length that ran once but failed its fresh-process confirmation does not stand
+    best = max(r["seq_len"] for r in ok if r["seq_len"] not in {f["seq_len"] for f in failed})
     # the scores and probabilities alone are 2 * H * N^2 float32 values
     assert 2 * HEADS * 4 * best**2 <= LIMIT
     first_fail = min(r["seq_len"] for r in failed if r["seq_len"] > best)

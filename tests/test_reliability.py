@@ -637,3 +637,23 @@ def test_sigterm_stops_a_run_as_an_interrupt_does_and_exits_143(tmp_path):
     assert "interrupted: every finished trial is kept" in stderr and "Traceback" not in stderr
     rows = [json.loads(line) for line in trials.read_text().splitlines()]
     assert rows and all(r["kind"] in ("verify", "points") for r in rows)
+
+
+def test_an_interrupt_python_ignored_is_raised_by_the_next_wait_on_a_worker():
+    """A signal's exception that lands in an at-fork hook is lost; the wait loop raises it."""
+    from attnbench.errors import Terminated, forget_pending_interrupt, interrupt_on_signal
+    from attnbench.runtime.supervise import Child
+
+    try:
+        interrupt_on_signal(signal.SIGTERM, None)
+    except Terminated:
+        pass  # where Python ignores it
+    child = Child([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(Terminated):
+            child.watch(phase_limit_s=60)
+        assert child.proc.wait(timeout=30) != 0  # the worker does not outlive the interrupt
+        child.watch(phase_limit_s=60)  # raised once only
+    finally:
+        child.kill()
+        forget_pending_interrupt()

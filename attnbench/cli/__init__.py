@@ -10,14 +10,13 @@ and `attnbench check` never import torch.
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 
 import typer
 from rich.markup import escape
 
 from attnbench.cli.base import app, err_console
-from attnbench.errors import AttnbenchError, Terminated, interrupt_exit_code
+from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_exit_code
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
 COMMAND_MODULES = ("verify", "models", "sweep", "report", "check", "speedup", "pattern")
@@ -27,7 +26,7 @@ for _module in COMMAND_MODULES:
 
 def main() -> None:
     """Console entry: one-line errors with exit 2, never a traceback for bad input."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    install_interrupt_handlers()
     try:
         args = _replay_resumed(sys.argv[1:])
         code = app(args=args, standalone_mode=False)  # click returns a typer.Exit's code here
@@ -62,10 +61,6 @@ def _replay_resumed(args: list[str]) -> list[str]:
         err_console.print(f"resuming: attnbench {escape(shlex.join(replayed))}")
         sys.argv = [sys.argv[0], *replayed]  # the rows record the command that ran
     return replayed
-
-
-def _raise_interrupt(signum, frame):
-    raise Terminated
 
 
 __all__ = ["app", "main"]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnbench.errors import raise_pending_interrupt
 from attnbench.measure.oom import classify_text
 from attnbench.units import clip_text
 
@@ -158,6 +159,7 @@ class Child:
             on_phase(self.state["phase"])
         try:
             while self.proc.poll() is None:
+                raise_pending_interrupt()
                 phase = self.state["phase"]
                 limit = _phase_deadline(phase, self.state["limit"] or phase_limit_s)
                 rss_peak = max(rss_peak, rss_of(self.proc.pid))
