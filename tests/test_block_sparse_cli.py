@@ -40,7 +40,10 @@ def test_pattern_command_prints_the_kept_fraction_and_draws(tmp_path):
 
 
 BAD = {  # one case per kind of mistake the issue names; the rest are checked in-process below
-    "block size not dividing N": (["bench", "--impl", "block-sparse", "--seq-lens", "1000", *CPU], "does not divide"),
+    "block size not dividing N": (
+        ["bench", "--impl", "block-sparse", "--seq-lens", "1000", *CPU],
+        "128, the block size; nearest valid lengths: 896 or 1024",
+    ),
     "ratio above one": (["max-seq", "--impl", "block-sparse", "--param", "sparsity_ratio=1.5", *CPU], "(0, 1]"),
     "unknown pattern type": (
         ["max-seq", "--impl", "block-sparse", "--param", "pattern_type=banded", *CPU],

@@ -160,6 +160,20 @@ def test_a_failed_trials_line_fits_the_console_with_at_least_40_characters_of_me
     assert "RuntimeError: [enforce fail at" in line  # a message of 40 characters keeps its first words
 
 
+@pytest.mark.parametrize("width", [100, 160, 220])
+def test_a_failed_speedup_trials_line_fits_the_console_too(capsys, monkeypatch, width):
+    from attnbench.cli import base
+    from attnbench.cli.progress import SpeedupReporter
+
+    monkeypatch.setattr(base.console, "width", width)
+    message = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity " * 4
+    row = {"case": "ring 64K", "strategy": "ring", "status": "oom", "message": message}
+    SpeedupReporter().trial_done(row, replayed=True)
+    line = capsys.readouterr().out.rstrip("\n")
+    assert "\n" not in line and len(line) <= width, line
+    assert "(from earlier run)" in line and "CUDA out of memory." in line
+
+
 @pytest.mark.parametrize("tflops, shown", [(0.0853, "85.3 GFLOP/s"), (0.004, "4.0 GFLOP/s"), (312.4, "312.4 TFLOP/s")])
 def test_a_trials_rate_reads_in_gflops_under_one_tflops(capsys, tflops, shown):
     from types import SimpleNamespace

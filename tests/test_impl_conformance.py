@@ -74,8 +74,7 @@ def test_a_length_off_the_granularity_is_refused(name):
     else:
         with pytest.raises(ConfigError, match=f"multiple of {impl.granularity}") as refused:
             impl.check_shape(n + 1, HEADS)
-        if not name.startswith("block-sparse"):  # their own rules (blocks, segments, ranks) say what to choose
-            assert f"nearest valid lengths: {n} or {n + impl.granularity}" in str(refused.value)
+        assert f"nearest valid lengths: {n} or {n + impl.granularity}" in str(refused.value)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ class RichReporter:
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
-        from attnbench.units import clip_text, format_bytes, format_tokens
+        from attnbench.units import format_bytes, format_tokens
 
         if self._status:
             self._status.stop()
@@ -69,9 +69,8 @@ class RichReporter:
             bits.append(flop_rate(row["tflops_executed"]))
         if replayed:
             bits.append("(from earlier run)")
-        if row["status"] != "ok" and row.get("message"):  # last, clipped to what the console has left
-            room = max(40, console.width - Text.from_markup("  ".join(bits)).cell_len - 2)
-            bits.append(escape(clip_text(row["message"], room)))
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(fitted_message(bits, row["message"]))
         console.print("  ".join(bits))
 
     def series_done(self, series, result) -> None:
@@ -84,6 +83,14 @@ class RichReporter:
         fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
         fail += " (predicted, not run)" if getattr(result, "failure_predicted", False) else ""
         console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
+
+
+def fitted_message(bits: list[str], message: str) -> str:
+    """``message`` as the line's last part, clipped to what the console has left after ``bits``."""
+    from attnbench.units import clip_text
+
+    room = max(40, console.width - Text.from_markup("  ".join(bits)).cell_len - 2)
+    return escape(clip_text(message, room))
 
 
 def flop_rate(tflops: float) -> str:
@@ -106,7 +113,6 @@ class SpeedupReporter:
 
     def trial_done(self, row, replayed) -> None:
         from attnbench.report.markdown import result_text
-        from attnbench.units import clip_text
 
         if self._status:
             self._status.stop()
@@ -118,12 +124,12 @@ class SpeedupReporter:
                 self._single[row["case"]] = row["time_ms"]
             elif row["case"] in self._single:
                 bits.append(f"{self._single[row['case']] / row['time_ms']:.2f}x")
-        if row["status"] != "ok" and row.get("message"):
-            bits.append(escape(clip_text(row["message"], 200)))
-        elif row.get("note"):
-            bits.append(escape(clip_text(row["note"], 200)))
         if replayed:
             bits.append("(from earlier run)")
+        if row["status"] != "ok" and row.get("message"):
+            bits.append(fitted_message(bits, row["message"]))
+        elif row.get("note"):
+            bits.append(fitted_message(bits, row["note"]))
         console.print("  ".join(bits))
 
 

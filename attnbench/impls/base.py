@@ -92,6 +92,12 @@ class AttentionImpl(nn.Module):
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         """Raise ConfigError (naming the fix) if this configuration cannot run the shape."""
+        self.check_length(seq_len)
+        if num_heads <= 0:
+            raise ConfigError(f"{self.name}: need at least one head")
+
+    def check_length(self, seq_len: int) -> None:
+        """The length rule alone (no shape, no pattern): positive and a multiple of the granularity."""
         if seq_len <= 0:
             raise ConfigError(f"{self.name}: sequence length {seq_len} must be positive")
         if seq_len % self.granularity:
@@ -99,8 +105,6 @@ class AttentionImpl(nn.Module):
                 f"{self.name}: sequence length {seq_len} must be a multiple of {self.granularity}"
                 f"{self.granularity_reason()}; nearest valid lengths: {nearest_multiples(seq_len, self.granularity)}"
             )
-        if num_heads <= 0:
-            raise ConfigError(f"{self.name}: need at least one head")
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, as recorded in result rows."""

@@ -153,23 +153,14 @@ class BlockSparseAttention(AttentionImpl):
         g = self.granularity
         return max(g, -(-n // g) * g)
 
+    def granularity_reason(self) -> str:
+        if self.segment_lengths:
+            return ", the longest segment"
+        return ", the block size"
+
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        self.check_length(seq_len)
         super().check_shape(seq_len, num_heads)
         self.pattern(seq_len, causal=False)  # a pattern that cannot keep the ratio is refused here
-
-    def check_length(self, seq_len: int) -> None:
-        """The length rules, before any pattern is built."""
-        if seq_len <= 0 or seq_len % self.block_size:
-            raise ConfigError(
-                f"block-sparse: block_size {self.block_size} does not divide sequence length {seq_len}; "
-                f"choose a multiple of {self.granularity}"
-            )
-        if seq_len % self.granularity:
-            raise ConfigError(
-                f"block-sparse: sequence length {seq_len} is not a multiple of the longest segment "
-                f"{self.granularity}; choose a multiple of {self.granularity}"
-            )
 
     def _segment_blocks(self) -> list[int] | None:
         return [w // self.block_size for w in self.segment_lengths] if self.segment_lengths else None

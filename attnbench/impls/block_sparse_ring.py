@@ -106,15 +106,14 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         """Whole blocks on every rank, whole segments of the pattern over the sequence."""
         return lcm([self.single.granularity, self.block_size * self.world()])
 
+    def granularity_reason(self) -> str:
+        return (
+            f", whole {self.block_size}-token blocks on each of {self.world()} ranks and whole segments of the pattern"
+        )
+
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        world = self.world()
-        if seq_len <= 0 or seq_len % (self.block_size * world):
-            raise ConfigError(
-                f"{self.name}: {seq_len} tokens over {world} ranks is not whole {self.block_size}-token "
-                f"blocks per rank; choose a multiple of {self.granularity}"
-            )
-        self.single.check_shape(seq_len, num_heads)
         super().check_shape(seq_len, num_heads)
+        self.single.check_shape(seq_len, num_heads)
 
     def verify_seq_len(self) -> int:
         g = self.granularity
