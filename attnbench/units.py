@@ -140,6 +140,11 @@ def format_tokens_per_s(x: float) -> str:
     return f"{x:,.0f} tok/s"
 
 
+def flop_rate(tflops: float) -> str:
+    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
+    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
+
+
 def format_ratio(x: float | None, decimals: int = 2) -> str:
     """A ratio of two times, memories or lengths: '1.85x'; '-' for none."""
     return "-" if x is None else f"{x:.{decimals}f}x"

@@ -98,6 +98,20 @@ def test_the_answer_names_each_machine_and_its_device(tmp_path):
     assert sum(line.startswith("| Configuration |") for line in first) == 2
 
 
+def test_a_machines_answer_shows_only_the_columns_its_rows_fill(tmp_path):
+    """The GPU's search timed 64K and the CPU's never reached it: the CPU's table has no
+    TFLOP/s column of dashes; neither machine ran a training search."""
+    gpu = search("dilated", [1024, 65536], 131072)
+    gpu[1] = typed_row(**{**gpu[1].to_json(), "tflops_useful": 300.0})
+    cpu_env = {"machine": "cpu: Some CPU", "date": "2026-11-23T10:00:00+00:00", "cpu_count": 2}
+    cpu = [typed_row(**{**r.to_json(), "device": "cpu", "env": cpu_env}) for r in search("naive", [256], 512)]
+    write_rows(tmp_path / "a", gpu)
+    write_rows(tmp_path / "b", cpu)
+    headers = [line for line in render(load(tmp_path)).text().splitlines()[:40] if line.startswith("| Configuration")]
+    common = "| Configuration | Settings | Longest forward | Stopped by | Per token | Peak/floor |"
+    assert headers == [f"{common} Fwd TFLOP/s at 64K |", common], headers
+
+
 def test_the_committed_report_answers_every_machine_on_its_first_screen():
     rows, _ = load_rows(ROOT / "results")
     machines = {r.env.machine for r in rows if r.env and r.kind == "max-seq"}

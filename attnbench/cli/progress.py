@@ -48,7 +48,7 @@ class RichReporter:
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
-        from attnbench.units import format_bytes, format_tokens
+        from attnbench.units import flop_rate, format_bytes, format_tokens
 
         if self._status:
             self._status.stop()
@@ -91,11 +91,6 @@ def fitted_message(bits: list[str], message: str) -> str:
 
     room = max(40, console.width - Text.from_markup("  ".join(bits)).cell_len - 2)
     return escape(clip_text(message, room))
-
-
-def flop_rate(tflops: float) -> str:
-    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
-    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
 
 
 class SpeedupReporter:

@@ -121,6 +121,14 @@ class Configuration:
         return out
 
 
+def filled_headers(configs: list[Configuration]) -> list[str]:
+    """The answer's columns that hold a value for some configuration of a machine (a CPU run
+    that never reaches the reference length gets no TFLOP/s column of dashes); the first three
+    always, so a table still names what it is about."""
+    records = [c.record() for c in configs]
+    return [h for i, h in enumerate(ANSWER_HEADERS) if i < 3 or any(r.get(h) is not None for r in records)]
+
+
 def configuration_key(row: Trial) -> str:
     """What one answer row stands for: the workload but its length and mode."""
     ident = row.identity(seq_len=False)

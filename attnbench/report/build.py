@@ -103,7 +103,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
                 f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
             )
             continue
-        table = Table("answer", list(a.ANSWER_HEADERS), [c.record() for c in rows])
+        table = Table("answer", a.filled_headers(configs), [c.record() for c in rows])
         doc.add(table.markdown())
         if len(rows) < len(configs):
             more = len(configs) - len(rows)

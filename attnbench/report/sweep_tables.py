@@ -17,7 +17,7 @@ from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
 from attnbench.results import STOPPED_BY
 from attnbench.schema import MaxSeqResult, Row, Trial
-from attnbench.units import format_bytes, format_sparsity, format_tokens
+from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
 INTERRUPTED = "search interrupted"
@@ -147,7 +147,7 @@ def _notes(r: Trial) -> str:
     if r.peak_over_floor:
         bits.append(f"peak {r.peak_over_floor:.2f}x floor")
     if r.tflops_executed:
-        bits.append(f"{r.tflops_executed:.1f} TFLOP/s")
+        bits.append(flop_rate(r.tflops_executed))
     if r.backend:
         bits.append(f"backend {r.backend}")
     return "; ".join(bits)
