@@ -194,7 +194,7 @@ def replay_search(rows, limits):
 # stops the search is the allocator failing, not a model of it. Each cap sits midway between the
 # caps where the answer's length starts to run and where the next step runs (measured on a
 # 2-core Xeon, MiB where it fails / runs: naive 2304 92/96, 2560 112/116; sdpa 5120 40/42, 6144
-# 48/50; dilated 98304 56/60, 131072 72/80), so a process's few MiB of address-space noise
+# 48/50; dilated 98304 56/58, 131072 74/80), so a process's few MiB of address-space noise
 # cannot flip a confirmation.
 CAPACITY_CASES = {
     "naive": ({"memory_limit": "104MiB", "start": 512, "resolution": 256}, {}),
