@@ -89,7 +89,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
     doc.add(
         "Per configuration, its newest search: the longest length that ran – the shortest that failed (≥: not\n"
         "finished), memory per token and peak over the floor (q, k, v, output) there; useful TFLOP/s at "
-        f"{a.REFERENCE_TEXT}, ±half the 95% interval (n).\n"
+        f"{a.REFERENCE_TEXT}\nwhere a trial ran there, ±half the 95% interval (n). A column no row fills is left out.\n"
     )
     every = [a.configurations(m) for m in machines]
     used = len(doc.text().splitlines()) + 1  # and the blank line before the first machine
