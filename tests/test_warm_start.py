@@ -40,11 +40,14 @@ def test_each_job_runs_in_a_process_of_its_own_started_while_the_previous_job_ra
         assert set(result["phase_s"]) >= {"start", "exit"} and min(result["phase_s"].values()) >= 0
 
 
-def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable):
-    """What the spinner shows: the phases the worker announces, as they arrive, and nothing once
-    the display has stopped listening."""
+def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable, monkeypatch):
+    """What the spinner shows in a terminal: the phases the worker announces, as they arrive,
+    and nothing once the display has stopped listening."""
+    from attnbench.cli import base
     from attnbench.cli.progress import _Running
     from attnbench.runtime.worker import PHASE_LISTENERS
+
+    monkeypatch.setattr(base.console, "_force_terminal", True)
 
     heard = []
     PHASE_LISTENERS.append(heard.append)
@@ -59,6 +62,16 @@ def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable)
     assert task.description.startswith("grow N=4K") and "timing" in task.description
     spinner.stop()
     assert spinner.phase not in PHASE_LISTENERS
+
+
+def test_a_log_gets_no_spinner_and_no_blank_line_per_trial(capsys):
+    from attnbench.cli import base
+    from attnbench.cli.progress import _Running
+
+    assert not base.console.is_terminal  # pytest captures: as a log file would
+    spinner = _Running("grow N=4K")
+    spinner.stop()
+    assert capsys.readouterr().out == ""
 
 
 def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):

@@ -139,6 +139,10 @@ class _Running:
         from attnbench.runtime.worker import PHASE_LISTENERS
 
         self._what, self._note = escape(what), escape(note)
+        self._progress = None
+        self._listeners: list = []
+        if not console.is_terminal:  # a log: rich would still leave a blank line per trial
+            return
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         )
@@ -156,7 +160,8 @@ class _Running:
     def stop(self) -> None:
         if self.phase in self._listeners:
             self._listeners.remove(self.phase)
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
 
 # What the spinner says of a trial's phases (as its worker announces them).
