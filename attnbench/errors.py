@@ -51,15 +51,16 @@ def install_interrupt_handlers() -> None:
     import signal
     import sys
 
-    default_hook = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-            default_hook(unraisable)
-
     signal.signal(signal.SIGTERM, interrupt_on_signal)
     signal.signal(signal.SIGINT, interrupt_on_signal)
-    sys.unraisablehook = hook
+    sys.unraisablehook = _quiet_lost_interrupts
+
+
+def _quiet_lost_interrupts(unraisable) -> None:
+    import sys
+
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def forget_pending_interrupt() -> None:

@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,26 @@ def run_cli(*args, cwd=None, timeout=600, env=None) -> subprocess.CompletedProce
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def main_in_process(*args) -> int:
+    """`attnbench ARGS` through the console entry point, in this process (no torch import per
+    call): its exit code. What main() installs (signal handlers, the unraisable hook) and argv
+    are put back."""
+    from attnbench import cli
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    argv, hook = sys.argv, sys.unraisablehook
+    sys.argv = ["attnbench", *map(str, args)]
+    try:
+        cli.main()
+        return 0
+    except SystemExit as exc:
+        return exc.code
+    finally:
+        sys.argv, sys.unraisablehook = argv, hook
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
 
 
 def flex_pieces_config(pattern_type: str, **options) -> dict:

@@ -12,19 +12,17 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from attnbench import cli
 from attnbench.check import Thresholds, compare_times, run_check
 from attnbench.measure.timing import summarize
 from attnbench.results import read_rows
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, main_in_process, run_cli
 
 pytestmark = pytest.mark.slow  # every test reads real `attnbench run`s made by a module fixture
 
@@ -142,18 +140,8 @@ def write_rows(path: Path, rows) -> Path:
 
 
 def attnbench(capsys, *args):
-    """`attnbench ARGS` through the console entry point, in this process (no torch import per call)."""
-    handler = signal.getsignal(signal.SIGTERM)
-    argv = sys.argv
-    sys.argv = ["attnbench", *map(str, args)]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = argv
-        signal.signal(signal.SIGTERM, handler)
+    """`attnbench ARGS` in this process: exit code, stdout, stderr."""
+    code = main_in_process(*args)
     out, err = capsys.readouterr()
     return code, out, err
 

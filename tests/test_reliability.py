@@ -657,3 +657,22 @@ def test_an_interrupt_python_ignored_is_raised_by_the_next_wait_on_a_worker():
     finally:
         child.kill()
         forget_pending_interrupt()
+
+
+def test_a_lost_interrupt_is_not_printed_but_any_other_ignored_error_is(capsys):
+    from attnbench.errors import Terminated, _quiet_lost_interrupts
+
+    class Dropped:
+        def __del__(self):
+            raise self.exc
+
+    for exc in (Terminated(), ValueError("kept")):
+        d = Dropped()
+        d.exc = exc
+        hook, sys.unraisablehook = sys.unraisablehook, _quiet_lost_interrupts
+        try:
+            del d  # Python ignores what __del__ raises and hands it to the hook
+        finally:
+            sys.unraisablehook = hook
+    err = capsys.readouterr().err
+    assert "ValueError: kept" in err and "Terminated" not in err

@@ -23,7 +23,7 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.results import ResultsWriter, check_output_dir, read_rows, rows_to_resume
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, main_in_process, run_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
 ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
@@ -38,19 +38,8 @@ def write_lines(path: Path, rows: list, raw: list[str] = ()) -> Path:
 
 
 def attnbench(capsys, *args):
-    """`attnbench ARGS` through the console entry point, in this process."""
-    from attnbench import cli
-
-    handler, argv = signal.getsignal(signal.SIGTERM), sys.argv
-    sys.argv = ["attnbench", *map(str, args)]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = argv
-        signal.signal(signal.SIGTERM, handler)
+    """`attnbench ARGS` in this process: exit code, stdout, stderr."""
+    code = main_in_process(*args)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -22,7 +22,7 @@ from attnbench.sweeps import seqpar
 from attnbench.trial import TrialSpec
 from attnbench.units import parse_gpus
 
-from conftest import run_cli
+from conftest import main_in_process, run_cli
 
 RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert", "block-sparse-ring"]
 
@@ -289,21 +289,10 @@ BAD = {
 
 def run_in_process(args, capsys, monkeypatch):
     """The console entry in this process (no torch import per case): exit code, stdout, stderr."""
-    import signal
-    import sys
-
-    from attnbench import cli
-
-    monkeypatch.setattr(sys, "argv", ["attnbench", *map(str, args)])
     monkeypatch.setenv("COLUMNS", "200")
-    old = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            cli.main()
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    code = main_in_process(*args)
     captured = capsys.readouterr()
-    return exit_.value.code, captured.out, captured.err
+    return code, captured.out, captured.err
 
 
 def check_bad(code, stdout, stderr, hint, out):

@@ -21,7 +21,7 @@ from attnbench.sweeps.speedup import check_settings
 from attnbench.sweeps.speedup_job import context, measure
 from attnbench.sweeps.speedup_rows import gpu_rows, notes_for, slowest_per_iteration
 
-from conftest import ROOT, run_cli, typed_row
+from conftest import ROOT, main_in_process, run_cli, typed_row
 
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
 DILATED = ["--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2"]
@@ -402,20 +402,11 @@ BAD = {
 @pytest.fixture
 def cli_in_process(monkeypatch, capsys):
     """`attnbench ARGS` through the real entry point, in this process (no torch start-up)."""
-    import signal
-    import sys
-
-    from attnbench.cli import main
-
-    handler = signal.getsignal(signal.SIGTERM)
 
     def call(*args):
-        monkeypatch.setattr(sys, "argv", ["attnbench", *map(str, args)])
-        with pytest.raises(SystemExit) as info:
-            main()
-        signal.signal(signal.SIGTERM, handler)
+        code = main_in_process(*args)
         captured = capsys.readouterr()
-        return info.value.code, captured.out, captured.err
+        return code, captured.out, captured.err
 
     return call
 
