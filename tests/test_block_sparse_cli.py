@@ -44,6 +44,11 @@ BAD = {  # one case per kind of mistake the issue names; the rest are checked in
         ["bench", "--impl", "block-sparse", "--seq-lens", "1000", *CPU],
         "128, the block size; nearest valid lengths: 896 or 1024",
     ),
+    # on 1 and 2 ranks: the 2-rank rule is the one named, so the lengths it offers run on both
+    "ranks not dividing N": (
+        ["bench", "--impl", "block-sparse-ring", "--gpus", "2", "--seq-lens", "1000", *CPU],
+        "multiple of 256, whole 128-token blocks on each of 2 ranks; nearest valid lengths: 768 or 1024",
+    ),
     "ratio above one": (["max-seq", "--impl", "block-sparse", "--param", "sparsity_ratio=1.5", *CPU], "(0, 1]"),
     "unknown pattern type": (
         ["max-seq", "--impl", "block-sparse", "--param", "pattern_type=banded", *CPU],

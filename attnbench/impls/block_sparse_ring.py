@@ -107,9 +107,9 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         return lcm([self.single.granularity, self.block_size * self.world()])
 
     def granularity_reason(self) -> str:
-        return (
-            f", whole {self.block_size}-token blocks on each of {self.world()} ranks and whole segments of the pattern"
-        )
+        ranks = f" on each of {self.world()} ranks" if self.world() > 1 else ""
+        segments = " and whole segments of the pattern" if self.single.segment_lengths else ""
+        return f", whole {self.block_size}-token blocks{ranks}{segments}"
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
         super().check_shape(seq_len, num_heads)

@@ -62,9 +62,12 @@ def resolve(plan: Plan) -> Plan:
     needs_cuda = any(s.settings.device in ("auto", "cuda") for s in plan.series)
     have_cuda = cuda_available() if needs_cuda else False
     gpus = visible_gpus() if have_cuda else 0
+    # the most ranks first: their length rule is the strictest, so its error names lengths every series takes
+    checked_first = sorted(plan.series, key=lambda s: -(s.world_size or 1))
+    outcome = {id(s): kinds.get(s.settings.kind).resolve(s, have_cuda, gpus, plan.clip_ranks) for s in checked_first}
     resolved, clipped = [], []
     for s in plan.series:
-        s, note = kinds.get(s.settings.kind).resolve(s, have_cuda, gpus, plan.clip_ranks)
+        s, note = outcome[id(s)]
         clipped += [note] if note else []
         if s is not None:
             resolved.append(s)
