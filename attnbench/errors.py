@@ -1,12 +1,12 @@
 """Errors that reach the user as one line and exit code 2, and the interrupts the signals raise."""
 
-import threading
+import signal
+import sys
 
 # A signal handler's exception is lost where it lands in code whose exceptions Python ignores
 # (an at-fork hook while a worker process is spawned): the signal is kept here too, and the
-# loops that wait on workers raise it again (raise_pending_interrupt).
-_pending: list[type[KeyboardInterrupt]] = []
-_pending_lock = threading.Lock()
+# loop that waits on a worker raises it again (raise_pending_interrupt).
+_pending: type[KeyboardInterrupt] | None = None
 
 
 class AttnbenchError(Exception):
@@ -29,18 +29,17 @@ def interrupt_exit_code(exc: BaseException) -> int:
 
 def interrupt_on_signal(signum: int, frame: object) -> None:
     """The handler of SIGINT and SIGTERM: raise the interrupt, and keep it in case it is lost."""
-    import signal
-
-    exc = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-    with _pending_lock:
-        _pending[:] = [exc]
-    raise exc
+    global _pending
+    _pending = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    raise _pending
 
 
 def raise_pending_interrupt() -> None:
-    """Raise an interrupt whose signal arrived but whose exception was lost (see _pending)."""
-    with _pending_lock:
-        exc = _pending.pop() if _pending else None
+    """Raise an interrupt whose signal arrived but whose exception may have been lost (see
+    _pending). One whose exception did arrive stops the run before any later wait on a worker,
+    so it is not raised twice."""
+    global _pending
+    exc, _pending = _pending, None
     if exc is not None:
         raise exc
 
@@ -48,22 +47,11 @@ def raise_pending_interrupt() -> None:
 def install_interrupt_handlers() -> None:
     """SIGINT and SIGTERM raise their interrupts; one that Python would report as ignored is
     not printed (a traceback for an interrupt the run then honours) but raised again later."""
-    import signal
-    import sys
-
     signal.signal(signal.SIGTERM, interrupt_on_signal)
     signal.signal(signal.SIGINT, interrupt_on_signal)
     sys.unraisablehook = _quiet_lost_interrupts
 
 
 def _quiet_lost_interrupts(unraisable) -> None:
-    import sys
-
     if not isinstance(unraisable.exc_value, KeyboardInterrupt):
         sys.__unraisablehook__(unraisable)
-
-
-def forget_pending_interrupt() -> None:
-    """The interrupt reached its handler: it must not be raised a second time."""
-    with _pending_lock:
-        _pending.clear()

@@ -20,7 +20,7 @@ from attnbench.cli.options import (
     resolve_device,
 )
 from attnbench.cli.progress import SpeedupReporter
-from attnbench.errors import forget_pending_interrupt, interrupt_exit_code
+from attnbench.errors import interrupt_exit_code
 
 
 @app.command()
@@ -104,7 +104,6 @@ def speedup(
     try:
         verified = all(o.verified for o in runner.run())
     except KeyboardInterrupt as exc:
-        forget_pending_interrupt()
         interrupted = interrupt_exit_code(exc)
     if (out_dir / "trials.jsonl").exists():
         for path in write_speedup_tables(out_dir):

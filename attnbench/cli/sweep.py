@@ -40,7 +40,7 @@ from attnbench.cli.options import (
     sweep_flags,
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
-from attnbench.errors import AttnbenchError, forget_pending_interrupt, interrupt_exit_code
+from attnbench.errors import AttnbenchError, interrupt_exit_code
 
 
 @app.command("max-seq")
@@ -200,7 +200,6 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     try:
         outcomes = runner.run()
     except KeyboardInterrupt as exc:
-        forget_pending_interrupt()
         interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
         from attnbench.report.speedup_tables import write_speedup_tables

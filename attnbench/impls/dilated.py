@@ -157,8 +157,7 @@ class DilatedAttention(AttentionImpl):
         return f", the least common multiple of the segment lengths {', '.join(map(str, self.segment_lengths))}"
 
     def check_shape(self, seq_len: int, num_heads: int) -> None:
-        if seq_len <= 0 or seq_len % self.granularity:  # the length first: its rule names the segments
-            super().check_shape(seq_len, num_heads)
+        self.check_length(seq_len)  # the length first: its rule names the segments
         if num_heads < len(self.segment_lengths):
             raise ConfigError(
                 f"dilated: {num_heads} heads cannot form {len(self.segment_lengths)} head groups; "
