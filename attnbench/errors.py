@@ -22,6 +22,20 @@ class Terminated(KeyboardInterrupt):
     so a supervisor sees the signal it sent."""
 
 
+class RunInterrupted(Exception):
+    """An interrupt carried past typer, which would end the run with a silent exit 130 (SIGTERM's too)."""
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt ``exc`` is, or was directly caused by (an import the signal cut short
+    fails with an ImportError whose cause is the interrupt); None for any other error."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
 def interrupt_exit_code(exc: BaseException) -> int:
     """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM."""
     return 143 if isinstance(exc, Terminated) else 130

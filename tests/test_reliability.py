@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from attnbench import results
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, Terminated
 from attnbench.plan import build_plan, parse_settings
 from attnbench.results import ResultsWriter, read_rows, write_text_atomic
 from attnbench.sweeps import runner as runner_mod
 from attnbench.sweeps.runner import SweepRunner, resolve
 from attnbench.sweeps.session import SilentReporter
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, main_in_process, run_cli
 
 ENV = {"machine": "cpu: test"}
 FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-tiny" / "trials.jsonl"
@@ -678,3 +678,46 @@ def test_a_lost_interrupt_is_not_printed_but_any_other_ignored_error_is(capsys):
             sys.unraisablehook = hook
     err = capsys.readouterr().err
     assert "ValueError: kept" in err and "Terminated" not in err
+
+
+def _cut_short(interrupt):
+    """An import that a signal's interrupt cut short: Python's import machinery raises this."""
+    try:
+        raise interrupt
+    except KeyboardInterrupt as exc:
+        raise ImportError("initialization failed") from exc
+
+
+@pytest.mark.parametrize(
+    "during_start_up, code",
+    [
+        (lambda: _raise(Terminated()), 143),
+        (lambda: _raise(KeyboardInterrupt()), 130),
+        (lambda: _cut_short(Terminated()), 143),
+    ],
+    ids=["sigterm", "ctrl-c", "sigterm cutting an import short"],
+)
+def test_an_interrupt_before_the_first_trial_exits_with_its_signals_code(monkeypatch, capsys, during_start_up, code):
+    """typer alone would end the run with a silent exit 130 (SIGTERM's too), and an import the
+    signal cut short would be a traceback."""
+    import attnbench.plan
+
+    monkeypatch.setattr(attnbench.plan, "build_plan", lambda *a, **k: during_start_up())
+    assert main_in_process("bench", "--impl", "naive", "--seq-lens", "128", *CPU) == code
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted" and "Traceback" not in err
+
+
+def test_an_error_no_interrupt_caused_is_not_taken_for_one(monkeypatch):
+    import attnbench.plan
+
+    def broken(*args, **kwargs):
+        raise ImportError("a missing module")
+
+    monkeypatch.setattr(attnbench.plan, "build_plan", broken)
+    with pytest.raises(ImportError, match="a missing module"):
+        main_in_process("bench", "--impl", "naive", "--seq-lens", "128", *CPU)
+
+
+def _raise(exc):
+    raise exc

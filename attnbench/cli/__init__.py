@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from attnbench.cli.base import app, err_console
-from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_exit_code
+from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_behind, interrupt_exit_code
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
 COMMAND_MODULES = ("verify", "models", "sweep", "report", "check", "speedup", "pattern")
@@ -37,9 +37,11 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
-        err_console.print("interrupted")
-        sys.exit(interrupt_exit_code(exc))
+        _interrupted(exc)
     except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:  # before or between trials (a sweep keeps its own trials)
+            _interrupted(interrupt)
         # click's (or typer's vendored click's) usage errors and Abort, whichever is installed
         if type(exc).__name__ == "Abort":
             err_console.print("interrupted")
@@ -48,6 +50,11 @@ def main() -> None:
             err_console.print(f"error: {escape(exc.format_message())} (see --help)")
             sys.exit(2)
         raise
+
+
+def _interrupted(interrupt: KeyboardInterrupt) -> None:
+    err_console.print("interrupted")
+    sys.exit(interrupt_exit_code(interrupt))
 
 
 def _replay_resumed(args: list[str]) -> list[str]:

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from attnbench.errors import RunInterrupted
+
 
 def _without_flag_metavars(params: list) -> list:
     """typer shows a flag's type as if it took a value (`--resume <bool>`); a flag takes none."""
@@ -27,6 +29,12 @@ class _Command(TyperCommand):
 class _Group(TyperGroup):
     def get_params(self, ctx):
         return _without_flag_metavars(super().get_params(ctx))
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # past typer to main(), which tells Ctrl-C from SIGTERM
+            raise RunInterrupted() from exc
 
 
 class _App(typer.Typer):
