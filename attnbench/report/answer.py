@@ -239,7 +239,7 @@ def machine_words(machine) -> str:
     """What the machine is, in a few words: 'one GPU, 140 GiB', 'two GPUs, 140 GiB each',
     '2 cores, no GPU'."""
     env = next((r.env for r in machine.rows if r.env), None)
-    if machine.name.startswith("cpu"):
+    if machine.on_cpu:
         cores = env.cpu_count if env else None
         return f"{f'{cores} cores, ' if cores else ''}no GPU"
     gpus = (env.gpus if env else None) or []

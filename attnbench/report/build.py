@@ -124,7 +124,7 @@ def details(doc: Doc, machines: list[Machine]) -> None:
         for m in machines:
             part = Doc()
             part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
-            part.on_cpu = m.name.startswith("cpu")
+            part.on_cpu = m.on_cpu
             before = (len(doc.tables), len(doc.figures))
             section.render(part, m)
             missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))

@@ -144,6 +144,11 @@ class Machine:
         self.gpu_count = max((len(r.env.gpus or []) for r in rows if r.env), default=0)
 
     @property
+    def on_cpu(self) -> bool:
+        """A CPU machine (its name is the CPU's, `cpu: MODEL`): no GPU, memory is resident."""
+        return self.name.startswith("cpu")
+
+    @property
     def several_gpus(self) -> bool:
         """Whether multi-GPU data can come from this machine (a missing table is worth naming)."""
         return self.gpu_count > 1

@@ -149,8 +149,9 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
     lines = []
     for machine, c in chosen:
         if c.fit:
-            lines.append(_prediction_line(machine, c, device_bytes, gpu_memory))
-            lines.extend(_prediction_warning(c, device_bytes))
+            n = c.predict_for(device_bytes)
+            lines.append(_prediction_line(machine, c, n, gpu_memory))
+            lines.extend(_prediction_warning(c, n))
     if not lines:
         scope = f" with label {label!r}" if label else ""
         raise AttnbenchError(
@@ -182,10 +183,10 @@ def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> st
     )
 
 
-def _prediction_line(machine: str, c: Capacity, device_bytes: float, gpu_memory: str) -> str:
+def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str) -> str:
+    """``c``'s longest sequence ``n`` on a device of ``gpu_memory`` (None: nothing fits)."""
     from attnbench.units import format_tokens
 
-    n = c.predict_for(device_bytes)
     where = (
         f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
         f"D={c.head.head_dim}, {c.head.mode}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
@@ -203,12 +204,11 @@ def _prediction_line(machine: str, c: Capacity, device_bytes: float, gpu_memory:
     )
 
 
-def _prediction_warning(c: Capacity, device_bytes: float) -> list[str]:
-    """A CPU fit (resident memory) solved for a GPU, or a length far past the measured ones:
-    the number is still printed, the ground it stands on is said."""
+def _prediction_warning(c: Capacity, n: float | None) -> list[str]:
+    """A CPU fit (resident memory) solved for a GPU, or a length ``n`` far past the measured
+    ones: the number is still printed, the ground it stands on is said."""
     from attnbench.units import format_tokens
 
-    n = c.predict_for(device_bytes)
     if n is None or not c.longest_ok:
         return []
     why = []

@@ -62,7 +62,7 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
             },
         )
     )
-    cpu = m.name.startswith("cpu")
+    cpu = m.on_cpu
     doc.add(
         f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Overhead = ring time / one device's "
         "time at the same length (below 1: the ring is faster); ring time is the slowest rank's. Memory per "
