@@ -64,11 +64,11 @@ def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable,
     assert spinner.phase not in PHASE_LISTENERS
 
 
-def test_a_log_gets_no_spinner_and_no_blank_line_per_trial(capsys):
+def test_a_log_gets_no_spinner_and_no_blank_line_per_trial(capsys, monkeypatch):
     from attnbench.cli import base
     from attnbench.cli.progress import _Running
 
-    assert not base.console.is_terminal  # pytest captures: as a log file would
+    monkeypatch.setattr(base.console, "_force_terminal", False)  # a log file, whatever FORCE_COLOR says
     spinner = _Running("grow N=4K")
     spinner.stop()
     assert capsys.readouterr().out == ""
