@@ -63,20 +63,25 @@ def device_memory_bytes(device: str) -> int | None:
 
 
 def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """GPUs as NVML reports them (name, memory, links), without creating a CUDA context."""
+    """The GPUs this run can use, as NVML reports them (name, memory, links), without creating
+    a CUDA context: those ``CUDA_VISIBLE_DEVICES`` names, numbered as CUDA numbers them."""
     try:
         import pynvml
 
+        from attnbench.measure.memory import visible_nvml_indices
+
         pynvml.nvmlInit()
+        visible = visible_nvml_indices(pynvml)
     except Exception as exc:
         return [], {"nvml": f"unavailable ({type(exc).__name__})"}
     gpus = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    for i, j in enumerate(visible):
+        h = pynvml.nvmlDeviceGetHandleByIndex(j)
         name = pynvml.nvmlDeviceGetName(h)
         gpus.append(
             {
                 "index": i,
+                "nvml_index": j,
                 "name": name.decode() if isinstance(name, bytes) else name,
                 "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
                 "nvlinks_active": _active_nvlinks(pynvml, h),
@@ -86,7 +91,7 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     info = {
         "nvml": "ok",
         "driver": driver.decode() if isinstance(driver, bytes) else driver,
-        "gpu_links": gpu_links(pynvml),
+        "gpu_links": gpu_links(pynvml, visible),
     }
     try:
         info["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
@@ -116,10 +121,10 @@ _TOPOLOGY = {
 }
 
 
-def gpu_links(pynvml) -> list[dict[str, Any]]:
-    """How each pair of GPUs is connected, as NVML reports it: the PCIe topology level and
-    whether peer-to-peer access over NVLink works."""
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+def gpu_links(pynvml, visible: list[int]) -> list[dict[str, Any]]:
+    """How each pair of the run's GPUs (by CUDA index) is connected, as NVML reports it: the
+    PCIe topology level and whether peer-to-peer access over NVLink works."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(j) for j in visible]
     levels = {getattr(pynvml, f"NVML_TOPOLOGY_{k}", None): v for k, v in _TOPOLOGY.items()}
     links = []
     for i in range(len(handles)):

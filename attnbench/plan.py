@@ -103,6 +103,9 @@ class Settings:
     strategies: tuple[str, ...] = ("dp", "mp")  # single always runs, as the baseline
     module: str = "attention"  # attention | multihead (q/k/v/out projections around it)
     grad_compression: str | None = None  # DistributedDataParallel's gradient compression (mp only)
+    # the part of a profile the series belongs to: `run --part NAME` runs that part alone, so a
+    # long profile runs in pieces that each fit one sitting, resumed into one directory
+    part: str = ""
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong
@@ -168,6 +171,12 @@ def _kind(v):
     return v
 
 
+def _part(v):
+    if not isinstance(v, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
+        raise ValueError("a part's name: lower-case letters, digits and '-', e.g. data-parallel")
+    return v
+
+
 def _gpus(v):
     """A profile's list is taken as written; one count P (flag or profile) means 1 and P."""
     if isinstance(v, list):
@@ -209,10 +218,11 @@ SETTING_PARSERS = {
     "strategies": parse_names,
     "module": _str,
     "grad_compression": lambda v: None if v in (None, "", "none") else _str(v),
+    "part": _part,
 }
 assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
 # settings a speedup table takes from the profile's top level, and those only it has
-SPEEDUP_SHARED = ("device", "dtype", "heads", "head_dim", "mode", "causal", "max_trial_seconds")
+SPEEDUP_SHARED = ("device", "dtype", "heads", "head_dim", "mode", "causal", "max_trial_seconds", "part")
 SPEEDUP_TIMING = ("warmup", "min_samples", "max_samples", "target_ms")
 SPEEDUP_OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
 SPEEDUP_ONLY = ("cases", "strategies", "module", "grad_compression")
@@ -310,6 +320,8 @@ class Plan:
     base: dict[str, Any] = field(default_factory=dict)  # the profile's top-level settings, parsed
     clip_ranks: bool = False  # drop rank counts the visible GPUs cannot hold (a profile's lists)
     clipped: tuple[str, ...] = ()  # what was dropped, in words (recorded in the run's env)
+    parts: tuple[str, ...] = ()  # the profile's parts in order (``part`` of its tables); empty: one whole
+    selected: tuple[str, ...] = ()  # the parts this run runs (empty: all)
 
     @property
     def speedups(self) -> tuple[Series, ...]:
@@ -401,6 +413,13 @@ def _load_profile(profile: str):
         raise AttnbenchError(f"profile {path}: not valid TOML ({exc})") from None
     description = data.pop("description", "")
     verify = data.pop("verify", True)
+    parts = data.pop("parts", [])
+    if not isinstance(parts, list) or len(set(parts)) != len(parts):
+        raise AttnbenchError(f"profile {path}: 'parts' must list each part once, in the order they run")
+    try:
+        parts = [_part(p) for p in parts]
+    except ValueError as exc:
+        raise AttnbenchError(f"profile {path}: 'parts' names {exc}") from None
     if not isinstance(verify, bool):
         raise AttnbenchError(f"profile {path}: 'verify' must be true or false")
     entries = data.pop("sweep", [])
@@ -414,7 +433,8 @@ def _load_profile(profile: str):
     unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
         raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SWEEP_KEYS)})")
-    return path.stem, str(description), parse_settings(data, f"profile {path}"), entries, verify, speedups, own_models
+    settings = parse_settings(data, f"profile {path}")
+    return path.stem, str(description), settings, entries, verify, speedups, own_models, tuple(parts)
 
 
 def build_plan(
@@ -423,16 +443,19 @@ def build_plan(
     flags: dict[str, Any],
     params: dict[str, Any],
     profile: str | None = None,
+    parts: Collection[str] = (),
 ) -> Plan:
     """Combine a profile (optional) with command-line ``flags`` (settings) and ``params``
-    (implementation parameters, applied to every implementation that has them)."""
+    (implementation parameters, applied to every implementation that has them); ``parts``
+    keeps the series of those parts of the profile only."""
     description, verify = "", True
     base: dict[str, Any] = {}
     entries: list[dict[str, Any]] = []
     speedups: list[dict[str, Any]] = []
     own_models: dict[str, models.ModelShape] = {}
+    declared: tuple[str, ...] = ()
     if profile:
-        name, description, base, entries, verify, speedups, own_models = _load_profile(profile)
+        name, description, base, entries, verify, speedups, own_models, declared = _load_profile(profile)
         path = resolve_profile_path(profile)
         if impl_names:
             for n in impl_names:
@@ -476,14 +499,42 @@ def build_plan(
     series += [_speedup_series(e, shared, f"profile {name}, speedup {i}") for i, e in enumerate(speedups, 1)]
     # a profile's rank lists are clipped to the visible GPUs; ranks asked for on the command line are not
     clip = bool(profile) and "gpus" not in flags
+    all_parts = _parts_in_order(series, declared, name)
     return Plan(
         name=name,
-        series=tuple(series),
+        series=select_parts(series, all_parts, tuple(parts), name),
         description=description,
         verify=verify,
         base=base,
         clip_ranks=clip,
+        parts=all_parts,
+        selected=tuple(dict.fromkeys(parts)),
     )
+
+
+def _parts_in_order(series: list[Series], declared: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """The profile's parts in the order its ``parts`` key gives (a table naming another part is
+    an error), or in the order the tables name them where the profile declares none."""
+    named = tuple(dict.fromkeys(s.settings.part for s in series if s.settings.part))
+    for p in named:
+        if declared and p not in declared:
+            raise AttnbenchError(
+                f"profile {name}: part {p!r} is not in its parts ({', '.join(declared)}); add it there"
+            )
+    return declared or named
+
+
+def select_parts(
+    series: list[Series], known: tuple[str, ...], wanted: tuple[str, ...], name: str
+) -> tuple[Series, ...]:
+    """The series of the ``wanted`` parts (all when none is named), part by part in the profile's
+    order; an unknown part names the known ones."""
+    for p in wanted:
+        if p not in known:
+            have = f"its parts: {', '.join(known)}" if known else "it has no parts (it runs whole)"
+            raise AttnbenchError(f"--part {p!r}: profile {name} has no such part; {have}")
+    chosen = [s for s in series if not wanted or s.settings.part in wanted]
+    return tuple(sorted(chosen, key=lambda s: known.index(s.settings.part) if s.settings.part in known else -1))
 
 
 def speedup_series(impl: str, config: dict[str, Any], gpus: int = 2, **settings: Any) -> Series:

@@ -10,7 +10,8 @@ h // (H / H_kv), written out here on its own rather than taken from any implemen
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -56,6 +57,41 @@ def reference_bytes(case: VerifyCase) -> int:
     return 3 * 8 * case.batch * case.heads * case.seq_len**2
 
 
+# A case whose float64 reference would hold more than this is checked on its reduced twin: a
+# reference of this size takes about a second on the CPU, one of gigabytes minutes or the host.
+REFERENCE_BUDGET_BYTES = 256 << 20
+
+
+def reduced(case: VerifyCase) -> VerifyCase:
+    """``case`` where its float64 reference fits the budget, else its reduced twin: the sequence
+    and every length of the configuration divided by the smallest power of two that brings the
+    reference under the budget. Dividing both keeps each segment's relation to the sequence and
+    to a rank's shard, so K/V that crosses ranks in the configuration still crosses them in the
+    twin. Where the implementation cannot scale (or only part way) the closest case is returned."""
+    if reference_bytes(case) <= REFERENCE_BUDGET_BYTES:
+        return case
+    impl = impls.build_for_ranks(case.impl, case.config, case.world_size)
+    found, factor = case, 2
+    while case.seq_len % factor == 0 and reference_bytes(found) > REFERENCE_BUDGET_BYTES:
+        config = impl.scaled_config(factor)  # None: not at this factor (a Hilbert grid takes powers of 4)
+        twin = _twin(case, config, factor) if config is not None else None
+        found = twin or found
+        factor *= 2
+    return found
+
+
+def _twin(case: VerifyCase, config: dict[str, Any], factor: int) -> VerifyCase | None:
+    """The case at 1/``factor`` of its length with ``config``, or None where that shape is refused."""
+    from attnbench.errors import ConfigError
+
+    twin = replace(case, config=config, seq_len=case.seq_len // factor, twin_of=case.config, twin_scale=factor)
+    try:
+        impls.build_for_ranks(case.impl, config, case.world_size).check_shape(twin.seq_len, case.heads)
+    except ConfigError:
+        return None
+    return twin
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     out = out.detach().to("cpu", torch.float64)
     if not torch.isfinite(out).all():
@@ -79,6 +115,12 @@ class VerifyCase:
     world_size: int = 1  # ranks a sequence-parallel implementation runs on
     mode: str = "fwd"  # fwd_bwd: dq, dk, dv are checked too
     kv_heads: int | None = None  # key/value heads shared by groups of query heads (None: heads)
+    twin_of: dict[str, Any] | None = None  # a reduced twin: the configuration it stands for
+    twin_scale: int = 1  # a reduced twin: lengths are those of ``twin_of`` divided by this
+
+    def twin_fields(self) -> dict[str, Any]:
+        """What a check row says of a reduced twin: the configuration it stands for and the scale."""
+        return {"twin_of": self.twin_of, "twin_scale": self.twin_scale} if self.twin_of is not None else {}
 
     def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(q and the output, k and v): ``(B, N, H, D)`` and ``(B, N, H_kv, D)``."""
@@ -133,6 +175,12 @@ def default_cases(
 
 def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     """Run one case on fresh random inputs; returns a verify result row (without env)."""
+    started = time.monotonic()
+    row = _check_case(case, seed)
+    return {**row, "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def _check_case(case: VerifyCase, seed: int | None) -> dict[str, Any]:
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
     row: dict[str, Any] = {
         "kind": "verify",
@@ -149,6 +197,7 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         "seed": seed,
         "tolerance": TOLERANCE[case.dtype],
         **({"kv_heads": case.kv_heads} if case.kv_heads not in (None, case.heads) else {}),
+        **case.twin_fields(),
     }
     gen = torch.Generator().manual_seed(seed)
     q_shape, kv_shape = case.shapes()

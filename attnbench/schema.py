@@ -229,6 +229,7 @@ class Trial(Workload, Timing):
     pairs_counted: str | None = None  # outside mask: pairs counted exactly, or by blocks at large N
     sent_bytes: int | None = None  # sequence parallel: bytes the busiest rank sends per call
     algbw_gbps: float | None = None  # those bytes over the call's time (nccl-tests' algbw)
+    link_gbps: float | None = None  # sequence parallel: the same ranks' ring exchange alone, GB/s (what the link gives)
     sweep: str | None = None  # the sweep kind that ran it, where its rows are another kind's (max-seq, points)
     predicted_peak_bytes: float | None = None  # max-seq: the peak the capacity model predicted before it ran
     predicted_time_ms: float | None = None  # max-seq: the warm call the model predicted before it ran
@@ -279,6 +280,9 @@ class Verify(Workload):
     rel_err_dv: float | None = None
     grad_tolerance: float | None = None
     kv_layout: str | None = None  # grouped K/V: shared or expanded
+    twin_of: dict[str, Any] | None = None  # checked on a reduced twin: the configuration it stands for
+    twin_scale: int | None = None  # the twin's lengths (sequence, segments) are twin_of's divided by this
+    elapsed_s: float | None = None  # seconds the check took (inputs, the call, the float64 reference)
 
 
 @dataclass(kw_only=True)

@@ -36,6 +36,7 @@ def _parts(profile: dict) -> list[tuple]:
     speedups = [
         (
             "speedup",
+            e.get("part"),
             e["impl"],
             tuple(e.get("strategies", ())),
             e.get("module", "attention"),
@@ -45,7 +46,14 @@ def _parts(profile: dict) -> list[tuple]:
         for e in profile.get("speedup", [])
     ]
     sweeps = [
-        ("sweep", e["impl"], e.get("kind", profile.get("kind")), e.get("label"), e.get("equal_work", False))
+        (
+            "sweep",
+            e.get("part"),
+            e["impl"],
+            e.get("kind", profile.get("kind")),
+            e.get("label"),
+            e.get("equal_work", False),
+        )
         for e in profile.get("sweep", [])
     ]
     return speedups + sweeps
@@ -53,6 +61,7 @@ def _parts(profile: dict) -> list[tuple]:
 
 def test_cpu_profile_has_every_part_of_the_gpu_profile():
     assert _parts(_profile("multi-gpu-cpu")) == _parts(_profile("multi-gpu"))
+    assert _profile("multi-gpu-cpu")["parts"] == _profile("multi-gpu")["parts"]
     assert _profile("multi-gpu-cpu")["device"] == "cpu" and _profile("multi-gpu")["device"] == "cuda"
 
 
@@ -75,11 +84,15 @@ def test_gpu_profile_holds_the_seed_cases_and_the_communication_bound_ring():
 def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     plan = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
     assert [(s.impl, s.settings.module, s.settings.mode, s.settings.grad_compression) for s in plan.speedups] == [
-        ("block-sparse", "attention", "fwd", None),
-        ("dilated", "multihead", "fwd_bwd", "fp16"),
         ("sdpa", "attention", "fwd", None),
+        ("sdpa", "attention", "fwd", None),
+        ("sdpa", "attention", "fwd", None),
+        ("block-sparse", "attention", "fwd", None),
+        ("dilated", "attention", "fwd", None),
+        ("dilated", "multihead", "fwd_bwd", "fp16"),
     ]
-    assert plan.speedups[0].settings.strategies == ("dp", "mp") and plan.speedups[0].settings.min_samples == 2
+    first = plan.speedups[0].settings
+    assert first.strategies == ("dp", "mp", "thread") and first.min_samples == 2 and first.part == "data-parallel"
     names = [(s.impl, s.world_size) for s in plan.series if s.settings.kind != "speedup"]
     # each equal-work baseline right before the sequence-parallel series it serves
     i = names.index(("ring", 1))
@@ -91,6 +104,30 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     assert before.settings.seq_lens == crossing.settings.seq_lens and before.settings.gpus == ()
     # the max-seq search gets no baseline: equal work is a points comparison
     assert sum(1 for s in plan.series if s.impl == "block-sparse" and s.settings.kind != "speedup") == 1
+
+
+def test_a_part_runs_alone_and_parts_run_in_the_profile_order():
+    whole = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
+    assert whole.parts == ("data-parallel", "data-parallel-sparse", "sequence-parallel", "seed-rings")
+    order = [s.settings.part for s in whole.series]
+    assert order == sorted(order, key=whole.parts.index)  # speedup tables first, as the parts say
+    ring = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu", parts=["seed-rings"])
+    assert {s.settings.part for s in ring.series} == {"seed-rings"} and ring.selected == ("seed-rings",)
+    assert not ring.speedups and any(s.impl == "dilated" for s in ring.series)  # equal-work baselines come along
+    with pytest.raises(AttnbenchError, match="no such part; its parts: data-parallel, data-parallel-sparse"):
+        build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu", parts=["rings"])
+    with pytest.raises(AttnbenchError, match="has no parts"):
+        build_plan("default-cpu", [], {}, {}, "default-cpu", parts=["x"])
+
+
+def test_a_table_naming_an_undeclared_part_is_refused(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('device = "cpu"\nparts = ["a"]\n[[sweep]]\nimpl = "sdpa"\npart = "b"\n')
+    with pytest.raises(AttnbenchError, match="part 'b' is not in its parts"):
+        build_plan("bad", [], {}, {}, str(bad))
+    bad.write_text('device = "cpu"\n[[sweep]]\nimpl = "sdpa"\npart = "Big Part"\n')
+    with pytest.raises(AttnbenchError, match="'part' must be a part's name"):
+        build_plan("bad", [], {}, {}, str(bad))
 
 
 def test_unknown_key_in_a_speedup_table_names_it(tmp_path):
@@ -132,21 +169,28 @@ def test_rank_lists_and_gpu_counts_are_clipped_to_the_visible_gpus(monkeypatch):
     plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
     assert {s.world_size for s in plan.series} == {1, 2}
     assert all(sp.settings.gpus == (2,) and sp.settings.strategies for sp in plan.speedups)
-    # every dropped rank count is named: 4 and 8 of each of the six sequence-parallel entries
+    # every dropped rank count is named: 4 and 8 of each sequence-parallel entry
+    entries = _profile("multi-gpu")
+    ranked = [e for e in entries["sweep"] if "gpus" in e]
     dropped = [c for c in plan.clipped if "not run" in c]
-    assert len(dropped) == 6 * 2 and all(" x4:" in c or " x8:" in c for c in dropped)
-    assert sum("8 GPUs asked, 2 visible" in c for c in plan.clipped) == 3 + 6
+    assert len(dropped) == sum(len([g for g in e["gpus"] if g > 2]) for e in ranked) == 2 * len(ranked)
+    assert all(" x4:" in c or " x8:" in c for c in dropped)
+    assert sum("8 GPUs asked, 2 visible" in c for c in plan.clipped) == len(entries["speedup"]) + len(ranked)
 
 
 def test_one_gpu_keeps_the_single_gpu_halves(monkeypatch):
     _fake_gpus(monkeypatch, 1)
     plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
     assert {s.world_size for s in plan.series} == {1}
+    # what needs two GPUs is dropped; a new thread per call on one GPU still means something
     assert all(
-        sp.settings.gpus == (1,) and sp.settings.strategies == () and sp.settings.grad_compression is None
+        sp.settings.gpus == (1,)
+        and sp.settings.strategies in ((), ("thread",))
+        and sp.settings.grad_compression is None
         for sp in plan.speedups
     )
-    assert sum("only the single-GPU baseline ran" in c for c in plan.clipped) == 3
+    assert any(sp.settings.strategies == ("thread",) for sp in plan.speedups)
+    assert sum("only its one-GPU strategies ran" in c for c in plan.clipped) == len(_profile("multi-gpu")["speedup"])
 
 
 def test_ranks_asked_on_the_command_line_are_not_clipped(monkeypatch):
@@ -233,7 +277,13 @@ def _attnbench(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     out = tmp_path / "run"
-    first = _attnbench("run", "--profile", "multi-gpu-cpu", "--out", str(out))
+    # part by part into one directory, as a GPU machine lent by the quarter hour runs it
+    first = _attnbench("run", "--profile", "multi-gpu-cpu", "--part", "data-parallel", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows_first = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert {r["impl"] for r in rows_first} == {"sdpa"}
+    rest = ["--part", "data-parallel-sparse", "--part", "sequence-parallel", "--part", "seed-rings"]
+    first = _attnbench("run", "--profile", "multi-gpu-cpu", *rest, "--out", str(out), "--resume")
     assert first.returncode == 0, first.stderr[-2000:]
     lines = (out / "trials.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
@@ -248,12 +298,19 @@ def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     assert speedup[("block-sparse", "256x2", "mp")]["status"] == "ok"
     assert speedup[("block-sparse", "256x2", "dp")]["status"] == "skipped"  # DataParallel needs CUDA
     assert speedup[("block-sparse", "512x1", "mp")]["status"] == "skipped"  # one batch does not split
+    assert speedup[("sdpa", "256x2", "thread")]["output_match"] is True  # a new thread per call, same output
     assert speedup[("dilated", "256x2", "mp")]["output_match"] is True
     assert speedup[("dilated", "256x2", "mp")]["grad_compression"] == "fp16"
     ring2 = [r for r in trials if r["kind"] == "points" and r["world_size"] == 2]
     assert ring2 and all(r["sent_bytes"] is not None for r in ring2)
     crossing = next(r for r in ring2 if r["impl"] == "ring-dilated" and r["config"]["segment_lengths"] == [256, 512])
     assert crossing["sent_bytes"] > 0 and crossing["algbw_gbps"] > 0  # K/V really crossed ranks
+    assert all(r["link_gbps"] > 0 for r in ring2)  # each row carries what its ranks' link gives
+    # the seeds' rings: one segment as long as the sequence, so every one moves K/V
+    seeds = [r for r in ring2 if "segment = sequence" in r["label"]]
+    assert len(seeds) == 6 and all(r["sent_bytes"] > 0 for r in seeds)
+    twins = [r for r in rows if r["kind"] == "verify" and r.get("twin_of")]
+    assert all(r["seq_len"] * r["twin_scale"] >= max(r["twin_of"]["segment_lengths"]) for r in twins)
     assert len({_trial_key(r) for r in trials}) == len(trials)
 
     # an interruption leaves the rows written so far: keep those up to the first speedup trial

@@ -143,3 +143,79 @@ def test_dilated_runs_the_named_sdpa_backend_and_records_it(backend):
 def test_dilated_at_the_default_backend_keeps_its_recorded_configuration():
     # rows written before the backend option existed keep their series identity
     assert "backend" not in impls.build("dilated").config()
+
+
+# --- a configuration too long for the float64 reference: its reduced twin ----------------------
+
+
+def _check_plan(impl: str, seg: list[int], rates: list[int], n: str, gpus: int | None = None):
+    from attnbench.plan import build_plan
+    from attnbench.sweeps.runner import resolve, verify_cases
+
+    flags = {"kind": "points", "seq_lens": n, "device": "cpu", "dtype": "fp32", "heads": 4, "head_dim": 16}
+    if gpus:
+        flags["gpus"] = str(gpus)
+    params = {"segment_lengths": ",".join(map(str, seg)), "dilation_rates": ",".join(map(str, rates))}
+    plan = resolve(build_plan("t", [impl], flags, params))
+    return plan, verify_cases(plan)
+
+
+def test_a_check_whose_reference_cannot_fit_runs_on_its_reduced_twin():
+    """dilated with segments of 512K and 1M tokens is checked at its own smallest length, 1M:
+    a float64 reference of 3 x (1M)^2 x H x 8 bytes (96 TiB at H=4). Its twin divides the
+    sequence and every segment by one power of two, so the relation of segment to sequence
+    holds, and the row names the configuration it stands for."""
+    from attnbench.reference import REFERENCE_BUDGET_BYTES, reference_bytes
+
+    _, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
+    assert case.twin_of["segment_lengths"] == [524288, 1048576] and case.twin_scale > 1
+    f = case.twin_scale
+    assert case.seq_len * f == 1 << 20 and case.config["segment_lengths"] == [524288 // f, 1048576 // f]
+    assert case.config["dilation_rates"] == [4, 8] and reference_bytes(case) <= REFERENCE_BUDGET_BYTES
+    row = run_case(case)
+    assert row["status"] == "pass", row
+    assert row["twin_of"]["segment_lengths"] == [524288, 1048576] and row["twin_scale"] == f
+    assert row["seq_len"] == case.seq_len and row["elapsed_s"] >= 0
+
+
+def test_a_small_check_is_not_reduced():
+    _, (case,) = _check_plan("dilated", [64, 128], [1, 2], "1K")
+    assert case.twin_of is None and case.twin_scale == 1 and case.seq_len == 128
+
+
+@pytest.mark.parametrize(
+    ("impl", "seg", "rates"),
+    [("ring-dilated", [524288, 1048576], [4, 8]), ("ring-dilated-hilbert", [8192], [2])],
+)
+def test_a_ring_twin_keeps_segments_longer_than_a_shard(impl, seg, rates):
+    """On two ranks a segment as long as the sequence crosses ranks; in the twin it still does
+    (a Hilbert order's twin divides by a power of 4, so its automatic grid keeps its shape)."""
+    _, cases = _check_plan(impl, seg, rates, str(seg[-1]), gpus=2)
+    (case,) = [c for c in cases if c.world_size == 2]
+    shard = case.seq_len // 2
+    assert case.twin_scale > 1 and max(case.config["segment_lengths"]) > shard
+    if impl == "ring-dilated-hilbert":
+        assert case.twin_scale.bit_length() % 2 == 1  # 4, 16, 64, ...
+
+
+@pytest.mark.distributed
+def test_a_ring_twin_is_checked_across_two_ranks():
+    from attnbench.sweeps import seqpar
+
+    _, cases = _check_plan("ring-dilated", [524288, 1048576], [4, 8], "1M", gpus=2)
+    (case,) = [c for c in cases if c.world_size == 2]
+    (row,) = seqpar.verify([case])
+    assert row["status"] == "pass", row
+    assert row["twin_of"]["segment_lengths"] == [524288, 1048576] and row["twin_scale"] == case.twin_scale
+
+
+def test_a_failed_twin_fails_the_series_it_stands_for(tmp_path, monkeypatch):
+    """The runner maps a twin's check row to the series of the configuration it stands for."""
+    from attnbench.sweeps import runner as sweep_runner
+
+    plan, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
+    failing = {**run_case(case), "status": "fail", "message": "injected"}
+    monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, **kw: [failing])
+    r = sweep_runner.SweepRunner(plan, tmp_path / "out", {"machine": "cpu: test"})
+    (outcome,) = r.run()
+    assert outcome.verified is False

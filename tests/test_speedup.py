@@ -287,11 +287,11 @@ def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path)
     result = _measure(tmp_path, nvml)
     assert result["status"] == "ok" and result["times_ms"]
     assert result["nvml"] == [
-        {"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
-        {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
+        {"index": 0, "nvml_index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
+        {"index": 1, "nvml_index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
     ]
     allocator = {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}}
-    rows = gpu_rows(2, result["nvml"], None, allocator)
+    rows = gpu_rows(2, result["nvml"], allocator)
     assert rows[0] == {
         "index": 0,
         "nvml_index": 0,
@@ -301,9 +301,9 @@ def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path)
         "max_memory_reserved": 456,
     }
     assert rows[1]["nvml_used_peak"] == 700 and rows[1]["max_memory_allocated"] is None
-    # CUDA may number the GPUs differently from NVML: rows follow the CUDA index
-    swapped = gpu_rows(2, result["nvml"], {"0": 1, "1": 0}, allocator)
-    assert swapped[0]["nvml_used_peak"] == 700 and swapped[0]["max_memory_allocated"] == 123
+    # CUDA may number the GPUs differently from NVML: the sampler numbers them as CUDA does, rows follow
+    swapped = gpu_rows(2, [{**g, "nvml_index": 1 - g["index"]} for g in result["nvml"]], allocator)
+    assert [g["nvml_index"] for g in swapped] == [1, 0] and swapped[0]["max_memory_allocated"] == 123
     # the reference output was written per batch element
     assert sorted(p.name for p in (tmp_path / "ref").iterdir()) == ["out0.pt", "out1.pt"]
 
@@ -311,7 +311,7 @@ def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path)
 def test_without_nvml_the_run_continues_with_torch_memory_and_a_note(tmp_path):
     result = _measure(tmp_path, None)
     assert result["status"] == "ok" and result["nvml"] is None
-    rows = gpu_rows(2, None, None, {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}})
+    rows = gpu_rows(2, None, {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}})
     assert (
         rows[0]["max_memory_allocated"] == 123
         and rows[0]["nvml_used_peak"] is None
@@ -449,9 +449,10 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
     NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
     from attnbench.sweeps.speedup_rows import merge_ranks
 
+    # CUDA device 0 is NVML's GPU 1: the sampler reads by CUDA index and names the NVML one
     nvml = [
-        {"index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
-        {"index": 1, "nvml_used_before": 30, "nvml_used_peak": 90},
+        {"index": 0, "nvml_index": 1, "nvml_used_before": 30, "nvml_used_peak": 90},
+        {"index": 1, "nvml_index": 0, "nvml_used_before": 10, "nvml_used_peak": 20},
     ]
     width = 8 * 64
     rank0 = {
@@ -462,7 +463,6 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
         "first_call_ms": 9.0,
         "rank_first_call_ms": 9.0,
         "nvml": nvml,
-        "nvml_index": {"0": 1, "1": 0},
         "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}},
         "backend": "flash",
         "compare": {"sq_err": 1.0, "sq_ref": 100.0, "elements": 1024 * width, "nonfinite": False},
@@ -507,7 +507,6 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
         "devices": [0, 1],
         "times_ms": [5.0],
         "nvml": nvml,
-        "nvml_index": {"0": 0, "1": 1},
         "allocator": {
             "0": {"max_memory_allocated": 2**31, "max_memory_reserved": 2**31},
             "1": {"max_memory_allocated": 0, "max_memory_reserved": 0},
@@ -558,10 +557,94 @@ def test_environment_names_how_each_gpu_pair_is_connected():
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40 if (a, b) in nvlinked else 50,
         nvmlDeviceGetP2PStatus=lambda a, b, cap: 0 if (a, b) in nvlinked and cap == 3 else 5,
     )
-    assert gpu_links(fake) == [
+    assert gpu_links(fake, [0, 1, 2]) == [
         {"gpus": [0, 1], "topology": "host bridges of one NUMA node", "p2p_nvlink": "ok"},
         {"gpus": [0, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
         {"gpus": [1, 2], "topology": "across NUMA nodes", "p2p_nvlink": "not supported"},
+    ]
+
+
+class TwoGpuNvml:
+    """A fake pynvml module of one host with two GPUs (NVML indices 0 and 1) of different names,
+    so which one a reading came from shows."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1
+    NVML_FEATURE_ENABLED, NVML_P2P_CAPS_INDEX_NVLINK, NVML_P2P_STATUS_OK = 1, 3, 0
+    names = ("NVIDIA H200 (first)", "NVIDIA H200 (second)")
+    uuids = ("GPU-aaaa-0000", "GPU-bbbb-1111")
+    used = (1 << 30, 7 << 30)
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, j):
+        return j
+
+    def nvmlDeviceGetName(self, h):
+        return self.names[h]
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.uuids[h]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(total=141 << 30, used=self.used[h])
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        raise RuntimeError("no NVLink in this fake")
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.0"
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        raise RuntimeError("unknown")
+
+    def nvmlDeviceGetP2PStatus(self, a, b, cap):
+        raise RuntimeError("unknown")
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [
+        (None, ["NVIDIA H200 (first)", "NVIDIA H200 (second)"]),
+        ("0", ["NVIDIA H200 (first)"]),
+        ("1", ["NVIDIA H200 (second)"]),
+        ("GPU-bbbb", ["NVIDIA H200 (second)"]),
+        ("1,0", ["NVIDIA H200 (second)", "NVIDIA H200 (first)"]),
+        ("0,7,1", ["NVIDIA H200 (first)"]),  # CUDA stops at the first entry that names no GPU
+        ("", []),
+    ],
+)
+def test_a_run_is_filed_under_the_gpus_it_could_see(monkeypatch, visible, names):
+    """CUDA_VISIBLE_DEVICES restricts a run to some of a host's GPUs; NVML ignores it. The
+    run's machine, its GPU inventory and every NVML reading come from the visible GPUs only,
+    numbered as CUDA numbers them: one GPU of two is a one-GPU machine."""
+    import sys
+
+    from attnbench.environment import gpu_inventory, machine_key
+    from attnbench.measure.memory import NvmlSampler, PynvmlBackend
+
+    fake = TwoGpuNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpus, _ = gpu_inventory()
+    assert [g["name"] for g in gpus] == names
+    assert [g["index"] for g in gpus] == list(range(len(names)))
+    nvml_of = [fake.names.index(n) for n in names]
+    assert [g["nvml_index"] for g in gpus] == nvml_of
+    if names:
+        assert machine_key({"gpus": gpus}).endswith(f"x{len(names)}")
+    with NvmlSampler(PynvmlBackend()) as sampler:
+        pass
+    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"]) for g in sampler.per_gpu()] == [
+        (i, j, fake.used[j]) for i, j in enumerate(nvml_of)
     ]
 
 

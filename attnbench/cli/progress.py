@@ -18,9 +18,15 @@ class RichReporter:
     def verify_done(self, rows) -> None:
         for r in rows:
             mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
+            twin = (
+                f" (reduced twin of {config_short(r['twin_of'])}, lengths / {r['twin_scale']})"
+                if r.get("twin_of")
+                else ""
+            )
+            took = f" {r['elapsed_s']:.1f} s" if r.get("elapsed_s") is not None else ""
             console.print(
-                f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} "
-                f"N={r['seq_len']}: rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}"
+                f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} N={r['seq_len']}{escape(twin)}: "
+                f"rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}{took}"
             )
 
     def note(self, text) -> None:

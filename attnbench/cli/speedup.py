@@ -35,7 +35,7 @@ def speedup(
         ),
     ] = None,
     strategy: Annotated[
-        str, typer.Option("--strategy", help="dp, mp (comma-separated; single always runs as the baseline)")
+        str, typer.Option("--strategy", help="dp, mp, thread (comma-separated; single always runs as the baseline)")
     ] = "dp,mp",
     module: Annotated[
         str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")

@@ -164,16 +164,23 @@ def run(
     out: OutOpt = None,
     resume: ResumeOpt = False,
     repeat: RepeatOpt = None,
+    part: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--part",
+            help="run only this part of the profile (repeatable); the next part continues the same --out with --resume",
+        ),
+    ] = None,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
         from attnbench.sweeps.runner import cuda_available
 
         profile = "default" if cuda_available() else "default-cpu"
-    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume)
+    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or ())
 
 
-def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
+def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
     from attnbench.environment import capture_env
     from attnbench.plan import build_plan
     from attnbench.report.sweep_files import write_sweep_tables
@@ -182,7 +189,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
 
     if out:
         check_output_dir(out)
-    plan = resolve(build_plan(name, impl_names, flags, params, profile))
+    plan = resolve(build_plan(name, impl_names, flags, params, profile, parts))
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
         env["clipped"] = list(plan.clipped)
@@ -194,6 +201,9 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env['machine']} -> {out_dir}")
     if plan.description:  # what the profile measures, in its own words
         console.print(f"[dim]{escape(plan.description)}[/]")
+    if plan.parts:
+        running = ", ".join(plan.selected or plan.parts)
+        console.print(f"parts: {', '.join(plan.parts)}; running {running}")
     for note in plan.clipped:
         err_console.print(f"clipped to the visible GPUs: {escape(note)}")
     interrupted = 0  # the exit code of an interrupt

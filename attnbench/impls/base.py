@@ -139,6 +139,12 @@ class AttentionImpl(nn.Module):
         """A small sequence length at which this configuration can be checked."""
         return max(self.granularity, 128)
 
+    def scaled_config(self, factor: int) -> dict[str, Any] | None:
+        """This configuration with every length in tokens divided by ``factor`` (its reduced
+        twin, checked where the float64 reference of the configuration itself cannot fit), or
+        None where it has no lengths to scale or they do not divide."""
+        return None
+
 
 def _checked_call(impl: AttentionImpl, args: tuple, kwargs: dict) -> None:
     """Before every forward: the shapes (gqa.check_inputs); grouped K/V count as shared

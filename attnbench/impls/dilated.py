@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.attention import sdpa_kernel
@@ -84,6 +85,27 @@ def _kv_runs(start: int, stop: int, per_kv: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
+# a reduced twin keeps at least this many tokens per dilated segment: a kernel's smallest tile
+MIN_TWIN_KEPT = 16
+
+
+def scale_segments(config: dict[str, Any], factor: int) -> dict[str, Any] | None:
+    """``config`` with its segment lengths (and chunk size) divided by ``factor``, the dilation
+    rates kept: None where a segment would not divide or keep ``MIN_TWIN_KEPT`` tokens."""
+    lengths, rates = config["segment_lengths"], config["dilation_rates"]
+    if any(w % factor or (w // factor) % r or w // factor // r < MIN_TWIN_KEPT for w, r in zip(lengths, rates)):
+        return None
+    chunk = max(1, config["max_chunk_tokens"] // factor)
+    return {**config, "segment_lengths": [w // factor for w in lengths], "max_chunk_tokens": chunk}
+
+
+def hilbert_twin(grid_width: int, factor: int) -> bool:
+    """Whether a Hilbert ordering keeps its shape at 1/``factor`` of the length: the automatic
+    grid (N = m 4^k: 2^k rows of m 2^k columns) does when ``factor`` is a power of 4 (k - 1
+    and the same m); a given grid width does not."""
+    return grid_width == 0 and factor & (factor - 1) == 0 and factor.bit_length() % 2 == 1
+
+
 def validate_pattern(segment_lengths, dilation_rates) -> None:
     if not segment_lengths:
         raise ConfigError("dilated: give at least one segment length, e.g. --segment-lengths 2048,4096")
@@ -141,6 +163,11 @@ class DilatedAttention(AttentionImpl):
         if self.kernel != "auto":
             config["kernel"] = self.kernel
         return config
+
+    def scaled_config(self, factor: int) -> dict[str, Any] | None:
+        if self.hilbert and not hilbert_twin(self.grid_width, factor):
+            return None
+        return scale_segments(self.config(), factor)
 
     @property
     def supports_causal(self) -> bool:

@@ -9,6 +9,7 @@ time that moved: a GPU boosts for the first second after idle and slows when hot
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import statistics
 import threading
@@ -44,15 +45,51 @@ class NvmlBackend(Protocol):
     # without it records memory only)
 
 
+def visible_nvml_indices(pynvml) -> list[int]:
+    """NVML indices of the GPUs this process's CUDA sees, in CUDA's order: all of them, or
+    those ``CUDA_VISIBLE_DEVICES`` names (by index or UUID, as CUDA reads it: up to the first
+    entry that names no GPU). NVML itself ignores that variable, so a run restricted to one GPU
+    of two would otherwise read, and be filed under, both."""
+    count = pynvml.nvmlDeviceGetCount()
+    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if wanted is None:
+        return list(range(count))
+    uuids = []
+    for j in range(count):
+        u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(j))
+        uuids.append(u.decode() if isinstance(u, bytes) else u)
+    found: list[int] = []
+    for entry in (e.strip() for e in wanted.split(",")):
+        j = _visible_entry(entry, uuids)
+        if j is None or j in found:
+            break
+        found.append(j)
+    return found
+
+
+def _visible_entry(entry: str, uuids: list[str]) -> int | None:
+    """The NVML index one ``CUDA_VISIBLE_DEVICES`` entry names: an index, or a UUID (or its
+    unique prefix, with or without ``GPU-``)."""
+    if entry.isdigit():
+        return int(entry) if int(entry) < len(uuids) else None
+    if not entry:
+        return None
+    prefix = entry if entry.startswith("GPU-") else f"GPU-{entry}"
+    matches = [j for j, u in enumerate(uuids) if u.startswith(prefix)]
+    return matches[0] if len(matches) == 1 else None
+
+
 class PynvmlBackend:
-    """The real NVML, through the ``pynvml`` module of nvidia-ml-py."""
+    """The real NVML, through the ``pynvml`` module of nvidia-ml-py, over the GPUs this
+    process's CUDA sees: index i is CUDA device i (``nvml_indices[i]`` its NVML index)."""
 
     def __init__(self) -> None:
         import pynvml
 
         pynvml.nvmlInit()
         self._nvml = pynvml
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.nvml_indices = visible_nvml_indices(pynvml)
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(j) for j in self.nvml_indices]
 
     def device_count(self) -> int:
         return len(self._handles)
@@ -85,10 +122,11 @@ def open_nvml() -> tuple[NvmlBackend | None, str]:
 
 
 class OneGpu:
-    """An NVML backend restricted to one GPU (a rank's own)."""
+    """An NVML backend restricted to one GPU (a rank's own, by its CUDA index)."""
 
     def __init__(self, backend: NvmlBackend, index: int) -> None:
         self.backend, self.index = backend, index
+        self.nvml_indices = [nvml_index_of(backend, index)]
 
     def device_count(self) -> int:
         return 1
@@ -98,34 +136,21 @@ class OneGpu:
 
 
 def own_gpu_nvml(cuda_index: int) -> tuple[OneGpu | None, str]:
-    """NVML for CUDA device ``cuda_index`` alone, matched by UUID (CUDA and NVML may number
-    GPUs differently)."""
+    """NVML for CUDA device ``cuda_index`` alone (the backend numbers GPUs as CUDA does)."""
     backend, note = open_nvml()
     if backend is None:
         return None, note
-    return OneGpu(backend, cuda_to_nvml(cuda_index + 1).get(str(cuda_index), cuda_index)), ""
+    if cuda_index >= backend.device_count():
+        return None, f"NVML sees no GPU for CUDA device {cuda_index}"
+    return OneGpu(backend, cuda_index), ""
 
 
-def cuda_to_nvml(count: int) -> dict[str, int]:
-    """NVML index of CUDA devices 0..count-1, matched by UUID (CUDA may order or hide GPUs
-    differently from NVML); the same index where a UUID cannot be read."""
-    mapping = {str(i): i for i in range(count)}
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        by_uuid = {}
-        for j in range(pynvml.nvmlDeviceGetCount()):
-            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(j))
-            by_uuid[(u.decode() if isinstance(u, bytes) else u).removeprefix("GPU-")] = j
-        for i in range(count):
-            j = by_uuid.get(str(torch.cuda.get_device_properties(i).uuid).removeprefix("GPU-"))
-            if j is not None:
-                mapping[str(i)] = j
-    except Exception:  # keep the CUDA index: right unless CUDA_VISIBLE_DEVICES reorders GPUs
-        pass
-    return mapping
+def nvml_index_of(backend: NvmlBackend | None, cuda_index: int) -> int | None:
+    """The NVML index of CUDA device ``cuda_index`` (None without NVML)."""
+    indices = getattr(backend, "nvml_indices", None)
+    if indices is None:
+        return cuda_index if backend is not None else None
+    return indices[cuda_index] if cuda_index < len(indices) else None
 
 
 class NvmlSampler:
@@ -235,8 +260,9 @@ class NvmlSampler:
         return {"clocks": per_gpu, "clocks_moved": moved} if per_gpu else {}
 
     def per_gpu(self) -> list[dict[str, int]]:
+        """Per GPU by its CUDA index: its NVML index, used memory before and at the peak."""
         return [
-            {"index": i, "nvml_used_before": b, "nvml_used_peak": p}
+            {"index": i, "nvml_index": nvml_index_of(self.backend, i), "nvml_used_before": b, "nvml_used_peak": p}
             for i, (b, p) in enumerate(zip(self.baseline, self.peak))
         ]
 
@@ -248,7 +274,7 @@ def nvml_settings() -> dict[str, object]:
         import pynvml
 
         pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(j) for j in visible_nvml_indices(pynvml)]
     except Exception:  # no NVML: the environment says so elsewhere
         return {}
     sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.plan import Plan, Series
-from attnbench.reference import VerifyCase
+from attnbench.reference import VerifyCase, reduced
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
@@ -76,9 +76,13 @@ def resolve(plan: Plan) -> Plan:
 
 def verify_cases(plan: Plan) -> list[VerifyCase]:
     """Every series' reference-check cases, each configuration once."""
-    cases = [c for s in plan.series for c in kinds.get(s.settings.kind).verify_cases(s)]
+    cases = [reduced(c) for s in plan.series for c in kinds.get(s.settings.kind).verify_cases(s)]
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
     return list(unique.values())
+
+
+# check-row fields left out where they hold their default
+UNWRITTEN = {"mode": "fwd", "twin_scale": 1}
 
 
 def check_key(impl: str, config: dict[str, Any], world_size: int | None) -> tuple[str, str, int]:
@@ -137,12 +141,10 @@ class SweepRunner(RunSession):
         return self.run_checks(cases, isolate=isolate, memory_limit=limit, warm=warm) if cases else []
 
     def _kept_check(self, case: VerifyCase) -> dict[str, Any] | None:
-        # a forward-only check row names no mode (only fwd_bwd is written)
+        # a forward-only check row names no mode (only fwd_bwd is written), a direct one no twin scale
         want = asdict(case)
         for r in self.kept:
-            if r.get("kind") == "verify" and all(
-                r.get(k, "fwd" if k == "mode" else None) == v for k, v in want.items()
-            ):
+            if r.get("kind") == "verify" and all(r.get(k, UNWRITTEN.get(k)) == v for k, v in want.items()):
                 return r
         return None
 
@@ -167,7 +169,7 @@ class SweepRunner(RunSession):
             checks = verify_rows + [r for r in kept if r is not None]
             # an unsupported shape is not a wrong output: its series runs and its trials say so
             failed = {
-                check_key(r["impl"], r["config"], r.get("world_size"))
+                check_key(r["impl"], r.get("twin_of") or r["config"], r.get("world_size"))
                 for r in checks
                 if r["status"] not in ("pass", "unsupported")
             }

@@ -109,6 +109,9 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
         row["compile_ms"] = max(compiles)
     row["ranks"] = [_rank_summary(r) for r in results]
     row.update(traffic(row["ranks"], row.get("time_ms")))
+    links = [r["link_gbps"] for r in results if r.get("link_gbps") is not None]
+    if links:
+        row["link_gbps"] = min(links)  # every rank has the slowest rank's time
     row["gpus"] = [r["gpu"] for r in results if r.get("gpu")]
     if any(r.get("nvml_note") for r in results):
         row["nvml_note"] = next(r["nvml_note"] for r in results if r.get("nvml_note"))
@@ -221,4 +224,5 @@ def case_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
         "tolerance": TOLERANCE[case["dtype"]],
         "strategy": STRATEGY,
         **({"kv_heads": case["kv_heads"]} if case.get("kv_heads") not in (None, case["heads"]) else {}),
+        **VerifyCase(**case).twin_fields(),
     }

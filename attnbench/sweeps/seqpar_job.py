@@ -40,7 +40,9 @@ def _maybe_fail(payload: dict[str, Any], rank: int) -> None:
 def verify_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
     rows = []
     for item in payload["cases"]:
-        rows.append(_verify_case(VerifyCase(**item["case"]), item["seed"], rank, world, _device(device), payload))
+        started = time.monotonic()
+        row = _verify_case(VerifyCase(**item["case"]), item["seed"], rank, world, _device(device), payload)
+        rows.append({**row, "elapsed_s": round(time.monotonic() - started, 3)})
     return {"rows": rows if rank == 0 else []}
 
 
@@ -123,11 +125,12 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
         if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
             print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
 
+    row_link = _link(dev, rank, world)  # before anything is allocated or sampled, freed after
     nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe([dev.index] if dev.type == "cuda" else [])
     timer = Timer(device)
-    row: dict[str, Any] = {"timer": timer.name, "times_ms": []}
+    row: dict[str, Any] = {"timer": timer.name, "times_ms": [], **row_link}
     if nvml_note:
         row["nvml_note"] = nvml_note
     probe.start(spec.memory_limit)
@@ -165,9 +168,27 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             "max_memory_allocated": row.get("max_memory_allocated"),
             "max_memory_reserved": row.get("max_memory_reserved"),
         }
-        entry["index"] = getattr(nvml, "index", dev.index)
+        entry["index"] = dev.index
         row["gpu"] = entry
     return row
+
+
+# bytes a rank sends to measure the link the ring runs on: enough to be bandwidth-bound
+LINK_PROBE_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+
+
+def _link(dev, rank: int, world: int) -> dict[str, Any]:
+    """The exchange bandwidth of these ranks' link (``link_gbps``), measured before the trial."""
+    if world < 2:
+        return {}
+    import torch
+
+    from attnbench.impls.sequence_parallel.engine import link_bandwidth_gbps
+
+    gbps = link_bandwidth_gbps(dev, rank, world, LINK_PROBE_BYTES[dev.type])
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # its buffers leave nothing reserved behind
+    return {"link_gbps": gbps}
 
 
 def rank_agreement(dev) -> Ranks:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
-from attnbench.measure.memory import NvmlBackend, NvmlSampler, cuda_to_nvml
+from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
@@ -91,8 +91,6 @@ def measure(
             out.update(_time(prepared, ctx, policy, probe, phase))
         _barrier(ctx)  # the sampler on local rank 0 must see every rank's work
     out["nvml"] = sampler.per_gpu() if nvml is not None else None
-    if nvml is not None and ctx.cuda:
-        out["nvml_index"] = cuda_to_nvml(ctx.gpus)
     out["allocator"] = probe.allocator()
     if not ctx.cuda:
         out["cpu_peak_rss"] = probe.peaks()["cpu_peak_rss"]

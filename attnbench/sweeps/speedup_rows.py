@@ -25,23 +25,20 @@ def slowest_per_iteration(per_rank: list[list[float]]) -> list[float]:
 
 
 def gpu_rows(
-    count: int,
-    nvml: list[dict[str, int]] | None,
-    nvml_index: dict[str, int] | None,
-    allocator: dict[str, dict[str, int]],
+    count: int, nvml: list[dict[str, int]] | None, allocator: dict[str, dict[str, int]]
 ) -> list[dict[str, Any]]:
-    """One row per GPU of the run (CUDA index): NVML used memory before and at peak, and
-    the allocator peaks of the process that used it (None where none did)."""
-    by_nvml = {g["index"]: g for g in nvml or []}
+    """One row per GPU of the run (CUDA index): NVML used memory before and at peak (the
+    sampler numbers GPUs as CUDA does), and the allocator peaks of the process that used it
+    (None where none did)."""
+    by_cuda = {g["index"]: g for g in nvml or []}
     rows = []
     for i in range(count):
-        j = (nvml_index or {}).get(str(i), i)
-        seen = by_nvml.get(j, {})
+        seen = by_cuda.get(i, {})
         alloc = allocator.get(str(i), {})
         rows.append(
             {
                 "index": i,
-                "nvml_index": j if nvml else None,
+                "nvml_index": seen.get("nvml_index"),
                 "nvml_used_before": seen.get("nvml_used_before"),
                 "nvml_used_peak": seen.get("nvml_used_peak"),
                 "max_memory_allocated": alloc.get("max_memory_allocated"),
@@ -78,9 +75,7 @@ def merge_ranks(results: list[dict[str, Any]], s: Series, case: Case, strategy: 
     if row["time_ms"]:
         row["tokens_per_s"] = case.batch * case.seq_len / (row["time_ms"] / 1e3)
     allocator = {d: a for r in results for d, a in (r.get("allocator") or {}).items()}
-    row["gpus"] = (
-        gpu_rows(gpus_of(s), lead.get("nvml"), lead.get("nvml_index"), allocator) if s.settings.device == "cuda" else []
-    )
+    row["gpus"] = gpu_rows(gpus_of(s), lead.get("nvml"), allocator) if s.settings.device == "cuda" else []
     row["ranks"] = [
         {k: r.get(k) for k in ("rank", "status", "devices", "cpu_peak_rss")}
         | {"first_call_ms": r.get("rank_first_call_ms"), "time_ms": summarize(r.get("times_ms") or [])["time_ms"]}

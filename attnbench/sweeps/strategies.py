@@ -12,6 +12,7 @@ module; the rank processes import that module by name before they look the strat
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,7 @@ class Strategy:
     check: Callable[[Workload, int], None] = _no_check  # bad input: raise AttnbenchError naming the fix
     skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type
     notes: Callable[[dict[str, Any]], list[str]] = lambda row: []  # what really happened, from the row
+    min_gpus: int = 2  # GPUs it needs to mean anything (1: it runs on a one-GPU machine too)
 
     @property
     def module_name(self) -> str:
@@ -249,6 +251,54 @@ register(
         devices=lambda ctx: [0] if ctx.cuda else [],
         prepare=_prepare_single,
         world_size=lambda gpus: 1,
+        min_gpus=1,
+    )
+)
+
+
+# ---------------------------------------------------------------------------------------
+# thread: the single-GPU call, made from a new thread each time
+# ---------------------------------------------------------------------------------------
+
+
+def _prepare_thread(ctx: RankContext) -> Prepared:
+    """``single``, but every call runs on a thread started for it, as DataParallel runs each
+    replica's call (``parallel_apply`` starts its threads anew at every call). Its time over
+    ``single``'s is what a new thread costs the kernel library, with no second GPU involved:
+    the part of DataParallel's fixed cost per call that does not come from scatter and gather."""
+    prepared = _prepare_single(ctx)
+    inner = prepared.step
+
+    def step() -> None:
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                inner()
+            except BaseException as exc:  # an OOM on the thread is the trial's outcome
+                failed.append(exc)
+
+        worker = threading.Thread(target=call, name="attnbench-call")
+        worker.start()
+        worker.join()
+        if failed:
+            raise failed[0]
+
+    prepared.step = step
+    return prepared
+
+
+register(
+    Strategy(
+        name="thread",
+        summary="the single-GPU call made from a new thread each time, as DataParallel makes each replica's: "
+        "what a new thread costs the kernel library",
+        processes=lambda gpus: 1,
+        devices=lambda ctx: [0] if ctx.cuda else [],
+        prepare=_prepare_thread,
+        world_size=lambda gpus: 1,
+        notes=lambda row: ["every call on a new thread, one device"],
+        min_gpus=1,
     )
 )
 

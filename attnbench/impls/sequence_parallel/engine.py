@@ -212,3 +212,36 @@ def run_ring(
         pending = post(step + 1) if step + 1 < world else None
         schedule.attend((rank - step) % world, pieces)
     clock.mark("compute")
+
+
+def link_bandwidth_gbps(device: torch.device, rank: int, world: int, nbytes: int, reps: int = 5, group=None) -> float:
+    """The ring's own exchange with nothing else running: every rank sends ``nbytes`` to the
+    next and receives as much from the previous (``batch_isend_irecv``, as ``run_ring`` does);
+    bytes one rank sends over the median exchange time, slowest rank's, GB/s (nccl-tests'
+    algbw). What the link gives the ring, against which a trial's achieved bandwidth reads."""
+    import torch.distributed as dist
+
+    send = torch.ones(nbytes // 2, dtype=torch.bfloat16 if device.type == "cuda" else torch.float16, device=device)
+    recv = torch.empty_like(send)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+
+    def exchange() -> float:
+        dist.barrier(group)
+        sync(device)
+        start = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, send, nxt, group), dist.P2POp(dist.irecv, recv, prev, group)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        sync(device)
+        return time.perf_counter() - start
+
+    exchange()  # the first exchange sets up the connection between the pair
+    seconds = sorted(exchange() for _ in range(reps))[reps // 2]
+    slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return nbytes / float(slowest.item()) / 1e9
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -11,7 +11,7 @@ import torch
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
 from attnbench.impls.base import ImplSpec, Param, lcm
-from attnbench.impls.dilated import HeadGroup, attend_group, head_groups, validate_pattern
+from attnbench.impls.dilated import HeadGroup, attend_group, head_groups, scale_segments, validate_pattern
 from attnbench.impls.fused_sdpa import shares_kv
 from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import (
@@ -124,6 +124,9 @@ class RingDilatedAttention(SequenceParallelAttention):
             "dilation_rates": self.dilation_rates,
             "max_chunk_tokens": self.max_chunk_tokens,
         }
+
+    def scaled_config(self, factor: int):
+        return scale_segments(self.config(), factor)
 
     @property
     def granularity(self) -> int:

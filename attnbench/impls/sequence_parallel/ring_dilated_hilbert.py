@@ -9,6 +9,7 @@ from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import ImplSpec, Param
+from attnbench.impls.dilated import hilbert_twin
 from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA
 from attnbench.impls.sequence_parallel.ring_dilated import DILATED_VERIFY, SEGMENT_PARAMS, RingDilatedAttention
 
@@ -35,6 +36,9 @@ class RingDilatedHilbertAttention(RingDilatedAttention):
 
     def config(self):
         return {**super().config(), "grid_width": self.grid_width}
+
+    def scaled_config(self, factor: int):
+        return super().scaled_config(factor) if hilbert_twin(self.grid_width, factor) else None
 
     def counterpart_config(self):
         return {**super().counterpart_config(), "hilbert": True, "grid_width": self.grid_width}

@@ -15,6 +15,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Series
 from attnbench.reference import VerifyCase
+from attnbench.sweeps import strategies
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.speedup import SpeedupRunner, check_settings, gpus_of
 
@@ -35,9 +36,10 @@ class Speedup:
         if clip and device == "cuda" and gpus_of(s) > gpus:
             note = f"speedup {s.impl} ({st.module}, {st.mode}): {gpus_of(s)} GPUs asked, {gpus} visible"
             s = replace(s, settings=replace(s.settings, gpus=(max(gpus, 1),)))
-            if gpus_of(s) < 2:  # nothing to spread over: the single-GPU half alone
-                note += "; only the single-GPU baseline ran"
-                s = replace(s, settings=replace(s.settings, strategies=(), grad_compression=None))
+            if gpus_of(s) < 2:  # nothing to spread over: what needs one GPU alone
+                kept = tuple(n for n in st.strategies if strategies.get(n).min_gpus <= 1)
+                note += f"; only its one-GPU strategies ran ({', '.join(('single', *kept))})"
+                s = replace(s, settings=replace(s.settings, strategies=kept, grad_compression=None))
         return check_settings(s, gpus, cases_given=False), note
 
     def verify_cases(self, s: Series) -> list[VerifyCase]:
