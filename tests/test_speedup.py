@@ -662,3 +662,51 @@ def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_groupin
     assert len({r.key for r in rows}) == 3  # resume tells the two single rows apart
     (multi,) = [rec for rec in speedup_records(rows) if rec["row"].strategy == "dp"]
     assert multi["single"].kv_heads == 2 and multi["speedup"] == pytest.approx(1.5)
+
+
+# --- where a data-parallel call's time goes -------------------------------------------------------
+
+
+def test_a_straight_line_through_exact_points_gives_its_fixed_cost_and_slope():
+    """time = 2 ms + 0.5 x one-GPU time: fixed 2, per unit of work 0.5, no spread, and the
+    strategy breaks even at a one-GPU call of 2 / (1 - 0.5) = 4 ms."""
+    from attnbench.report.call_cost import fit_line
+
+    line = fit_line([(x, 2 + 0.5 * x) for x in (0.5, 1.0, 8.0, 100.0)])
+    assert line.fixed.value == pytest.approx(2) and line.per_work.value == pytest.approx(0.5)
+    assert line.fixed.high - line.fixed.low == pytest.approx(0, abs=1e-9) and line.n == 4
+    assert line.break_even_ms == pytest.approx(4)
+    assert fit_line([(1.0, 3.0), (2.0, 4.0)]) is None  # two points leave nothing to judge the line by
+    # no cheaper per unit of work than one GPU: it never breaks even
+    assert fit_line([(x, 1 + 1.2 * x) for x in (1.0, 2.0, 4.0)]).break_even_ms is None
+
+
+def test_the_fit_weights_cases_by_relative_error():
+    """A 1% error on a 1,000 ms case moves the fixed cost of a 0.5 ms line far less than an
+    unweighted fit would let it (which would put the fixed cost near -9 ms)."""
+    from attnbench.report.call_cost import fit_line
+
+    points = [(0.1, 0.55), (1.0, 1.0), (10.0, 5.5), (1000.0, 0.99 * 500.5)]
+    line = fit_line(points)
+    assert 0.4 < line.fixed.value < 0.6 and line.fixed.low < 0.5 < line.fixed.high
+
+
+def test_a_data_parallel_speedup_is_read_in_eager_time():
+    """A DataParallel or new-thread call's time is on the host and on other threads' streams,
+    which GPU time on the caller's stream does not see: the speedup divides eager times even
+    where both rows carry GPU time."""
+    from attnbench.report.multigpu import speedup_cases
+    from attnbench.sweeps.speedup import trial_key
+
+    def row(strategy, world, eager, gpu):
+        fields = dict(strategy=strategy, world_size=world, time_ms=eager, times_ms=[eager] * 5)
+        return typed_row("speedup", key=trial_key(fields), gpu_times_ms=[gpu] * 5, gpu_time_ms=gpu, **fields)
+
+    rows = [row("single", 1, 10.0, 9.0), row("thread", 1, 60.0, 0.5)]
+    (case,) = speedup_cases(rows)
+    assert case["timer"] == "eager" and case["speedup"] == pytest.approx(10 / 60)
+
+
+def test_strategies_that_launch_on_other_threads_take_no_gpu_time():
+    assert not strategies.get("dp").gpu_timed and not strategies.get("thread").gpu_timed
+    assert strategies.get("single").gpu_timed

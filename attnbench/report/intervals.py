@@ -50,11 +50,18 @@ def time_interval(row: Any, timer: str = "eager") -> Interval | None:
     return iv
 
 
-def speedup_interval(base: Row | None, row: Row | None) -> tuple[Interval | None, str]:
-    """base time / row time with its interval, and the timer both sides were read with."""
+# A data-parallel call's cost is on the host (DataParallel's threads, scatter and gather) and on
+# GPUs and threads that a CUDA graph or events of one stream do not see: its speedup is read in
+# what a caller waits for, eager time, on both sides.
+DATA_PARALLEL_TIMER = "eager"
+
+
+def speedup_interval(base: Row | None, row: Row | None, timer: str | None = None) -> tuple[Interval | None, str]:
+    """base time / row time with its interval, and the timer both sides were read with (``timer``,
+    else GPU time where both have it)."""
     if base is None or row is None:
-        return None, "eager"
-    timer = timer_for(base, row)
+        return None, timer or "eager"
+    timer = timer or timer_for(base, row)
     b, r = samples(base, timer), samples(row, timer)
     if b and r:
         return stats.ratio_interval(b, r), timer

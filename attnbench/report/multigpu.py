@@ -23,7 +23,7 @@ from attnbench.report.data import (
     trials,
     world_size,
 )
-from attnbench.report.intervals import divided, speedup_interval, time_interval, timer_for
+from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Speedup, Trial, Workload
 
@@ -65,7 +65,7 @@ def speedup_cases(rows: list[Row]) -> list[dict[str, Any]]:
         base = _pick(singles.get(_case_key(r), []), r)
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager time; the interval from both sample sets
-        speedup_ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
+        speedup_ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
         efficiency_ci = divided(speedup_ci, world_size(r))
         cases.append(
             {

@@ -17,7 +17,14 @@ from typing import Any
 import pandas as pd
 
 from attnbench.report.data import speedup_rows
-from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval, timer_for
+from attnbench.report.intervals import (
+    DATA_PARALLEL_TIMER,
+    divided,
+    ms_cell,
+    ratio_cell,
+    speedup_interval,
+    time_interval,
+)
 from attnbench.report.markdown import result_text, table
 from attnbench.results import load_rows, write_text_atomic
 from attnbench.schema import GpuMemory, Row, Speedup
@@ -100,7 +107,7 @@ def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
         base = single.get(_ident(r))
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager; the interval resamples both sides
-        ci, timer = speedup_interval(base, r) if ran else (None, timer_for(base, r))
+        ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
         speedup = ci.value if ci else None
         out.append(
             {

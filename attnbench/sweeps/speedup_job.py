@@ -88,7 +88,7 @@ def measure(
         probe.start(None)
         prepared = strategy.prepare(ctx)
         if role != "reference-only":
-            out.update(_time(prepared, ctx, policy, probe, phase))
+            out.update(_time(prepared, ctx, policy, probe, phase, strategy.gpu_timed))
         _barrier(ctx)  # the sampler on local rank 0 must see every rank's work
     out["nvml"] = sampler.per_gpu() if nvml is not None else None
     out["allocator"] = probe.allocator()
@@ -110,9 +110,11 @@ def measure(
     return out
 
 
-def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, probe: MemoryProbe, phase) -> dict[str, Any]:
+def _time(
+    prepared: Prepared, ctx: RankContext, policy: TimingPolicy, probe: MemoryProbe, phase, gpu_timed: bool = True
+) -> dict[str, Any]:
     """The strategy's step through the measurement core, every rank planning the same calls;
-    one process on a GPU also takes GPU time."""
+    one process on a GPU also takes GPU time where its strategy launches on the caller's stream."""
     m = measure_step(
         prepared.step,
         policy,
@@ -120,7 +122,7 @@ def _time(prepared: Prepared, ctx: RankContext, policy: TimingPolicy, probe: Mem
         policy.budget_s,
         probe=probe,
         ranks=Ranks(barrier=lambda: _barrier(ctx), agree_max=lambda value: agree_max(ctx, value)),
-        gpu_timing=ctx.cuda and ctx.world == 1,
+        gpu_timing=gpu_timed and ctx.cuda and ctx.world == 1,
         phase=phase,
     )
     out: dict[str, Any] = {

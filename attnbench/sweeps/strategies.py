@@ -81,6 +81,9 @@ class Strategy:
     skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type
     notes: Callable[[dict[str, Any]], list[str]] = lambda row: []  # what really happened, from the row
     min_gpus: int = 2  # GPUs it needs to mean anything (1: it runs on a one-GPU machine too)
+    # whether its one process may also take GPU time: a CUDA graph or events on the caller's stream
+    # see only work launched there, not what other threads launch (DataParallel's replicas, thread)
+    gpu_timed: bool = True
 
     @property
     def module_name(self) -> str:
@@ -299,6 +302,7 @@ register(
         world_size=lambda gpus: 1,
         notes=lambda row: ["every call on a new thread, one device"],
         min_gpus=1,
+        gpu_timed=False,
     )
 )
 
@@ -382,6 +386,7 @@ register(
             else "DataParallel splits a batch over CUDA GPUs; on the CPU it runs the module once, so there is nothing to compare"
         ),
         notes=_dp_notes,
+        gpu_timed=False,
     )
 )
 
