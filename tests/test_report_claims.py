@@ -266,14 +266,14 @@ def test_the_8_gib_capacity_is_a_search_under_that_limit_and_a_fit_only_predicts
     fitted = [point(n, cfg, reserved=1_000_000_000 + 20_000 * n) for n in (65536, 131072, 262144, 524288)]
     got = verdict_of("003-max-no-dilation", fitted)
     assert (got.verdict, got.measured) == (v.NOT_MEASURED, None)
-    assert "fit of 4 trials solved for 8 GiB on a GPU box predicts about 346.2K, a prediction" in got.why
+    assert "fit of 4 trials solved for 8 GiB on GPU box predicts about 346.2K, a prediction" in got.why
     assert "attnbench run --profile seeds-8gib" in got.why
     # a search under 8 GiB that memory stopped at 262,144 (393,216 ran out): 1.1x the seed's 237,568
     limited = search([131072, 262144], 393216, series="l", cfg=cfg, memory_limit=8 * GIB)
     got = verdict_of("003-max-no-dilation", fitted + limited)
     assert (got.verdict, got.measured.value, got.measured.bound) == (v.CONFIRMED, 262144, False)
     assert got.why.endswith(
-        "longest sequence in 8 GB: one GTX 1080 (8 GB) against a GPU box under an allocator limit of 8 GiB; "
+        "longest sequence in 8 GB: one GTX 1080 (8 GB) against GPU box under an allocator limit of 8 GiB; "
         "assumed H=8, D=64 (the seed states neither)"
     )
 

@@ -82,11 +82,12 @@ class Claim:
     assumed: str = ""  # what the claim assumes where the seed states nothing (dtype, shape)
     stand_in: dict[str, Any] | None = None  # overrides of match tried where no row matches it (the note says why)
     headline: bool = False  # a finding the seed put in its summary or conclusion: what a reader took away
+    compares: str = ""  # what is compared, in words, where the metric's name does not say it
 
     @property
     def quantity(self) -> str:
         """What is compared, in words: 'peak memory', 'throughput ratio'."""
-        return METRICS[self.metric] + (" ratio" if self.over is not None else "")
+        return self.compares or METRICS[self.metric] + (" ratio" if self.over is not None else "")
 
     @property
     def seed_hardware(self) -> str:

@@ -43,13 +43,13 @@ class Measured:
 
     @property
     def hardware(self) -> str:
-        """Where it was measured, in a few words: 'an NVIDIA H200 x1 under an allocator limit of
+        """Where it was measured, in a few words: 'NVIDIA H200 x1 under an allocator limit of
         8 GiB', 'a CPU (AMD EPYC), 2 processes over gloo'."""
         if self.device == "cpu":
             name = self.machine.removeprefix("cpu: ")
             text = f"a CPU ({name})" + (f", {self.ranks} processes over gloo" if self.ranks > 1 else "")
         else:
-            text = f"{'an' if self.machine[:1] in 'AEIOU' else 'a'} {self.machine}"
+            text = self.machine
         return text + (f" under an allocator limit of {format_gib(self.limit)}" if self.limit else "")
 
 
