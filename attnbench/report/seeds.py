@@ -5,6 +5,7 @@ screen carries (the verdict counts and the findings that matter most)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 from attnbench.report import verdicts as v
@@ -21,6 +22,7 @@ SEED_TITLES = {
     "004": "Ring attention, one GPU against two",
 }
 FINDINGS = 3
+WRAP = 110  # columns of a finding's lines
 
 
 def machine_short(name: str) -> str:
@@ -124,10 +126,10 @@ def finding_line(x: v.Verdict) -> str:
     m = x.measured
     metric = "ratio" if x.claim.over is not None or x.claim.per else x.claim.metric
     measured = ("at least " if m.bound else "") + value_text(metric, m.value)
-    return (
-        f"- Seed {x.claim.seed} said {x.claim.seed_text}: {inline(x.claim.says)}.\n"
-        f"  Measured {measured}: **{x.verdict}**, {x.why}."
-    )
+    said = f"- Seed {x.claim.seed} said {x.claim.seed_text}: {inline(x.claim.says)}."
+    found = f"Measured {measured}: **{x.verdict}**, {x.why}."
+    # wrapped: the reason names both sides' hardware, too long for one line of the first screen
+    return said + "\n" + textwrap.fill(found, WRAP, initial_indent="  ", subsequent_indent="  ", break_long_words=False)
 
 
 def summary(vs: list[v.Verdict]) -> str:
