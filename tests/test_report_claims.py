@@ -198,12 +198,24 @@ def test_an_interval_that_spans_the_threshold_is_inconclusive_or_refuted_by_its_
     assert verdict_of(made_up(value=2.21, direction="above:1"), rows).verdict == v.REFUTED
 
 
+def search(lengths: list[int], failed: int | None, *, series: str = "a", cfg: dict | None = None, **fields) -> list:
+    """A finished max-seq search: trials that ran at ``lengths``, one out of memory at ``failed``
+    (None: the search stopped at its cap), and its result row."""
+    cfg = cfg or {}
+    rows = [point(n, cfg, kind="max-seq", series=series, **fields) for n in lengths]
+    if failed:
+        rows.append(point(failed, cfg, kind="max-seq", series=series, status="oom", **fields))
+    result = dict(seq_len=max(lengths), config=cfg, dtype="fp32", env=ENV, memory_limit=fields.get("memory_limit"))
+    return rows + [typed_row(kind="max-seq-result", series=series, **result)]
+
+
 def test_a_claim_whose_number_is_its_threshold_is_judged_by_its_side():
     c = made_up(value=2_000_000, unit="tokens", metric="max_seq", match={"impl": "dilated"}, direction="above:2000000")
-    search = [point(n, {}, kind="max-seq", series="a") for n in (1 << 20, 1 << 22)]
-    assert verdict_of(c, search).verdict == v.CONFIRMED  # 4M tokens: any size above 2M
-    short = [point(1 << 20, {}, kind="max-seq", series="a")]
-    assert verdict_of(c, short).verdict == v.REFUTED
+    assert verdict_of(c, search([1 << 20, 1 << 22], 1 << 23)).verdict == v.CONFIRMED  # 4M tokens: any size above 2M
+    assert verdict_of(c, search([1 << 20], 1 << 21)).verdict == v.REFUTED  # memory stopped it at 1M
+    # a search that never finished ran 1M: at least 1M, which neither reaches nor rules out 2M
+    unfinished = [point(1 << 20, {}, kind="max-seq", series="a")]
+    assert verdict_of(c, unfinished).verdict == v.INCONCLUSIVE
 
 
 def test_a_zero_the_seed_printed_is_matched_within_its_rounding():
@@ -223,7 +235,7 @@ def test_absolute_speed_is_never_compared_even_where_measured():
 
 def test_claims_without_rows_say_where_their_rows_come_from():
     two = verdict_of("000-dp-16k-speedup", [])
-    assert (two.verdict, two.why) == (v.NOT_MEASURED, "needs two GPUs")
+    assert two.verdict == v.NOT_MEASURED and two.why.startswith("needs two GPUs; speedup over one GPU: two GTX 1080s")
     one = verdict_of("002-dp-64k-gpu0", [])  # batch-1 DataParallel: one GPU holds everything
     assert one.verdict == v.NOT_MEASURED and "attnbench run --profile seeds" in one.why
     cpu = verdict_of("004-ring-overhead", [])
@@ -247,29 +259,76 @@ def test_memory_is_compared_on_the_quantity_the_seed_counted():
     assert got.measured.value == 67_108_864 and got.verdict == v.CONFIRMED
 
 
-def test_a_scaled_ratio_says_what_it_multiplies():
-    # 95% sparsity x 2 GPUs = 40x: dense over sparse peak on one GPU, times the ideal 2
-    dense = point(65536, {}, dtype="fp16", impl="sdpa", series="d", peak_bytes=270_000_000)
-    sparse = point(
-        65536, {"sparsity_ratio": 0.05}, dtype="fp16", impl="block-sparse", series="b", peak_bytes=275_000_000
-    )
-    got = verdict_of("000-sparse-times-gpus", [dense, sparse])
-    assert got.measured.value == pytest.approx(2 * 270 / 275) and got.verdict == v.REFUTED
-
-
-def test_the_8_gib_capacity_is_a_search_under_that_limit_before_a_fit():
-    # reserved = 1e9 + 20,000 N, NVML sees 0.5e9 more: an 8 GiB GPU holds (8 GiB - 0.5e9 - 1e9) / 20,000
+def test_the_8_gib_capacity_is_a_search_under_that_limit_and_a_fit_only_predicts_it():
+    # reserved = 1e9 + 20,000 N, NVML sees 0.5e9 more: the fit puts 8 GiB at (8 GiB - 1.5e9) / 20,000,
+    # 354,496 tokens (346.2K): a prediction, never a verdict
     cfg = {"segment_lengths": [4096], "dilation_rates": [1]}
     fitted = [point(n, cfg, reserved=1_000_000_000 + 20_000 * n) for n in (65536, 131072, 262144, 524288)]
     got = verdict_of("003-max-no-dilation", fitted)
-    assert got.measured.value == pytest.approx((8 * GIB - 0.5e9 - 1e9) / 20_000, rel=1e-6)
-    assert "fit of 4 trials solved for 8 GiB" in " ".join(got.measured.notes)
-    limited = [
-        point(n, cfg, kind="max-seq", series="l", memory_limit=8 * GIB, status="ok" if n <= 262144 else "oom")
-        for n in (131072, 262144, 393216)
-    ] + [typed_row(kind="max-seq-result", series="l", seq_len=262144, config=cfg, dtype="fp32", env=ENV)]
+    assert (got.verdict, got.measured) == (v.NOT_MEASURED, None)
+    assert "fit of 4 trials solved for 8 GiB on GPU box predicts about 346.2K, a prediction" in got.why
+    assert "attnbench run --profile seeds-8gib" in got.why
+    # a search under 8 GiB that memory stopped at 262,144 (393,216 ran out): 1.1x the seed's 237,568
+    limited = search([131072, 262144], 393216, series="l", cfg=cfg, memory_limit=8 * GIB)
     got = verdict_of("003-max-no-dilation", fitted + limited)
-    assert got.measured.value == 262144 and "under an 8 GiB allocator limit" in got.measured.notes[0]
+    assert (got.verdict, got.measured.value, got.measured.bound) == (v.CONFIRMED, 262144, False)
+    assert got.why.endswith(
+        "longest sequence in 8 GB: one GTX 1080 (8 GB) against GPU box under an allocator limit of 8 GiB; "
+        "assumed H=8, D=64 (the seed states neither)"
+    )
+
+
+def test_a_search_stopped_by_its_cap_is_a_lower_bound():
+    # 002's ring variant: 65,536 ran and 131,072 did not, so the seed's largest is 65,536-131,072,
+    # agreeing up to 131,072 x 1.25 = 163,840
+    cfg = {"sparsity_ratio": 0.05, "block_size": 256}
+    shape = dict(impl="block-sparse", heads=2, head_dim=32, memory_limit=8 * GIB)
+    capped = search([131072, 1 << 20], None, cfg=cfg, **shape)
+    got = verdict_of("002-single-max-ring", capped)
+    assert got.verdict == v.REFUTED and got.measured.bound  # 1M ran: 16x the seed's 65,536 at least
+    assert got.why.startswith("at least 1,048,576 (1M), at least 16x the seed's value")
+    short = search([131072], None, cfg=cfg, **shape)  # 131,072 ran, the cap stopped it: could be the seed's
+    assert verdict_of("002-single-max-ring", short).verdict == v.INCONCLUSIVE
+    # a lower bound past a claimed minimum confirms it: the base ran 131,072 on one GPU
+    base = search(
+        [131072, 1 << 20], None, cfg={"sparsity_ratio": 0.01}, dtype="fp16", impl="block-sparse", memory_limit=8 * GIB
+    )
+    assert verdict_of("002-single-max-base", base).verdict == v.CONFIRMED
+
+
+def test_standard_attention_is_the_n_by_n_one():
+    # under 8 GiB a fused sdpa reaches 1M, the N x N attention stops at 11,264 by memory: the seed's
+    # "standard attention runs out of memory at 32K and 65K" holds for the one it meant
+    fused = search([65536, 1 << 20], None, series="f", impl="sdpa", memory_limit=8 * GIB)
+    n_by_n = search([8192, 11264], 12288, series="n", impl="naive", memory_limit=8 * GIB)
+    got = verdict_of("001-standard-attention-oom", fused + n_by_n)
+    assert (got.verdict, got.measured.value) == (v.CONFIRMED, 11264) and got.measured.workload.startswith("naive")
+    assert verdict_of("001-standard-attention-oom", fused).verdict == v.NOT_MEASURED
+
+
+def test_the_seeds_numbers_set_the_dtype_they_imply():
+    # q, k, v of H=2, D=32 at 128K: 3 x 131,072 x 64 x 4 bytes = 100,663,296 in fp32 (the seed's
+    # 0.10 GB), half that in fp16; only the fp32 row measures the claim
+    shape = dict(impl="block-sparse", heads=2, head_dim=32)
+    fp16 = point(131072, {}, dtype="fp16", inputs_bytes=50_331_648, **shape)
+    assert verdict_of("002-ring-128k-qkv", [fp16]).verdict == v.NOT_MEASURED
+    fp32 = point(131072, {}, dtype="fp32", inputs_bytes=100_663_296, series="b", **shape)
+    got = verdict_of("002-ring-128k-qkv", [fp16, fp32])
+    assert (got.verdict, got.measured.value) == (v.CONFIRMED, 100_663_296)
+
+
+def test_a_stand_in_measures_only_where_the_seeds_setting_did_not_run():
+    def dp(ratio: float, gpu0: int):
+        return typed_row(
+            kind="speedup", case="32768x1", key=f"dp{ratio}", strategy="dp", world_size=1, impl="block-sparse",
+            config={"sparsity_ratio": ratio}, dtype="fp16", heads=2, head_dim=32, seq_len=32768, mode="fwd",
+            times_ms=[1.0] * 3, time_ms=1.0, gpus=[{"index": 0, "max_memory_allocated": gpu0}], env=ENV,
+        )  # fmt: skip
+
+    got = verdict_of("002-dp-32k-gpu0", [dp(0.02, 17_000_000)])  # 98% sparse stands in for 95%
+    assert got.measured.value == 17_000_000 and "sparsity_ratio 0.02 stands in" in " ".join(got.measured.notes)
+    got = verdict_of("002-dp-32k-gpu0", [dp(0.02, 17_000_000), dp(0.05, 20_000_000)])
+    assert got.measured.value == 20_000_000 and not any("stands in" in n for n in got.measured.notes)
 
 
 def test_a_claim_at_best_takes_the_best_case_but_never_an_anomaly():
@@ -293,17 +352,110 @@ def test_the_newest_row_measures():
     assert got.measured.value == pytest.approx(2.0) and "the newest of 2 matching cases" in got.measured.notes
 
 
-def test_the_findings_are_the_furthest_refutations_one_per_seed():
+def test_the_findings_are_the_seeds_headlines_furthest_refuted_one_per_seed():
     from attnbench.report.seeds import findings
 
-    def fake(cid, seed, ratio, verdict=v.REFUTED):
-        c = made_up(id=cid, seed=seed, value=1.0)
-        m = Measured(ratio, None, None, "1", "GPU box", "w", "d")
+    def fake(cid, seed, ratio, verdict=v.REFUTED, headline=True, device="cuda"):
+        c = made_up(id=cid, seed=seed, value=1.0, headline=headline)
+        m = Measured(ratio, None, None, "1", "GPU box", "w", "d", device=device)
         return v.Verdict(c, verdict, "", m)
 
     vs = [fake("a", "000", 100.0), fake("b", "000", 0.001), fake("c", "001", 3.0), fake("d", "002", 50.0)]
     vs.append(fake("e", "003", 1000.0, v.CONFIRMED))
+    vs.append(fake("f", "003", 1e6, headline=False))  # furthest of all, but no seed's headline
+    vs.append(fake("g", "004", 1e5, device="cpu"))  # a CPU's stand-in for the seeds' GPUs
     assert [x.claim.id for x in findings(vs)] == ["b", "d", "c"]
+
+
+# --- comparable terms: fits, rings that sent nothing, CPUs for GPUs ------------------------------------
+
+RING_CFG = {"segment_lengths": [2048, 4096], "dilation_rates": [1, 2]}
+
+
+def timed(impl: str, world: int, ms: float, *, device: str = "cuda", sent: int | None = None, date: str = ENV["date"]):
+    """004's workload (fp32, H=8, D=64, [2048,4096]/[1,2] at 8K) taking ``ms`` per call, on one
+    device or as a ring over ``world`` ranks that sent ``sent`` bytes per call."""
+    return typed_row(
+        impl=impl, world_size=world, strategy="ring" if world > 1 else None, device=device, dtype="fp32",
+        seq_len=8192, config=RING_CFG, series=f"{impl}x{world}", label=impl, mode="fwd", time_ms=ms,
+        times_ms=[ms] * 5, sent_bytes=sent if world > 1 else None, env={**ENV, "date": date},
+    )  # fmt: skip
+
+
+def judged(cid: str, gpu: list, cpu: list) -> v.Verdict:
+    machines = [Machine("GPU box", gpu)] if gpu else []
+    return v.verdicts(machines + ([Machine("cpu: test CPU", cpu)] if cpu else []), [claim(cid)])[0]
+
+
+def test_a_fitted_value_is_never_a_headline():
+    from attnbench.report.seeds import findings
+
+    # a headline capacity claim (65,536 in 8 GB) whose only rows fit 1M: predicted, not refuted
+    c = made_up(value=65536, unit="tokens", metric="max_seq_8gb", match={"impl": "dilated"}, gpus=1, headline=True)
+    fitted = [point(n, {}, reserved=1_000_000_000 + 2_000 * n) for n in (65536, 131072, 262144)]
+    got = verdict_of(c, fitted)
+    assert got.verdict == v.NOT_MEASURED and findings([got]) == []
+    # the same claim against a search under 8 GiB that ran 1M, stopped by memory: a finding
+    limited = search([1 << 19, 1 << 20], 1 << 21, series="l", memory_limit=8 * GIB)
+    got = verdict_of(c, fitted + limited)
+    assert (got.verdict, got.measured.value) == (v.REFUTED, 1 << 20) and findings([got]) == [got]
+
+
+def test_a_ring_that_sent_nothing_never_settles_a_ring_claim():
+    # 004: the ring over 2 processes 1,000 ms, one process 1,300 ms: 0.77x against the seed's 1,600x
+    single = timed("dilated", 1, 1300.0, device="cpu")
+    idle = judged("004-ring-overhead", [], [timed("ring-dilated", 2, 1000.0, device="cpu", sent=0), single])
+    assert idle.verdict == v.NOT_COMPARABLE and idle.why.startswith("the ring sent 0 bytes per call")
+    assert "time per call ratio: two GTX 1080s (8 GB each) against a CPU (test CPU), 2 processes over gloo" in idle.why
+    unknown = judged("004-ring-overhead", [], [timed("ring-dilated", 2, 1000.0, device="cpu"), single])
+    assert unknown.verdict == v.NOT_MEASURED and "do not record the bytes" in unknown.why
+    moved = judged("004-ring-overhead", [], [timed("ring-dilated", 2, 1000.0, device="cpu", sent=1 << 20), single])
+    assert moved.verdict == v.REFUTED and moved.measured.value == pytest.approx(1000 / 1300)
+
+
+def test_a_cpu_never_settles_a_gpu_speed_claim_where_gpu_rows_exist():
+    from attnbench.report.seeds import findings
+
+    old = "2026-01-01T00:00:00+00:00"  # the GPU's rows are older than the CPU's: still they measure
+    cpu = [timed("ring-dilated", 2, 1000.0, device="cpu", sent=1 << 20), timed("dilated", 1, 1300.0, device="cpu")]
+    gpu = [timed("ring-dilated", 2, 2000.0, sent=1 << 20, date=old), timed("dilated", 1, 1.25, date=old)]
+    got = judged("004-ring-overhead", gpu, cpu)  # 1,600x, as the seed says
+    assert (got.verdict, got.measured.device, got.measured.value) == (v.CONFIRMED, "cuda", pytest.approx(1600))
+    # a GPU pair whose ring sent nothing leaves the claim unsettled; the CPU's rows do not step in
+    idle_gpu = [timed("ring-dilated", 2, 2000.0, sent=0, date=old), timed("dilated", 1, 1.25, date=old)]
+    got = judged("004-ring-overhead", idle_gpu, cpu)
+    assert got.verdict == v.NOT_COMPARABLE and got.measured.device == "cuda"
+    # with no GPU rows the CPU's stand-in gives a verdict, but never a headline finding
+    got = judged("004-ring-overhead", [], cpu)
+    assert got.verdict == v.REFUTED and got.measured.device == "cpu" and findings([got]) == []
+
+
+RING_VARIANT_TABLE = [f"002-ring-{n}k-qkv" for n in (16, 32, 64, 128)] + [f"002-ring-{n}k-peak" for n in (16, 32, 64)]
+
+
+def test_the_seeds_8gib_profile_measures_the_claims_it_is_named_for():
+    """Rows as the seeds-8gib profile's series write them settle every one-GPU claim about the
+    seeds' 8 GB (searched under 8 GiB, never fitted) and 002's ring-variant table: the verdicts
+    read row fields, not the directory the rows sit in."""
+    from attnbench.plan import build_plan
+
+    rows = []
+    for i, s in enumerate(build_plan("seeds-8gib", [], {}, {}, "seeds-8gib").series):
+        st = s.settings
+        shape = dict(impl=s.impl, heads=st.heads, head_dim=st.head_dim, dtype=st.dtype, memory_limit=st.memory_limit)
+        sizes = dict(inputs_bytes=1_000_000, peak_bytes=2_000_000, **shape)
+        if st.kind == "max-seq":
+            rows += search([st.start, 2 * st.start], 4 * st.start, series=f"s{i}", cfg=s.config, **sizes)
+        else:
+            rows += [point(n, s.config, series=f"s{i}", **sizes) for n in st.seq_lens]
+    capacity = [c.id for c in cl.load_claims() if c.comparable and c.metric == "max_seq_8gb" and c.where == "one GPU"]
+    assert len(capacity) == 11
+    table = [*RING_VARIANT_TABLE, "002-ring-memory-per-token", "002-ring-vs-dense-memory", "002-base-vs-ring-max"]
+    for cid in capacity + table:
+        got = verdict_of(cid, rows)
+        assert got.verdict != v.NOT_MEASURED and got.measured is not None, (cid, got.why)
+        if cid in capacity:
+            assert got.measured.limit == 8 * GIB and not got.measured.fitted, cid
 
 
 # --- every command the report suggests runs --------------------------------------------------------

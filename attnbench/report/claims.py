@@ -20,22 +20,22 @@ from attnbench.schema import Row
 from attnbench.units import format_tokens
 
 CLAIMS_FILE = Path(__file__).with_name("seed_claims.toml")
-METRICS = (
-    "speedup",  # single-GPU time / multi-GPU time of a speedup case
-    "efficiency",  # speedup / GPUs
-    "time_ms",
-    "tokens_per_s",
-    "peak_bytes",  # the trial's peak (allocator on a GPU, resident-set growth on a CPU)
-    "peak_per_gpu",  # the fullest GPU's (or rank's) peak
-    "inputs_bytes",  # q, k, v as allocated
-    "added_bytes",  # peak minus q, k, v: what the call itself allocated (output, workspace)
-    "added_per_token",  # added_bytes over the tokens
-    "bytes_per_token",  # peak per GPU over the tokens that GPU holds
-    "gpu0_bytes",  # allocator peak of GPU 0 (GPU 1) in a multi-GPU row
-    "gpu1_bytes",
-    "max_seq",  # the longest length a max-seq search ran
-    "max_seq_8gb",  # the longest length in 8 GiB: measured under that limit, else solved from a fit
-)
+METRICS = {  # what a matching row yields, in the words a verdict's reason names it by
+    "speedup": "speedup over one GPU",  # single-GPU time / multi-GPU time of a speedup case
+    "efficiency": "efficiency (speedup per GPU)",  # speedup / GPUs
+    "time_ms": "time per call",
+    "tokens_per_s": "throughput",
+    "peak_bytes": "peak memory",  # the trial's peak (allocator on a GPU, resident-set growth on a CPU)
+    "peak_per_gpu": "peak memory per GPU",  # the fullest GPU's (or rank's) peak
+    "inputs_bytes": "memory of q, k, v",  # as allocated
+    "added_bytes": "memory the call adds beyond q, k, v",  # peak minus q, k, v (output, workspace)
+    "added_per_token": "memory the call adds per token",  # added_bytes over the tokens
+    "bytes_per_token": "peak memory per token",  # peak per GPU over the tokens that GPU holds
+    "gpu0_bytes": "GPU 0's memory",  # allocator peak of GPU 0 (GPU 1) in a multi-GPU row
+    "gpu1_bytes": "GPU 1's memory",
+    "max_seq": "longest sequence",  # the longest length a max-seq search ran
+    "max_seq_8gb": "longest sequence in 8 GB",  # a search under an 8 GiB limit; a fit only predicts it
+}
 HARDWARE_BOUND = ("time_ms", "tokens_per_s")  # the speed of one device: never compared across devices
 BYTES = ("peak_bytes", "peak_per_gpu", "inputs_bytes", "added_bytes", "gpu0_bytes", "gpu1_bytes")
 TOKENS = ("max_seq", "max_seq_8gb")
@@ -56,6 +56,7 @@ ROW_KEYS = (
 )
 SETTLES = ("one GPU", "two GPUs", "CPU")
 EIGHT_GIB = 8 * GIB  # the seeds' GTX 1080
+SEED_GPUS = {1: "one GTX 1080 (8 GB)", 2: "two GTX 1080s (8 GB each)"}  # what the seeds ran on
 
 
 @dataclass
@@ -72,13 +73,25 @@ class Claim:
     over: dict[str, Any] | None = None
     per: float | None = None  # the seed's number is value / per (65,536 tokens of 237,568: 0.28)
     range: list[float] | None = None  # [low, high] where the seed gives a range
-    scale: float | None = None  # the measured quantity times this (the note says why)
     printed: str | None = None  # the seed's number as printed, where a trailing zero sets its rounding
     direction: str | None = None  # "above:X" or "below:X": the side of X the claim also states
     comparable: bool = True
     note: str = ""  # why it is not comparable, or how the rows stand in for the seed's workload
     pick: str = "newest"  # or "best": the largest value of the matching rows
     settles: str | None = None  # where rows that measure it come from: one GPU, two GPUs, CPU
+    assumed: str = ""  # what the claim assumes where the seed states nothing (dtype, shape)
+    stand_in: dict[str, Any] | None = None  # overrides of match tried where no row matches it (the note says why)
+    headline: bool = False  # a finding the seed put in its summary or conclusion: what a reader took away
+    compares: str = ""  # what is compared, in words, where the metric's name does not say it
+
+    @property
+    def quantity(self) -> str:
+        """What is compared, in words: 'peak memory', 'throughput ratio'."""
+        return self.compares or METRICS[self.metric] + (" ratio" if self.over is not None else "")
+
+    @property
+    def seed_hardware(self) -> str:
+        return SEED_GPUS[self.gpus]
 
     @property
     def _to_rows(self) -> float:
@@ -137,11 +150,12 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
             or not _number(threshold)
             or c.pick not in ("newest", "best")
             or (c.settles is not None and c.settles not in SETTLES)
+            or c.gpus not in SEED_GPUS
             or c.id in seen
         ):
             raise AttnbenchError(
                 f"{path}: claim {c.id}: metric must be one of {', '.join(METRICS)}, direction above:X or "
-                f"below:X, pick newest or best, settles one of {', '.join(SETTLES)}, ids unique"
+                f"below:X, pick newest or best, settles one of {', '.join(SETTLES)}, gpus 1 or 2, ids unique"
             )
         if c.comparable and not c.match:
             raise AttnbenchError(f"{path}: claim {c.id}: a comparable claim needs a match")

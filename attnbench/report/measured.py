@@ -1,19 +1,26 @@
 """What the rows of one machine measure of a seed claim (``report.claims``): the quantity with
 its 95% interval and n, from the newest matching row (``pick = "best"``: the largest over the
 matching rows, for a claim about the best case), or the ratio of two such quantities.
+
+Each measurement also carries what its rows say about how it was measured (the device, the
+ranks, the allocator limit, the bytes a sequence-parallel row sent, whether the value is a fit's
+prediction or a lower bound), so the verdict rule (``report.verdicts``) can tell whether it is
+on the seed's terms from the rows alone, whichever directory they came from.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
-from attnbench.report.fit import MemoryFit, fit_memory, fit_miss_cause
+from attnbench.report.fit import fit_miss_cause
 from attnbench.report.intervals import time_interval
-from attnbench.schema import Row, Speedup
+from attnbench.schema import Row, Trial
+from attnbench.units import format_gib
+
+EXACT_STOPS = ("memory", "host memory")  # a search stopped otherwise (time, its cap) only bounds the length
 
 
 @dataclass
@@ -27,12 +34,40 @@ class Measured:
     date: str
     notes: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # FILE:LINE of the rows behind it
+    device: str = "cuda"  # where its rows ran: cuda or cpu
+    ranks: int = 1  # GPUs or processes the widest row behind it spread over
+    limit: int | None = None  # the allocator limit its rows ran under; None: the whole device
+    sent: list[int | None] = field(default_factory=list)  # bytes per call each sequence-parallel row sent
+    fitted: bool = False  # a fit's prediction, not a measurement
+    bound: bool = False  # a lower bound: the search stopped by time or its cap, not by memory
 
-    def scaled(self, by: float) -> Measured:
-        low, high = (self.low * by, self.high * by) if self.low is not None and self.high is not None else (None, None)
-        return Measured(
-            self.value * by, low, high, self.n, self.machine, self.workload, self.date, self.notes, self.sources
-        )
+    @property
+    def hardware(self) -> str:
+        """Where it was measured, in a few words: 'NVIDIA H200 x1 under an allocator limit of
+        8 GiB', 'a CPU (AMD EPYC), 2 processes over gloo'."""
+        if self.device == "cpu":
+            name = self.machine.removeprefix("cpu: ")
+            text = f"a CPU ({name})" + (f", {self.ranks} processes over gloo" if self.ranks > 1 else "")
+        else:
+            text = self.machine
+        return text + (f" under an allocator limit of {format_gib(self.limit)}" if self.limit else "")
+
+
+def _facts(rows: list[Any]) -> dict[str, Any]:
+    """How the rows behind a measurement were measured, as ``Measured`` records it."""
+    rows = [r for r in rows if r is not None]
+    return {
+        "device": "cpu" if any(r.device == "cpu" for r in rows) else "cuda",
+        "ranks": max((d.world_size(r) for r in rows), default=1),
+        "limit": next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
+        "sent": [r.sent_bytes for r in rows if _sequence_parallel(r)],
+        "sources": [r.source for r in rows if r.source],
+    }
+
+
+def _sequence_parallel(row: Row) -> bool:
+    """One sequence split over several ranks: what its ring sent is part of what it measured."""
+    return isinstance(row, Trial) and d.world_size(row) > 1
 
 
 def _chosen(rows: list[Any], value, pick: str) -> tuple[Any, int]:
@@ -45,7 +80,10 @@ def _chosen(rows: list[Any], value, pick: str) -> tuple[Any, int]:
 
 
 def _row(item: Any) -> Row:
-    return item["row"] if isinstance(item, dict) else item
+    """The row an item stands for: a speedup case's row, a search's first trial, or the row itself."""
+    if isinstance(item, dict):
+        return item.get("row") or item["head"]
+    return item
 
 
 def _speedup(m, match, pick: str, per_gpu: bool) -> Measured | None:
@@ -65,7 +103,7 @@ def _speedup(m, match, pick: str, per_gpu: bool) -> Measured | None:
         m.name,
         short_label(row),
         d.row_date(row),
-        sources=[x.source for x in (c["single"], row) if x is not None and x.source],
+        **_facts([c["single"], row]),
     )
     out.notes += replica_notes(row)
     if c["efficiency_ci"] and c["efficiency_ci"].low > 1:
@@ -118,7 +156,7 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
     elif timed:  # a rate: the bounds swap
         low, high = value * row.time_ms / iv.high, value * row.time_ms / iv.low
     out = Measured(
-        value, low, high, str(iv.n if timed else 1), m.name, short_label(row), d.row_date(row), sources=[row.source]
+        value, low, high, str(iv.n if timed else 1), m.name, short_label(row), d.row_date(row), **_facts([row])
     )
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
@@ -127,37 +165,48 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
     return out
 
 
-def _max_seq(m, match: dict[str, Any]) -> Measured | None:
-    found = [s for s in m.summaries if s["max_seq_len"] and matches(s["head"], match)]
-    if not found:
-        return None
-    s = max(found, key=lambda s: d.row_date(s["head"]))
-    bound = "" if s["complete"] else "at least "
-    return _search_answer(m, s, f"{bound}what one search ran, stopped by {s['stopped_by']}")
+def _searches(m, match: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    """The max-seq searches of the matching workload that ran something (under ``limit`` where given)."""
+    return [
+        s
+        for s in m.summaries
+        if s["max_seq_len"] and matches(s["head"], match) and (limit is None or s["head"].memory_limit == limit)
+    ]
 
 
-def _search_answer(m, s: dict[str, Any], note: str) -> Measured:
-    """A search's longest length, as one measured value."""
-    head = s["head"]
+def _max_seq(m, match: dict[str, Any], pick: str) -> Measured | None:
+    found = _searches(m, match)
+    return _search_answer(m, _chosen(found, lambda s: s["max_seq_len"], pick)[0]) if found else None
+
+
+def _search_answer(m, s: dict[str, Any]) -> Measured:
+    """A search's longest length, as one measured value: exact where memory stopped it, else
+    (time, its cap, an interrupted search) a lower bound."""
+    head, best = s["head"], m.at_max(s)
+    bound = s["stopped_by"] not in EXACT_STOPS
+    where = f"a search under an allocator limit of {format_gib(head.memory_limit)}" if head.memory_limit else "a search"
+    note = f"{where}, stopped by {s['stopped_by']}" + (": a lower bound" if bound else "")
     return Measured(
-        s["max_seq_len"], None, None, "1 search", m.name, short_label(head), d.row_date(head), [note], [head.source]
+        s["max_seq_len"],
+        None,
+        None,
+        "1 search",
+        m.name,
+        short_label(head),
+        d.row_date(head),
+        [note],
+        bound=bound,
+        **_facts([head, best]),
     )
 
 
-def _max_seq_8gb(m, match: dict[str, Any]) -> Measured | None:
-    """The longest sequence in 8 GiB: a finished search under an 8 GiB allocator limit where one
-    ran, else the series' memory fit solved for 8 GiB (the allocator's share, with what this
-    device sets aside for the CUDA context)."""
-    limited = [
-        s
-        for s in m.summaries
-        if s["max_seq_len"] and s["complete"] and s["head"].memory_limit == EIGHT_GIB and matches(s["head"], match)
-    ]
+def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
+    """The longest sequence in 8 GiB: a search under an 8 GiB allocator limit. Where none ran,
+    the series' memory fit solved for 8 GiB (the allocator's share, with what this device sets
+    aside for the CUDA context), marked as the prediction it is."""
+    limited = _searches(m, match, EIGHT_GIB)
     if limited:
-        s = max(limited, key=lambda s: d.row_date(s["head"]))
-        return _search_answer(m, s, f"a search under an 8 GiB allocator limit, stopped by {s['stopped_by']}")
-    if match.get("kind") == "speedup":
-        return _speedup_capacity(m, match)
+        return _search_answer(m, _chosen(limited, lambda s: s["max_seq_len"], pick)[0])
     found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(EIGHT_GIB)]
     if not found:
         return None
@@ -174,81 +223,69 @@ def _max_seq_8gb(m, match: dict[str, Any]) -> Measured | None:
         short_label(c.head),
         d.row_date(c.head),
         notes,
-        [c.head.source],
+        fitted=True,
+        **_facts([c.head]),
     )
-
-
-def _speedup_capacity(m, match: dict[str, Any]) -> Measured | None:
-    """8 GiB capacity from speedup rows: GPU 0's allocator peak fitted over the cases' lengths
-    (batch-1 DataParallel holds everything on GPU 0)."""
-    rows = [r for r in d.ok(d.speedup_rows(m.rows)) if matches(r, match) and _gpu0_reserved(r)]
-    if len({r.seq_len for r in rows}) < 2:
-        return None
-    fit: MemoryFit | None = fit_memory([r.seq_len for r in rows], [_gpu0_reserved(r) for r in rows], 1)
-    aside = [
-        g["nvml_peak"] - g["reserved"] for r in rows for g in d.gpu_memory(r)[:1] if g["nvml_peak"] and g["reserved"]
-    ]
-    n = fit.max_seq(EIGHT_GIB - (statistics.median(aside) if aside else 0.0)) if fit else None
-    if n is None:
-        return None
-    newest = max(rows, key=d.row_date)
-    return Measured(
-        n,
-        None,
-        None,
-        f"{len(rows)} rows",
-        m.name,
-        short_label(newest),
-        d.row_date(newest),
-        [f"a linear fit of GPU 0's reserved peak at {len({r.seq_len for r in rows})} lengths solved for 8 GiB"],
-        [r.source for r in rows],
-    )
-
-
-def _gpu0_reserved(row: Speedup) -> float | None:
-    gpus = d.gpu_memory(row)
-    return (gpus[0]["reserved"] or gpus[0]["allocated"]) if gpus else None
 
 
 def measure_one(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
     if claim.metric in ("speedup", "efficiency"):
         return _speedup(m, match, claim.pick, claim.metric == "efficiency")
     if claim.metric == "max_seq":
-        return _max_seq(m, match)
+        return _max_seq(m, match, claim.pick)
     if claim.metric == "max_seq_8gb":
-        return _max_seq_8gb(m, match)
+        return _max_seq_8gb(m, match, claim.pick)
     return _row_metric(m, claim.metric, match, claim.pick)
 
 
+def _top(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
+    """The claim's own rows, else those of its stand-in settings, said in a note."""
+    found = measure_one(claim, m, match)
+    if found is None and claim.stand_in:
+        found = measure_one(claim, m, {**match, **claim.stand_in})
+        if found is not None:
+            settings = ", ".join(f"{k} {v}" for k, v in claim.stand_in.items())
+            found.notes.append(f"no row at the seed's settings: {settings} stands in")
+    return found
+
+
 def measure(claim: Claim, m) -> Measured | None:
-    """The claim's quantity on one machine: its metric, or the ratio ``match`` over ``over``,
-    times ``scale``. A claim about GPUs takes GPU rows only, unless its rows come from the CPU
-    (``settles = "CPU"``): a CPU's memory fit says nothing certain about a GPU's."""
+    """The claim's quantity on one machine: its metric, or the ratio ``match`` over ``over``. A claim about GPUs takes GPU rows only, unless its rows come from the CPU
+    (``settles = "CPU"``)."""
     on = {} if claim.where == "CPU" else {"device": "cuda"}
-    top = measure_one(claim, m, {**on, **claim.match})
+    top = _top(claim, m, {**on, **claim.match})
     if top is None or claim.over is None:
-        return top.scaled(claim.scale) if top is not None and claim.scale else top
+        return top
     over = {**on, **claim.over}
     if "seq_len" in claim.match and "seq_len" not in over:
         over["seq_len"] = claim.match["seq_len"]
     bottom = measure_one(claim, m, over)
-    if bottom is None or not bottom.value:
+    if bottom is None or not bottom.value or bottom.bound:  # over a lower bound a ratio bounds nothing
         return None
+    return _ratio(top, bottom)
+
+
+def _ratio(top: Measured, bottom: Measured) -> Measured:
     low = high = None
     if None not in (top.low, top.high, bottom.low, bottom.high) and bottom.low and bottom.high:
         low, high = top.low / bottom.high, top.high / bottom.low
-    ratio = Measured(
+    return Measured(
         top.value / bottom.value,
         low,
         high,
         f"{top.n}/{bottom.n}",
-        m.name,
+        top.machine,
         f"{top.workload} over {bottom.workload}",
         max(top.date, bottom.date),
         top.notes + [n for n in bottom.notes if n not in top.notes],
         top.sources + bottom.sources,
+        device="cpu" if "cpu" in (top.device, bottom.device) else "cuda",
+        ranks=max(top.ranks, bottom.ranks),
+        limit=top.limit or bottom.limit,
+        sent=top.sent + bottom.sent,
+        fitted=top.fitted or bottom.fitted,
+        bound=top.bound,
     )
-    return ratio.scaled(claim.scale) if claim.scale else ratio
 
 
 def replica_notes(row: Row) -> list[str]:

@@ -5,6 +5,7 @@ screen carries (the verdict counts and the findings that matter most)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 from attnbench.report import verdicts as v
@@ -21,6 +22,7 @@ SEED_TITLES = {
     "004": "Ring attention, one GPU against two",
 }
 FINDINGS = 3
+WRAP = 110  # columns of a finding's lines
 
 
 def machine_short(name: str) -> str:
@@ -35,7 +37,7 @@ def measured_text(verdict: v.Verdict) -> str:
     if m is None:
         return "-"
     metric = "ratio" if verdict.claim.over is not None or verdict.claim.per else verdict.claim.metric
-    text = value_text(metric, m.value)
+    text = ("≥ " if m.bound else "") + value_text(metric, m.value)
     if m.low is not None and m.high is not None:
         text += f" [{value_text(metric, m.low)}, {value_text(metric, m.high)}]"
     return f"{text} n={m.n}"
@@ -85,14 +87,15 @@ def tally(vs: list[v.Verdict]) -> str:
     """'105 claims: 20 confirmed, ... (5 need two GPUs)'."""
     c = counts(vs)
     parts = [f"{n} {name}" for name, n in c.items() if n]
-    two = sum(x.verdict == v.NOT_MEASURED and x.why == "needs two GPUs" for x in vs)
+    two = sum(x.verdict == v.NOT_MEASURED and x.claim.where == "two GPUs" for x in vs)
     return f"{len(vs)} claims: {'; '.join(parts)}" + (f" ({two} need two GPUs)" if two else "") + "."
 
 
 def findings(vs: list[v.Verdict], k: int = FINDINGS) -> list[v.Verdict]:
-    """The measurements furthest from what the seeds said: refuted sizes and directions, the
-    largest factor first, one per seed report."""
-    wrong = [x for x in vs if x.verdict in (v.REFUTED, v.DIRECTION_ONLY) and x.ratio and x.ratio > 0]
+    """The findings a reader of the seeds most needs corrected: refutations of what a seed put in
+    its summary or conclusion, measured on its terms (``headline``), the largest factor first,
+    one per seed report."""
+    wrong = [x for x in vs if is_finding(x)]
     ranked = sorted(wrong, key=lambda x: (-abs(math.log(x.ratio)), x.claim.id))
     out, seeds = [], set()
     for x in ranked:
@@ -104,13 +107,29 @@ def findings(vs: list[v.Verdict], k: int = FINDINGS) -> list[v.Verdict]:
     return out
 
 
+def is_finding(x: v.Verdict) -> bool:
+    """A finding fit for the first screen: a seed's headline refuted by a GPU's measurement. A
+    fit, a ring that sent nothing and a CPU's stand-in never get that far: the rule leaves them
+    without a refutation (``verdicts.unsettled``), and the seeds measured GPUs."""
+    m = x.measured
+    return (
+        x.claim.headline
+        and x.verdict in (v.REFUTED, v.DIRECTION_ONLY)
+        and m is not None
+        and m.device == "cuda"
+        and v.unsettled(m) is None
+        and bool(x.ratio and x.ratio > 0)
+    )
+
+
 def finding_line(x: v.Verdict) -> str:
     m = x.measured
     metric = "ratio" if x.claim.over is not None or x.claim.per else x.claim.metric
-    return (
-        f"- Seed {x.claim.seed} said {x.claim.seed_text}: {inline(x.claim.says)}.\n"
-        f"  Measured {value_text(metric, m.value)} on {machine_short(m.machine)}: **{x.verdict}**, {x.why}."
-    )
+    measured = ("at least " if m.bound else "") + value_text(metric, m.value)
+    said = f"- Seed {x.claim.seed} said {x.claim.seed_text}: {inline(x.claim.says)}."
+    found = f"Measured {measured}: **{x.verdict}**, {x.why}."
+    # wrapped: the reason names both sides' hardware, too long for one line of the first screen
+    return said + "\n" + textwrap.fill(found, WRAP, initial_indent="  ", subsequent_indent="  ", break_long_words=False)
 
 
 def summary(vs: list[v.Verdict]) -> str:
@@ -122,7 +141,12 @@ def summary(vs: list[v.Verdict]) -> str:
     ]
     furthest = findings(vs)
     if furthest:
-        lines += ["", "Furthest from what the seeds said:", "", *(finding_line(x) for x in furthest)]
+        lines += [
+            "",
+            "What the seeds said that the measurements refute most:",
+            "",
+            *(finding_line(x) for x in furthest),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -139,7 +163,12 @@ def seeds_markdown(vs: list[v.Verdict]) -> str:
         "  below 1) holds there when its whole interval does: *direction confirmed, magnitude refuted*\n"
         "  when the side holds and the size does not;\n",
         "- another device's absolute speed, the seeds' arithmetic and projections are *not comparable*;\n"
-        "  a number rounded more coarsely than the tolerance cannot be tested by its size.\n\n",
+        "  a number rounded more coarsely than the tolerance cannot be tested by its size;\n",
+        "- only a measurement on the seed's terms settles a claim: a longest sequence in 8 GB is searched\n"
+        "  under an 8 GiB allocator limit (a fit's prediction leaves it *not measured yet*), a ring that\n"
+        "  sent 0 bytes is *not comparable*, and a CPU never stands in for a speed a GPU measured;\n"
+        "- each reason names the quantity and the hardware on each side, and what was assumed where the\n"
+        "  seed said nothing.\n\n",
         f"{tally(vs)}\n\n",
         f"{LEGEND} Measured: value [95% interval] and n samples (a/b: both sides of a ratio); "
         "memory in GB = 10^9 bytes. The CSV `csv/seed-claims.csv` adds each claim's id, the seed's "

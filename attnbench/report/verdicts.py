@@ -8,14 +8,21 @@ reason for each verdict. docs/verdicts.md says it in words; in order:
    0.035 GB). A number rounded more coarsely than the tolerance cannot be tested by its size:
    *not comparable*.
 4. Size: the measured value, its 95% interval where it has one, must meet the seed's range
-   widened by the tolerance, a factor of 1.25 either way.
+   widened by the tolerance, a factor of 1.25 either way. A lower bound (a search stopped by
+   time or its cap) settles only what it already exceeds.
 5. Direction: a claim that also says on which side of a threshold the quantity lies (slower
    than one GPU: a speedup below 1) holds there when the whole interval lies on that side.
+
+Before any of that, comparable terms: only a measurement on the seed's terms settles a claim.
+A fit's prediction never does (*not measured yet*, the prediction named as one), nor a ring
+that sent 0 bytes (*not comparable*: the ring the seed measured never ran), nor a CPU's speed
+where a GPU measured the claim. Every reason ends with the quantity and the hardware on each
+side, and what the claim assumed.
 
 *confirmed*: size agrees and the direction (if any) holds. *direction confirmed, magnitude
 refuted*: the direction holds, the size does not. *refuted*: the direction is wrong, or the
 size disagrees where the direction is unsettled or not claimed. *inconclusive*: the size
-agrees but the interval spans the threshold.
+agrees but the interval spans the threshold, or a lower bound stops short of the claim.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 from attnbench.report.claims import HARDWARE_BOUND, Claim, load_claims, value_text
 from attnbench.report.measured import Measured, measure
+from attnbench.units import short_tokens
 
 TOLERANCE = 1.25  # a measured value within this factor of the seed's range agrees with it
 
@@ -36,14 +44,16 @@ NOT_MEASURED = "not measured yet"
 VERDICTS = (CONFIRMED, DIRECTION_ONLY, REFUTED, INCONCLUSIVE, NOT_COMPARABLE, NOT_MEASURED)
 
 SEEDS_GPU_COMMAND = "attnbench run --profile seeds"
+SEEDS_8GIB_COMMAND = "attnbench run --profile seeds-8gib"
 SEEDS_CPU_COMMAND = "attnbench run --profile seeds-cpu"
+SPEED = ("speedup", "efficiency", "time_ms", "tokens_per_s")  # what a CPU's rows never settle where a GPU's exist
 
 
 @dataclass
 class Verdict:
     claim: Claim
     verdict: str
-    why: str  # one short sentence
+    why: str  # the reason, the quantity and the hardware on each side, what was assumed
     measured: Measured | None
 
     @property
@@ -66,66 +76,120 @@ def verdicts(machines, claims: list[Claim] | None = None) -> list[Verdict]:
 def chosen(found: list[Measured]) -> Measured:
     """The measurement a verdict rests on: a GPU's before the CPU's (the seeds measured GPUs),
     then the newest."""
-    return max(found, key=lambda m: (not m.machine.startswith("cpu"), m.date, m.machine))
+    return max(found, key=lambda m: (m.device == "cuda", m.date, m.machine))
 
 
 def judge(claim: Claim, found: list[Measured]) -> Verdict:
     """The verdict of one claim from its measurements (one per machine that has rows)."""
     if not claim.comparable:
-        return Verdict(claim, NOT_COMPARABLE, claim.note, None)
+        return Verdict(claim, NOT_COMPARABLE, _reason(claim, claim.note), None)
+    if claim.metric in SPEED and any(m.device == "cuda" for m in found):
+        found = [m for m in found if m.device == "cuda"]  # a CPU's speed says nothing where a GPU's was measured
     if claim.metric in HARDWARE_BOUND and claim.over is None:  # rule 1: another device's speed
         m = chosen(found) if found else None
-        here = f"; this is {device_name(m.machine)}'s" if m else ""
-        return Verdict(claim, NOT_COMPARABLE, f"a GTX 1080's absolute speed{here}", m)
+        return Verdict(claim, NOT_COMPARABLE, _reason(claim, "a GTX 1080's absolute speed is no other device's", m), m)
     if not found:
-        return Verdict(claim, NOT_MEASURED, where_from(claim), None)
-    m = chosen(found)
+        return Verdict(claim, NOT_MEASURED, _reason(claim, where_from(claim)), None)
+    settled = [m for m in found if unsettled(m) is None]
+    if not settled:
+        return _unsettled_verdict(claim, chosen(found))
+    m = chosen(settled)
+    verdict, why = _compare_bound(claim, m) if m.bound else _compare(claim, m)
+    return Verdict(claim, verdict, _reason(claim, why, m), m)
+
+
+def unsettled(m: Measured) -> str | None:
+    """Why a measurement is off the seed's terms (comparable terms), or None where it settles."""
+    if m.fitted:
+        return "fitted"
+    if any(sent == 0 for sent in m.sent):
+        return "sent nothing"
+    if any(sent is None for sent in m.sent):
+        return "sent unrecorded"
+    return None
+
+
+def _unsettled_verdict(claim: Claim, m: Measured) -> Verdict:
+    why = unsettled(m)
+    if why == "fitted":
+        core = (  # only a longest sequence in 8 GiB is ever fitted
+            f"not measured under the seed's 8 GB: {where_from(claim)}; "
+            f"{m.notes[0]} on {m.hardware} predicts about {short_tokens(int(m.value))}, a prediction and no verdict"
+        )
+        return Verdict(claim, NOT_MEASURED, _reason(claim, core), None)
+    if why == "sent nothing":
+        core = (
+            f"the ring sent 0 bytes per call (no rank needed another's keys): its {m.ranks} ranks ran apart, "
+            "so the ring the seed measured, which moved keys and values between GPUs, never ran here"
+        )
+        return Verdict(claim, NOT_COMPARABLE, _reason(claim, core, m), m)
+    core = f"the ring's rows do not record the bytes it sent, so whether keys and values moved is unknown; {where_from(claim)}"
+    return Verdict(claim, NOT_MEASURED, _reason(claim, core), None)
+
+
+def _reason(claim: Claim, why: str, m: Measured | None = None) -> str:
+    """A verdict's reason: why, then the quantity and the hardware on each side, then what the
+    claim assumed where the seed said nothing."""
+    against = f" against {m.hardware}" if m else ""
+    bits = [why, f"{claim.quantity}: {claim.seed_hardware}{against}"]
+    if claim.assumed:
+        bits.append(f"assumed {claim.assumed}")
+    return "; ".join(bits)
+
+
+def _compare(claim: Claim, m: Measured) -> tuple[str, str]:
+    """Verdict and reason from a measured value and its interval (rules 3 to 5)."""
     low = m.low if m.low is not None else m.value
     high = m.high if m.high is not None else m.value
     side = _side(claim.direction, low, high)
     if is_bound(claim):  # "at least 2M tokens": the side is the whole claim
         said = f"{_side_words(claim)}: {value_text(claim.metric, m.value)}"
         verdict = {"holds": CONFIRMED, "fails": REFUTED}.get(side, INCONCLUSIVE)
-        return Verdict(claim, verdict, said if side == "holds" else f"not {said}", m)
+        return verdict, said if side == "holds" else f"not {said}"
     size = _size(claim, low, high)
     ratio = ratio_words(m.value, claim, size)
     if side == "fails":
         side_name, x = claim.direction.split(":")
-        return Verdict(claim, REFUTED, f"not {side_name} {x}: {ratio}", m)
+        return REFUTED, f"not {side_name} {x}: {ratio}"
     if size == "coarse":
         if side == "holds":
-            return Verdict(
-                claim, CONFIRMED, f"{_side_words(claim)} as the seed says; its number is too coarse to test", m
-            )
+            return CONFIRMED, f"{_side_words(claim)} as the seed says; its number is too coarse to test"
         lo, hi = claim.seed_range
         pct = (hi - lo) / 2 / claim.seed_value * 100
-        return Verdict(
-            claim,
-            NOT_COMPARABLE,
-            f"the seed's {claim.seed_text} is rounded to ±{pct:.0f}%, coarser than the tolerance",
-            m,
-        )
+        return NOT_COMPARABLE, f"the seed's {claim.seed_text} is rounded to ±{pct:.0f}%, coarser than the tolerance"
     if side == "holds":
         if size == "agrees":
-            return Verdict(claim, CONFIRMED, f"{_side_words(claim)}, {ratio}", m)
-        return Verdict(claim, DIRECTION_ONLY, f"{_side_words(claim)} as the seed says, but {ratio}", m)
+            return CONFIRMED, f"{_side_words(claim)}, {ratio}"
+        return DIRECTION_ONLY, f"{_side_words(claim)} as the seed says, but {ratio}"
     if side == "unsettled" and size == "agrees":
         side_name, x = claim.direction.split(":")
-        return Verdict(claim, INCONCLUSIVE, f"the 95% interval spans {x}; {ratio}", m)
-    return Verdict(claim, CONFIRMED if size == "agrees" else REFUTED, ratio, m)
+        return INCONCLUSIVE, f"the 95% interval spans {x}; {ratio}"
+    return (CONFIRMED if size == "agrees" else REFUTED), ratio
 
 
-def device_name(machine: str) -> str:
-    """A machine in a sentence: 'a CPU', 'an NVIDIA H200 x1'."""
-    return "a CPU" if machine.startswith("cpu") else f"an {machine}"
+def _compare_bound(claim: Claim, m: Measured) -> tuple[str, str]:
+    """A lower bound settles only what it already passed: a threshold below it, a size it exceeds."""
+    text = f"at least {value_text(claim.metric, m.value)}"
+    side, _, x = (claim.direction or "").partition(":")
+    past = bool(x) and m.value > float(x)
+    if side == "below" and past:
+        return REFUTED, f"not {_side_words(claim)}: {text}"
+    if side == "above" and past and is_bound(claim):
+        return CONFIRMED, f"{_side_words(claim)}: {text}"
+    if not is_bound(claim) and m.value > claim.seed_range[1] * TOLERANCE:
+        words = f"{text}, at least {factor(m.value / claim.seed_value)}x the seed's value"
+        return (DIRECTION_ONLY, f"{_side_words(claim)} as the seed says, but {words}") if past else (REFUTED, words)
+    return INCONCLUSIVE, f"{text}, a lower bound that does not settle the seed's {claim.seed_text}"
 
 
 def where_from(claim: Claim) -> str:
     where = claim.where
     if where == "two GPUs":
-        return "needs two GPUs"
+        return "needs two GPUs" + (" under an 8 GiB allocator limit" if claim.metric == "max_seq_8gb" else "")
     if where == "CPU":
         return f"the CPU measures it: `{SEEDS_CPU_COMMAND}`"
+    if claim.metric == "max_seq_8gb":
+        return f"one GPU measures it under an 8 GiB allocator limit: `{SEEDS_8GIB_COMMAND}`"
     return f"one GPU measures it: `{SEEDS_GPU_COMMAND}`"
 
 
