@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.errors import AttnbenchError
 from attnbench.report.build import render
 from attnbench.report.data import load
 from attnbench.report.sweep_tables import max_seq_summary
@@ -207,3 +208,70 @@ def test_a_forward_and_a_training_search_of_one_label_are_told_apart():
     assert sorted((s["mode"], s["max_seq_len"]) for s in summary) == [("fwd", 2048), ("fwd_bwd", 1024)]
     lines = summary_table(summary).splitlines()
     assert "Mode" in lines[0] and any("| sdpa | bf16 | fwd_bwd |" in line for line in lines)
+
+
+PAIR_ENV = {
+    "machine": "GPU pair x2",
+    "date": "2026-11-26T10:00:00+00:00",
+    "commit": "abc",
+    "gpus": [{"index": 0}, {"index": 1}],
+}
+
+
+def data_parallel_rows() -> list:
+    """sdpa on one GPU at w ms per call (its work) and each strategy on a line of its own: DataParallel
+    2 ms + w / 2, one process per GPU 0.1 ms + w / 2, a new thread on one GPU 1 ms + w."""
+    from attnbench.sweeps.speedup import trial_key
+
+    lines = {"single": (0.0, 1.0, 1), "dp": (2.0, 0.5, 2), "mp": (0.1, 0.5, 2), "thread": (1.0, 1.0, 1)}
+    rows = []
+    for n, work in ((2048, 0.5), (8192, 4.0), (32768, 60.0)):
+        for strategy, (fixed, per, world) in lines.items():
+            ms = fixed + per * work
+            fields = dict(
+                strategy=strategy, world_size=world, seq_len=n, batch=2, impl="sdpa", config={"backend": "flash"}
+            )
+            rows.append(
+                typed_row(
+                    "speedup",
+                    key=trial_key(fields),
+                    case=f"{n}x2",
+                    time_ms=ms,
+                    times_ms=[ms] * 5,
+                    backend="flash" if strategy == "single" else None,
+                    env=PAIR_ENV,
+                    **fields,
+                )  # fmt: skip
+            )
+    return rows
+
+
+def test_a_machine_of_two_gpus_answers_whether_a_second_gpu_helps(tmp_path):
+    """The first screen of a two-GPU machine: per kernel, DataParallel's and one process per GPU's
+    fixed cost per call (from the line through their times: 2 ms and 0.1 ms here), their speedup
+    at the largest case, and what a new thread alone costs (1 ms)."""
+    md = render(load(write_rows(tmp_path / "pair", data_parallel_rows()))).text()
+    first = md.split("## Against the seeds")[0]
+    assert "#### Does a second GPU help? GPU pair x2" in first
+    (row,) = [line for line in first.splitlines() if line.startswith("| sdpa (flash) |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].startswith("2 ms") and cells[3].startswith("1 ms") and cells[4].startswith("0.1 ms")
+    assert cells[2].startswith("1.88") and cells[2].endswith("at 32768x2")  # 60 / (2 + 30)
+    assert all(len(line) <= 200 for line in first.splitlines())
+    # the section says where DataParallel's fixed cost comes from, with the thread rows beside it
+    assert "- sdpa (flash): DataParallel 2 ms" in md and "a new thread alone 1 ms" in md
+
+
+def test_a_superseded_run_stays_out_of_every_answer_and_is_listed(tmp_path):
+    old = [typed_row(**{**r.to_json(), "run": "old"}) for r in search("dilated", [1024, 2048], 4096, series="o")]
+    new = search("sdpa", [1024], 2048)
+    write_rows(tmp_path / "old", old)
+    write_rows(tmp_path / "new", new)
+    (tmp_path / "superseded.toml").write_text('[[run]]\nrun = "old"\nby = "r"\nwhy = "measured by replaced code"\n')
+    md = render(load(tmp_path)).text()
+    body, appendix = md.split("## Superseded runs (appendix)")
+    assert "| dilated |" not in body and "| sdpa |" in body
+    assert "| old | GPU box | 4 | r | measured by replaced code |" in appendix
+    (tmp_path / "superseded.toml").write_text('[[run]]\nrun = "old"\n')
+    with pytest.raises(AttnbenchError, match="must hold exactly run, by and why"):
+        load(tmp_path)

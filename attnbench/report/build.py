@@ -15,7 +15,7 @@ from pathlib import Path
 from attnbench.report import answer as a
 from attnbench.report import plots as p
 from attnbench.report import seeds as sd
-from attnbench.report.data import Results, load, slug
+from attnbench.report.data import SUPERSEDED_FILE, Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import sections
@@ -75,8 +75,25 @@ def render(results: Results) -> Doc:
             + "".join(f"- `{inline(line)}`\n" for line in results.problems)
         )
     details(doc, machines)
+    superseded(doc, results)
     doc.add(f"\nRuns: {', '.join(inline(r) for r in runs) or '-'}.\n")
     return doc
+
+
+def superseded(doc: Doc, results: Results) -> None:
+    """The runs newer ones replaced: kept in the results, named here, used nowhere above."""
+    if not results.retired:
+        return
+    doc.heading(2, "Superseded runs (appendix)")
+    doc.add(
+        f"Their rows stay in the results but not in any answer, section or verdict above (`{SUPERSEDED_FILE}` "
+        "names each run, the run that replaced it and why).\n"
+    )
+    records = [
+        {"Run": r.run, "Machine": ", ".join(r.machines), "Rows": r.rows, "Superseded by": r.by, "Why": r.why}
+        for r in results.retired
+    ]
+    doc.table(Table("superseded", ["Run", "Machine", "Rows", "Superseded by", "Why"], records))
 
 
 # The answer for every machine fits in the first screen of a terminal, this many lines.
@@ -92,8 +109,10 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
         f"{a.REFERENCE_TEXT}\nwhere a trial ran there, ±half the 95% interval (n). A column no row fills is left out.\n"
     )
     every = [a.configurations(m) for m in machines]
+    helps = [second_gpu(m) for m in machines]
     used = len(doc.text().splitlines()) + 1  # and the blank line before the first machine
     framing = sum(3 if configs else 2 for configs in every)  # a heading, and a table's header and rule
+    framing += sum(len(text.splitlines()) for text in helps)
     shown = a.first_screen(every, FIRST_SCREEN_LINES - used - framing)
     for i, (m, configs, rows) in enumerate(zip(machines, every, shown)):
         # no blank line between tables: a heading ends the table above it, and the first screen stays short
@@ -113,6 +132,32 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
             )
         raw = [c.csv_record() for c in configs]
         doc.tables.append((f"answer-{m.slug}.csv", Table("answer", list(raw[0]), raw)))
+    for m, text in zip(machines, helps):
+        if text:
+            doc.add(f"\n#### Does a second GPU help? {inline(m.name)}\n{text}")
+
+
+def second_gpu(m: Machine) -> str:
+    """A machine of several GPUs: its sequence-parallel and data-parallel answer, two short tables."""
+    from attnbench.report import second_gpu as sg
+
+    if not m.several_gpus:
+        return ""
+    parts = []
+    seq = sg.sequence_parallel(m.rows, m.gpu_count)
+    if seq:
+        parts.append(wrapped(sg.SEQUENCE_TEXT) + seq.markdown())
+    batch = sg.data_parallel(m.speedups)
+    if batch:
+        parts.append(wrapped(sg.BATCH_TEXT) + batch.markdown())
+    return "".join(parts)
+
+
+def wrapped(text: str) -> str:
+    """Prose on the first screen, in lines a terminal shows whole."""
+    import textwrap
+
+    return textwrap.fill(text, 110, break_on_hyphens=False) + "\n"
 
 
 def details(doc: Doc, machines: list[Machine]) -> None:

@@ -79,6 +79,7 @@ class CallCost:
     family: str  # the group label: implementation, configuration, module, mode, dtype, GPUs
     line: Line
     cases: tuple[tuple[str, float, float], ...]  # (case, one-GPU ms, strategy ms)
+    single: Any = None  # a one-GPU row of the family: what kernel ran (its ``backend``)
 
     @property
     def first_faster_case(self) -> str | None:
@@ -98,7 +99,9 @@ def call_costs(groups: dict[tuple, list[dict[str, Any]]]) -> list[CallCost]:
         )
         line = fit_line([(one, multi) for _, one, multi in measured])
         if line is not None:
-            out.append(CallCost(strategy, family, line, measured))
+            out.append(
+                CallCost(strategy, family, line, measured, next((c["single"] for c in cases if c["single"]), None))
+            )
     return out
 
 

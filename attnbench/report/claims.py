@@ -54,7 +54,7 @@ ROW_KEYS = (
     "device",
     "memory_limit",
 )
-SETTLES = ("one GPU", "two GPUs", "CPU")
+SETTLES = ("one GPU", "two GPUs")
 EIGHT_GIB = 8 * GIB  # the seeds' GTX 1080
 SEED_GPUS = {1: "one GTX 1080 (8 GB)", 2: "two GTX 1080s (8 GB each)"}  # what the seeds ran on
 
@@ -179,7 +179,8 @@ def _number(text: str) -> bool:
 
 def matches(row: Row, match: dict[str, Any]) -> bool:
     """Every key of ``match`` agrees with the row (a row field, else a configuration
-    parameter); a list for a row field means any of its values."""
+    parameter); a list for a row field means any of its values; ``false`` also matches a
+    flag the row leaves out (options that are off stay out of rows)."""
     ident = row.identity() if hasattr(row, "identity") else {}
     config = getattr(row, "config", None) or {}
     for key, want in match.items():
@@ -187,7 +188,7 @@ def matches(row: Row, match: dict[str, Any]) -> bool:
             have = row.kind if key == "kind" else ident.get(key, getattr(row, key, None))
             if have not in (want if isinstance(want, list) else [want]):
                 return False
-        elif config.get(key) != want:
+        elif config.get(key, False if want is False else None) != want:
             return False
     return True
 

@@ -20,6 +20,17 @@ from attnbench.units import format_gib
 UNKNOWN_MACHINE = "unknown machine"
 
 
+@dataclass(frozen=True)
+class Retired:
+    """A run whose rows a newer run replaced: kept and listed, never in an answer, section or verdict."""
+
+    run: str
+    by: str  # the run that replaced it
+    why: str
+    machines: tuple[str, ...]
+    rows: int
+
+
 @dataclass
 class Results:
     source: Path
@@ -27,6 +38,45 @@ class Results:
     rows: list[Row]
     problems: list[str]  # one line per unreadable line: FILE:LINE: why
     by_machine: dict[str, list[Row]] = field(default_factory=dict)
+    retired: list[Retired] = field(default_factory=list)
+
+
+# Beside the result files: the runs newer ones replaced, each with the run that did and why
+# (``[[run]]`` tables of ``run``, ``by``, ``why``).
+SUPERSEDED_FILE = "superseded.toml"
+
+
+def read_superseded(path: Path) -> dict[str, tuple[str, str]]:
+    """run -> (by, why) from ``path/superseded.toml``; none where the file is absent."""
+    import tomllib
+
+    file = Path(path) / SUPERSEDED_FILE
+    if not file.is_file():
+        return {}
+    try:
+        tables = tomllib.loads(file.read_text()).get("run", [])
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise AttnbenchError(f"{file}: not valid TOML ({exc}); fix it or remove it") from None
+    out = {}
+    for i, t in enumerate(tables if isinstance(tables, list) else [None], 1):
+        if not isinstance(t, dict) or set(t) != {"run", "by", "why"} or not all(isinstance(v, str) for v in t.values()):
+            raise AttnbenchError(f"{file}: [[run]] {i} must hold exactly run, by and why, each a string")
+        out[t["run"]] = (t["by"], t["why"])
+    return out
+
+
+def retire(rows: list[Row], superseded: dict[str, tuple[str, str]]) -> tuple[list[Row], list[Retired]]:
+    """The rows still standing, and each superseded run that has rows here."""
+    live = [r for r in rows if r.run not in superseded]
+    gone: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.run in superseded:
+            gone.setdefault(r.run, []).append(r)
+    retired = [
+        Retired(run, *superseded[run], tuple(sorted({machine_of(r) for r in rs})), len(rs))
+        for run, rs in sorted(gone.items())
+    ]
+    return live, retired
 
 
 def machine_of(row: Row) -> str:
@@ -51,12 +101,13 @@ def load(path: Path) -> Results:
             f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
         )
+    rows, retired = retire(rows, read_superseded(path) if path.is_dir() else {})
     rows = [relabel(r, compact_label(r)) if has_label(r) else r for r in rows]
     rows = separate_code_versions(separate_memory_limits(rows))
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
-    return Results(path, files, rows, problems, groups)
+    return Results(path, files, rows, problems, groups, retired)
 
 
 # --- kinds and fields -------------------------------------------------------------------------

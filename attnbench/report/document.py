@@ -35,7 +35,6 @@ PRODUCERS = {
     "--dilation-rates 1,2",
     "training": "attnbench run --profile gpu-fwd-bwd",
     "models": "attnbench run --profile models",
-    "seeds-cpu": "attnbench run --profile seeds-cpu",
 }
 # ... and on a CPU machine, where it differs: the profiles' CPU twins (two gloo processes for
 # what takes two GPUs).

@@ -238,25 +238,27 @@ def measure_one(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
     return _row_metric(m, claim.metric, match, claim.pick)
 
 
-def _top(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
-    """The claim's own rows, else those of its stand-in settings, said in a note."""
+def _top(claim: Claim, m, match: dict[str, Any]) -> tuple[Measured | None, dict[str, Any]]:
+    """The claim's own rows, else those of its stand-in settings, said in a note; and the
+    settings that stood in (empty where none did), which a ratio's other side takes too."""
     found = measure_one(claim, m, match)
     if found is None and claim.stand_in:
         found = measure_one(claim, m, {**match, **claim.stand_in})
         if found is not None:
             settings = ", ".join(f"{k} {v}" for k, v in claim.stand_in.items())
             found.notes.append(f"no row at the seed's settings: {settings} stands in")
-    return found
+            return found, claim.stand_in
+    return found, {}
 
 
 def measure(claim: Claim, m) -> Measured | None:
-    """The claim's quantity on one machine: its metric, or the ratio ``match`` over ``over``. A claim about GPUs takes GPU rows only, unless its rows come from the CPU
-    (``settles = "CPU"``)."""
-    on = {} if claim.where == "CPU" else {"device": "cuda"}
-    top = _top(claim, m, {**on, **claim.match})
+    """The claim's quantity on one machine: its metric, or the ratio ``match`` over ``over``,
+    from GPU rows only (every seed ran on GPUs)."""
+    on = {"device": "cuda"}
+    top, stood_in = _top(claim, m, {**on, **claim.match})
     if top is None or claim.over is None:
         return top
-    over = {**on, **claim.over}
+    over = {**on, **claim.over, **stood_in}
     if "seq_len" in claim.match and "seq_len" not in over:
         over["seq_len"] = claim.match["seq_len"]
     bottom = measure_one(claim, m, over)

@@ -68,6 +68,8 @@ def time_scaling(rows: list[Row]) -> list[dict[str, Any]]:
                 "efficiency": speedup / p if speedup else None,
                 "timer": timer,
                 "time_ci": time_interval(r, timer),
+                "base_ci": time_interval(base, timer),
+                "speedup_ci": speedup_ci,
                 "efficiency_ci": divided(speedup_ci, p),
                 "overhead": (p / speedup - 1) if speedup else None,
                 "efficiency_same_split": same_ci.value / p if same_ci else None,
@@ -75,6 +77,7 @@ def time_scaling(rows: list[Row]) -> list[dict[str, Any]]:
                 "comm_wait_ms": slowest.get("comm_wait_ms"),
                 "sent_bytes": r.sent_bytes if r.sent_bytes is not None else slowest.get("sent_bytes"),
                 "algbw_gbps": r.algbw_gbps,
+                "link_gbps": r.link_gbps,
                 "backend": r.backend,
             }
         )
@@ -125,6 +128,7 @@ def scaling_markdown(rows: list[Row]) -> str:
                     "Efficiency (same split)",
                     "Sent/Call",
                     "algbw (GB/s)",
+                    "Link (GB/s)",
                     "Compute (ms)",
                     "Comm Wait (ms)",
                     "Timer",
@@ -143,6 +147,7 @@ def scaling_markdown(rows: list[Row]) -> str:
                         _f(t["efficiency_same_split"], ".3f"),
                         format_bytes(t["sent_bytes"]),
                         _f(t["algbw_gbps"], ",.2f"),
+                        _f(t["link_gbps"], ",.1f"),
                         _f(t["compute_ms"], ",.2f"),
                         _f(t["comm_wait_ms"], ",.2f"),
                         t["timer"],
@@ -158,7 +163,7 @@ def scaling_markdown(rows: list[Row]) -> str:
             "measured in the same results; `same split`: the same implementation on one rank, used only where "
             "no equal-work row exists, and shown as its own column. Timer `gpu` where both rows have GPU time, "
             "else `eager`. Sent/Call: bytes the busiest rank sends per call; algbw: those bytes over the call's "
-            "time (as nccl-tests' algbw). Compute and communication wait are the slowest rank's medians; "
+            "time (as nccl-tests' algbw); Link: the same ranks' exchange alone, measured just before the trial, what the link gives. Compute and communication wait are the slowest rank's medians; "
             "memory is the fullest GPU's `max_memory_allocated` (CPU: resident-set growth).\n"
         )
     sizes = max_seq_scaling(rows)

@@ -45,7 +45,7 @@ VERDICTS = (CONFIRMED, DIRECTION_ONLY, REFUTED, INCONCLUSIVE, NOT_COMPARABLE, NO
 
 SEEDS_GPU_COMMAND = "attnbench run --profile seeds"
 SEEDS_8GIB_COMMAND = "attnbench run --profile seeds-8gib"
-SEEDS_CPU_COMMAND = "attnbench run --profile seeds-cpu"
+SEEDS_TWO_GPU_COMMAND = "attnbench run --profile multi-gpu"
 SPEED = ("speedup", "efficiency", "time_ms", "tokens_per_s")  # what a CPU's rows never settle where a GPU's exist
 
 
@@ -185,9 +185,9 @@ def _compare_bound(claim: Claim, m: Measured) -> tuple[str, str]:
 def where_from(claim: Claim) -> str:
     where = claim.where
     if where == "two GPUs":
-        return "needs two GPUs" + (" under an 8 GiB allocator limit" if claim.metric == "max_seq_8gb" else "")
-    if where == "CPU":
-        return f"the CPU measures it: `{SEEDS_CPU_COMMAND}`"
+        if claim.metric == "max_seq_8gb":
+            return "needs two GPUs under an 8 GiB allocator limit"
+        return f"needs two GPUs: `{SEEDS_TWO_GPU_COMMAND}`"
     if claim.metric == "max_seq_8gb":
         return f"one GPU measures it under an 8 GiB allocator limit: `{SEEDS_8GIB_COMMAND}`"
     return f"one GPU measures it: `{SEEDS_GPU_COMMAND}`"

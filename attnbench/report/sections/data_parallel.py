@@ -61,11 +61,57 @@ def speedup_notes(c: dict[str, Any]) -> str:
     return "; ".join(b for b in bits if b)
 
 
+def call_costs(doc: Doc, m: Machine) -> None:
+    """Per kernel and strategy, the line through its times against one GPU's, and in words
+    where DataParallel's fixed cost comes from (its rows beside the `thread` rows)."""
+    from attnbench.report.call_cost import call_costs as lines
+    from attnbench.report.call_cost import thread_share
+    from attnbench.report.second_gpu import kernel_name
+
+    costs = lines(speedup_groups(m.speedups))
+    if not costs:
+        return
+    doc.heading(4, "What a call costs, per kernel and strategy")
+    doc.add(
+        "\nA straight line through each strategy's eager times against the one-GPU time of the same cases "
+        "(weighted by relative error): the fixed cost per call, the cost per millisecond of one GPU's work "
+        "(1/GPUs at best; 1 for `thread`, which runs on one GPU), and the one-GPU call time from which the "
+        "strategy is faster than one GPU. ±: half the 95% interval from the line's residuals, n cases.\n"
+    )
+    records = [
+        {
+            "Kernel": kernel_name(c.single) if c.single else c.family,
+            "Strategy": STRATEGY_NAMES.get(c.strategy, c.strategy),
+            "Fixed cost per call": ms_cell(c.line.fixed),
+            "Per ms of one GPU's work": ratio_cell(c.line.per_work),
+            "Faster than one GPU from": None if c.strategy == "thread" else c.line.break_even_ms,
+            "First faster case": c.first_faster_case,
+        }
+        for c in costs
+    ]
+    formats = {"Faster than one GPU from": lambda v: f"{v:,.3g} ms calls"}
+    doc.table(Table("call-costs", list(records[0]), records, formats))
+    pairs = list(thread_share(costs).values())
+    if pairs:
+        doc.add(
+            "\nWhere DataParallel's fixed cost comes from: it starts a thread per replica at every call, and the "
+            "`thread` rows time the same call on one GPU from a new thread, with no second GPU, scatter or gather "
+            "involved. What a new thread costs is the kernel library's:\n"
+        )
+        for dp, thread in pairs:
+            name = kernel_name(dp.single) if dp.single else dp.family
+            doc.add(
+                f"- {name}: DataParallel {ms_cell(dp.line.fixed)} per call; a new thread alone "
+                f"{ms_cell(thread.line.fixed)}"
+            )
+
+
 def render(doc: Doc, m: Machine) -> None:
     if not m.speedups:
         if m.several_gpus:
             doc.missing("no speedup rows on this machine", "speedup")
         return
+    call_costs(doc, m)
     for (strategy, label), cases in speedup_groups(m.speedups).items():
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
         records = [

@@ -40,6 +40,7 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
                 "Baseline": f"{p['baseline']}: {s.impl}" if s else None,
                 "Sent per Call": getattr(r, "sent_bytes", None),
                 "algbw (GB/s)": getattr(r, "algbw_gbps", None),
+                "Link (GB/s)": getattr(r, "link_gbps", None),
             }
         )
     doc.table(

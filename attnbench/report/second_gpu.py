@@ -1,0 +1,162 @@
+"""Does a second GPU help? The first screen's answer for a machine of several GPUs, from its rows.
+
+Two short tables: one sequence over the GPUs (per sequence-parallel implementation, its longest
+sequence on one GPU and on all of them, and its time at the longest length measured against
+the best one-GPU implementation of the same key sets over the whole sequence: equal work), and
+a batch over the GPUs (per kernel, DataParallel and one process per GPU: the fixed cost per call
+and the speedup at the largest case, and what a new thread alone costs that kernel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnbench.report import data as d
+from attnbench.report.call_cost import CallCost, call_costs, family_kernel
+from attnbench.report.intervals import ms_cell, ratio_cell
+from attnbench.report.markdown import Table
+from attnbench.report.multigpu import EQUAL_WORK, speedup_groups
+from attnbench.report.scaling import max_seq_scaling, time_scaling
+from attnbench.units import format_bytes, short_tokens
+
+SEQUENCE_TEXT = (
+    "One sequence over the GPUs: the longest sequence on one GPU and on all of them; the time at the longest "
+    "length measured on all, against the best one-GPU implementation over the whole sequence (equal work):"
+)
+BATCH_TEXT = (
+    "A batch over the GPUs, per kernel: a line through each strategy's eager times against one GPU's gives its "
+    "fixed cost per call (±half its 95% interval, n cases); `New thread alone`: the same call on one GPU from a "
+    "new thread, as DataParallel makes each replica's (section Data parallelism says why):"
+)
+SEQUENCE_HEADERS = (
+    "Implementation",
+    "Longest, 1 GPU → all",
+    "At",
+    "1 GPU (equal work)",
+    "All GPUs",
+    "Speedup",
+    "Efficiency",
+    "Sent per call",
+)
+BATCH_HEADERS = (
+    "Kernel",
+    "DataParallel: fixed cost per call",
+    "speedup at largest case",
+    "New thread alone",
+    "Multi-process: fixed cost per call",
+    "speedup at largest case ",
+)
+
+
+def sequence_parallel(rows: list, gpus: int) -> Table | None:
+    """Per sequence-parallel implementation: the equal-work comparison at its longest length on
+    the most GPUs, and its longest sequence on one GPU and on all of them."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for t in time_scaling(rows):
+        if t["world_size"] != gpus or not (t["baseline"] or "").startswith(EQUAL_WORK):
+            continue
+        best = chosen.get(t["impl"])
+        if best is None or (t["seq_len"], t["time_ms"] or 0) > (best["seq_len"], best["time_ms"] or 0):
+            chosen[t["impl"]] = t
+    if not chosen:
+        return None
+    longest = _longest(rows)
+    records = [
+        {
+            "Implementation": t["impl"],
+            "Longest, 1 GPU → all": longest.get(t["impl"]),
+            "At": short_tokens(t["seq_len"]),
+            "1 GPU (equal work)": f"{t['baseline'].split(': ')[-1]} {ms_cell(t['base_ci'])}",
+            "All GPUs": ms_cell(t["time_ci"]),
+            "Speedup": t["speedup_ci"],
+            "Efficiency": t["efficiency_ci"],
+            "Sent per call": _sent(t),
+        }
+        for t in chosen.values()
+    ]
+    return Table(
+        "second-gpu-sequence", list(SEQUENCE_HEADERS), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell}
+    )
+
+
+def _longest(rows: list) -> dict[str, str]:
+    """impl -> "32M → 64M": its searches' longest on one rank and on the most ranks."""
+    found: dict[str, dict[int, int]] = {}
+    for s in max_seq_scaling(rows):
+        if s["max_seq_len"]:
+            found.setdefault(s["impl"], {})[s["world_size"]] = s["max_seq_len"]
+    return {
+        impl: f"{short_tokens(by[1])} → {short_tokens(by[max(by)])}"
+        for impl, by in found.items()
+        if 1 in by and len(by) > 1
+    }
+
+
+def _sent(t: dict[str, Any]) -> str:
+    if not t["sent_bytes"]:
+        return "0 B (each shard holds its keys)"
+    link = t.get("link_gbps")
+    share = f", {100 * t['algbw_gbps'] / link:.2g}% of the link's rate" if link and t.get("algbw_gbps") else ""
+    return f"{format_bytes(t['sent_bytes'])}{share}"
+
+
+def data_parallel(speedups: list[dict[str, Any]]) -> Table | None:
+    """Per kernel: DataParallel's and multi-process's fixed cost per call and their speedup at
+    the largest case, beside what the same call costs on one GPU from a new thread."""
+    costs = call_costs(speedup_groups(speedups))
+    by_kernel: dict[str, dict[str, CallCost]] = {}
+    names: dict[str, str] = {}
+    for c in costs:
+        by_kernel.setdefault(family_kernel(c.family), {})[c.strategy] = c
+        if c.single is not None:
+            names[family_kernel(c.family)] = kernel_name(c.single)
+    largest = _largest_case(speedups)
+    records = []
+    for kernel, by in by_kernel.items():
+        if "dp" not in by and "mp" not in by:
+            continue
+        records.append(
+            {
+                "Kernel": names.get(kernel, kernel),
+                "DataParallel: fixed cost per call": _fixed(by.get("dp")),
+                "speedup at largest case": largest.get((kernel, "dp")),
+                "New thread alone": _fixed(by.get("thread")),
+                "Multi-process: fixed cost per call": _fixed(by.get("mp")),
+                "speedup at largest case ": largest.get((kernel, "mp")),
+            }
+        )
+    if not records:
+        return None
+    formats = {"speedup at largest case": _case_ratio, "speedup at largest case ": _case_ratio}
+    return Table("second-gpu-batch", list(BATCH_HEADERS), records, formats)
+
+
+def kernel_name(row) -> str:
+    """`sdpa (cudnn)`, `dilated[1024,2048/1,2] (triton)`: the configuration and the kernel that ran;
+    a model around it and training named too."""
+    name = d.short_name(row) + (f" ({row.backend})" if row.backend else "")
+    if getattr(row, "module", None) == "multihead":
+        name += " multi-head"
+    return name + (" training" if row.mode == "fwd_bwd" else "")
+
+
+def _fixed(c: CallCost | None) -> str | None:
+    return ms_cell(c.line.fixed) if c else None
+
+
+def _largest_case(speedups: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[str, Any]]:
+    """(kernel, strategy) -> (case, speedup interval) at the case with the longest one-GPU time."""
+    out: dict[tuple[str, str], tuple[str, Any, float]] = {}
+    for (strategy, family), cases in speedup_groups(speedups).items():
+        for c in cases:
+            if c["speedup_ci"] is None or not c["single_ms"]:
+                continue
+            key = (family_kernel(family), strategy)
+            if key not in out or c["single_ms"].value > out[key][2]:
+                out[key] = (c["row"].case, c["speedup_ci"], c["single_ms"].value)
+    return {k: v[:2] for k, v in out.items()}
+
+
+def _case_ratio(v: tuple[str, Any]) -> str:
+    case, iv = v
+    return f"{ratio_cell(iv)} at {case}"
