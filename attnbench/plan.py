@@ -82,7 +82,7 @@ class Settings:
     seq_lens: tuple[int, ...] = ()  # for kind = points
     start: int = 0  # first length of the search; 0: the smallest multiple of the granularity >= 1024
     max_seq_len: int = 1 << 31
-    resolution: int = 0  # stop bisecting at this gap (0: the granularity)
+    resolution: int = 0  # stop bisecting at this gap (0: 1% of the answer, at least the granularity)
     max_trial_seconds: float = 60.0
     memory_limit: int | None = None
     isolate: bool = True  # one fresh process per trial

@@ -263,3 +263,34 @@ def test_a_failure_the_model_put_below_its_limit_is_bracketed_one_resolution_und
     lengths = [n for n, _ in result.tried]
     assert lengths[: lengths.index(1792) + 2] == [512, 1024, 2560, 1792, 2304]
     assert (result.best, result.first_failure) == (2304, 2560) and len(result.tried) <= 6
+
+
+class LowModel(Device):
+    """A CPU under an address-space cap: each success reports the cap as its budget, but the
+    allocation fails ``slack`` beyond it (memory mapped before the trial is not counted), so the
+    model puts the limit a little below where it is, every time."""
+
+    slack = 1.012
+
+    def runs(self, n):
+        return "oom" if self.peak(n) > self.slack * self.budget else "ok"
+
+
+def dilated_on_a_cpu(n):  # 1.07x its floor of 512 bytes a token, on 15 MB
+    return 1.5e7 + 548 * n
+
+
+@pytest.mark.parametrize("law,degree,budget,start", [(dilated_on_a_cpu, 1, 2**30, 4096), (quadratic, 2, 2**28, 1024)])
+def test_a_model_that_is_always_a_little_low_is_bracketed_then_bisected_not_crept_up_on(law, degree, budget, start):
+    """The default resolution (1% of the answer): at most 8 trials, confirmation included, for
+    the answer a blind doubling search finds at that resolution."""
+    device = LowModel(law, budget)
+    lim = Limits(start=start, granularity=512, max_len=1 << 31, degree=degree, relative=0.01)
+    result = predicted_search(device, lim)
+    truth = device.truth(start, 512, 1 << 31)
+    assert result.best <= truth < result.first_failure and result.confirmed
+    assert result.first_failure - result.best <= lim.gap_at(result.best)
+    assert len(result.tried) <= 8, result.tried
+    blind = grow_then_bisect(lambda n, p: device.runs(n), start, 512, 1 << 31, lim.gap_at(result.best))
+    assert abs(result.best - blind.best) <= lim.gap_at(result.best)
+    assert len(result.tried) < len(blind.tried)

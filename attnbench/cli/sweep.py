@@ -62,7 +62,10 @@ def max_seq(
     start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
     max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
     resolution: Annotated[
-        Optional[str], typer.Option("--resolution", help="stop bisecting at this gap \\[default: granularity]")
+        Optional[str],
+        typer.Option(
+            "--resolution", help="stop bisecting at this gap \\[default: 1% of the answer, at least the granularity]"
+        ),
     ] = None,
     max_trial_seconds: TrialSecOpt = None,
     memory_limit: MemLimitOpt = None,

@@ -49,6 +49,11 @@ UNEXPECTED_TIME_SHARE = 0.5
 # After this many model-guided guesses failed, the model does not know this edge (an OOM point
 # that moves from run to run, say): bisection alone from there.
 MODEL_MISSES = 2
+# Without --resolution a search stops within this share of its answer (at least the
+# granularity): a process's memory differs by about this much from one to the next (a CPU's
+# mapped memory before its trial, say), so a finer bracket would be noise, and each halving of
+# it costs a trial near the limit, the longest trials of a search.
+DEFAULT_RELATIVE_RESOLUTION = 0.01
 # Statuses that say nothing about the limit: a crash or a kill runs once more.
 FLAKY = ("killed", "error")
 # The phase of a length recorded as predicted, not run.
@@ -88,12 +93,20 @@ class Limits:
     resolution: int = 0  # stop once failure - success <= the resolution (on the granularity's grid)
     degree: int = 1  # of the memory fit: 1 linear, 2 quadratic
     time_limit_ms: float | None = None  # the per-call limit (None: none predicted)
+    relative: float = 0.0  # ... or this share of the largest success, where that is more
 
     @property
     def gap(self) -> int:
-        """The resolution on the granularity's grid: the search stops once the bracket is this
-        narrow, and its guesses and steps are multiples of it."""
-        return max(self.granularity, -(-self.resolution // self.granularity) * self.granularity)
+        """The resolution on the granularity's grid: guesses are multiples of it, and the
+        search stops once the bracket is this narrow (or ``gap_at`` its lower end)."""
+        return max(self.granularity, self.up_grid(self.resolution))
+
+    def gap_at(self, lo: int) -> int:
+        """The bracket's width that ends the search with ``lo`` its largest success."""
+        return max(self.gap, self.up_grid(self.relative * lo))
+
+    def up_grid(self, x: float) -> int:
+        return -(-int(x) // self.granularity) * self.granularity
 
 
 @dataclass
@@ -128,8 +141,7 @@ class _Search:
         self.tried: list[tuple[int, str]] = []
         self.missed = False  # the last model-guided guess failed: bisect once
         self.misses = 0  # model-guided guesses that failed
-        self.step = limits.gap  # the step above a success the model puts at the limit
-        self.brackets = 0  # successful steps above the model's limit in a row
+        self.step = 0  # the step above a success the model puts at the limit (0: one resolution)
         self.contradicted = False  # a failure has contradicted the model once
 
     # --- the model ----------------------------------------------------------------------
@@ -180,7 +192,7 @@ class _Search:
         lim = self.lim
         if not self.tried:
             return lim.start, "grow"
-        if self.hi is not None and self.hi - self.lo <= lim.gap:
+        if self.hi is not None and self.hi - self.lo <= lim.gap_at(self.lo):
             return None, ""
         cap = self.on_grid(lim.max_len, lim.granularity)
         if self.hi is None and self.lo >= cap:
@@ -200,14 +212,22 @@ class _Search:
         # just below the predicted limit: far below while the model extrapolates from short
         # trials, else by 1% of it or half the resolution, whichever is less
         near = 2 * self.lo >= target
-        below = min(NEAR_MARGIN * target, lim.gap / 2) if near else FAR_MARGIN * target
+        below = min(NEAR_MARGIN * target, lim.gap_at(self.lo) / 2) if near else FAR_MARGIN * target
         guess = max(self.on_grid(target - below, lim.gap), lim.granularity)
         phase = "predict"
-        if guess <= self.lo:  # the model puts the limit here: step above it (at most doubling)
-            guess, phase = self.lo + min(self.step, self.lo), "bracket"
+        if guess < self.lo + self.step_above():
+            # the model puts the limit within a step of what ran: guesses there would creep up
+            # a resolution at a time, so bracket it one step above, then bisect
+            guess, phase = self.lo + self.step_above(), "bracket"
         if self.hi is not None and guess >= self.hi:
             return self.bisect()
         return min(guess, cap), phase
+
+    def step_above(self) -> int:
+        """The step above the largest success where the model puts the limit: the resolution
+        (a near guess stays half of it under the model's limit), doubled after each step that
+        ran, at most doubling the length."""
+        return min(max(self.step, self.lim.gap_at(self.lo)), self.lo)
 
     def below_failure(self, target: int | None) -> int | None:
         """One resolution under the smallest failure, where the model puts the limit at or
@@ -216,7 +236,7 @@ class _Search:
         failed says less)."""
         if target is None or self.hi is None or target < self.hi or 2 * self.lo < self.hi:
             return None
-        under = self.on_grid(self.hi - self.lim.gap, self.lim.granularity)
+        under = self.on_grid(self.hi - self.lim.gap_at(self.lo), self.lim.granularity)
         return under if under > self.lo else None
 
     # --- one length ---------------------------------------------------------------------
@@ -264,17 +284,15 @@ class _Search:
 
     def learn(self, n: int, phase: str, out: Outcome, predicted: bool) -> None:
         if out.status == "ok":
+            # a step above the model's limit that ran: the model is low, the next step doubles
+            self.step = 2 * (n - self.lo) if phase == "bracket" and n > self.lo else 0
             self.lo = max(self.lo, n)
-            # a model low twice in a row: the steps above it double
-            self.brackets = self.brackets + 1 if phase == "bracket" else 0
-            self.step = 2 * self.step if self.brackets >= 2 else self.lim.gap
             return
-        self.brackets = 0
         if self.hi is None or n < self.hi:
             self.hi, self.hi_status, self.hi_predicted = n, out.status, predicted
         self.missed = phase in ("predict", "bracket")
         self.misses += self.missed
-        self.step = self.lim.gap
+        self.step = 0
 
     # --- the search ---------------------------------------------------------------------
     def search(self) -> SearchResult:

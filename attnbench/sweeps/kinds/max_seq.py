@@ -18,7 +18,15 @@ from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured
 from attnbench.plan import Series
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import TrialKind, parallelism
-from attnbench.sweeps.search import PREDICTED, Limits, Outcome, Prediction, SearchResult, predicted_search
+from attnbench.sweeps.search import (
+    DEFAULT_RELATIVE_RESOLUTION,
+    PREDICTED,
+    Limits,
+    Outcome,
+    Prediction,
+    SearchResult,
+    predicted_search,
+)
 
 # What makes two max-seq-result rows the same search result (a resumed run does not repeat one).
 RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
@@ -67,6 +75,7 @@ class MaxSeq(TrialKind):
             resolution=st.resolution,
             degree=impls.memory_order(s.impl),
             time_limit_ms=st.max_trial_seconds * 1e3,
+            relative=0.0 if st.resolution else DEFAULT_RELATIVE_RESOLUTION,
         )
         return predicted_search(probe, limits)
 
