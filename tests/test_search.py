@@ -1,5 +1,7 @@
 """Grow-then-bisect against an injected failure threshold."""
 
+from dataclasses import replace
+
 import pytest
 
 from attnbench.sweeps.search import grow_then_bisect
@@ -294,3 +296,30 @@ def test_a_model_that_is_always_a_little_low_is_bracketed_then_bisected_not_crep
     blind = grow_then_bisect(lambda n, p: device.runs(n), start, 512, 1 << 31, lim.gap_at(result.best))
     assert abs(result.best - blind.best) <= lim.gap_at(result.best)
     assert len(result.tried) < len(blind.tried)
+
+
+def test_a_search_starts_no_trial_once_its_time_budget_is_spent():
+    """Each trial takes 60 s of a clock the probes advance (no real time passes): under a 300 s
+    budget five trials start, the sixth does not, and the answer is the largest success so far,
+    unconfirmed, stopped by the budget. With room to spare the budget changes nothing."""
+    clock = [0.0]
+
+    def timed(device):
+        def probe(n, phase, attempt, prediction):
+            clock[0] += 60.0
+            return device(n, phase, attempt, prediction)
+
+        return probe
+
+    device = LowModel(dilated_on_a_cpu, 2**30)
+    budgeted = Limits(start=4096, granularity=512, max_len=1 << 31, relative=0.01, budget_s=300.0)
+    result = predicted_search(timed(device), budgeted, clock=lambda: clock[0])
+    assert len(result.tried) == 5 and result.stop_status == "budget" and result.stopped_by == "search time budget"
+    assert result.best == max(n for n, s in result.tried if s == "ok") and not result.confirmed
+
+    unbounded = predicted_search(LowModel(dilated_on_a_cpu, 2**30), replace(budgeted, budget_s=None))
+    clock[0] = 0.0
+    roomy = predicted_search(
+        timed(LowModel(dilated_on_a_cpu, 2**30)), replace(budgeted, budget_s=1e6), lambda: clock[0]
+    )
+    assert roomy.tried == unbounded.tried and roomy.stop_status == "oom" and roomy.confirmed

@@ -7,7 +7,6 @@ into anything but a regular file; one run holds a directory at a time (``Results
 from __future__ import annotations
 
 import contextlib
-
 import datetime as dt
 import errno
 import hashlib
@@ -31,12 +30,15 @@ TRIALS_FILE = "trials.jsonl"
 #   unsupported  the library says the shape or dtype is not supported
 #   error        anything else
 STATUSES = ("ok", "oom", "host-oom", "killed", "time-limit", "unsupported", "error")
+# The stop status of a max-seq search its time budget ended before its bracket closed.
+BUDGET = "budget"
 # What stopped a max-seq search, in words, by the status of its first failure.
 STOPPED_BY = {
     "oom": "memory",
     "host-oom": "host memory",
     "time-limit": "time",
     "cap": "max-seq-len cap",
+    BUDGET: "search time budget",
     "killed": "killed",
     "unsupported": "unsupported shape",
 }

@@ -25,10 +25,12 @@ against).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnbench.measure.capacity import TimeModel, fit_leading, fit_memory, fit_time
+from attnbench.results import BUDGET
 
 # The first jump from fits of short trials stays this far below the predicted limit; once a
 # success lies within half of it, the guess goes this close (or half the resolution).
@@ -94,6 +96,7 @@ class Limits:
     degree: int = 1  # of the memory fit: 1 linear, 2 quadratic
     time_limit_ms: float | None = None  # the per-call limit (None: none predicted)
     relative: float = 0.0  # ... or this share of the largest success, where that is more
+    budget_s: float | None = None  # no trial starts after this many seconds of the search (None: no budget)
 
     @property
     def gap(self) -> int:
@@ -132,8 +135,10 @@ class SearchResult:
 
 
 class _Search:
-    def __init__(self, probe: Probe, limits: Limits) -> None:
-        self.probe, self.lim = probe, limits
+    def __init__(self, probe: Probe, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.probe, self.lim, self.clock = probe, limits, clock
+        self.started = clock()
+        self.out_of_time = False  # the budget ran out with lengths left to try
         self.lo, self.hi, self.hi_status, self.hi_predicted = 0, None, "cap", False
         self.successes: dict[int, Outcome] = {}
         self.budgets: list[float] = []
@@ -295,15 +300,20 @@ class _Search:
         self.step = 0
 
     # --- the search ---------------------------------------------------------------------
+    def spent(self) -> bool:
+        budget = self.lim.budget_s
+        return budget is not None and self.clock() - self.started >= budget
+
     def search(self) -> SearchResult:
         confirmed, confirm_failures = False, 0
         while True:
             n, phase = self.next_length()
-            while n is not None:
+            while n is not None and not self.spent():
                 out, predicted = self.run(n, phase)
                 self.learn(n, phase, out, predicted)
                 n, phase = self.next_length()
-            if not self.lo:
+            self.out_of_time = n is not None
+            if not self.lo or self.spent():  # nothing to confirm, or no time to
                 break
             out, _ = self.run(self.lo, "confirm")
             if out.status == "ok":
@@ -319,7 +329,7 @@ class _Search:
         return SearchResult(
             self.lo,
             self.hi,
-            self.hi_status,
+            BUDGET if self.out_of_time else self.hi_status,
             self.tried,
             confirmed,
             self.predict().max_seq,
@@ -327,11 +337,13 @@ class _Search:
         )
 
 
-def predicted_search(probe: Probe, limits: Limits) -> SearchResult:
-    """The largest length that runs, its bracket and whether it was confirmed (see the module)."""
+def predicted_search(probe: Probe, limits: Limits, clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """The largest length that runs, its bracket and whether it was confirmed (see the module).
+    Once ``limits.budget_s`` seconds of ``clock`` have passed no trial starts: the answer is
+    then a lower bound (stop status ``budget``), unconfirmed."""
     if limits.granularity <= 0 or limits.start <= 0 or limits.start % limits.granularity:
         raise ValueError(f"start {limits.start} must be a positive multiple of granularity {limits.granularity}")
-    return _Search(probe, limits).search()
+    return _Search(probe, limits, clock).search()
 
 
 def grow_then_bisect(

@@ -28,6 +28,9 @@ from attnbench.sweeps.search import (
     predicted_search,
 )
 
+# A search's time budget where none is set: on the CPU a first answer in minutes (a call there
+# can take the whole per-call limit); on a GPU an hour, well above any committed profile's search.
+SEARCH_BUDGET_S = {"cpu": 300.0, "cuda": 3600.0}
 # What makes two max-seq-result rows the same search result (a resumed run does not repeat one).
 RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
 
@@ -76,6 +79,7 @@ class MaxSeq(TrialKind):
             degree=impls.memory_order(s.impl),
             time_limit_ms=st.max_trial_seconds * 1e3,
             relative=0.0 if st.resolution else DEFAULT_RELATIVE_RESOLUTION,
+            budget_s=search_budget_s(st),
         )
         return predicted_search(probe, limits)
 
@@ -105,6 +109,11 @@ class MaxSeq(TrialKind):
             },
             RESULT_IDENTITY,
         )
+
+
+def search_budget_s(st) -> float:
+    """The seconds after which a search starts no trial: its setting, else its device's default."""
+    return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
 def prediction_fields(p: Prediction | None) -> dict[str, Any]:
