@@ -17,7 +17,15 @@ from attnbench.measure.timing import (
     summarize,
     warm_up,
 )
-from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens, short_tokens
+from attnbench.units import (
+    format_bytes,
+    format_gib,
+    format_tokens,
+    parse_bytes,
+    parse_int_list,
+    parse_tokens,
+    short_tokens,
+)
 
 
 @pytest.mark.parametrize(
@@ -121,6 +129,26 @@ def test_units():
     for bad in ("2 parsecs", "", "GiB", "80"):
         with pytest.raises(AttnbenchError):
             parse_bytes(bad)
+
+
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (0, "0 B"),
+        (42.4, "42.4 B"),  # a quadratic fit's coefficient
+        (1024, "1.00 KiB"),
+        (-58_470, "-57.1 KiB"),
+        (16_351_232, "15.6 MiB"),  # 16,351,232 / 2**20 = 15.59
+        (1023 * 2**20, "1,023 MiB"),
+        (1_149_000_000, "1.07 GiB"),  # 1.149e9 / 2**30 = 1.0701
+    ],
+)
+def test_memory_reads_in_the_binary_unit_its_size_calls_for_to_three_digits(n, text):
+    assert format_bytes(n) == text
+
+
+def test_a_limit_reads_as_a_profile_writes_it_whatever_its_size():
+    assert [format_gib(n) for n in (4 << 30, 100 << 20, 1024, 512)] == ["4 GiB", "100 MiB", "1 KiB", "512 B"]
 
 
 def test_a_length_past_a_binary_giga_reads_in_g_not_thousands_of_m():

@@ -165,10 +165,10 @@ def memory_table(trials: list[Trial]) -> str:
         [
             [
                 format_tokens(r.seq_len),
-                format_bytes(r.inputs_bytes, "GB"),
-                format_bytes(r.peak_bytes, "GB")
+                format_bytes(r.inputs_bytes),
+                format_bytes(r.peak_bytes)
                 if r.status == "ok"
-                else format_bytes(r.peak_bytes, "GB") + " at failure"
+                else format_bytes(r.peak_bytes) + " at failure"
                 if r.peak_bytes
                 else "-",
                 result_text(r.status),
@@ -182,13 +182,13 @@ def memory_table(trials: list[Trial]) -> str:
 def time_table(trials: list[Trial]) -> str:
     """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
     return table(
-        ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
+        ["Sequence Length", "Eager Time", "GPU Time", "Peak Memory", "Result", "Sparsity"],
         [
             [
                 format_tokens(r.seq_len),
                 ms_cell(time_interval(r)) if r.time_ms else "-",
                 _gpu_cell(r),
-                f"{r.peak_bytes / 1e6:,.1f}" if r.peak_bytes and r.status == "ok" else "-",
+                format_bytes(r.peak_bytes) if r.peak_bytes and r.status == "ok" else "-",
                 result_text(r.status),
                 format_sparsity(r.kept_fraction, r.causal),
             ]
@@ -225,7 +225,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
                 s["machine"] or s["device"],
                 bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
                 s["stopped_by"],
-                format_bytes(s["peak_bytes"], "GB"),
+                format_bytes(s["peak_bytes"]),
                 f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
                 ms_cell(time_interval(s)) if s["time_ms"] else "-",
             ]
