@@ -323,3 +323,25 @@ def test_a_search_starts_no_trial_once_its_time_budget_is_spent():
         timed(LowModel(dilated_on_a_cpu, 2**30)), replace(budgeted, budget_s=1e6), lambda: clock[0]
     )
     assert roomy.tried == unbounded.tried and roomy.stop_status == "oom" and roomy.confirmed
+
+
+class FixedCostsFirst(LowModel):
+    """dilated on a CPU as measured: at 4K and 8K the resident set is the process's fixed costs,
+    14.0 and 14.5 MiB, whose slope (128 bytes a token) is a quarter of the floor's."""
+
+    def __call__(self, n, phase, attempt, prediction):
+        out = super().__call__(n, phase, attempt, prediction)
+        if out.status != "ok":
+            return out
+        peak = 14.0 * 2**20 + 128 * (n - 4096) if n <= 8192 else out.peak_bytes
+        return Outcome("ok", float(peak), out.time_ms, out.flops, out.budget, floor_bytes=512.0 * n)
+
+
+def test_a_fit_below_the_floors_slope_never_sends_the_first_jump_past_where_the_inputs_fit():
+    device = FixedCostsFirst(dilated_on_a_cpu, 2**30)
+    lim = Limits(start=4096, granularity=4096, max_len=1 << 31, relative=0.01)
+    result = predicted_search(device, lim)
+    truth = device.truth(4096, 4096, 1 << 31)
+    assert result.best <= truth < result.first_failure and result.confirmed
+    assert all(n <= 2**30 / 512 for n, _ in result.tried), result.tried  # 1 GiB holds 2M tokens of floor
+    assert len(result.tried) <= 8, result.tried

@@ -81,6 +81,7 @@ class Outcome:
     flops: float | None = None  # FLOPs of one call
     budget: float | None = None  # bytes the fitted peak may reach here, as measured so far
     degree: int | None = None  # the memory law this trial showed, where it differs (a quadratic backend ran)
+    floor_bytes: float | None = None  # q, k, v and the output: a peak is never below them
 
 
 # probe(length, phase, attempt, prediction) -> Outcome; phase PREDICTED records without running
@@ -159,6 +160,10 @@ class _Search:
         fit = fit_memory(lengths, peaks, degree) or fit_leading(lengths, peaks, degree)
         return fit if fit is not None and fit.coef[-1] > 0 else None
 
+    def floor_per_token(self) -> float | None:
+        """Bytes of q, k, v and the output per token (the floor is linear in the length)."""
+        return max((o.floor_bytes / n for n, o in self.successes.items() if o.floor_bytes), default=None)
+
     def time_model(self) -> TimeModel | None:
         return fit_time([(n, o.time_ms, o.flops) for n, o in self.successes.items()])
 
@@ -174,6 +179,10 @@ class _Search:
     def predict(self, n: int | None = None) -> Prediction:
         fit, times, budget = self.memory_fit(), self.time_model(), self.budget()
         memory = fit.max_seq(budget) if fit is not None and budget else None
+        if memory is not None and self.floor_per_token():
+            # short trials' peaks are mostly fixed costs: a slope fitted to their noise can be
+            # below the floor's, and put the limit where the inputs alone would not fit
+            memory = min(memory, budget / self.floor_per_token())
         bounds = [memory] if memory is not None else []
         if times is not None and self.lim.time_limit_ms:
             bounds.append(times.max_seq(self.lim.time_limit_ms))

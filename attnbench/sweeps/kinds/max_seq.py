@@ -137,6 +137,7 @@ def outcome(row: dict[str, Any], rows: list[dict[str, Any]]) -> Outcome:
         flops=row.get("flops_executed"),
         budget=budget,
         degree=2 if row.get("backend") in QUADRATIC_BACKENDS else None,
+        floor_bytes=row.get("floor_bytes"),
     )
 
 
