@@ -238,3 +238,19 @@ def test_where_64k_does_not_answer_how_fast_each_row_is_timed_at_the_longest_len
         "naive": "3 ms ±0 (n=3)",
         "sdpa": "5 ms ±0 (n=3)",
     }
+
+
+def test_a_search_its_time_budget_stopped_is_a_lower_bound_for_the_report_and_the_check(tmp_path):
+    from attnbench.check.loading import searches
+    from attnbench.schema import MaxSeqResult, Trial
+
+    rows = search("dilated", [1024, 2048], None)
+    rows[-1] = typed_row(
+        kind="max-seq-result", series="s", label="dilated", seq_len=2048, stop_status="budget", env=ENV
+    )
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| dilated | bf16 H8 D64 | ≥ 2K | search time budget |" in answer
+    trials = [r for r in rows if isinstance(r, Trial)]
+    results = [r for r in rows if isinstance(r, MaxSeqResult)]
+    assert [s.complete for s in searches(trials, results).values()] == [False]
