@@ -359,3 +359,16 @@ def test_cpu_memory_in_use_is_never_negative_when_the_resident_set_shrinks(monke
     probe.start(None)
     assert probe.in_use() == 0
     assert probe.in_use() == 4096
+
+
+@pytest.mark.parametrize("first_ms,warmup_calls", [(2500.0, 0), (20.0, 1)])
+def test_on_the_cpu_a_first_call_of_seconds_is_the_warm_up(first_ms, warmup_calls):
+    """Near the time limit a CPU trial is its first call and its timed calls; a short first
+    call is still followed by the policy's warm-up call."""
+    from attnbench.measure.core import measure_step
+
+    timer = ScriptedTimer(False, [first_ms])
+    policy = TimingPolicy(warmup=1, min_samples=1, max_samples=1, target_ms=0, budget_s=30)
+    m = measure_step(lambda: None, policy, timer, 60.0)
+    assert m.status == "ok" and m.warmup_calls == warmup_calls and len(m.times_ms) == 1
+    assert timer.calls == 1 + warmup_calls + 1

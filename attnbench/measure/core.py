@@ -41,6 +41,8 @@ FLUSH_BELOW_MS = 1.0
 GPU_SAMPLE_MS = 10.0
 # A cold first call on CUDA may take this many times the per-call limit (cold_call_limit_s).
 COLD_CALL_FACTOR = 3.0
+# On the CPU a first call this long has warmed what it touches: it counts as the warm-up.
+WARM_AFTER_MS = 1000.0
 # Calls this long are not timed again for GPU time: the host's microseconds of dispatch are
 # far below the eager samples' spread, and each GPU-time sample would cost another call.
 GPU_TIME_BELOW_MS = 1000.0
@@ -349,6 +351,8 @@ def measure_step(
         cap_s = max(policy.budget_s / 2, policy.warmup_seconds(timer.cuda))
         phase("warm-up", cap_s + limit_s)
         warm_calls = (m.warm_call_ms,) if m.warm_call_ms is not None else ()
+        if not timer.cuda and m.first_call_ms >= WARM_AFTER_MS:
+            warm_calls = (m.first_call_ms,)  # one more call of seconds would warm nothing
         warm = warm_up(step, timer, policy, timer.cuda, sampler.clocks_settled, cap_s, warm_calls)
         # a warm-up of no calls has no time of its own: the warm call taken above, else the first
         basis = warm.last_ms if warm.calls else basis
