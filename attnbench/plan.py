@@ -86,7 +86,7 @@ class Settings:
     max_seq_len: int = 1 << 31
     resolution: int = 0  # stop bisecting at this gap (0: 1% of the answer, at least the granularity)
     max_trial_seconds: float = 60.0
-    # a max-seq search starts no trial after this many seconds (None: SEARCH_BUDGET_S by device)
+    # a max-seq search starts no trial it expects to end after this many seconds (None: by device)
     search_budget_s: float | None = None
     memory_limit: int | None = None
     isolate: bool = True  # one fresh process per trial

@@ -345,3 +345,20 @@ def test_a_fit_below_the_floors_slope_never_sends_the_first_jump_past_where_the_
     assert result.best <= truth < result.first_failure and result.confirmed
     assert all(n <= 2**30 / 512 for n, _ in result.tried), result.tried  # 1 GiB holds 2M tokens of floor
     assert len(result.tried) <= 8, result.tried
+
+
+def test_no_trial_starts_that_the_model_expects_to_end_past_the_budget():
+    """Calls of 1 ms per 40 tokens; a trial is two calls of the clock the probes advance. The
+    search stops where its next trial would end past 300 s: it ends within its budget."""
+    clock = [0.0]
+    device = LowModel(dilated_on_a_cpu, 2**30, time_ms=lambda n: n / 40, limit_ms=60_000.0, flops=lambda n: 1e3 * n)
+
+    def probe(n, phase, attempt, prediction):
+        out = device(n, phase, attempt, prediction)
+        clock[0] += 2 * min(device.time_ms(n), 60_000.0) / 1e3
+        return out
+
+    lim = Limits(start=4096, granularity=512, max_len=1 << 31, relative=0.01, time_limit_ms=60_000.0, budget_s=300.0)
+    result = predicted_search(probe, lim, clock=lambda: clock[0])
+    assert result.stop_status == "budget" and 0 < clock[0] <= 300.0
+    assert result.best == max(n for n, s in result.tried if s == "ok")

@@ -47,7 +47,7 @@ SearchBudgetOpt = Annotated[
     Optional[float],
     typer.Option(
         "--search-budget",
-        help="seconds after which a search starts no trial (its answer is then a lower bound) \\[default: 300 on the CPU, 3600 on a GPU]",
+        help="a search starts no trial it expects to end after this many seconds (its answer is then a lower bound) \\[default: 300 on the CPU, 3600 on a GPU]",
     ),
 ]
 MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]

@@ -309,20 +309,26 @@ class _Search:
         self.step = 0
 
     # --- the search ---------------------------------------------------------------------
-    def spent(self) -> bool:
-        budget = self.lim.budget_s
-        return budget is not None and self.clock() - self.started >= budget
+    def spent(self, n: int | None = None) -> bool:
+        """Whether the budget is out, or too short for a trial at ``n``: at least its first
+        call and one timed call, each as long as the model predicts, at most the limit."""
+        budget, limit = self.lim.budget_s, self.lim.time_limit_ms
+        if budget is None:
+            return False
+        call_ms = (self.predict(n).time_ms or 0.0) if n is not None else 0.0
+        trial_s = 2 * min(call_ms, limit or call_ms) / 1e3
+        return self.clock() - self.started + trial_s >= budget
 
     def search(self) -> SearchResult:
         confirmed, confirm_failures = False, 0
         while True:
             n, phase = self.next_length()
-            while n is not None and not self.spent():
+            while n is not None and not self.spent(n):
                 out, predicted = self.run(n, phase)
                 self.learn(n, phase, out, predicted)
                 n, phase = self.next_length()
             self.out_of_time = n is not None
-            if not self.lo or self.spent():  # nothing to confirm, or no time to
+            if not self.lo or self.spent(self.lo):  # nothing to confirm, or no time to
                 break
             out, _ = self.run(self.lo, "confirm")
             if out.status == "ok":
@@ -348,8 +354,8 @@ class _Search:
 
 def predicted_search(probe: Probe, limits: Limits, clock: Callable[[], float] = time.monotonic) -> SearchResult:
     """The largest length that runs, its bracket and whether it was confirmed (see the module).
-    Once ``limits.budget_s`` seconds of ``clock`` have passed no trial starts: the answer is
-    then a lower bound (stop status ``budget``), unconfirmed."""
+    No trial starts that the model expects to end after ``limits.budget_s`` seconds of
+    ``clock``: the answer is then a lower bound (stop status ``budget``), unconfirmed."""
     if limits.granularity <= 0 or limits.start <= 0 or limits.start % limits.granularity:
         raise ValueError(f"start {limits.start} must be a positive multiple of granularity {limits.granularity}")
     return _Search(probe, limits, clock).search()

@@ -112,7 +112,7 @@ class MaxSeq(TrialKind):
 
 
 def search_budget_s(st) -> float:
-    """The seconds after which a search starts no trial: its setting, else its device's default."""
+    """The seconds a search has for its trials: its setting, else its device's default."""
     return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
