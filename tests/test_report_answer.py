@@ -254,3 +254,16 @@ def test_a_search_its_time_budget_stopped_is_a_lower_bound_for_the_report_and_th
     trials = [r for r in rows if isinstance(r, Trial)]
     results = [r for r in rows if isinstance(r, MaxSeqResult)]
     assert [s.complete for s in searches(trials, results).values()] == [False]
+
+
+def test_where_searches_started_apart_the_speed_is_at_the_length_most_rows_ran(tmp_path):
+    rows = []
+    for impl, lengths in (("naive", [1024, 2048]), ("sdpa", [1024, 2048, 4096]), ("flex", [16384, 32768])):
+        for r in search(impl, lengths, 2 * max(lengths), series=impl):
+            rows.append(typed_row(**{**r.to_json(), "impl": impl, "config": {}}))
+    answer = render(load(write_rows(tmp_path / "run", rows))).text().split("## The answer")[1].split("\n## ")[0]
+    cells = [
+        line.strip("| ").split(" | ") for line in answer.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert cells[0][-1] == "Fwd time at 2K"
+    assert {c[0]: c[-1] for c in cells[1:]} == {"flex": "-", "naive": "1 ms ±0 (n=3)", "sdpa": "1 ms ±0 (n=3)"}

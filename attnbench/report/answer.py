@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,14 +152,18 @@ def shown_record(c: Configuration) -> dict[str, Any]:
 def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) -> None:
     """How fast, where the reference length does not answer it for every row: each
     configuration's forward trial at the longest length all of them ran (searches start short
-    and double, so one exists), the newest there."""
+    and double, so there is one), the newest there; where searches started apart, the length
+    most of them ran (the rest show none)."""
     if all(c.forward_tflops for c in configs):
         return
     ran = [{r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, [])), key=d.row_date)} for c in configs]
-    common = set.intersection(*(set(lengths) for lengths in ran)) if ran else set()
-    if common:
+    counts = Counter(n for lengths in ran for n in lengths)
+    if not counts:
+        return
+    length, count = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    if count > 1 or len(configs) == 1:
         for c, lengths in zip(configs, ran):
-            c.speed = lengths[max(common)]
+            c.speed = lengths.get(length)
 
 
 def _forward_ok(trials: list[Trial]) -> list[Trial]:
