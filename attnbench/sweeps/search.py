@@ -240,7 +240,7 @@ class _Search:
     def step_above(self) -> int:
         """The step above the largest success where the model puts the limit: the resolution
         (a near guess stays half of it under the model's limit), doubled after each step that
-        ran, at most doubling the length."""
+        ran past where the model still puts the limit, at most doubling the length."""
         return min(max(self.step, self.lim.gap_at(self.lo)), self.lo)
 
     def below_failure(self, target: int | None) -> int | None:
@@ -298,8 +298,10 @@ class _Search:
 
     def learn(self, n: int, phase: str, out: Outcome, predicted: bool) -> None:
         if out.status == "ok":
-            # a step above the model's limit that ran: the model is low, the next step doubles
-            self.step = 2 * (n - self.lo) if phase == "bracket" and n > self.lo else 0
+            # a step that ran where the model, told of it, still puts the limit below it: the
+            # model is low, and the next step doubles
+            target = self.predict().max_seq if phase == "bracket" else None
+            self.step = 2 * (n - self.lo) if target is not None and target < n and n > self.lo else 0
             self.lo = max(self.lo, n)
             return
         if self.hi is None or n < self.hi:
