@@ -2,7 +2,7 @@
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
 #   make test     set up, lint (ruff check, ruff format --check), run every test, the CI gate (make ci-gate),
 #                 then a plain install in a fresh environment (make install-check)
-#   make test-fast  the unit tests only (no slow, distributed or GPU test): under a minute
+#   make test-fast  the unit tests only (no slow, distributed or GPU test)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
