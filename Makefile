@@ -1,7 +1,8 @@
 # attnbench: two commands on a fresh machine.
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
-#   make test     set up, lint (ruff check, ruff format --check), run every test, then the CI gate (make ci-gate)
-#   make test-fast  the unit tests only (no slow, distributed or GPU test): under a minute
+#   make test     set up, lint (ruff check, ruff format --check), run every test, the CI gate (make ci-gate),
+#                 then a plain install in a fresh environment (make install-check)
+#   make test-fast  the unit tests only (no slow, distributed or GPU test)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ VENV_FLAGS ?=
 # runs/ is not tracked: a new user's run never lands beside the committed results/.
 RUN := $(or $(OUT),runs/$(shell date -u +%Y-%m-%dT%H%M%SZ)-make-report)
 
-.PHONY: setup report test test-fast lint ci-gate clean
+.PHONY: setup report test test-fast lint ci-gate install-check clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +31,7 @@ report: setup
 test: setup lint
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory ci-gate
+	@$(MAKE) --no-print-directory install-check
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not distributed and not gpu"
@@ -48,6 +50,12 @@ ci-gate: setup
 	$(BIN)/python -m attnbench run --profile ci --out "$$tmp/ci" || status=$$?; \
 	$(BIN)/python -m attnbench check --baseline $(CI_BASELINE) --current "$$tmp/ci" --deterministic || status=$$?; \
 	exit $$status
+
+# What a new user gets from `pip install .` alone (no Triton, no test extras) in a fresh
+# environment: verify, a small max-seq and report on the CPU; then the wheel `python -m build`
+# makes installs and runs (scripts/install_check.sh).
+install-check: setup
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" BUILDER=$(abspath $(BIN))/python scripts/install_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

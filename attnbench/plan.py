@@ -27,7 +27,9 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.units import parse_bytes, parse_gpus, parse_int_list, parse_tokens
 from attnbench.workload import DTYPES, MODES, Workload, check_heads
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# Installed, the profiles lie inside the package (setup.py); in a clone, at the repository's top.
+_INSTALLED_PROFILES = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = _INSTALLED_PROFILES if _INSTALLED_PROFILES.is_dir() else _INSTALLED_PROFILES.parent.parent / "profiles"
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,10 @@ class Settings:
     seq_lens: tuple[int, ...] = ()  # for kind = points
     start: int = 0  # first length of the search; 0: the smallest multiple of the granularity >= 1024
     max_seq_len: int = 1 << 31
-    resolution: int = 0  # stop bisecting at this gap (0: the granularity)
+    resolution: int = 0  # stop bisecting at this gap (0: 1% of the answer, at least the granularity)
     max_trial_seconds: float = 60.0
+    # a max-seq search starts no trial it expects to end after this many seconds (None: by device)
+    search_budget_s: float | None = None
     memory_limit: int | None = None
     isolate: bool = True  # one fresh process per trial
     warmup: int = 1  # warm-up calls, at least
@@ -200,6 +204,7 @@ SETTING_PARSERS = {
     "max_seq_len": _at_least(1, parse_tokens, "a positive length, e.g. 64K"),
     "resolution": _at_least(0, parse_tokens, "a length >= 0"),
     "max_trial_seconds": _at_least(1e-9, _float, "a positive number of seconds"),
+    "search_budget_s": _at_least(1e-9, _float, "a positive number of seconds"),
     "memory_limit": lambda v: None if v in (None, "", 0, "none") else parse_bytes(v),
     "isolate": _bool,
     "warmup": _at_least(0, _int, "an integer >= 0"),

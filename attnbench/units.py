@@ -77,19 +77,29 @@ def parse_gpus(value) -> tuple[int, ...]:
     return tuple(sorted(set(counts)))
 
 
-def format_bytes(n: float | None, unit: str = "auto") -> str:
-    """Decimal units, as the seed reports' 'GB' and 'MB' columns."""
+# Memory is shown in binary units, as limits are written and devices sized: one scale per size.
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def _binary_unit(n: float) -> tuple[str, int]:
+    return next(((unit, size) for unit, size in _BINARY if abs(n) >= size), ("B", 1))
+
+
+def format_bytes(n: float | None) -> str:
+    """Memory to three significant digits in the unit its size calls for: 42.4 B, 16.4 MiB,
+    1.07 GiB (never 0.00 GB, never a fraction of a larger unit)."""
     if n is None or n != n:
         return "-"
-    if unit == "auto":
-        unit = "GB" if abs(n) >= 1e9 else "MB"
-    scale = {"GB": 1e9, "MB": 1e6, "KB": 1e3}[unit]
-    return f"{n / scale:,.2f} {unit}"
+    if n == 0:
+        return "0 B"
+    unit, size = _binary_unit(n)
+    x = n / size
+    return f"{x:,.{max(0, 2 - math.floor(math.log10(abs(x))))}f} {unit}"
 
 
 def format_gib(n: float) -> str:
-    """Binary units, as profiles write an allocator limit: 4294967296 -> '4 GiB', 104857600 -> '100 MiB'."""
-    unit, size = ("GiB", 2**30) if n >= 2**30 else ("MiB", 2**20)
+    """A limit as a profile writes it: 4294967296 -> '4 GiB', 104857600 -> '100 MiB', 1024 -> '1 KiB'."""
+    unit, size = _binary_unit(n)
     return f"{n / size:.4g} {unit}"
 
 
@@ -124,16 +134,8 @@ def format_ms(t: float | None, adaptive: bool = False, space: bool = True) -> st
     return (f"{t:,.1f}" if t >= 100 else f"{t:.2f}" if t >= 10 else f"{t:.3f}") + unit
 
 
-def format_bytes_short(n: float) -> str:
-    """Three significant digits, for coefficients of a formula: '1.23 GB', '512 B'."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g} B"
-
-
 def format_bytes_per_token(n: float) -> str:
-    return f"{n / 1e3:,.2f} KB/token"
+    return f"{format_bytes(n)}/token"
 
 
 def format_tokens_per_s(x: float) -> str:

@@ -312,7 +312,7 @@ def test_a_resident_set_change_within_its_noise_is_not_gated(runs, tmp_path, cap
     )
     assert code == 0 and not findings(report, "memory", "regression")
     moved = findings(report, "memory", "not gated")
-    assert moved and all("within the noise of cpu.peak_rss_delta (16.78 MB)" in f["evidence"] for f in moved)
+    assert moved and all("within the noise of cpu.peak_rss_delta (16.0 MiB)" in f["evidence"] for f in moved)
 
 
 def test_a_hungrier_implementation_loses_one_bisection_step_and_its_memory_grows(runs, capsys):

@@ -197,6 +197,8 @@ BASELINE = "results/ci-baseline"
 @pytest.mark.parametrize(
     "command",
     [
+        ["--help"],
+        ["models"],  # the built-in presets; only --profile loads the plan
         ["report", "--help"],
         ["check", "--help"],
         ["check", "--baseline", BASELINE, "--current", BASELINE, "--deterministic"],

@@ -95,7 +95,7 @@ def test_tables_follow_the_seed_layout(naive_sweep):
     out, _ = naive_sweep
     md = (out / "sweep.md").read_text()
     assert "| Sequence Length | Memory After QKV | Peak Memory | Result | Notes |" in md
-    assert "| Sequence Length | Eager Time | GPU Time | Memory (MB) | Result | Sparsity |" in md
+    assert "| Sequence Length | Eager Time | GPU Time | Peak Memory | Result | Sparsity |" in md
     assert "✗ OOM" in md and "✓ Success" in md
     csv = (out / "trials.csv").read_text().splitlines()
     assert csv[0].startswith("run,label,impl")

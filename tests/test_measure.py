@@ -17,7 +17,15 @@ from attnbench.measure.timing import (
     summarize,
     warm_up,
 )
-from attnbench.units import format_tokens, parse_bytes, parse_int_list, parse_tokens, short_tokens
+from attnbench.units import (
+    format_bytes,
+    format_gib,
+    format_tokens,
+    parse_bytes,
+    parse_int_list,
+    parse_tokens,
+    short_tokens,
+)
 
 
 @pytest.mark.parametrize(
@@ -121,6 +129,26 @@ def test_units():
     for bad in ("2 parsecs", "", "GiB", "80"):
         with pytest.raises(AttnbenchError):
             parse_bytes(bad)
+
+
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (0, "0 B"),
+        (42.4, "42.4 B"),  # a quadratic fit's coefficient
+        (1024, "1.00 KiB"),
+        (-58_470, "-57.1 KiB"),
+        (16_351_232, "15.6 MiB"),  # 16,351,232 / 2**20 = 15.59
+        (1023 * 2**20, "1,023 MiB"),
+        (1_149_000_000, "1.07 GiB"),  # 1.149e9 / 2**30 = 1.0701
+    ],
+)
+def test_memory_reads_in_the_binary_unit_its_size_calls_for_to_three_digits(n, text):
+    assert format_bytes(n) == text
+
+
+def test_a_limit_reads_as_a_profile_writes_it_whatever_its_size():
+    assert [format_gib(n) for n in (4 << 30, 100 << 20, 1024, 512)] == ["4 GiB", "100 MiB", "1 KiB", "512 B"]
 
 
 def test_a_length_past_a_binary_giga_reads_in_g_not_thousands_of_m():
@@ -268,51 +296,56 @@ def test_a_gpu_without_clock_counters_keeps_its_memory_sampling():
     assert sampler.clock_summary() == {} and sampler.peak == [5000, 500]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("slow_calls,status", [(1, "ok"), (99, "time-limit")])
-def test_the_time_limit_is_judged_on_a_warm_call(monkeypatch, slow_calls, status):
-    """A cold first call over the limit (library setup) is not a time-limit; a warm one is."""
-    from attnbench import impls
-    from attnbench.trial import TrialSpec, execute
+class ScriptedTimer:
+    """A timer whose calls take the given milliseconds, no clock involved; ``cuda`` names the
+    device whose rule applies."""
 
-    real_build = impls.build
-    calls = []
+    name = "scripted"
 
-    def build(name, **config):
-        impl = real_build(name, **config)
-        forward = impl.forward
+    def __init__(self, cuda: bool, times_ms: list[float]) -> None:
+        self.cuda, self.times_ms, self.calls = cuda, list(times_ms), 0
 
-        def slow_first(q, k, v, is_causal=False):
-            calls.append(1)
-            if len(calls) <= slow_calls:
-                time.sleep(1.2)  # longer than the 1 s limit, however busy the machine
-            return forward(q, k, v, is_causal)
+    def __call__(self, fn) -> float:
+        self.calls += 1
+        return self.times_ms.pop(0) if self.times_ms else 100.0
 
-        impl.forward = slow_first
-        return impl
 
-    monkeypatch.setattr(impls, "build", build)
-    wl = dict(
-        impl="naive",
-        config={},
-        batch=1,
-        seq_len=128,
-        heads=2,
-        head_dim=16,
-        dtype="fp32",
-        device="cpu",
-        mode="fwd",
-        causal=False,
-    )
-    row = execute(
-        TrialSpec(
-            workload=wl,
-            max_trial_seconds=1.0,
-            timing={"budget_s": 30, "min_samples": 2, "max_samples": 2, "target_ms": 0},
-        )
-    )
-    assert row["status"] == status, row["message"]
-    assert row["first_call_ms"] > 1000 and ("warm_call_ms" in row)
+@pytest.mark.parametrize(
+    "cuda,times_ms,status,calls_to_verdict",
+    [
+        (True, [1200, 100], "ok", None),  # a cold CUDA call over the limit (library setup): a warm call decides
+        (True, [1200, 1100], "time-limit", 2),
+        (False, [1200], "time-limit", 1),  # on the CPU a cold call is a warm one: judged at once
+        (False, [900], "ok", None),
+    ],
+)
+def test_the_time_limit_is_judged_on_a_warm_call_on_cuda_and_on_the_first_on_the_cpu(
+    cuda, times_ms, status, calls_to_verdict
+):
+    from attnbench.measure.core import measure_step
+
+    timer, phases = ScriptedTimer(cuda, times_ms), []
+    policy = TimingPolicy(warmup=0, warmup_s=0, min_samples=2, max_samples=2, target_ms=0, budget_s=30)
+    m = measure_step(lambda: None, policy, timer, 1.0, phase=lambda name, limit_s=None: phases.append((name, limit_s)))
+    assert m.status == status, m.message
+    if calls_to_verdict:
+        assert timer.calls == calls_to_verdict and m.times_ms == []
+    # the parent kills a call at the limit its phase announced: 3x on CUDA for the cold call
+    assert phases[0] == ("first-call", 3.0 if cuda else 1.0)
+    assert ("warm-call", 1.0) in phases if cuda and times_ms[0] > 1000 else "warm-call" not in dict(phases)
+
+
+@pytest.mark.parametrize("phase", ["first-call", "warm-call"])
+def test_a_call_past_its_limit_is_killed_at_the_limit_with_no_grace(phase):
+    """The limit a call's phase announces is the moment it is killed: a user's 60 s is 60 s."""
+    import sys
+
+    from attnbench.runtime.supervise import _phase_deadline, supervise
+
+    assert _phase_deadline(phase, 60.0) == 60.0
+    child = f"print('phase {phase} 0.5', flush=True); import time; time.sleep(600)"
+    out = supervise([sys.executable, "-c", child], 600)
+    assert out["status"] == "time-limit" and "past the 0.5 s limit: killed at" in out["message"], out
 
 
 def test_cpu_memory_in_use_is_never_negative_when_the_resident_set_shrinks(monkeypatch):
@@ -326,3 +359,16 @@ def test_cpu_memory_in_use_is_never_negative_when_the_resident_set_shrinks(monke
     probe.start(None)
     assert probe.in_use() == 0
     assert probe.in_use() == 4096
+
+
+@pytest.mark.parametrize("first_ms,warmup_calls", [(2500.0, 0), (20.0, 1)])
+def test_on_the_cpu_a_first_call_of_seconds_is_the_warm_up(first_ms, warmup_calls):
+    """Near the time limit a CPU trial is its first call and its timed calls; a short first
+    call is still followed by the policy's warm-up call."""
+    from attnbench.measure.core import measure_step
+
+    timer = ScriptedTimer(False, [first_ms])
+    policy = TimingPolicy(warmup=1, min_samples=1, max_samples=1, target_ms=0, budget_s=30)
+    m = measure_step(lambda: None, policy, timer, 60.0)
+    assert m.status == "ok" and m.warmup_calls == warmup_calls and len(m.times_ms) == 1
+    assert timer.calls == 1 + warmup_calls + 1

@@ -108,9 +108,13 @@ def test_a_machines_answer_shows_only_the_columns_its_rows_fill(tmp_path):
     cpu = [typed_row(**{**r.to_json(), "device": "cpu", "env": cpu_env}) for r in search("naive", [256], 512)]
     write_rows(tmp_path / "a", gpu)
     write_rows(tmp_path / "b", cpu)
-    headers = [line for line in render(load(tmp_path)).text().splitlines()[:40] if line.startswith("| Configuration")]
+    text = render(load(tmp_path)).text()
+    headers = [line for line in text.splitlines()[:40] if line.startswith("| Configuration")]
+    # a GPU ran: the seeds' GPU claims follow the answer
+    assert [line for line in text.splitlines() if line.startswith("## ")][1] == "## Against the seeds"
     common = "| Configuration | Settings | Longest forward | Stopped by | Per token | Peak/floor |"
-    assert headers == [f"{common} Fwd TFLOP/s at 64K |", common], headers
+    # the CPU's speed is the time of its one row at its longest length, 256
+    assert headers == [f"{common} Fwd TFLOP/s at 64K |", f"{common} Fwd time at 256 |"], headers
 
 
 def test_the_committed_report_answers_every_machine_on_its_first_screen():
@@ -275,3 +279,59 @@ def test_a_superseded_run_stays_out_of_every_answer_and_is_listed(tmp_path):
     (tmp_path / "superseded.toml").write_text('[[run]]\nrun = "old"\n')
     with pytest.raises(AttnbenchError, match="must hold exactly run, by and why"):
         load(tmp_path)
+
+
+def test_where_64k_does_not_answer_how_fast_each_row_is_timed_at_the_longest_length_all_ran(tmp_path):
+    """Three searches ran 1K and 2K; only one ran 4K and one 8K: each row's speed is its own
+    2K trial's time, named in the column's header."""
+    rows = []
+    for impl, lengths, call_ms in (
+        ("naive", [1024, 2048, 4096], 3.0),
+        ("sdpa", [1024, 2048], 5.0),
+        ("flex", [1024, 2048, 8192], 7.0),
+    ):
+        for r in search(impl, lengths, 2 * max(lengths), series=impl):
+            times = [call_ms] * 3 if r.kind == "max-seq" and r.seq_len == 2048 else [1.0] * 3
+            timed = {"time_ms": times[0], "times_ms": times} if r.kind == "max-seq" else {}
+            rows.append(typed_row(**{**r.to_json(), "impl": impl, "config": {}, **timed}))
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    (header,) = [line for line in answer.splitlines() if line.startswith("| Configuration")]
+    assert header.endswith("| Fwd time at 2K |")
+    cells = [
+        line.strip("| ").split(" | ") for line in answer.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert {c[0]: c[-1] for c in cells[1:]} == {
+        "flex": "7 ms ±0 (n=3)",
+        "naive": "3 ms ±0 (n=3)",
+        "sdpa": "5 ms ±0 (n=3)",
+    }
+
+
+def test_a_search_its_time_budget_stopped_is_a_lower_bound_for_the_report_and_the_check(tmp_path):
+    from attnbench.check.loading import searches
+    from attnbench.schema import MaxSeqResult, Trial
+
+    rows = search("dilated", [1024, 2048], None)
+    rows[-1] = typed_row(
+        kind="max-seq-result", series="s", label="dilated", seq_len=2048, stop_status="budget", env=ENV
+    )
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| dilated | bf16 H8 D64 | ≥ 2K | search time budget |" in answer
+    trials = [r for r in rows if isinstance(r, Trial)]
+    results = [r for r in rows if isinstance(r, MaxSeqResult)]
+    assert [s.complete for s in searches(trials, results).values()] == [False]
+
+
+def test_where_searches_started_apart_the_speed_is_at_the_length_most_rows_ran(tmp_path):
+    rows = []
+    for impl, lengths in (("naive", [1024, 2048]), ("sdpa", [1024, 2048, 4096]), ("flex", [16384, 32768])):
+        for r in search(impl, lengths, 2 * max(lengths), series=impl):
+            rows.append(typed_row(**{**r.to_json(), "impl": impl, "config": {}}))
+    answer = render(load(write_rows(tmp_path / "run", rows))).text().split("## The answer")[1].split("\n## ")[0]
+    cells = [
+        line.strip("| ").split(" | ") for line in answer.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert cells[0][-1] == "Fwd time at 2K"
+    assert {c[0]: c[-1] for c in cells[1:]} == {"flex": "-", "naive": "1 ms ±0 (n=3)", "sdpa": "1 ms ±0 (n=3)"}

@@ -87,7 +87,7 @@ def test_a_ring_floor_is_drawn_at_its_per_gpu_value_and_the_stop_is_marked():
     fig = plots.memory_plot(rows, "GPU box")
     ax = next(a for a in fig.axes if a.get_legend())
     floor = next(line for line in ax.get_lines() if line.get_linestyle() == "--")
-    assert list(floor.get_ydata()) == [2048 * n / 1e9 for n in (1 << 20, 1 << 21)]
+    assert list(floor.get_ydata()) == [2048 * n / 2**30 for n in (1 << 20, 1 << 21)]
     stop = next(line for line in ax.get_lines() if line.get_marker() == plots.STOP_MARKERS["memory"])
     assert list(stop.get_xdata()) == [1 << 22]
 

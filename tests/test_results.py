@@ -307,3 +307,20 @@ def test_a_table_that_does_not_fit_is_one_line_and_leaves_the_old_one(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.startswith(f"cannot write {tmp_path / 'sweep.md'} (File too large)"), proc.stdout
     assert (tmp_path / "sweep.md").read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["sweep.md"]
+
+
+def test_a_run_leaves_no_lock_file_and_a_lock_taken_on_a_removed_file_is_not_held(tmp_path):
+    from attnbench.results import LOCK_FILE, ResultsLock
+
+    out = tmp_path / "run"
+    first = ResultsLock(out).__enter__()
+    late = os.open(out / LOCK_FILE, os.O_RDWR)  # a second run opened the file before the first ended
+    first.__exit__(None, None, None)
+    assert not (out / LOCK_FILE).exists(), "the lock file goes with the run that held it"
+    # the late run's file is no longer the one named: holding it would lock nothing
+    assert not ResultsLock(out)._still_named(late)
+    os.close(late)
+    with ResultsLock(out):
+        with pytest.raises(AttnbenchError, match="another attnbench run"):
+            ResultsLock(out).__enter__()
+    assert sorted(p.name for p in out.iterdir()) == []

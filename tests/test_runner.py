@@ -109,6 +109,20 @@ def test_an_unknown_kind_is_one_line_naming_the_kinds():
         resolve(build_plan("t", ["naive"], {**vars_of(SMALL), "kind": "scan"}, {}))
 
 
+@pytest.mark.parametrize(
+    "impl,params",
+    [("sdpa", {"backend": "cudnn"}), ("sdpa", {"backend": "efficient"}), ("dilated", {**DILATED, "backend": "cudnn"})],
+)
+def test_a_backend_with_no_cpu_kernel_is_refused_on_the_cpu_before_any_work(impl, params):
+    """torch's CPU SDPA has flash and math kernels only: the rest would fail every trial."""
+    from attnbench.errors import AttnbenchError
+    from attnbench.plan import build_plan
+
+    with pytest.raises(AttnbenchError, match=f"SDPA backend {params['backend']} runs on CUDA only"):
+        resolve(build_plan("t", [impl], vars_of(SMALL), params))
+    resolve(build_plan("t", [impl], vars_of(SMALL), {**params, "backend": "flash"}))  # the CPU has this one
+
+
 def vars_of(settings):
     """Settings as the flags build_plan takes (defaults left out)."""
     from dataclasses import fields

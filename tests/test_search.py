@@ -1,5 +1,7 @@
 """Grow-then-bisect against an injected failure threshold."""
 
+from dataclasses import replace
+
 import pytest
 
 from attnbench.sweeps.search import grow_then_bisect
@@ -263,3 +265,100 @@ def test_a_failure_the_model_put_below_its_limit_is_bracketed_one_resolution_und
     lengths = [n for n, _ in result.tried]
     assert lengths[: lengths.index(1792) + 2] == [512, 1024, 2560, 1792, 2304]
     assert (result.best, result.first_failure) == (2304, 2560) and len(result.tried) <= 6
+
+
+class LowModel(Device):
+    """A CPU under an address-space cap: each success reports the cap as its budget, but the
+    allocation fails ``slack`` beyond it (memory mapped before the trial is not counted), so the
+    model puts the limit a little below where it is, every time."""
+
+    slack = 1.012
+
+    def runs(self, n):
+        return "oom" if self.peak(n) > self.slack * self.budget else "ok"
+
+
+def dilated_on_a_cpu(n):  # 1.07x its floor of 512 bytes a token, on 15 MB
+    return 1.5e7 + 548 * n
+
+
+@pytest.mark.parametrize("law,degree,budget,start", [(dilated_on_a_cpu, 1, 2**30, 4096), (quadratic, 2, 2**28, 1024)])
+def test_a_model_that_is_always_a_little_low_is_bracketed_then_bisected_not_crept_up_on(law, degree, budget, start):
+    """The default resolution (1% of the answer): at most 8 trials, confirmation included, for
+    the answer a blind doubling search finds at that resolution."""
+    device = LowModel(law, budget)
+    lim = Limits(start=start, granularity=512, max_len=1 << 31, degree=degree, relative=0.01)
+    result = predicted_search(device, lim)
+    truth = device.truth(start, 512, 1 << 31)
+    assert result.best <= truth < result.first_failure and result.confirmed
+    assert result.first_failure - result.best <= lim.gap_at(result.best)
+    assert len(result.tried) <= 8, result.tried
+    blind = grow_then_bisect(lambda n, p: device.runs(n), start, 512, 1 << 31, lim.gap_at(result.best))
+    assert abs(result.best - blind.best) <= lim.gap_at(result.best)
+    assert len(result.tried) < len(blind.tried)
+
+
+def test_a_search_starts_no_trial_once_its_time_budget_is_spent():
+    """Each trial takes 60 s of a clock the probes advance (no real time passes): under a 300 s
+    budget five trials start, the sixth does not, and the answer is the largest success so far,
+    unconfirmed, stopped by the budget. With room to spare the budget changes nothing."""
+    clock = [0.0]
+
+    def timed(device):
+        def probe(n, phase, attempt, prediction):
+            clock[0] += 60.0
+            return device(n, phase, attempt, prediction)
+
+        return probe
+
+    device = LowModel(dilated_on_a_cpu, 2**30)
+    budgeted = Limits(start=4096, granularity=512, max_len=1 << 31, relative=0.01, budget_s=300.0)
+    result = predicted_search(timed(device), budgeted, clock=lambda: clock[0])
+    assert len(result.tried) == 5 and result.stop_status == "budget" and result.stopped_by == "search time budget"
+    assert result.best == max(n for n, s in result.tried if s == "ok") and not result.confirmed
+
+    unbounded = predicted_search(LowModel(dilated_on_a_cpu, 2**30), replace(budgeted, budget_s=None))
+    clock[0] = 0.0
+    roomy = predicted_search(
+        timed(LowModel(dilated_on_a_cpu, 2**30)), replace(budgeted, budget_s=1e6), lambda: clock[0]
+    )
+    assert roomy.tried == unbounded.tried and roomy.stop_status == "oom" and roomy.confirmed
+
+
+class FixedCostsFirst(LowModel):
+    """dilated on a CPU as measured: at 4K and 8K the resident set is the process's fixed costs,
+    14.0 and 14.5 MiB, whose slope (128 bytes a token) is a quarter of the floor's."""
+
+    def __call__(self, n, phase, attempt, prediction):
+        out = super().__call__(n, phase, attempt, prediction)
+        if out.status != "ok":
+            return out
+        peak = 14.0 * 2**20 + 128 * (n - 4096) if n <= 8192 else out.peak_bytes
+        return Outcome("ok", float(peak), out.time_ms, out.flops, out.budget, floor_bytes=512.0 * n)
+
+
+def test_a_fit_below_the_floors_slope_never_sends_the_first_jump_past_where_the_inputs_fit():
+    device = FixedCostsFirst(dilated_on_a_cpu, 2**30)
+    lim = Limits(start=4096, granularity=4096, max_len=1 << 31, relative=0.01)
+    result = predicted_search(device, lim)
+    truth = device.truth(4096, 4096, 1 << 31)
+    assert result.best <= truth < result.first_failure and result.confirmed
+    assert all(n <= 2**30 / 512 for n, _ in result.tried), result.tried  # 1 GiB holds 2M tokens of floor
+    assert len(result.tried) <= 8, result.tried
+
+
+def test_no_trial_starts_that_the_model_expects_to_end_past_the_budget():
+    """Calls of 1 ms per 40 tokens; a trial is two calls of the clock the probes advance. The
+    search stops where its next trial would end past 300 s: it ends within its budget."""
+    clock = [0.0]
+    device = LowModel(dilated_on_a_cpu, 2**30, time_ms=lambda n: n / 40, limit_ms=60_000.0, flops=lambda n: 1e3 * n)
+
+    def probe(n, phase, attempt, prediction):
+        out = device(n, phase, attempt, prediction)
+        clock[0] += 2 * min(device.time_ms(n), 60_000.0) / 1e3
+        return out
+
+    lim = Limits(start=4096, granularity=512, max_len=1 << 31, relative=0.01, time_limit_ms=60_000.0, budget_s=300.0)
+    result = predicted_search(probe, lim, clock=lambda: clock[0])
+    assert result.stop_status == "budget" and 0 < clock[0] <= 300.0
+    assert result.best == max(n for n, s in result.tried if s == "ok")

@@ -531,7 +531,7 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     lines = memory_table([typed_row(**{**row, "kind": "speedup", "seq_len": 1024, "strategy": "dp"})]).splitlines()
     assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
     assert lines[2] == (
-        "| 1,024 tokens | 1 | dp | ✓ Success | 2.15 GB allocated, 3.22 GB NVML | 0.00 MB allocated, 536.87 MB NVML |"
+        "| 1,024 tokens | 1 | dp | ✓ Success | 2.00 GiB allocated, 3.00 GiB NVML | 0 B allocated, 512 MiB NVML |"
     )
 
 

@@ -74,6 +74,20 @@ def test_a_log_gets_no_spinner_and_no_blank_line_per_trial(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
 
 
+def test_a_log_hears_a_long_trial_is_still_running_with_its_seconds_and_phase(capsys, monkeypatch):
+    """The line a log gets every HEARTBEAT_S seconds of a trial (called here with the seconds
+    given, not waited for)."""
+    from attnbench.cli import base
+    from attnbench.cli.progress import _Running
+
+    monkeypatch.setattr(base.console, "_force_terminal", False)
+    spinner = _Running("grow N=4K", "(a call may take up to 60 s)")
+    spinner.phase("first-call")
+    spinner.heartbeat(12.4)
+    spinner.stop()
+    assert capsys.readouterr().out.strip() == "... 12 s: grow N=4K  first call  (a call may take up to 60 s)"
+
+
 def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
     """On a GPU the next two trials' processes start ahead: an import can outlast a short trial."""
     run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)

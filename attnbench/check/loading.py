@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attnbench.check.identity import capacity_identity, device_model, trial_identity
 from attnbench.errors import AttnbenchError
-from attnbench.results import STOPPED_BY, load_rows, result_files
+from attnbench.results import BUDGET, STOPPED_BY, load_rows, result_files
 from attnbench.schema import MaxSeqResult, Trial, Verify
 
 
@@ -83,7 +83,10 @@ def searches(trials: list[Trial], results: list[MaxSeqResult], any_cpu: bool = F
     out = {}
     for (ident, model), group in groups.items():
         series = {r.series for r in group}  # one search, whatever series keys its rows were written with
-        complete = any(r.series in series and device_model(r, any_cpu) == model for r in results)
+        # a search its time budget stopped did not finish: its answer is a lower bound
+        complete = any(
+            r.series in series and device_model(r, any_cpu) == model and r.stop_status != BUDGET for r in results
+        )
         out[(ident, model)] = search_outcome(group, complete)
     return out
 

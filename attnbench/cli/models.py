@@ -18,9 +18,8 @@ def list_models(
 ) -> None:
     """The model presets: query heads, key/value heads, head dimension and mask (use with --model NAME)."""
     from attnbench import models
-    from attnbench.plan import profile_models
 
-    own = profile_models(profile) if profile else {}
+    own = _profile_models(profile) if profile else {}
     t = Table(title="model presets (--model NAME; options given beside it override its values)")
     for col in ("model", "heads", "kv heads", "query heads per kv head", "head dim", "mask", "shape of"):
         t.add_column(col)
@@ -35,3 +34,11 @@ def list_models(
             m.about,
         )
     console.print(t)
+
+
+def _profile_models(profile: str) -> dict:
+    """A profile's own presets, checked with the whole profile (the plan imports torch: only
+    a profile pays for it; the built-in presets are listed without it)."""
+    from attnbench.plan import profile_models
+
+    return profile_models(profile)

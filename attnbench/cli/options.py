@@ -43,6 +43,13 @@ TrialSecOpt = Annotated[
     Optional[float],
     typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit \\[default: 60]"),
 ]
+SearchBudgetOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--search-budget",
+        help="a search starts no trial it expects to end after this many seconds (its answer is then a lower bound) \\[default: 300 on the CPU, 3600 on a GPU]",
+    ),
+]
 MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
 OutOpt = Annotated[

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from rich.markup import escape
 from rich.text import Text
 
@@ -137,7 +140,8 @@ class SpeedupReporter:
 class _Running:
     """A spinner with the seconds a trial has run and the phase its process is in (starting,
     compile, warm-up, timing...), so a long trial is seen to be alive and where; gone when it
-    stops (a log that is not a terminal gets only the finished line)."""
+    stops. A log that is not a terminal gets a line every ``HEARTBEAT_S`` seconds instead
+    (rich's spinner would leave a blank line per trial there)."""
 
     def __init__(self, what: str, note: str = "") -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -145,29 +149,47 @@ class _Running:
         from attnbench.runtime.worker import PHASE_LISTENERS
 
         self._what, self._note = escape(what), escape(note)
+        self._phase = ""
         self._progress = None
-        self._listeners: list = []
-        if not console.is_terminal:  # a log: rich would still leave a blank line per trial
+        self._listeners = PHASE_LISTENERS
+        self._listeners.append(self.phase)
+        if not console.is_terminal:
+            self._stopped = threading.Event()
+            threading.Thread(target=self._beat, args=(time.monotonic(),), daemon=True).start()
             return
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         )
         self._task = self._progress.add_task(self._line(""), total=None)
-        self._listeners = PHASE_LISTENERS
-        self._listeners.append(self.phase)
         self._progress.start()
 
     def _line(self, phase: str) -> str:
         return f"{self._what}{'  ' + phase if phase else ''}  [dim]{self._note}[/]"
 
     def phase(self, name: str) -> None:
-        self._progress.update(self._task, description=self._line(escape(PHASE_WORDS.get(name, name))))
+        self._phase = escape(PHASE_WORDS.get(name, name))
+        if self._progress is not None:
+            self._progress.update(self._task, description=self._line(self._phase))
+
+    def _beat(self, started: float) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            self.heartbeat(time.monotonic() - started)
+
+    def heartbeat(self, elapsed_s: float) -> None:
+        """One line of a trial still running: its seconds so far and its phase."""
+        console.print(f"    ... {elapsed_s:.0f} s: {self._line(self._phase)}")
 
     def stop(self) -> None:
         if self.phase in self._listeners:
             self._listeners.remove(self.phase)
         if self._progress is not None:
             self._progress.stop()
+        else:
+            self._stopped.set()
+
+
+# A trial in a log that is not a terminal says it is still running this often.
+HEARTBEAT_S = 10.0
 
 
 # What the spinner says of a trial's phases (as its worker announces them).

@@ -33,6 +33,7 @@ from attnbench.cli.options import (
     ProfileOpt,
     RepeatOpt,
     ResumeOpt,
+    SearchBudgetOpt,
     SegOpt,
     TrialSecOpt,
     dated_results_dir,
@@ -62,9 +63,13 @@ def max_seq(
     start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
     max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
     resolution: Annotated[
-        Optional[str], typer.Option("--resolution", help="stop bisecting at this gap \\[default: granularity]")
+        Optional[str],
+        typer.Option(
+            "--resolution", help="stop bisecting at this gap \\[default: 1% of the answer, at least the granularity]"
+        ),
     ] = None,
     max_trial_seconds: TrialSecOpt = None,
+    search_budget: SearchBudgetOpt = None,
     memory_limit: MemLimitOpt = None,
     gpus: GpusOpt = None,
     profile: ProfileOpt = None,
@@ -89,6 +94,7 @@ def max_seq(
         max_seq_len=max_seq_len,
         resolution=resolution,
         max_trial_seconds=max_trial_seconds,
+        search_budget_s=search_budget,
         memory_limit=memory_limit,
         isolate=in_process,
         gpus=gpus,

@@ -139,6 +139,9 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
 
 
 _loaded = False
+# Modules of accelerator kernels only (they register nothing): imported by their host where a
+# kernel launches, so the registry loads with a torch that has no Triton.
+KERNEL_MODULES = frozenset({"flash_kernels"})
 
 
 def _load() -> None:
@@ -152,7 +155,7 @@ def _load() -> None:
     import importlib
     import pkgutil
 
-    modules = sorted(m.name for m in pkgutil.iter_modules(__path__))
+    modules = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in KERNEL_MODULES)
     for name in ["dense", *(m for m in modules if m != "dense")]:
         importlib.import_module(f"{__name__}.{name}")
 

@@ -110,6 +110,11 @@ class AttentionImpl(nn.Module):
         """The constructor arguments, as recorded in result rows."""
         return {}
 
+    def device_problem(self, device: str) -> str:
+        """Why this configuration cannot run on ``device`` ('' where it can): a sweep refuses
+        it before any work."""
+        return ""
+
     # --- key sets ----------------------------------------------------------------------
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
         """Boolean ``(H, N, N)``: entry ``[h, t, u]`` is True when ``u`` is in ``M_h(t)``."""

@@ -100,6 +100,11 @@ class BlockSparseAttention(AttentionImpl):
                 f"block-sparse: kernel is one of {', '.join(KERNELS)}, compile_mode one of "
                 f"{', '.join(COMPILE_MODES)}, index_width one of {', '.join(INDEX_WIDTHS)}"
             )
+        if kernel == "triton" and not flash.triton_installed():
+            raise ConfigError(
+                "block-sparse: kernel=triton needs Triton, which this environment lacks: pip install triton "
+                "(a CUDA build of torch brings it), or leave kernel at auto"
+            )
         self.pattern_type = pattern_type
         self.sparsity_ratio = float(sparsity_ratio)
         self.block_size = block_size

@@ -65,6 +65,15 @@ SDPA_BACKENDS = {
     "math": SDPBackend.MATH,
 }
 _BACKEND_NAMES = {int(b.value): name for name, b in SDPA_BACKENDS.items()}
+# SDPA backends with no CPU kernel (the CPU has flash and math)
+CUDA_ONLY_BACKENDS = ("efficient", "cudnn")
+
+
+def backend_device_problem(who: str, backend: str, device: str) -> str:
+    """Why an SDPA backend cannot run on ``device`` ('' where it can)."""
+    if device == "cpu" and backend in CUDA_ONLY_BACKENDS:
+        return f"{who}: SDPA backend {backend} runs on CUDA only: on the CPU choose auto, flash or math, or use --device cuda"
+    return ""
 
 
 def sdpa_backend_in_use(qh, kh, vh, is_causal: bool) -> str:
@@ -108,6 +117,9 @@ class SDPAAttention(_Dense):
 
     def config(self):
         return {"backend": self.backend, **({"expand_kv": True} if self.expand_kv else {})}
+
+    def device_problem(self, device: str) -> str:
+        return backend_device_problem("sdpa", self.backend, device)
 
     def forward(self, q, k, v, is_causal: bool = False):
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))

@@ -30,7 +30,7 @@ from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, fused_sdpa, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
-from attnbench.impls.dense import SDPA_BACKENDS, sdpa_backend_in_use
+from attnbench.impls.dense import SDPA_BACKENDS, backend_device_problem, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
 
 KERNELS = ("auto", "sdpa")
@@ -168,6 +168,9 @@ class DilatedAttention(AttentionImpl):
         if self.hilbert and not hilbert_twin(self.grid_width, factor):
             return None
         return scale_segments(self.config(), factor)
+
+    def device_problem(self, device: str) -> str:
+        return backend_device_problem("dilated", self.backend, device)
 
     @property
     def supports_causal(self) -> bool:

@@ -82,10 +82,10 @@ class MemoryFit:
         return min(positive) if positive else None
 
     def formula(self) -> str:
-        from attnbench.units import format_bytes, format_bytes_short
+        from attnbench.units import format_bytes
 
         terms = [format_bytes(self.coef[0])] + [
-            f"{format_bytes_short(c)}·N" + ("²" if i == 2 else "") for i, c in enumerate(self.coef[1:], 1)
+            f"{format_bytes(c)}·N" + ("²" if i == 2 else "") for i, c in enumerate(self.coef[1:], 1)
         ]
         return " + ".join(terms).replace("+ -", "- ")
 

@@ -39,6 +39,10 @@ from attnbench.measure.timing import TimingPolicy, plan_calls, sample_statistics
 FLUSH_BELOW_MS = 1.0
 # The GPU-time sample covers at least this much work, so event resolution (~0.5 us) is noise.
 GPU_SAMPLE_MS = 10.0
+# A cold first call on CUDA may take this many times the per-call limit (cold_call_limit_s).
+COLD_CALL_FACTOR = 3.0
+# On the CPU a first call this long has warmed what it touches: it counts as the warm-up.
+WARM_AFTER_MS = 1000.0
 # Calls this long are not timed again for GPU time: the host's microseconds of dispatch are
 # far below the eager samples' spread, and each GPU-time sample would cost another call.
 GPU_TIME_BELOW_MS = 1000.0
@@ -292,6 +296,13 @@ class Measurement:
         return out
 
 
+def cold_call_limit_s(limit_s: float, cuda: bool) -> float:
+    """How long the first call may take. On CUDA a cold call carries library setup (handles,
+    autotuning), so it may take three times the limit and a warm call decides; on the CPU a
+    cold call is a warm one and the limit is the limit."""
+    return COLD_CALL_FACTOR * limit_s if cuda else limit_s
+
+
 def measure_step(
     step: Step,
     policy: TimingPolicy,
@@ -324,11 +335,14 @@ def measure_step(
         m.compile_ms = call()
         if probe is not None:
             m.compile_peak_bytes = probe.restart_peak("compile_peak_bytes").get("compile_peak_bytes")
-    phase("first-call")
+    phase("first-call", cold_call_limit_s(limit_s, timer.cuda))
     m.first_call_ms = call()
     m.slowest_first_call_ms = basis = agree(m.first_call_ms)
+    if basis > limit_s * 1e3 and not timer.cuda:
+        m.status, m.message = "time-limit", f"a call took {basis / 1e3:.1f} s > {limit_s:g} s"
+        return m
     if basis > limit_s * 1e3:
-        phase("warm-call")
+        phase("warm-call", limit_s)
         m.warm_call_ms = basis = agree(call())
         if basis > limit_s * 1e3:
             m.status, m.message = "time-limit", f"a warm call took {basis / 1e3:.1f} s > {limit_s:g} s"
@@ -337,6 +351,8 @@ def measure_step(
         cap_s = max(policy.budget_s / 2, policy.warmup_seconds(timer.cuda))
         phase("warm-up", cap_s + limit_s)
         warm_calls = (m.warm_call_ms,) if m.warm_call_ms is not None else ()
+        if not timer.cuda and m.first_call_ms >= WARM_AFTER_MS:
+            warm_calls = (m.first_call_ms,)  # one more call of seconds would warm nothing
         warm = warm_up(step, timer, policy, timer.cuda, sampler.clocks_settled, cap_s, warm_calls)
         # a warm-up of no calls has no time of its own: the warm call taken above, else the first
         basis = warm.last_ms if warm.calls else basis

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.intervals import bracket, tflops_cell, tflops_interval
+from attnbench.report.intervals import bracket, ms_cell, tflops_cell, tflops_interval, time_interval
 from attnbench.schema import Trial
-from attnbench.units import format_gib, short_tokens
+from attnbench.units import format_bytes, format_gib, short_tokens
 
 REFERENCE_LEN, REFERENCE_TEXT = 65536, "64K"  # where throughput is compared across configurations
+SPEED_HEADER = "Fwd time at {length}"  # a length every configuration of the machine ran
 ANSWER_HEADERS = (
     "Configuration",
     "Settings",
@@ -28,6 +30,7 @@ ANSWER_HEADERS = (
     "Stopped by",
     "Per token",
     "Peak/floor",
+    SPEED_HEADER,
     f"Fwd TFLOP/s at {REFERENCE_TEXT}",
     "Longest training",
     f"Train TFLOP/s at {REFERENCE_TEXT}",
@@ -69,6 +72,8 @@ class Configuration:
     training: Search | None
     forward_tflops: Any  # Interval or None
     training_tflops: Any
+    key: str = ""  # configuration_key: its trials
+    speed: Trial | None = None  # its forward trial at the machine's common length (common_speeds)
 
     def record(self) -> dict[str, Any]:
         fwd, train = self.forward, self.training
@@ -85,8 +90,9 @@ class Configuration:
             "Settings": self.settings,
             "Longest forward": fwd.length_text() if fwd else None,
             "Stopped by": fwd.stop_text() if fwd else None,
-            "Per token": f"{peak / held / 1e3:,.2f} KB" if peak and held else None,
+            "Per token": format_bytes(peak / held) if peak and held else None,
             "Peak/floor": f"{fwd.best.peak_over_floor:.2f}x" if fwd and fwd.best and fwd.best.peak_over_floor else None,
+            SPEED_HEADER: ms_cell(time_interval(self.speed)) if self.speed else None,
             f"Fwd TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.forward_tflops) if self.forward_tflops else None,
             "Longest training": train_text,
             f"Train TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.training_tflops) if self.training_tflops else None,
@@ -127,6 +133,41 @@ def filled_headers(configs: list[Configuration]) -> list[str]:
     always, so a table still names what it is about."""
     records = [c.record() for c in configs]
     return [h for i, h in enumerate(ANSWER_HEADERS) if i < 3 or any(r.get(h) is not None for r in records)]
+
+
+def shown_headers(configs: list[Configuration]) -> list[str]:
+    """``filled_headers`` as the table names them: the common length in the speed column's."""
+    speed = next((c.speed for c in configs if c.speed), None)
+    length = short_tokens(speed.seq_len) if speed else ""
+    return [SPEED_HEADER.format(length=length) if h == SPEED_HEADER else h for h in filled_headers(configs)]
+
+
+def shown_record(c: Configuration) -> dict[str, Any]:
+    record = c.record()
+    if c.speed:
+        record[SPEED_HEADER.format(length=short_tokens(c.speed.seq_len))] = record.pop(SPEED_HEADER)
+    return record
+
+
+def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) -> None:
+    """How fast, where the reference length does not answer it for every row: each
+    configuration's forward trial at the longest length all of them ran (searches start short
+    and double, so there is one), the newest there; where searches started apart, the length
+    most of them ran (the rest show none)."""
+    if all(c.forward_tflops for c in configs):
+        return
+    ran = [{r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, [])), key=d.row_date)} for c in configs]
+    counts = Counter(n for lengths in ran for n in lengths)
+    if not counts:
+        return
+    length, count = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    if count > 1 or len(configs) == 1:
+        for c, lengths in zip(configs, ran):
+            c.speed = lengths.get(length)
+
+
+def _forward_ok(trials: list[Trial]) -> list[Trial]:
+    return [r for r in d.ok(trials) if (r.mode or "fwd") == "fwd" and r.time_ms and r.kind == "max-seq"]
 
 
 def configuration_key(row: Trial) -> str:
@@ -187,8 +228,10 @@ def configurations(machine) -> list[Configuration]:
                 training=train,
                 forward_tflops=_reference_tflops(by_key.get(key, []), "fwd"),
                 training_tflops=_reference_tflops(by_key.get(key, []), "fwd_bwd"),
+                key=key,
             )
         )
+    common_speeds(out, by_key)
 
     def order(c: Configuration) -> tuple:
         longest = c.forward.summary["max_seq_len"] if c.forward else 0

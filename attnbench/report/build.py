@@ -55,11 +55,10 @@ def render(results: Results) -> Doc:
     doc.add("# attnbench report\n")
     doc.add(f"Generated {now_utc()} by `attnbench report {inline(results.source)}`.\n")
     answer(doc, machines)
-    vs = verdicts(machines)
-    doc.heading(2, "Against the seeds")
-    doc.add(sd.summary(vs))
-    doc.tables.append(("seed-claims.csv", sd.csv_table(vs)))
-    doc.files[sd.SEEDS_FILE] = sd.seeds_markdown(vs)
+    # the seeds ran on GPUs: after the answer where a GPU ran too, after the details for a CPU run
+    gpu_ran = not all(m.on_cpu for m in machines)
+    if gpu_ran:
+        against_the_seeds(doc, machines)
     figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
     if figure is not None:
         doc.figures.append((ANSWER_FIGURE, p.png(figure)))
@@ -67,7 +66,8 @@ def render(results: Results) -> Doc:
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
         f"({len(runs)} run{'s' * (len(runs) != 1)}, listed in the appendix);\nnothing here ran a benchmark, and each machine's rows stay apart. Tables hold raw values "
-        "in `csv/`\n(times in ms, memory in bytes). GB = 10^9 bytes, GiB = 2^30. Details by question follow.\n"
+        "in `csv/`\n(times in ms, memory in bytes). Memory is in binary units: KiB = 2^10 bytes, MiB = 2^20, "
+        "GiB = 2^30.\nDetails by question follow.\n"
     )
     if results.problems:
         doc.add(
@@ -75,6 +75,8 @@ def render(results: Results) -> Doc:
             + "".join(f"- `{inline(line)}`\n" for line in results.problems)
         )
     details(doc, machines)
+    if not gpu_ran:
+        against_the_seeds(doc, machines)
     superseded(doc, results)
     doc.add(f"\nRuns: {', '.join(inline(r) for r in runs) or '-'}.\n")
     return doc
@@ -96,6 +98,15 @@ def superseded(doc: Doc, results: Results) -> None:
     doc.table(Table("superseded", ["Run", "Machine", "Rows", "Superseded by", "Why"], records))
 
 
+def against_the_seeds(doc: Doc, machines: list[Machine]) -> None:
+    """The seed reports' claims held against the rows: a summary here, each claim in seeds.md."""
+    vs = verdicts(machines)
+    doc.heading(2, "Against the seeds")
+    doc.add(sd.summary(vs))
+    doc.tables.append(("seed-claims.csv", sd.csv_table(vs)))
+    doc.files[sd.SEEDS_FILE] = sd.seeds_markdown(vs)
+
+
 # The answer for every machine fits in the first screen of a terminal, this many lines.
 FIRST_SCREEN_LINES = 40
 
@@ -105,8 +116,10 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
     doc.heading(2, "The answer: how long, how fast, how much memory")
     doc.add(
         "Per configuration, its newest search: the longest length that ran – the shortest that failed (≥: not\n"
-        "finished), memory per token and peak over the floor (q, k, v, output) there; useful TFLOP/s at "
-        f"{a.REFERENCE_TEXT}\nwhere a trial ran there, ±half the 95% interval (n). A column no row fills is left out.\n"
+        "finished), memory per token and peak over the floor (q, k, v, output) there; where not every row ran\n"
+        "at "
+        f"{a.REFERENCE_TEXT}, the time of one forward call at the longest length every row ran; useful TFLOP/s at "
+        f"{a.REFERENCE_TEXT}\nwhere a trial ran there; ±half the 95% interval (n). A column no row fills is left out.\n"
     )
     every = [a.configurations(m) for m in machines]
     helps = [second_gpu(m) for m in machines]
@@ -122,7 +135,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
                 f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
             )
             continue
-        table = Table("answer", a.filled_headers(configs), [c.record() for c in rows])
+        table = Table("answer", a.shown_headers(configs), [a.shown_record(c) for c in rows])
         doc.add(table.markdown())
         if len(rows) < len(configs):
             more = len(configs) - len(rows)

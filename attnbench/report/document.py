@@ -56,8 +56,8 @@ CPU_PRODUCERS = {
 # --- formatting -----------------------------------------------------------------------------
 
 
-def gb(v: float) -> str:
-    return format_bytes(v, "GB")
+def memory(v: float) -> str:
+    return format_bytes(v)
 
 
 ms, times, tok_s, per_token = format_ms, format_ratio, format_tokens_per_s, format_bytes_per_token

@@ -185,7 +185,7 @@ def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> st
 
 def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str) -> str:
     """``c``'s longest sequence ``n`` on a device of ``gpu_memory`` (None: nothing fits)."""
-    from attnbench.units import format_tokens
+    from attnbench.units import format_bytes, format_tokens
 
     where = (
         f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
@@ -193,14 +193,14 @@ def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str
     )
     if n is None:
         return (
-            f"{where}: no sequence fits in {gpu_memory} (the fit needs {c.fit(0) / GIB:.2f} GiB at N=0 "
-            f"plus {(c.overhead or 0) / GIB:.2f} GiB set aside)"
+            f"{where}: no sequence fits in {gpu_memory} (the fit needs {format_bytes(c.fit(0))} at N=0 "
+            f"plus {format_bytes(c.overhead or 0)} set aside)"
         )
     measured_text = f"; measured max {format_tokens(c.measured_max)} on this device" if c.measured_max else ""
     return (
         f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
         f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
-        f"{(c.overhead or 0) / GIB:.2f} GiB set aside for context and libraries{measured_text})"
+        f"{format_bytes(c.overhead or 0)} set aside for context and libraries{measured_text})"
     )
 
 

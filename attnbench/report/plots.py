@@ -197,10 +197,10 @@ def memory_plot(rows: list[Row], machine: str):
     of that device dashed (a ring row's floor is already per rank)."""
     return _series_figure(
         rows,
-        lambda r: (peak_per_gpu(r) or 0) / 1e9,
+        lambda r: (peak_per_gpu(r) or 0) / 2**30,
         f"Peak memory per device, floor dashed — {machine}",
-        "peak memory (GB)",
-        floor=lambda r: r.floor_bytes / 1e9 if r.floor_bytes else None,
+        "peak memory (GiB)",
+        floor=lambda r: r.floor_bytes / 2**30 if r.floor_bytes else None,
     )
 
 

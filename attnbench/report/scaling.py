@@ -140,7 +140,7 @@ def scaling_markdown(rows: list[Row]) -> str:
                         t["world_size"],
                         ms_cell(t["time_ci"]),
                         _f(t["tokens_per_s"], ",.0f"),
-                        format_bytes(t["peak_bytes_per_gpu"], "GB"),
+                        format_bytes(t["peak_bytes_per_gpu"]),
                         t["baseline"] or "-",
                         _f(t["speedup"], ".2f"),
                         ratio_cell(t["efficiency_ci"], anomaly_above_one=True),

@@ -15,7 +15,7 @@ import pandas as pd
 from attnbench.report.data import trials as trials_of
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
-from attnbench.results import STOPPED_BY
+from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
@@ -107,13 +107,10 @@ def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
                 "max_seq_len": best,
                 "first_failure": stop.seq_len if stop else None,
                 # without its max-seq-result row the search never finished: a lower bound only
-                "stopped_by": INTERRUPTED
-                if done is None
-                else STOPPED_BY.get(stop.status, stop.status)
-                if stop
-                else STOPPED_BY["cap"],
+                "stopped_by": _stopped_by(done, stop),
                 "stop_message": stop.message if stop else "",
-                "complete": done is not None,
+                # a search its time budget stopped is a lower bound, as an interrupted one is
+                "complete": done is not None and done.stop_status != BUDGET,
                 "peak_bytes": best_row.peak_bytes if best_row else None,
                 "peak_over_floor": best_row.peak_over_floor if best_row else None,
                 "time_ms": best_row.time_ms if best_row else None,
@@ -123,6 +120,15 @@ def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _stopped_by(done: MaxSeqResult | None, stop: Trial | None) -> str:
+    """What stopped a search, in words: its budget or an interruption before its failures."""
+    if done is None:  # without its max-seq-result row the search never finished
+        return INTERRUPTED
+    if done.stop_status == BUDGET:
+        return STOPPED_BY[BUDGET]
+    return STOPPED_BY.get(stop.status, stop.status) if stop else STOPPED_BY["cap"]
 
 
 def _gpu_cell(r: Trial) -> str:
@@ -159,10 +165,10 @@ def memory_table(trials: list[Trial]) -> str:
         [
             [
                 format_tokens(r.seq_len),
-                format_bytes(r.inputs_bytes, "GB"),
-                format_bytes(r.peak_bytes, "GB")
+                format_bytes(r.inputs_bytes),
+                format_bytes(r.peak_bytes)
                 if r.status == "ok"
-                else format_bytes(r.peak_bytes, "GB") + " at failure"
+                else format_bytes(r.peak_bytes) + " at failure"
                 if r.peak_bytes
                 else "-",
                 result_text(r.status),
@@ -176,13 +182,13 @@ def memory_table(trials: list[Trial]) -> str:
 def time_table(trials: list[Trial]) -> str:
     """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
     return table(
-        ["Sequence Length", "Eager Time", "GPU Time", "Memory (MB)", "Result", "Sparsity"],
+        ["Sequence Length", "Eager Time", "GPU Time", "Peak Memory", "Result", "Sparsity"],
         [
             [
                 format_tokens(r.seq_len),
                 ms_cell(time_interval(r)) if r.time_ms else "-",
                 _gpu_cell(r),
-                f"{r.peak_bytes / 1e6:,.1f}" if r.peak_bytes and r.status == "ok" else "-",
+                format_bytes(r.peak_bytes) if r.peak_bytes and r.status == "ok" else "-",
                 result_text(r.status),
                 format_sparsity(r.kept_fraction, r.causal),
             ]
@@ -219,7 +225,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
                 s["machine"] or s["device"],
                 bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
                 s["stopped_by"],
-                format_bytes(s["peak_bytes"], "GB"),
+                format_bytes(s["peak_bytes"]),
                 f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
                 ms_cell(time_interval(s)) if s["time_ms"] else "-",
             ]

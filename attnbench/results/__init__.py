@@ -28,6 +28,7 @@ from attnbench.results.read import (
     rows_to_resume,
 )
 from attnbench.results.write import (
+    BUDGET,
     LOCK_FILE,
     STATUSES,
     STOPPED_BY,
@@ -45,6 +46,7 @@ __all__ = [
     "MIN_FREE_BYTES",
     "REQUIRED_KEYS",
     "STATUSES",
+    "BUDGET",
     "STOPPED_BY",
     "TRIALS_FILE",
     "ResultsLock",

@@ -6,6 +6,7 @@ into anything but a regular file; one run holds a directory at a time (``Results
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import hashlib
@@ -29,12 +30,15 @@ TRIALS_FILE = "trials.jsonl"
 #   unsupported  the library says the shape or dtype is not supported
 #   error        anything else
 STATUSES = ("ok", "oom", "host-oom", "killed", "time-limit", "unsupported", "error")
+# The stop status of a max-seq search its time budget ended before its bracket closed.
+BUDGET = "budget"
 # What stopped a max-seq search, in words, by the status of its first failure.
 STOPPED_BY = {
     "oom": "memory",
     "host-oom": "host memory",
     "time-limit": "time",
     "cap": "max-seq-len cap",
+    BUDGET: "search time budget",
     "killed": "killed",
     "unsupported": "unsupported shape",
 }
@@ -186,21 +190,39 @@ class ResultsLock:
         import fcntl
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        fd = _open_no_follow(self.out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise AttnbenchError(
-                f"another attnbench run is writing to {self.out_dir}: wait for it to finish or choose another --out"
-            ) from None
-        self.fd = fd
-        return self
+        while True:
+            fd = _open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise AttnbenchError(
+                    f"another attnbench run is writing to {self.out_dir}: wait for it to finish or choose another --out"
+                ) from None
+            if self._still_named(fd):
+                self.fd = fd
+                return self
+            os.close(fd)  # the run before us removed it between our open and our lock: take the new one
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
-            os.close(self.fd)  # closing releases the lock; the file stays, unlinking it would race
+            # removed while held, so no run finds it after us; a run that opened it before
+            # this sees it gone once it holds it (_still_named) and opens the path again
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self.fd)
             self.fd = None
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / LOCK_FILE
+
+    def _still_named(self, fd: int) -> bool:
+        """Whether the lock file we hold is still the one at its path."""
+        try:
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
 
 
 def _jsonable(value: Any) -> Any:

@@ -30,9 +30,9 @@ STARTUP_ALLOWANCE_S = 300.0
 # job included), building the implementation and its device, inputs, compiling kernels, the
 # FLOP accounting after the timed calls.
 UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "accounting")
-# The cold first call may take this many times the limit before it is killed: the time
-# limit is decided on a warm call.
-COLD_CALL_FACTOR = 3.0
+# Phases of one call: killed at their limit exactly, since a call past it is a time-limit
+# whether it ends or not (the measurement core announces each one's limit).
+CALL_PHASES = ("first-call", "warm-call")
 
 PHASE_PREFIX = "phase "
 
@@ -42,7 +42,8 @@ PAUSE_AFTER_TRIALS_ENV = "ATTNBENCH_PAUSE_AFTER_TRIALS"
 
 
 def phase_grace_s(limit_s: float) -> float:
-    """Slack on top of a phase's limit before the parent kills the child."""
+    """Slack on top of a budgeted phase's limit before the parent kills the child: a loop of
+    calls stops at its budget and its last call may run the per-call limit past it."""
     return 2.0 + 0.1 * limit_s
 
 
@@ -165,7 +166,7 @@ class Child:
                 rss_peak = max(rss_peak, rss_of(self.proc.pid))
                 elapsed = time.monotonic() - self.state["since"]
                 if elapsed > limit:
-                    killed = f"killed in phase {phase} after {elapsed:.0f} s (limit {limit:.0f} s)"
+                    killed = _killed_message(phase, elapsed, limit)
                     self.kill()
                     break
                 time.sleep(0.05)
@@ -193,9 +194,15 @@ def _phase_deadline(phase: str, own_s: float) -> float:
     """Seconds phase ``phase`` may run before the child is killed."""
     if phase in UNTIMED_PHASES:
         return STARTUP_ALLOWANCE_S
-    if phase == "first-call":  # a cold call may carry seconds of setup: the limit is judged warm
-        return COLD_CALL_FACTOR * own_s + phase_grace_s(own_s)
+    if phase in CALL_PHASES:
+        return own_s
     return own_s + phase_grace_s(own_s)
+
+
+def _killed_message(phase: str, elapsed: float, limit: float) -> str:
+    if phase in CALL_PHASES:
+        return f"a call ran past the {limit:g} s limit: killed at {elapsed:.1f} s ({phase})"
+    return f"killed in phase {phase} after {elapsed:.0f} s (limit {limit:.0f} s)"
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -25,10 +25,12 @@ against).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnbench.measure.capacity import TimeModel, fit_leading, fit_memory, fit_time
+from attnbench.results import BUDGET
 
 # The first jump from fits of short trials stays this far below the predicted limit; once a
 # success lies within half of it, the guess goes this close (or half the resolution).
@@ -49,6 +51,11 @@ UNEXPECTED_TIME_SHARE = 0.5
 # After this many model-guided guesses failed, the model does not know this edge (an OOM point
 # that moves from run to run, say): bisection alone from there.
 MODEL_MISSES = 2
+# Without --resolution a search stops within this share of its answer (at least the
+# granularity): a process's memory differs by about this much from one to the next (a CPU's
+# mapped memory before its trial, say), so a finer bracket would be noise, and each halving of
+# it costs a trial near the limit, the longest trials of a search.
+DEFAULT_RELATIVE_RESOLUTION = 0.01
 # Statuses that say nothing about the limit: a crash or a kill runs once more.
 FLAKY = ("killed", "error")
 # The phase of a length recorded as predicted, not run.
@@ -74,6 +81,7 @@ class Outcome:
     flops: float | None = None  # FLOPs of one call
     budget: float | None = None  # bytes the fitted peak may reach here, as measured so far
     degree: int | None = None  # the memory law this trial showed, where it differs (a quadratic backend ran)
+    floor_bytes: float | None = None  # q, k, v and the output: a peak is never below them
 
 
 # probe(length, phase, attempt, prediction) -> Outcome; phase PREDICTED records without running
@@ -88,12 +96,21 @@ class Limits:
     resolution: int = 0  # stop once failure - success <= the resolution (on the granularity's grid)
     degree: int = 1  # of the memory fit: 1 linear, 2 quadratic
     time_limit_ms: float | None = None  # the per-call limit (None: none predicted)
+    relative: float = 0.0  # ... or this share of the largest success, where that is more
+    budget_s: float | None = None  # no trial starts after this many seconds of the search (None: no budget)
 
     @property
     def gap(self) -> int:
-        """The resolution on the granularity's grid: the search stops once the bracket is this
-        narrow, and its guesses and steps are multiples of it."""
-        return max(self.granularity, -(-self.resolution // self.granularity) * self.granularity)
+        """The resolution on the granularity's grid: guesses are multiples of it, and the
+        search stops once the bracket is this narrow (or ``gap_at`` its lower end)."""
+        return max(self.granularity, self.up_grid(self.resolution))
+
+    def gap_at(self, lo: int) -> int:
+        """The bracket's width that ends the search with ``lo`` its largest success."""
+        return max(self.gap, self.up_grid(self.relative * lo))
+
+    def up_grid(self, x: float) -> int:
+        return -(-int(x) // self.granularity) * self.granularity
 
 
 @dataclass
@@ -119,8 +136,10 @@ class SearchResult:
 
 
 class _Search:
-    def __init__(self, probe: Probe, limits: Limits) -> None:
-        self.probe, self.lim = probe, limits
+    def __init__(self, probe: Probe, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.probe, self.lim, self.clock = probe, limits, clock
+        self.started = clock()
+        self.out_of_time = False  # the budget ran out with lengths left to try
         self.lo, self.hi, self.hi_status, self.hi_predicted = 0, None, "cap", False
         self.successes: dict[int, Outcome] = {}
         self.budgets: list[float] = []
@@ -128,8 +147,7 @@ class _Search:
         self.tried: list[tuple[int, str]] = []
         self.missed = False  # the last model-guided guess failed: bisect once
         self.misses = 0  # model-guided guesses that failed
-        self.step = limits.gap  # the step above a success the model puts at the limit
-        self.brackets = 0  # successful steps above the model's limit in a row
+        self.step = 0  # the step above a success the model puts at the limit (0: one resolution)
         self.contradicted = False  # a failure has contradicted the model once
 
     # --- the model ----------------------------------------------------------------------
@@ -141,6 +159,10 @@ class _Search:
         lengths, peaks = [n for n, _ in points], [p for _, p in points]
         fit = fit_memory(lengths, peaks, degree) or fit_leading(lengths, peaks, degree)
         return fit if fit is not None and fit.coef[-1] > 0 else None
+
+    def floor_per_token(self) -> float | None:
+        """Bytes of q, k, v and the output per token (the floor is linear in the length)."""
+        return max((o.floor_bytes / n for n, o in self.successes.items() if o.floor_bytes), default=None)
 
     def time_model(self) -> TimeModel | None:
         return fit_time([(n, o.time_ms, o.flops) for n, o in self.successes.items()])
@@ -157,6 +179,10 @@ class _Search:
     def predict(self, n: int | None = None) -> Prediction:
         fit, times, budget = self.memory_fit(), self.time_model(), self.budget()
         memory = fit.max_seq(budget) if fit is not None and budget else None
+        if memory is not None and self.floor_per_token():
+            # short trials' peaks are mostly fixed costs: a slope fitted to their noise can be
+            # below the floor's, and put the limit where the inputs alone would not fit
+            memory = min(memory, budget / self.floor_per_token())
         bounds = [memory] if memory is not None else []
         if times is not None and self.lim.time_limit_ms:
             bounds.append(times.max_seq(self.lim.time_limit_ms))
@@ -180,7 +206,7 @@ class _Search:
         lim = self.lim
         if not self.tried:
             return lim.start, "grow"
-        if self.hi is not None and self.hi - self.lo <= lim.gap:
+        if self.hi is not None and self.hi - self.lo <= lim.gap_at(self.lo):
             return None, ""
         cap = self.on_grid(lim.max_len, lim.granularity)
         if self.hi is None and self.lo >= cap:
@@ -200,14 +226,22 @@ class _Search:
         # just below the predicted limit: far below while the model extrapolates from short
         # trials, else by 1% of it or half the resolution, whichever is less
         near = 2 * self.lo >= target
-        below = min(NEAR_MARGIN * target, lim.gap / 2) if near else FAR_MARGIN * target
+        below = min(NEAR_MARGIN * target, lim.gap_at(self.lo) / 2) if near else FAR_MARGIN * target
         guess = max(self.on_grid(target - below, lim.gap), lim.granularity)
         phase = "predict"
-        if guess <= self.lo:  # the model puts the limit here: step above it (at most doubling)
-            guess, phase = self.lo + min(self.step, self.lo), "bracket"
+        if guess < self.lo + self.step_above():
+            # the model puts the limit within a step of what ran: guesses there would creep up
+            # a resolution at a time, so bracket it one step above, then bisect
+            guess, phase = self.lo + self.step_above(), "bracket"
         if self.hi is not None and guess >= self.hi:
             return self.bisect()
         return min(guess, cap), phase
+
+    def step_above(self) -> int:
+        """The step above the largest success where the model puts the limit: the resolution
+        (a near guess stays half of it under the model's limit), doubled after each step that
+        ran past where the model still puts the limit, at most doubling the length."""
+        return min(max(self.step, self.lim.gap_at(self.lo)), self.lo)
 
     def below_failure(self, target: int | None) -> int | None:
         """One resolution under the smallest failure, where the model puts the limit at or
@@ -216,7 +250,7 @@ class _Search:
         failed says less)."""
         if target is None or self.hi is None or target < self.hi or 2 * self.lo < self.hi:
             return None
-        under = self.on_grid(self.hi - self.lim.gap, self.lim.granularity)
+        under = self.on_grid(self.hi - self.lim.gap_at(self.lo), self.lim.granularity)
         return under if under > self.lo else None
 
     # --- one length ---------------------------------------------------------------------
@@ -264,28 +298,39 @@ class _Search:
 
     def learn(self, n: int, phase: str, out: Outcome, predicted: bool) -> None:
         if out.status == "ok":
+            # a step that ran where the model, told of it, still puts the limit below it: the
+            # model is low, and the next step doubles
+            target = self.predict().max_seq if phase == "bracket" else None
+            self.step = 2 * (n - self.lo) if target is not None and target < n and n > self.lo else 0
             self.lo = max(self.lo, n)
-            # a model low twice in a row: the steps above it double
-            self.brackets = self.brackets + 1 if phase == "bracket" else 0
-            self.step = 2 * self.step if self.brackets >= 2 else self.lim.gap
             return
-        self.brackets = 0
         if self.hi is None or n < self.hi:
             self.hi, self.hi_status, self.hi_predicted = n, out.status, predicted
         self.missed = phase in ("predict", "bracket")
         self.misses += self.missed
-        self.step = self.lim.gap
+        self.step = 0
 
     # --- the search ---------------------------------------------------------------------
+    def spent(self, n: int | None = None) -> bool:
+        """Whether the budget is out, or too short for a trial at ``n``: at least its first
+        call and one timed call, each as long as the model predicts, at most the limit."""
+        budget, limit = self.lim.budget_s, self.lim.time_limit_ms
+        if budget is None:
+            return False
+        call_ms = (self.predict(n).time_ms or 0.0) if n is not None else 0.0
+        trial_s = 2 * min(call_ms, limit or call_ms) / 1e3
+        return self.clock() - self.started + trial_s >= budget
+
     def search(self) -> SearchResult:
         confirmed, confirm_failures = False, 0
         while True:
             n, phase = self.next_length()
-            while n is not None:
+            while n is not None and not self.spent(n):
                 out, predicted = self.run(n, phase)
                 self.learn(n, phase, out, predicted)
                 n, phase = self.next_length()
-            if not self.lo:
+            self.out_of_time = n is not None
+            if not self.lo or self.spent(self.lo):  # nothing to confirm, or no time to
                 break
             out, _ = self.run(self.lo, "confirm")
             if out.status == "ok":
@@ -301,7 +346,7 @@ class _Search:
         return SearchResult(
             self.lo,
             self.hi,
-            self.hi_status,
+            BUDGET if self.out_of_time else self.hi_status,
             self.tried,
             confirmed,
             self.predict().max_seq,
@@ -309,11 +354,13 @@ class _Search:
         )
 
 
-def predicted_search(probe: Probe, limits: Limits) -> SearchResult:
-    """The largest length that runs, its bracket and whether it was confirmed (see the module)."""
+def predicted_search(probe: Probe, limits: Limits, clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """The largest length that runs, its bracket and whether it was confirmed (see the module).
+    No trial starts that the model expects to end after ``limits.budget_s`` seconds of
+    ``clock``: the answer is then a lower bound (stop status ``budget``), unconfirmed."""
     if limits.granularity <= 0 or limits.start <= 0 or limits.start % limits.granularity:
         raise ValueError(f"start {limits.start} must be a positive multiple of granularity {limits.granularity}")
-    return _Search(probe, limits).search()
+    return _Search(probe, limits, clock).search()
 
 
 def grow_then_bisect(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.report.data import is_superseded
-from attnbench.report.document import Doc, Machine, distinct, gb, pct, tokens_cell, yes_no
+from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
 from attnbench.report.markdown import Table
 
@@ -95,9 +95,9 @@ def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
             list(here[0]),
             here,
             {
-                "Device Memory": gb,
-                "Set Aside": gb,
-                "Budget": gb,
+                "Device Memory": memory,
+                "Set Aside": memory,
+                "Budget": memory,
                 "Predicted Max": tokens_cell,
                 "Measured Max": tokens_cell,
                 "Prediction Error": pct,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.report.document import Doc, Machine, gb, tokens_cell, yes_no
+from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, short_message
 from attnbench.report.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
@@ -35,7 +35,7 @@ def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> Non
         "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
         "(includes the CUDA context).\n"
     )
-    doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: gb for h in headers[3:]}}))
+    doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: memory for h in headers[3:]}}))
 
 
 def speedup_anomalies(c: dict[str, Any]) -> list[str]:

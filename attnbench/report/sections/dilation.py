@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.document import Doc, Machine, gb, tok_s, tokens_cell
+from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table
 from attnbench.schema import Trial
 
@@ -73,7 +73,7 @@ def render(doc: Doc, m: Machine) -> None:
                 records,
                 {
                     "Max Tokens": tokens_cell,
-                    "Memory": gb,
+                    "Memory": memory,
                     "Throughput": tok_s,
                     "Dilation Impact": lambda v: f"{v:.2f}x",
                 },

@@ -4,7 +4,7 @@ several (each trial with its memory), and memory per token at the longest sequen
 from __future__ import annotations
 
 from attnbench.report import data as d
-from attnbench.report.document import Doc, Machine, gb, per_token, times, tokens_cell
+from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.multigpu import memory_per_gpu_cells
 from attnbench.report.sweep_tables import max_seq_summary, memory_table, summary_table
@@ -41,7 +41,7 @@ def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
                     "Sequence Length": tokens_cell,
                     "Result": result_text,
                     "Notes": short_message,
-                    **{f"GPU{i} Memory": gb for i in range(n)},
+                    **{f"GPU{i} Memory": memory for i in range(n)},
                 },
             )
         )
@@ -75,8 +75,8 @@ def _memory_at_longest(doc: Doc, m: Machine) -> None:
             records,
             {
                 "Sequence Length": tokens_cell,
-                "Input Tensors (QKV)": gb,
-                "Peak Memory": gb,
+                "Input Tensors (QKV)": memory,
+                "Peak Memory": memory,
                 "Memory per Token": per_token,
                 "Peak / Floor": times,
             },

@@ -5,7 +5,7 @@ time goes, and the longest sequence over several devices against one device's.""
 from __future__ import annotations
 
 from attnbench.report import data as d
-from attnbench.report.document import Doc, Machine, gb, ms, times, tok_s, tokens_cell
+from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
 from attnbench.report.markdown import Table
 from attnbench.report.multigpu import rank_breakdown, ring_pairs, scaling_families
 from attnbench.units import format_bytes
@@ -55,9 +55,9 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
                 "Overhead": times,
                 "One-Device Tokens/s": tok_s,
                 "Ring Tokens/s": tok_s,
-                "One-Device Memory": gb,
-                "Memory per Rank": gb,
-                "Saved per Rank": gb,
+                "One-Device Memory": memory,
+                "Memory per Rank": memory,
+                "Saved per Rank": memory,
                 "Sent per Call": format_bytes,
                 "algbw (GB/s)": lambda v: f"{v:,.2f}",
             },

@@ -130,6 +130,8 @@ def check_trial_series(s: Series) -> None:
     if st.max_samples < max(1, st.min_samples):
         raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
     impl = s.build()
+    if impl.device_problem(st.device):
+        raise AttnbenchError(impl.device_problem(st.device))
     if s.distributed:
         from attnbench.sweeps import seqpar
 

@@ -18,8 +18,19 @@ from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured
 from attnbench.plan import Series
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import TrialKind, parallelism
-from attnbench.sweeps.search import PREDICTED, Limits, Outcome, Prediction, SearchResult, predicted_search
+from attnbench.sweeps.search import (
+    DEFAULT_RELATIVE_RESOLUTION,
+    PREDICTED,
+    Limits,
+    Outcome,
+    Prediction,
+    SearchResult,
+    predicted_search,
+)
 
+# A search's time budget where none is set: on the CPU a first answer in minutes (a call there
+# can take the whole per-call limit); on a GPU an hour, well above any committed profile's search.
+SEARCH_BUDGET_S = {"cpu": 300.0, "cuda": 3600.0}
 # What makes two max-seq-result rows the same search result (a resumed run does not repeat one).
 RESULT_IDENTITY = ("series", "seq_len", "first_failure", "stop_status", "max_seq_len", "resolution", "start")
 
@@ -67,6 +78,8 @@ class MaxSeq(TrialKind):
             resolution=st.resolution,
             degree=impls.memory_order(s.impl),
             time_limit_ms=st.max_trial_seconds * 1e3,
+            relative=0.0 if st.resolution else DEFAULT_RELATIVE_RESOLUTION,
+            budget_s=search_budget_s(st),
         )
         return predicted_search(probe, limits)
 
@@ -98,6 +111,11 @@ class MaxSeq(TrialKind):
         )
 
 
+def search_budget_s(st) -> float:
+    """The seconds a search has for its trials: its setting, else its device's default."""
+    return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
+
+
 def prediction_fields(p: Prediction | None) -> dict[str, Any]:
     """What the model said of a trial before it ran, as row fields (none before there is a model)."""
     if p is None:
@@ -119,6 +137,7 @@ def outcome(row: dict[str, Any], rows: list[dict[str, Any]]) -> Outcome:
         flops=row.get("flops_executed"),
         budget=budget,
         degree=2 if row.get("backend") in QUADRATIC_BACKENDS else None,
+        floor_bytes=row.get("floor_bytes"),
     )
 
 
