@@ -110,8 +110,8 @@ def test_nvml_sampler_tracks_per_gpu_peaks():
         nvml.set([2000, 600])
     rows = sampler.per_gpu()
     assert rows == [
-        {"index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
-        {"index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
+        {"index": 0, "nvml_index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
+        {"index": 1, "nvml_index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
     ]
 
 
