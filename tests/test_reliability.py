@@ -64,9 +64,9 @@ def plan(impls=("naive",), **flags):
     return resolve(build_plan("t", list(impls), {**base, **flags}, {}))
 
 
-def sweep(out: Path, resume: bool = False, **flags) -> Recorder:
+def sweep(out: Path, resume: bool = False, env: dict | None = None, **flags) -> Recorder:
     rec = Recorder()
-    SweepRunner(plan(**flags), out, ENV, resume=resume, reporter=rec).run()
+    SweepRunner(plan(**flags), out, env or ENV, resume=resume, reporter=rec).run()
     return rec
 
 
@@ -107,6 +107,37 @@ def test_resume_under_other_limits_measures_again_and_says_so(tmp_path):
     assert any("measuring again" in n and "256" in n for n in rec.notes), rec.notes
     rec = sweep(out, resume=True, max_trial_seconds=30, memory_limit="1GiB")
     assert sorted(r["seq_len"] for r in kinds(out)["max-seq"] if r["memory_limit"] == 2**30) == [128, 256, 256]
+
+
+def test_resume_replays_only_this_machines_rows(tmp_path):
+    """A file that also holds another machine's trials of the same series: they are not this
+    machine's measurements, so the search runs here and its answer is this machine's own."""
+    out = tmp_path / "run"
+    sweep(out, env={"machine": "NVIDIA H100 80GB HBM3 x1"})
+    elsewhere = kinds(out)
+    this_machine = elsewhere["verify"][0] | {"env": ENV, "trial": "here"}
+    with (out / "trials.jsonl").open("a") as f:
+        f.write(json.dumps(this_machine) + "\n")
+    sweep(out, resume=True)
+    ours = [r for rows in kinds(out).values() for r in rows if r["env"] == ENV]
+    assert sorted(r["seq_len"] for r in ours if r["kind"] == "max-seq") == [128, 256, 256]
+    assert [r["seq_len"] for r in ours if r["kind"] == "max-seq-result"] == [256]
+
+
+@pytest.mark.parametrize("field", ["seq_len", "first_failure", "max_seq_len"])
+def test_a_length_beyond_any_device_is_skipped_by_every_reader(tmp_path, field):
+    """One rule where rows are read: report, check, predict and resume all go through it."""
+    row = fixture_row("max-seq-result", **{field: 10**18})
+    (tmp_path / "trials.jsonl").write_text(json.dumps(row) + "\n")
+    rows, problems = read_rows(tmp_path)
+    assert rows == [] and len(problems) == 1 and field in problems[0] and ":1:" in problems[0]
+
+
+def test_a_trial_that_ran_with_inputs_beyond_its_device_is_skipped(tmp_path):
+    row = fixture_row("points", status="ok", batch=10**9, floor_bytes=10**18)
+    (tmp_path / "trials.jsonl").write_text(json.dumps(row) + "\n")
+    rows, problems = read_rows(tmp_path)
+    assert rows == [] and "floor_bytes" in problems[0]
 
 
 # --- 12 (minor). a resume repeats no reference check and no search result ----------------
