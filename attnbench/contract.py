@@ -20,7 +20,7 @@ import torch
 
 from attnbench import impls
 from attnbench.reference import TOLERANCE, masked_reference, relative_error
-from attnbench.workload import DTYPES
+from attnbench.workload import torch_dtype
 
 SHAPE = (2, 3, 16)  # batch, heads, head dim; the length is the implementation's verify length
 
@@ -32,7 +32,8 @@ def violations(name: str, config: dict[str, Any], device: str, dtype: str, seed:
     n = impl.verify_seq_len()
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (
-        torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(DTYPES[dtype]) for _ in range(3)
+        torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(torch_dtype(dtype))
+        for _ in range(3)
     )
     tol = TOLERANCE[dtype]
     found: list[str] = []

@@ -17,7 +17,7 @@ import torch
 
 from attnbench import impls
 from attnbench.measure.oom import classify
-from attnbench.workload import DTYPES
+from attnbench.workload import torch_dtype
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
 # and outputs with float32 accumulation land at a few times their unit roundoff.
@@ -154,7 +154,7 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
     q_shape, kv_shape = case.shapes()
     # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
     q, k, v = (
-        torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype])
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(torch_dtype(case.dtype))
         for shape in (q_shape, kv_shape, kv_shape)
     )
     impl = impls.build(case.impl, **case.config)

@@ -54,19 +54,23 @@ def parse_bytes(text: str | int) -> int:
 def parse_tokens(text: str | int) -> int:
     """'64K' -> 65536, '1M' -> 1048576 (binary multiples, as sequence lengths are); at most
     MAX_TOKENS."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        n = text
-    else:
-        match = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)\s*", text) if isinstance(text, str) else None
-        if not match:
-            raise AttnbenchError(f"cannot read sequence length {brief(text)}: write e.g. 4096, 64K or 1M")
-        n = int(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()]
+    n = _tokens(text)
+    if n is None:
+        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write e.g. 4096, 64K or 1M")
     if n > MAX_TOKENS:
         raise AttnbenchError(
             f"sequence length {brief(text)} is beyond {MAX_TOKENS:,} tokens (2^40), more than any device holds: "
             "write e.g. 4096, 64K or 1M"
         )
     return n
+
+
+def _tokens(text: object) -> int | None:
+    """The length ``text`` writes, or None where it writes none."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)\s*", text) if isinstance(text, str) else None
+    return int(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()] if match else None
 
 
 def brief(value: object) -> str:
@@ -79,10 +83,10 @@ def parse_int_list(text: str | list[int], what: str) -> list[int]:
     """'2048,4096' -> [2048, 4096]."""
     if isinstance(text, (list, tuple)):
         return [int(x) for x in text]
-    try:
-        return [parse_tokens(part) for part in str(text).split(",") if part.strip()]
-    except AttnbenchError:
-        raise AttnbenchError(f"cannot read {what} {brief(text)}: write comma-separated integers, e.g. 2048,4096") from None
+    parts = [part for part in str(text).split(",") if part.strip()]
+    if any(_tokens(part) is None for part in parts):
+        raise AttnbenchError(f"cannot read {what} {brief(text)}: write comma-separated integers, e.g. 2048,4096")
+    return [parse_tokens(part) for part in parts]
 
 
 def parse_gpus(value) -> tuple[int, ...]:

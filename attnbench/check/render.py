@@ -9,6 +9,7 @@ from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Thresholds
 from attnbench.check.significance import MIN_PROCESSES, MIN_SAMPLES, NOT_GATED
 from attnbench.errors import AttnbenchError
 from attnbench.report.markdown import table
+from attnbench.units import brief
 
 FORMATS = ("text", "markdown", "json")
 ORDER = ("regression", "improvement")
@@ -125,4 +126,4 @@ def render(report: CheckReport, fmt: str) -> str:
         return render_markdown(report)
     if fmt == "text":
         return render_text(report)
-    raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
+    raise AttnbenchError(f"--format {brief(fmt)}: choose text, markdown or json")

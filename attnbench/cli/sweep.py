@@ -174,15 +174,18 @@ def run(
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
-    from attnbench.environment import capture_env
     from attnbench.plan import build_plan
-    from attnbench.report.sweep_files import write_sweep_tables
     from attnbench.results import check_output_dir
-    from attnbench.sweeps.runner import SweepRunner, resolve
 
     if out:
         check_output_dir(out)
-    plan = resolve(build_plan(name, impl_names, flags, params, profile))
+    planned = build_plan(name, impl_names, flags, params, profile)  # bad options stop here, before torch
+
+    from attnbench.environment import capture_env
+    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.sweeps.runner import SweepRunner, resolve
+
+    plan = resolve(planned)
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
         env["clipped"] = list(plan.clipped)

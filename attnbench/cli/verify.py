@@ -75,11 +75,16 @@ def verify(
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench.environment import capture_env
     from attnbench.results import check_output_dir, check_same_machine
-    from attnbench.sweeps.verification import plan_verify
+    from attnbench.workload import check_workload_fields
 
+    for d in dtype or ():  # before torch is imported
+        check_workload_fields(d, mode, "cpu")
     if out:
         check_output_dir(out)
     device = resolve_device(device)
+
+    from attnbench.sweeps.verification import plan_verify
+
     given = impl_params(None, None, None, param)
     plan = plan_verify(impl, device, dtype or ["fp32", "bf16"], mode, gpus, given or None)
     env = capture_env() if out else None

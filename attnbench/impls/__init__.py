@@ -1,15 +1,20 @@
 """Registry of attention implementations: a name maps to a factory and what it supports.
 
 ``build(name, **config)`` returns an :class:`AttentionImpl`; ``names()`` lists what is
-registered; ``spec(name)`` gives the entry (parameters, devices, dtypes).
+registered; ``spec(name)`` gives the entry (parameters, devices, dtypes). Importing the
+registry imports no torch (the implementations are imported on first use), so the command
+line checks its options before paying for torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.units import brief
+
+if TYPE_CHECKING:
+    from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 _REGISTRY: dict[str, ImplSpec] = {}
 _OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
@@ -42,7 +47,7 @@ def spec(name: str) -> ImplSpec:
         found = outside.find_spec(name)
         if found is None:
             raise AttnbenchError(
-                f"unknown implementation {name!r}: choose one of {', '.join(names())} (see `attnbench list`) "
+                f"unknown implementation {brief(name)}: choose one of {', '.join(names())} (see `attnbench list`) "
                 "or name your own as pkg.module:factory"
             )
         _OUTSIDE[name] = found
@@ -56,7 +61,7 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(config) - set(known))
     if unknown:
         allowed = ", ".join(known) or "none"
-        raise ConfigError(f"{name} has no parameter {unknown[0]!r}: its parameters are {allowed}")
+        raise ConfigError(f"{name} has no parameter {brief(unknown[0])}: its parameters are {allowed}")
     out = {}
     for p in entry.params:
         value = _coerce(name, p, config.get(p.name, p.default))
@@ -132,9 +137,9 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
         elif p.kind == "str":
             value = None if value is None else str(value)
     except (TypeError, ValueError, AttnbenchError):
-        raise ConfigError(f"{where} must be of type {p.kind}, got {value!r}") from None
+        raise ConfigError(f"{where} must be of type {p.kind}, got {brief(value)}") from None
     if p.choices is not None and value not in p.choices:
-        raise ConfigError(f"{where} must be one of {', '.join(p.choices)}, got {value!r}")
+        raise ConfigError(f"{where} must be one of {', '.join(p.choices)}, got {brief(value)}")
     return value
 
 
@@ -158,9 +163,6 @@ def _load() -> None:
 
 
 __all__ = [
-    "AttentionImpl",
-    "ImplSpec",
-    "Param",
     "build",
     "build_for_ranks",
     "names",

@@ -18,6 +18,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
 from attnbench.impls import mask_mod as masks
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, quiet_eager_flex
+from attnbench.units import brief
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.
 FLEX_GRANULARITY = masks.BLOCK
@@ -43,7 +44,7 @@ def _parse_args(text: str | None) -> dict[str, Any]:
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"flex: mask_args item {item!r}: write KEY=VALUE[,KEY=VALUE], e.g. window_size=256")
+            raise ConfigError(f"flex: mask_args item {brief(item)}: write KEY=VALUE[,KEY=VALUE], e.g. window_size=256")
         out[key.strip()] = _number(value.strip())
     return out
 

@@ -39,6 +39,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs, quiet_eager_flex
+from attnbench.units import brief
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -57,7 +58,7 @@ def entry_points() -> dict[str, str]:
 def load_object(path: str, what: str = "factory") -> Any:
     """``pkg.module:attr`` imported; a one-line ConfigError naming the fix otherwise."""
     if not _IMPORT_PATH.match(path):
-        raise ConfigError(f"{path!r} is not an import path: write pkg.module:{what}")
+        raise ConfigError(f"{brief(path)} is not an import path: write pkg.module:{what}")
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

@@ -49,7 +49,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     import torch.distributed as dist
 
     from attnbench.reference import masked_reference, relative_error
-    from attnbench.workload import DTYPES
+    from attnbench.workload import torch_dtype
 
     row = case_row(asdict(case), seed)
     impl = build(case.impl, case.config, world)
@@ -62,7 +62,8 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     shape, kv_shape = case.shapes()
     # the same global inputs on every rank, rounded to the dtype so the reference sees what the ranks see
     q, k, v = (
-        torch.randn(s, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for s in (shape, kv_shape, kv_shape)
+        torch.randn(s, generator=gen, dtype=torch.float64).to(torch_dtype(case.dtype))
+        for s in (shape, kv_shape, kv_shape)
     )
     positions = [impl.shard_positions(case.seq_len, r, case.causal) for r in range(world)]
     _maybe_fail(payload, rank)

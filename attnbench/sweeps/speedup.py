@@ -31,10 +31,12 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
 from attnbench.sweeps import strategies
+from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import SilentReporter
 from attnbench.sweeps.speedup_rows import gpus_of, merge_ranks, notes_for
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
+from attnbench.units import brief
 from attnbench.workload import Workload, check_workload_fields
 
 KIND = "speedup"
@@ -103,7 +105,7 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             f"ask for at most {cuda_devices}"
         )
     if s.settings.module not in MODULES:
-        raise AttnbenchError(f"unknown module {s.settings.module!r}: choose {' or '.join(MODULES)}")
+        raise AttnbenchError(f"unknown module {brief(s.settings.module)}: choose {' or '.join(MODULES)}")
     _check_compression(s)
     try:
         config = impls.normalize_config(s.impl, s.config)
@@ -112,6 +114,8 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             impl.check_shape(case.seq_len, s.settings.heads)
     except ConfigError as exc:
         raise AttnbenchError(str(exc)) from None
+    for case in s.settings.cases:
+        check_fits_device(s, case.seq_len, case.batch)
     s = replace(s, config=impl.config())
     if cases_given:
         for name in s.settings.strategies:
