@@ -15,7 +15,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from attnbench.cli.base import app, err_console
+from attnbench.cli.base import app, err_console, guard_streams
 from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_behind, interrupt_exit_code
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
@@ -26,6 +26,7 @@ for _module in COMMAND_MODULES:
 
 def main() -> None:
     """Console entry: one-line errors with exit 2, never a traceback for bad input."""
+    guard_streams()
     install_interrupt_handlers()
     try:
         args = _replay_resumed(sys.argv[1:])

@@ -62,7 +62,7 @@ def render(results: Results) -> Doc:
     doc.files[sd.SEEDS_FILE] = sd.seeds_markdown(vs)
     figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
     if figure is not None:
-        doc.figures.append((ANSWER_FIGURE, p.png(figure)))
+        doc.figures.append((ANSWER_FIGURE, p.png(figure, doc.missing_glyphs)))
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
@@ -124,6 +124,7 @@ def details(doc: Doc, machines: list[Machine]) -> None:
         for m in machines:
             part = Doc()
             part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
+            part.missing_glyphs = doc.missing_glyphs
             part.on_cpu = m.on_cpu
             before = (len(doc.tables), len(doc.figures))
             section.render(part, m)
@@ -179,4 +180,10 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
         written.append(out_dir / name)
     report = out_dir / REPORT_FILE
     write_text_atomic(report, doc.text())
-    return Written(report, [report, *written], results.problems, list(results.by_machine))
+    problems = list(results.problems)
+    if doc.missing_glyphs:
+        problems.append(
+            f"the figures' font has no glyph for {', '.join(sorted(doc.missing_glyphs))} (from labels): "
+            "they show as boxes"
+        )
+    return Written(report, [report, *written], problems, list(results.by_machine))
