@@ -20,7 +20,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
-from attnbench.measure.core import MemoryProbe, Timer, measure_step
+from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import TimingPolicy
 from attnbench.reference import VerifyCase, reference_bytes, run_case
@@ -218,8 +218,10 @@ def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: in
 
 def preload() -> None:
     """What a spare worker does before its trial: every implementation module imported (the
-    registry; FlexAttention's brings torch's compiler), no CUDA context."""
+    registry; FlexAttention's brings torch's compiler), no CUDA context, and the CPU's tensor
+    count run once (its first use imports torch's compiler, tens of MiB no trial should count)."""
     impls.names()
+    tensor_peak_bytes(lambda: torch.ones(2) + 1)
 
 
 PRELOAD = "attnbench.trial:preload"

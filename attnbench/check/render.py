@@ -31,8 +31,9 @@ def rules_text(t: Thresholds) -> str:
         )
     if "memory" in t.aspects:
         bits.append(
-            f"memory: peak beyond x{t.memory_factor:g} and beyond the spread between processes "
-            f"(a CPU resident set: at least {RSS_NOISE_BYTES >> 20} MiB)"
+            f"memory: peak beyond x{t.memory_factor:g} and beyond the spread between processes (on a CPU the "
+            f"tensor bytes a call held, exact run to run; a resident set only with {MIN_PROCESSES} processes "
+            f"a side, and beyond {RSS_NOISE_BYTES >> 20} MiB)"
         )
     if "capacity" in t.aspects:
         bits.append(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,6 +238,52 @@ class MemoryProbe:
         }
 
 
+def tensor_peak_bytes(step: Step) -> int | None:
+    """Bytes of tensors one call of ``step`` held at once, beyond those it started with: each
+    operator's outputs counted by their storage from when it returns them until they are
+    freed (a dispatch mode sees every operator below autograd, the backward's included). On
+    the CPU this is what CUDA's allocator peak is on a GPU: identical runs give identical
+    counts, where the resident set moves by tens of MiB between processes. Buffers a kernel
+    allocates and frees inside itself are not seen. None where the call fails here: the
+    count is extra and must not change a trial's outcome."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class HeldTensors(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held = self.peak = 0
+            self.storages: dict[int, Any] = {}  # id of a live storage -> its finalizer
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self.storages:
+                    self._hold(t.untyped_storage())
+            return out
+
+        def _hold(self, storage) -> None:
+            key, size = id(storage), storage.nbytes()
+            self.storages[key] = weakref.finalize(storage, self._free, key, size)
+            self.held += size
+            self.peak = max(self.peak, self.held)
+
+        def _free(self, key: int, size: int) -> None:
+            self.held -= size
+            self.storages.pop(key, None)
+
+    counter = HeldTensors()
+    try:
+        with counter:
+            step()
+    except Exception:
+        return None
+    finally:
+        for finalizer in counter.storages.values():
+            finalizer.detach()  # tensors still alive outlive the count, not its callbacks
+    return counter.peak
+
+
 # ---------------------------------------------------------------------------------------
 # The measured step
 # ---------------------------------------------------------------------------------------
@@ -268,6 +315,7 @@ class Measurement:
     gpu_times_ms: list[float] | None = None  # GPU time per call (one CUDA process)
     gpu_timer: str | None = None
     clocks: dict[str, Any] = field(default_factory=dict)  # the sampler's clock summary of the timed calls
+    cpu_tensor_peak_bytes: int | None = None  # one CPU process: tensor bytes a call held at once (tensor_peak_bytes)
     per_call: list[dict[str, Any]] = field(default_factory=list)  # ``after_call``'s reading of each timed call
 
     def fields(self) -> dict[str, Any]:
@@ -281,6 +329,7 @@ class Measurement:
             "warmup_calls",
             "warmup_s",
             "gpu_timer",
+            "cpu_tensor_peak_bytes",
         ):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -346,6 +395,10 @@ def measure_step(
             m.times_ms = timed_samples(step, timer, basis, policy)
             if gpu_timing and timer.cuda:
                 _take_gpu_time(m, step, policy, limit_s, probe, phase)
+        if probe is not None and not probe.cuda:
+            probe.freeze()  # the resident set's peak is the measured calls', not the count's
+            phase("tensor-peak")  # one more call, untimed: the CPU's exact memory count
+            m.cpu_tensor_peak_bytes = tensor_peak_bytes(step)
     else:
         warmup, calls = plan_calls(basis, policy)
         phase("timing", policy.budget_s + limit_s)

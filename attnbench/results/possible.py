@@ -49,6 +49,7 @@ NOT_NEGATIVE = frozenset(
         "nvml_used_peak",
         "cpu_peak_rss",
         "cpu_peak_rss_delta",
+        "cpu_tensor_peak_bytes",
         "compile_peak_bytes",
         "device_total_bytes",
         "memory_total_bytes",
@@ -70,7 +71,14 @@ SAMPLE_LISTS = frozenset({"times_ms", "gpu_times_ms"})
 # Sequence lengths (a trial's, a search's answer and bounds): never beyond MAX_TOKENS.
 LENGTHS = frozenset({"seq_len", "first_failure", "max_seq_len", "start", "resolution", "margin", "predicted_max_seq"})
 # Measured memory: never more than the device holds (the largest total the row records).
-PEAKS = ("peak_bytes", "max_memory_allocated", "max_memory_reserved", "compile_peak_bytes", "nvml_used_peak")
+PEAKS = (
+    "peak_bytes",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "compile_peak_bytes",
+    "nvml_used_peak",
+    "cpu_tensor_peak_bytes",
+)
 # Where a row records no device total: no single device holds a pebibyte.
 MAX_DEVICE_BYTES = 2**50
 

@@ -28,8 +28,8 @@ STARTUP_ALLOWANCE_S = 300.0
 
 # Phases whose length is not the trial's business: starting up (a spare worker's wait for its
 # job included), building the implementation and its device, inputs, compiling kernels, the
-# FLOP accounting after the timed calls.
-UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "accounting")
+# CPU's count of tensor bytes (one extra call) and the FLOP accounting after the timed calls.
+UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "tensor-peak", "accounting")
 # The cold first call may take this many times the limit before it is killed: the time
 # limit is decided on a warm call.
 COLD_CALL_FACTOR = 3.0
