@@ -10,6 +10,7 @@ h // (H / H_kv), written out here on its own rather than taken from any implemen
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,8 +132,15 @@ def default_cases(
     return cases
 
 
-def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
-    """Run one case on fresh random inputs; returns a verify result row (without env)."""
+def _no_phase(name: str) -> None:
+    pass
+
+
+def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> dict[str, Any]:
+    """Run one case on fresh random inputs; returns a verify result row (without env).
+    ``phase`` hears "verify-call" before the implementation is built and called (its code:
+    a supervising worker holds it to a call's limit) and "reference" before the float64
+    reference (attnbench's own arithmetic)."""
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
     row: dict[str, Any] = {
         "kind": "verify",
@@ -157,15 +165,17 @@ def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
         torch.randn(shape, generator=gen, dtype=torch.float64).to(torch_dtype(case.dtype))
         for shape in (q_shape, kv_shape, kv_shape)
     )
+    phase("verify-call")
     impl = impls.build(case.impl, **case.config)
     if case.mode == "fwd_bwd":
         row["mode"] = "fwd_bwd"
-        return {**row, **_check_gradients(impl, case, q, k, v, gen)}
+        return {**row, **_check_gradients(impl, case, q, k, v, gen, phase)}
     try:
         with torch.no_grad():
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**row, **_failed(exc), "rel_err": None}
+    phase("reference")
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return {
@@ -198,7 +208,7 @@ def _kv_layout(impl) -> dict[str, Any]:
     return {"kv_layout": impl.last_kv_layout} if getattr(impl, "last_kv_layout", None) else {}
 
 
-def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> dict[str, Any]:
+def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phase=_no_phase) -> dict[str, Any]:
     """Forward and backward on the device against the float64 reference's output and its
     dq, dk, dv for one random output gradient (rounded to the dtype, like the inputs)."""
     grad_out = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(q.dtype)
@@ -209,6 +219,7 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> d
         grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**_failed(exc), "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype]}
+    phase("reference")
     ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))

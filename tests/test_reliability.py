@@ -582,8 +582,8 @@ INVALID = {
         ["max-seq", "--impl", "naive", *CPU, "--start", "2048", "--max-seq-len", "1024"],
         "below the first length",
     ),
-    "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "max_trial_seconds"),
-    "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "max_trial_seconds"),
+    "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "--max-trial-seconds"),
+    "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "--max-trial-seconds"),
     "verify where nothing runs": (["verify", "--impl", "context-parallel", "--device", "cpu"], "attnbench list"),
     "speedup over more processes than cores": (
         ["speedup", "--impl", "naive", "--device", "cpu", "--gpus", (os.cpu_count() or 1) + 1],

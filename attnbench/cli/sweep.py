@@ -176,9 +176,11 @@ def run(
 def _run_plan(name, impl_names, flags, params, profile, out, resume) -> None:
     from attnbench.plan import build_plan
     from attnbench.results import check_output_dir
+    from attnbench.supervised import run_outside_in_workers
 
     if out:
         check_output_dir(out)
+    run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile)  # bad options stop here, before torch
 
     from attnbench.environment import capture_env

@@ -165,7 +165,13 @@ register(
         factory=_flex,
         summary="FlexAttention (compiled on CUDA) over any mask_mod(b, h, q_idx, kv_idx): --param mask=pkg.module:mask_fn",
         params=(
-            Param("mask", None, "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)", kind="str"),
+            Param(
+                "mask",
+                None,
+                "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)",
+                kind="str",
+                names_code=True,
+            ),
             Param(
                 "mask_args",
                 None,

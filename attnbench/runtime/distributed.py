@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
-from attnbench.runtime.supervise import die_with_parent, python_module, supervise
+from attnbench.runtime.supervise import claim_protocol, die_with_parent, python_module, supervise
 from attnbench.runtime.worker import function_ref, resolve, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
@@ -137,6 +137,7 @@ def die_with_launcher() -> None:
 
 def main(job_path: str, out_dir: str) -> None:
     die_with_launcher()
+    claim_protocol()  # phase lines reach the supervisor through torchrun's stdout, and nothing else does
     spec = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnbench.runtime.supervise import Child, announce_phase, python_module
+from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
 JobFunction = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -283,6 +283,7 @@ def spare(preload: str) -> None:
 
 
 if __name__ == "__main__":
+    claim_protocol()  # before any job's code: what it prints is its output, not the protocol
     if sys.argv[1] == "--spare":
         spare(sys.argv[2])
     else:

@@ -19,6 +19,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.reference import TOLERANCE, VerifyCase
+from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.seqpar import case_row
 from attnbench.trial import TrialSpec
 
@@ -122,7 +123,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
 
     def phase(name: str, limit_s: float | None = None) -> None:
         if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
-            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
+            announce_phase(name, limit_s)
 
     nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")
     sampler = NvmlSampler(nvml)

@@ -112,6 +112,11 @@ def check_trial_series(s: Series) -> None:
     # each value's type and range was checked where it was read (plan.parse_settings); here
     # what depends on several values or on the implementation
     check_heads(st.heads, st.kv_heads)
+    if not st.isolate and impls.outside_code_elsewhere(s.impl, s.config):
+        raise AttnbenchError(
+            f"{s.name} runs outside code, which attnbench runs only in a worker process of its own: "
+            "drop --in-process (isolate = false in a profile)"
+        )
     if st.max_samples < max(1, st.min_samples):
         raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
     impl = s.build()
