@@ -283,9 +283,11 @@ def end_group(proc: subprocess.Popen) -> None:
     KEEPER.remove(proc.pid)
 
 
-def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A child that died without writing its result. A signal we did not send is the
-    kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
+def classify_exit(
+    returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None, what: str = "trial process"
+) -> dict[str, Any]:
+    """A child (``what``) that died without writing its result. A signal we did not send is
+    the kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
     child's resident memory reached its limit; any other signal is "killed"."""
     evidence = evidence or {}
     last = next((line for line in reversed(stderr_tail) if line.strip()), "")
@@ -300,23 +302,23 @@ def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, A
         else:
             return {
                 "status": "killed",
-                "message": f"trial process killed by {name}, not by attnbench (no sign of the OOM killer)",
+                "message": f"{what} killed by {name}, not by attnbench (no sign of the OOM killer)",
                 "times_ms": [],
             }
         return {
             "status": "host-oom",
-            "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
+            "message": f"{what} killed by {name}: the kernel's OOM killer ({why})",
             "times_ms": [],
         }
     if returncode == 0:  # exited as if it had finished, without a result: code that ends its process
         return {
             "status": "error",
-            "message": clip_text(f"trial process exited with 0 before writing its result: {last}", 400),
+            "message": clip_text(f"{what} exited with 0 before writing its result: {last}", 400),
             "times_ms": [],
         }
     return {
         "status": classify_text(last),
-        "message": clip_text(f"trial process exited with {returncode}: {last}", 400),
+        "message": clip_text(f"{what} exited with {returncode}: {last}", 400),
         "times_ms": [],
     }
 
