@@ -380,11 +380,15 @@ launch("worker_jobs:sleep_forever", {"dir": sys.argv[1]}, 2, "cpu", 3600)
 
 
 @pytest.mark.distributed
-def test_the_ranks_of_a_multi_process_job_die_with_attnbench(tmp_path):
-    # attnbench -> torchrun agent -> two gloo ranks; a SIGKILL of attnbench leaves none of them
+def test_the_ranks_of_a_multi_process_job_die_with_attnbench_and_their_temp_dir_goes(tmp_path):
+    # attnbench -> torchrun agent -> two gloo ranks; a SIGKILL of attnbench leaves none of them,
+    # and the job's temp dir it left behind is removed by the next run (as speedup's are)
     from attnbench.runtime.worker import alive as _alive
+    from attnbench.runtime.worker import remove_orphaned_temp_dirs
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    temp_root = tmp_path / "tmp"
+    temp_root.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "TMPDIR": str(temp_root)}
     parent = subprocess.Popen([sys.executable, "-c", RANKS_PARENT, str(tmp_path)], env=env)
     pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
     wait_for(lambda: all(p.exists() and p.read_text() for p in pid_files), "both ranks to start")
@@ -392,6 +396,9 @@ def test_the_ranks_of_a_multi_process_job_die_with_attnbench(tmp_path):
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     wait_for(lambda: not any(_alive(pid) and not _zombie(pid) for pid in ranks), "the ranks to die with attnbench")
+    left = sorted(temp_root.glob("attnbench-*"))  # (torchrun's own torchelastic_* dir is torch's)
+    assert left  # SIGKILL left the job's dir behind
+    assert sorted(remove_orphaned_temp_dirs(temp_root)) == left and not list(temp_root.glob("attnbench-*"))
 
 
 def _zombie(pid: int) -> bool:

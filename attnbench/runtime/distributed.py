@@ -21,7 +21,6 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,7 @@ from attnbench.runtime.supervise import (
     die_with_parent,
     python_module,
 )
-from attnbench.runtime.worker import function_ref, resolve, write_json_atomic
+from attnbench.runtime.worker import function_ref, owned_temp_dir, resolve, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
 RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
@@ -65,7 +64,7 @@ def launch(
     ``memory_limit`` (bytes a rank may use) is evidence for telling the OOM killer from
     another kill, as for a one-process trial.
     """
-    with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
+    with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(
             json.dumps(

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
+from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps import strategies
 from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.session import Reporter as BaseReporter
@@ -198,7 +198,7 @@ class SpeedupRunner:
 
     def run_cases(self) -> None:
         for case in self.s.settings.cases:
-            with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
+            with owned_temp_dir("speedup") as scratch:
                 self._run_case(case, Path(scratch))
 
     def _run_case(self, case: Case, reference: Path) -> None:
