@@ -67,3 +67,20 @@ def test_a_read_only_report_directory_is_named_as_such(tmp_path, capsys):
         out.chmod(0o755)
     err = capsys.readouterr().err
     assert snapshot(out) == before and "free space" not in err and "writable" in err, err
+
+
+def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
+    """Rows read from a file may hold any text: no line of a label becomes a heading or a table
+    row of the report (its tables, headings and prose) or of the sweep tables."""
+    rows = [json.loads(line) for line in (FIXTURE / "trials.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        if "label" in r:
+            r["label"] += "\n# Injected heading\n| a | b |"
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "report"
+    assert main_in_process("report", tmp_path, "--out", out) == 0
+    from attnbench.report.sweep_files import write_sweep_tables
+
+    for md in [*out.glob("*.md"), *(p for p in write_sweep_tables(tmp_path) if p.suffix == ".md")]:
+        lines = md.read_text().splitlines()
+        assert not [line for line in lines if line.startswith(("# Injected", "| a |"))], md
