@@ -122,21 +122,23 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise AttnbenchError(f"cannot write {path}: {why_not_written(exc)}") from None
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): {why_not_written(exc)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
 def why_not_written(exc: OSError) -> str:
-    """What a failed write means for the user, by its cause (a full disk is not a read-only one)."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return f"{exc.strerror}: free space or choose another place"
+    """The fix a failed write asks for, by its cause (a full disk is not a read-only one)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space or choose another place"
+    if exc.errno == errno.EFBIG:
+        return "raise the file-size limit (ulimit -f) or choose another place"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{exc.strerror}: make it writable or choose another place"
+        return "make it writable or choose another place"
     if exc.errno == errno.EISDIR:
-        return f"{exc.strerror}: a directory holds its name; move it or choose another place"
-    return f"{exc.strerror or exc}: choose another place"
+        return "a directory holds its name; move it or choose another place"
+    return "choose another place"
 
 
 # The names a report wrote, one a line, kept beside it: the next report into the same
@@ -160,7 +162,7 @@ def write_files_whole(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
     except OSError as exc:
-        raise AttnbenchError(f"cannot write into {out_dir}: {why_not_written(exc)}") from None
+        raise AttnbenchError(f"cannot write into {out_dir} ({exc.strerror}): {why_not_written(exc)}") from None
     try:
         for name, data in files.items():
             write_bytes_atomic(staging / name, data)
@@ -171,7 +173,7 @@ def write_files_whole(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
             os.replace(staging / name, path)
         os.replace(staging / MANIFEST, out_dir / MANIFEST)
     except OSError as exc:
-        raise AttnbenchError(f"cannot write into {out_dir}: {why_not_written(exc)}") from None
+        raise AttnbenchError(f"cannot write into {out_dir} ({exc.strerror}): {why_not_written(exc)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return list(targets.values())
