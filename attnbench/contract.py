@@ -14,35 +14,48 @@ user's code meeting them for the first time. Checked on fresh random inputs at a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from attnbench import impls
 from attnbench.reference import TOLERANCE, masked_reference, relative_error
-from attnbench.workload import DTYPES
+from attnbench.workload import torch_dtype
 
 SHAPE = (2, 3, 16)  # batch, heads, head dim; the length is the implementation's verify length
 
 
-def violations(name: str, config: dict[str, Any], device: str, dtype: str, seed: int = 0) -> list[str]:
-    """Every way ``name`` (built with ``config``) breaks the contract; empty when it holds."""
+def _no_phase(name: str) -> None:
+    pass
+
+
+def violations(
+    name: str, config: dict[str, Any], device: str, dtype: str, seed: int = 0, phase: Callable[[str], None] = _no_phase
+) -> list[str]:
+    """Every way ``name`` (built with ``config``) breaks the contract; empty when it holds.
+    ``phase`` hears "verify-call" before its code runs and "reference" before the float64
+    reference, as ``reference.run_case`` says them."""
+    phase("verify-call")
     impl = impls.build(name, **config)
     batch, heads, head_dim = SHAPE
     n = impl.verify_seq_len()
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (
-        torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(DTYPES[dtype]) for _ in range(3)
+        torch.randn(batch, n, heads, head_dim, generator=gen, dtype=torch.float64).to(torch_dtype(dtype))
+        for _ in range(3)
     )
     tol = TOLERANCE[dtype]
     found: list[str] = []
     outputs = {}
     for causal in (False, True) if impl.supports_causal else (False,):
+        phase("verify-call")
         out, problem = _call(impl, q, k, v, causal, device)
         if problem:
             found.append(problem)
             break  # the same fault again with is_causal=True says nothing new
         outputs[causal] = out
+        phase("reference")
         declared = impl.key_mask(n, heads, causal=causal)
         err = relative_error(out, masked_reference(q, k, v, declared))
         if not err <= tol:
@@ -65,6 +78,7 @@ def violations(name: str, config: dict[str, Any], device: str, dtype: str, seed:
                 "when is_causal is set"
             )
     if False in outputs:
+        phase("verify-call")
         again, problem = _call(impl, q, k, v, False, device)
         if not problem:
             drift = relative_error(again, outputs[False].to(torch.float64))

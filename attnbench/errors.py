@@ -22,6 +22,11 @@ class Terminated(KeyboardInterrupt):
     so a supervisor sees the signal it sent."""
 
 
+class OutputClosed(KeyboardInterrupt):
+    """The reader of stdout or stderr went away (``| head`` exited): the run stops as an
+    interrupt does (finished trials kept), exiting 128 + SIGPIPE = 141 as a shell expects."""
+
+
 class RunInterrupted(Exception):
     """An interrupt carried past typer, which would end the run with a silent exit 130 (SIGTERM's too)."""
 
@@ -37,7 +42,9 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
 
 
 def interrupt_exit_code(exc: BaseException) -> int:
-    """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM."""
+    """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM, 141 for a closed output (SIGPIPE)."""
+    if isinstance(exc, OutputClosed):
+        return 128 + signal.SIGPIPE
     return 143 if isinstance(exc, Terminated) else 130
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.units import brief
 
 MODEL_KEYS = ("heads", "kv_heads", "head_dim", "causal")
 
@@ -89,5 +90,5 @@ def lookup(name: str, own: dict[str, ModelShape] | None = None) -> ModelShape:
     """A preset by name: the profile's own first, then the built-in ones."""
     table = {**PRESETS, **(own or {})}
     if name not in table:
-        raise AttnbenchError(f"unknown model {name!r}: choose one of {', '.join(table)} (see `attnbench models`)")
+        raise AttnbenchError(f"unknown model {brief(name)}: choose one of {', '.join(table)} (see `attnbench models`)")
     return table[name]

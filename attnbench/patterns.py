@@ -48,6 +48,7 @@ import torch
 
 from attnbench.block_lists import BlockPattern, allowed_blocks
 from attnbench.errors import ConfigError
+from attnbench.units import brief
 
 PATTERN_TYPES = ("local_window", "dilated_sparse", "global_local", "hierarchical")
 MULTISCALE = ("dilated_sparse", "hierarchical")
@@ -73,7 +74,7 @@ def build_pattern(
 ) -> BlockPattern:
     """The named pattern over ``num_blocks`` blocks, sized for ``sparsity_ratio``."""
     if pattern_type not in PATTERN_TYPES:
-        raise ConfigError(f"unknown pattern type {pattern_type!r}: choose one of {', '.join(PATTERN_TYPES)}")
+        raise ConfigError(f"unknown pattern type {brief(pattern_type)}: choose one of {', '.join(PATTERN_TYPES)}")
     if not 0 < sparsity_ratio <= 1:
         raise ConfigError(
             f"sparsity_ratio {sparsity_ratio} is the kept fraction of block pairs and must be in (0, 1], "

@@ -24,7 +24,7 @@ from typing import Any
 
 from attnbench import impls, models
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.units import parse_bytes, parse_gpus, parse_int_list, parse_tokens
+from attnbench.units import brief, parse_bytes, parse_gpus, parse_int_list, parse_tokens
 from attnbench.workload import DTYPES, MODES, Workload, check_heads
 
 # Installed, the profiles lie inside the package (setup.py); in a clone, at the repository's top.
@@ -56,7 +56,9 @@ def parse_cases(text) -> tuple[Case, ...]:
             continue
         m = re.fullmatch(r"([0-9]+[kKmM]?)\s*[xX*]\s*([0-9]+)", part)
         if not m or int(m.group(2)) < 1 or parse_tokens(m.group(1)) < 1:
-            raise AttnbenchError(f"cannot read case {part!r}: write SEQLENxBATCH, e.g. --cases 2048x8,4096x4 or 64Kx2")
+            raise AttnbenchError(
+                f"cannot read case {brief(part)}: write SEQLENxBATCH, e.g. --cases 2048x8,4096x4 or 64Kx2"
+            )
         cases.append(Case(parse_tokens(m.group(1)), int(m.group(2))))
     if not cases:
         raise AttnbenchError("--cases is empty: give SEQLENxBATCH cases, e.g. --cases " + SEED_CASES)
@@ -167,6 +169,13 @@ def _str(v):
     return v
 
 
+def _label(v):
+    """A series' name as tables and headings show it: one line of text."""
+    if not isinstance(v, str) or any(c < " " or c == "\x7f" for c in v):
+        raise ValueError("one line of text (no newline or other control character)")
+    return v
+
+
 def _kind(v):
     """A sweep kind's name; which kinds exist is checked when the plan is resolved (the
     kinds are registered with the sweeps, above this module)."""
@@ -194,9 +203,9 @@ SETTING_PARSERS = {
     "kind": _kind,
     "device": _choice("auto", "cpu", "cuda"),
     "dtype": _choice(*DTYPES),
-    "batch": _int,
-    "heads": _int,
-    "head_dim": _int,
+    "batch": _at_least(1, _int, "a positive integer"),
+    "heads": _at_least(1, _int, "a positive integer"),
+    "head_dim": _at_least(1, _int, "a positive integer"),
     "mode": _choice(*MODES),
     "causal": _bool,
     "seq_lens": _seq_lens,
@@ -211,10 +220,10 @@ SETTING_PARSERS = {
     "min_samples": _at_least(1, _int, "an integer >= 1"),
     "max_samples": _at_least(1, _int, "an integer >= 1"),
     "warmup_s": _at_least(0, _float, "a number of seconds >= 0"),
-    "timing_budget_s": _float,
-    "repeat": _int,
+    "timing_budget_s": _at_least(1e-9, _float, "a positive number of seconds, e.g. 30"),
+    "repeat": _at_least(1, _int, "an integer >= 1 (fresh processes per timed point), e.g. 3"),
     "target_ms": _at_least(0, _float, "a number of milliseconds >= 0"),
-    "label": _str,
+    "label": _label,
     "gpus": _gpus,
     "equal_work": _bool,
     "kv_heads": _at_least(1, _int, "a positive number of key/value heads (dividing heads)"),
@@ -235,15 +244,23 @@ SPEEDUP_ONLY = ("cases", "strategies", "module", "grad_compression")
 SWEEP_KEYS = tuple(k for k in SETTING_PARSERS if k not in SPEEDUP_ONLY)
 
 
+# Settings whose command-line option is not the key with dashes.
+OPTIONS = {"timing_budget_s": "--timing-budget", "isolate": "--in-process"}
+COMMAND_LINE = "command line"
+
+
 def parse_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Each value by its key's type and range; an error names the key (on the command line,
+    its option) and echoes the start of the value."""
     out = {}
     for key, value in values.items():
+        name = OPTIONS.get(key, "--" + key.replace("_", "-")) if where == COMMAND_LINE else repr(key)
         try:
             out[key] = SETTING_PARSERS[key](value)
         except AttnbenchError as exc:  # already a sentence of its own
-            raise AttnbenchError(f"{where}: {key!r}: {exc}") from None
+            raise AttnbenchError(f"{where}: {name}: {exc}") from None
         except (ValueError, TypeError) as exc:
-            raise AttnbenchError(f"{where}: {key!r} must be {exc}, got {value!r}") from None
+            raise AttnbenchError(f"{where}: {name} must be {exc}, got {brief(value)}") from None
     return out
 
 
@@ -380,19 +397,23 @@ def split_entry(
                     f"its parameters: {', '.join(sorted(params)) or 'none'}"
                 )
             )
-            raise AttnbenchError(f"{where}: unknown key {key!r} ({hint})")
+            raise AttnbenchError(f"{where}: unknown key {brief(key)} ({hint})")
     return name, parse_settings(settings, where), config
 
 
 def resolve_profile_path(profile: str) -> Path:
+    """The profile's file: a path as given, else a name under profiles/; a path that is not a
+    regular file (a directory, a FIFO) is refused, never read."""
     path = Path(profile)
+    known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
+    if path.exists() and not path.is_file():
+        raise AttnbenchError(f"profile {path} is not a file (a directory?): give a TOML file or one of {known}")
     if path.exists():
         return path
     candidate = PROFILE_DIR / f"{profile}.toml"
-    if candidate.exists():
+    if candidate.is_file():
         return candidate
-    known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
-    raise AttnbenchError(f"profile {profile!r} not found: give a TOML file or one of {known}")
+    raise AttnbenchError(f"profile {brief(profile)} not found: give a TOML file or one of {known}")
 
 
 def load_profile(profile: str) -> tuple[str, str, dict[str, Any], list[dict[str, Any]], bool]:
@@ -413,9 +434,11 @@ def profile_models(profile: str) -> dict[str, models.ModelShape]:
 def _load_profile(profile: str):
     path = resolve_profile_path(profile)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise AttnbenchError(f"profile {path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise AttnbenchError(f"cannot read profile {path} ({exc.strerror}): check its permissions") from None
     description = data.pop("description", "")
     verify = data.pop("verify", True)
     parts = data.pop("parts", [])
@@ -437,9 +460,26 @@ def _load_profile(profile: str):
         raise AttnbenchError(f"profile {path}: needs at least one [[sweep]] or [[speedup]] table with an 'impl' key")
     unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
-        raise AttnbenchError(f"profile {path}: unknown key {unknown[0]!r} (settings: {', '.join(SWEEP_KEYS)})")
+        raise AttnbenchError(f"profile {path}: unknown key {brief(unknown[0])} (settings: {', '.join(SWEEP_KEYS)})")
+    for i, entry in enumerate(entries, 1):
+        _check_entry(entry, f"profile {path.stem}, sweep {i}", SWEEP_KEYS)
+    for i, entry in enumerate(speedups, 1):
+        _check_entry(entry, f"profile {path.stem}, speedup {i}", SPEEDUP_SHARED + SPEEDUP_TIMING + SPEEDUP_ONLY)
     settings = parse_settings(data, f"profile {path}")
     return path.stem, str(description), settings, entries, verify, speedups, own_models, tuple(parts)
+
+
+def _check_entry(entry: dict[str, Any], where: str, setting_keys: Collection[str]) -> None:
+    """What a table's keys must be whatever the implementation: ``impl`` a name, its settings
+    of their type and range. Checked while the profile is read, before torch is imported;
+    the implementation's own parameters are checked once it is known (``split_entry``)."""
+    impl = entry.get("impl")
+    if not isinstance(impl, str) or not impl.strip():
+        raise AttnbenchError(
+            f"{where}: 'impl' must be an implementation's name, e.g. impl = \"sdpa\" (see `attnbench list`), "
+            f"got {brief(impl)}"
+        )
+    parse_settings({k: v for k, v in entry.items() if k in setting_keys}, where)
 
 
 def build_plan(
@@ -459,6 +499,8 @@ def build_plan(
     speedups: list[dict[str, Any]] = []
     own_models: dict[str, models.ModelShape] = {}
     declared: tuple[str, ...] = ()
+    # every value by type and range first: nothing below is paid for (torch, the registry) on bad input
+    flags = parse_settings({k: v for k, v in flags.items() if v is not None}, COMMAND_LINE)
     if profile:
         name, description, base, entries, verify, speedups, own_models, declared = _load_profile(profile)
         path = resolve_profile_path(profile)
@@ -473,7 +515,6 @@ def build_plan(
         if not impl_names:
             raise AttnbenchError("name an implementation (see `attnbench list`) or a profile")
         entries = [{"impl": n} for n in impl_names]
-    flags = parse_settings({k: v for k, v in flags.items() if v is not None}, "command line")
     used_params: set[str] = set()
     series = []
     for i, entry in enumerate(entries, 1):
@@ -497,7 +538,7 @@ def build_plan(
     unused = sorted(set(params) - used_params)
     if unused:
         raise AttnbenchError(
-            f"parameter {unused[0]!r} belongs to none of {', '.join(sorted({s.impl for s in series}))}; "
+            f"parameter {brief(unused[0])} belongs to none of {', '.join(sorted({s.impl for s in series}))}; "
             "see `attnbench list` for each implementation's parameters"
         )
     shared = {**base, **flags}
@@ -564,7 +605,7 @@ def _speedup_series(entry: dict[str, Any], shared: dict[str, Any], where: str) -
         raise AttnbenchError(f'{where}: missing key \'cases\', e.g. cases = ["2048x8", "4096x4"]')
     gpus = entry.get("gpus", 2)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise AttnbenchError(f"{where}: 'gpus' must be a positive number of GPUs, got {gpus!r}")
+        raise AttnbenchError(f"{where}: 'gpus' must be a positive number of GPUs, got {brief(gpus)}")
     inherited = {k: v for k, v in shared.items() if k in SPEEDUP_SHARED + SPEEDUP_TIMING}
     settings = replace(Settings(), **{**inherited, **own, "kind": "speedup", "gpus": (gpus,)})
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from attnbench import impls
 from attnbench.measure.oom import classify
-from attnbench.workload import DTYPES
+from attnbench.workload import torch_dtype
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
 # and outputs with float32 accumulation land at a few times their unit roundoff.
@@ -173,14 +174,21 @@ def default_cases(
     return cases
 
 
-def run_case(case: VerifyCase, seed: int | None = None) -> dict[str, Any]:
-    """Run one case on fresh random inputs; returns a verify result row (without env)."""
+def _no_phase(name: str) -> None:
+    pass
+
+
+def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> dict[str, Any]:
+    """Run one case on fresh random inputs; returns a verify result row (without env), with the
+    seconds it took. ``phase`` hears "verify-call" before the implementation is built and called
+    (its code: a supervising worker holds it to a call's limit) and "reference" before the
+    float64 reference (attnbench's own arithmetic)."""
     started = time.monotonic()
-    row = _check_case(case, seed)
+    row = _check_case(case, seed, phase)
     return {**row, "elapsed_s": round(time.monotonic() - started, 3)}
 
 
-def _check_case(case: VerifyCase, seed: int | None) -> dict[str, Any]:
+def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]) -> dict[str, Any]:
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
     row: dict[str, Any] = {
         "kind": "verify",
@@ -203,18 +211,20 @@ def _check_case(case: VerifyCase, seed: int | None) -> dict[str, Any]:
     q_shape, kv_shape = case.shapes()
     # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
     q, k, v = (
-        torch.randn(shape, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype])
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(torch_dtype(case.dtype))
         for shape in (q_shape, kv_shape, kv_shape)
     )
+    phase("verify-call")
     impl = impls.build(case.impl, **case.config)
     if case.mode == "fwd_bwd":
         row["mode"] = "fwd_bwd"
-        return {**row, **_check_gradients(impl, case, q, k, v, gen)}
+        return {**row, **_check_gradients(impl, case, q, k, v, gen, phase)}
     try:
         with torch.no_grad():
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**row, **_failed(exc), "rel_err": None}
+    phase("reference")
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return {
@@ -247,7 +257,7 @@ def _kv_layout(impl) -> dict[str, Any]:
     return {"kv_layout": impl.last_kv_layout} if getattr(impl, "last_kv_layout", None) else {}
 
 
-def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> dict[str, Any]:
+def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phase=_no_phase) -> dict[str, Any]:
     """Forward and backward on the device against the float64 reference's output and its
     dq, dk, dv for one random output gradient (rounded to the dtype, like the inputs)."""
     grad_out = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(q.dtype)
@@ -258,6 +268,7 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator) -> d
         grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
     except Exception as exc:  # a case that cannot run is reported, never raised
         return {**_failed(exc), "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype]}
+    phase("reference")
     ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))

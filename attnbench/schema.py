@@ -214,6 +214,7 @@ class Trial(Workload, Timing):
     device_total_bytes: int | None = None  # the device's memory
     cpu_peak_rss: int | None = None  # process resident-set peak, bytes (cpu trials)
     cpu_peak_rss_delta: int | None = None  # growth of that peak during the trial
+    cpu_tensor_peak_bytes: int | None = None  # cpu trials: tensor bytes one call held at once (exact run to run)
     flops_useful: float | None = None  # FLOPs of the attended pairs only
     flops_executed: float | None = None  # FLOPs the kernel performs (masked blocks included)
     kept_fraction: float | None = None  # attended pairs / all pairs

@@ -20,11 +20,11 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import accounting
-from attnbench.measure.core import MemoryProbe, Timer, measure_step
+from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
 from attnbench.reference import VerifyCase, reference_bytes, run_case
-from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S, announce_phase
+from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
 from attnbench.workload import Workload
 
@@ -60,6 +60,8 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
     sampler = NvmlSampler(nvml)
     mem = MemoryProbe([0] if cuda else [])
     try:
+        if impls.names_outside_code(wl.impl, wl.config):  # held to a cold call's limit from its import on
+            phase("outside", COLD_CALL_FACTOR * spec.max_trial_seconds)
         impl = impls.build(wl.impl, **wl.config)
         row.update(impls.recorded_metadata(wl.impl))
         impl.check_shape(wl.seq_len, wl.heads)
@@ -176,21 +178,27 @@ def run_isolated(spec: TrialSpec) -> dict[str, Any]:
     )
 
 
+# The per-call limit of a reference check's calls where the command names none: a trial's default.
+VERIFY_CALL_LIMIT_S = 60.0
+
+
 def run_verify_isolated(
     cases: list[VerifyCase],
     memory_limit: int | None = None,
-    max_seconds: float = STARTUP_ALLOWANCE_S,
+    call_limit_s: float | None = None,
     warm: bool = False,
 ) -> list[dict[str, Any]]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
-    never live in the calling process (nor CUDA), and the trial's memory and time limits apply.
+    never live in the calling process (nor CUDA), and the trial's memory and time limits apply
+    (each case's build and call: a cold call's limit, COLD_CALL_FACTOR x ``call_limit_s``).
     ``warm``: trials follow, so the first one's process starts now."""
     if not cases:
         return []
+    limit = COLD_CALL_FACTOR * (call_limit_s or VERIFY_CALL_LIMIT_S)
     result = run_in_child(
         verify_job,
-        {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit},
-        max_seconds,
+        {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit, "call_limit_s": limit},
+        limit,
         memory_limit=memory_limit,
         warm=PRELOAD if warm else False,
     )
@@ -216,10 +224,45 @@ def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: in
     )
 
 
+def run_contract_isolated(checks: list[tuple[str, dict[str, Any], str]], device: str) -> list[str]:
+    """The implementation contract (``attnbench.contract``) of each (name, configuration,
+    dtype) on ``device``, checked in a worker process, each call under a cold call's limit:
+    one line per violation, the check's own end (a hang, an exit) included."""
+    if not checks:
+        return []
+    limit = COLD_CALL_FACTOR * VERIFY_CALL_LIMIT_S
+    result = run_in_child(contract_job, {"checks": checks, "device": device, "call_limit_s": limit}, limit)
+    if "violations" not in result:
+        names = ", ".join(dict.fromkeys(n for n, _, _ in checks))
+        return [
+            f"{names}: the contract check ended before it finished ({result.get('status')}: {result.get('message')})"
+        ]
+    return result["violations"]
+
+
+def contract_job(args: dict[str, Any]) -> dict[str, Any]:
+    """Worker side of ``run_contract_isolated``."""
+    from attnbench.contract import violations
+
+    limit = args["call_limit_s"]
+
+    def phase(name: str) -> None:
+        announce_phase(name, limit if name == "verify-call" else None)
+
+    found = [
+        f"{name} [{dtype}]: {v}"
+        for name, config, dtype in args["checks"]
+        for v in violations(name, config, args["device"], dtype, phase=phase)
+    ]
+    return {"violations": found}
+
+
 def preload() -> None:
     """What a spare worker does before its trial: every implementation module imported (the
-    registry; FlexAttention's brings torch's compiler), no CUDA context."""
+    registry; FlexAttention's brings torch's compiler), no CUDA context, and the CPU's tensor
+    count run once (its first use imports torch's compiler, tens of MiB no trial should count)."""
     impls.names()
+    tensor_peak_bytes(lambda: torch.ones(2) + 1)
 
 
 PRELOAD = "attnbench.trial:preload"
@@ -231,8 +274,14 @@ def trial_job(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_verify_isolated``; CPU cases under the memory limit."""
+    """Worker side of ``run_verify_isolated``; CPU cases under the memory limit, each case's
+    build and call under its time limit (the float64 reference is attnbench's own: untimed)."""
     cases = [VerifyCase(**c) for c in args["cases"]]
     on_cpu = all(c.device == "cpu" for c in cases)
+    limit = args.get("call_limit_s")
+
+    def phase(name: str) -> None:
+        announce_phase(name, limit if name == "verify-call" else None)
+
     with CpuMemoryLimit(args.get("memory_limit") if on_cpu else None):
-        return {"rows": [run_case(c) for c in cases]}
+        return {"rows": [run_case(c, phase=phase) for c in cases]}

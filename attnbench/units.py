@@ -25,6 +25,12 @@ _BYTE_UNITS = {
 }
 SIZE_FORMS = "e.g. 2GiB, 512MiB, 80GB or 1048576B (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 _TOKEN_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+# The longest sequence any row or option may name: q, k, v and the output of one head of
+# dimension one, a byte each, at 2^40 tokens hold 4 TiB, more than a node's GPUs hold. A
+# longer length is a typing error on the command line and a corrupt row in a file.
+MAX_TOKENS = 2**40
+# How much of a bad value an error message echoes: enough to recognise it, never a whole file.
+ECHO_CHARS = 60
 
 
 def parse_bytes(text: str | int) -> int:
@@ -34,35 +40,53 @@ def parse_bytes(text: str | int) -> int:
         text = str(text)  # a TOML integer: a number without a unit
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
     if not match:
-        raise AttnbenchError(f"cannot read memory size {text!r}: write {SIZE_FORMS}")
+        raise AttnbenchError(f"cannot read memory size {brief(text)}: write {SIZE_FORMS}")
     unit = match.group(2).lower()
     if unit not in _BYTE_UNITS:
         what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(2)!r}"
-        raise AttnbenchError(f"memory size {text!r} {what}: write {SIZE_FORMS}")
+        raise AttnbenchError(f"memory size {brief(text)} {what}: write {SIZE_FORMS}")
     size = int(float(match.group(1)) * _BYTE_UNITS[unit])
     if size < 1:
-        raise AttnbenchError(f"memory size {text!r} is less than one byte: write {SIZE_FORMS}")
+        raise AttnbenchError(f"memory size {brief(text)} is less than one byte: write {SIZE_FORMS}")
     return size
 
 
 def parse_tokens(text: str | int) -> int:
-    """'64K' -> 65536, '1M' -> 1048576 (binary multiples, as sequence lengths are)."""
-    if isinstance(text, int):
+    """'64K' -> 65536, '1M' -> 1048576 (binary multiples, as sequence lengths are); at most
+    MAX_TOKENS."""
+    n = _tokens(text)
+    if n is None:
+        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write e.g. 4096, 64K or 1M")
+    if n > MAX_TOKENS:
+        raise AttnbenchError(
+            f"sequence length {brief(text)} is beyond {MAX_TOKENS:,} tokens (2^40), more than any device holds: "
+            "write e.g. 4096, 64K or 1M"
+        )
+    return n
+
+
+def _tokens(text: object) -> int | None:
+    """The length ``text`` writes, or None where it writes none."""
+    if isinstance(text, int) and not isinstance(text, bool):
         return text
-    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)\s*", str(text))
-    if not match:
-        raise AttnbenchError(f"cannot read sequence length {text!r}: write e.g. 4096, 64K or 1M")
-    return int(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()]
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)\s*", text) if isinstance(text, str) else None
+    return int(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()] if match else None
+
+
+def brief(value: object) -> str:
+    """``repr(value)``, cut to its first ECHO_CHARS characters: what an error echoes of a bad value."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text):,} characters)"
 
 
 def parse_int_list(text: str | list[int], what: str) -> list[int]:
     """'2048,4096' -> [2048, 4096]."""
     if isinstance(text, (list, tuple)):
         return [int(x) for x in text]
-    try:
-        return [parse_tokens(part) for part in str(text).split(",") if part.strip()]
-    except AttnbenchError:
-        raise AttnbenchError(f"cannot read {what} {text!r}: write comma-separated integers, e.g. 2048,4096") from None
+    parts = [part for part in str(text).split(",") if part.strip()]
+    if any(_tokens(part) is None for part in parts):
+        raise AttnbenchError(f"cannot read {what} {brief(text)}: write comma-separated integers, e.g. 2048,4096")
+    return [parse_tokens(part) for part in parts]
 
 
 def parse_gpus(value) -> tuple[int, ...]:

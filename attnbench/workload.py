@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.units import brief
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+# Bytes per element of each dtype's name: the byte counts need no torch, so options are
+# checked before torch is imported.
+DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("fwd", "fwd_bwd")
 # Backward of attention costs 2.5x the forward (docs/semantics.md), so fwd+bwd is 3.5x.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd_bwd": 3.5}
@@ -55,11 +59,11 @@ class Workload:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     @property
     def element_bytes(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
+        return DTYPES[self.dtype]
 
     @property
     def tensor_bytes(self) -> int:
@@ -84,6 +88,8 @@ class Workload:
     def make_inputs(self, generator: torch.Generator | None = None):
         """Random normal q ``(B, N, H, D)``, k and v ``(B, N, H_kv, D)`` on the device;
         grad-enabled for the backward mode."""
+        import torch
+
         shapes = [(self.batch, self.seq_len, h, self.head_dim) for h in (self.heads, *[self.kv_head_count] * 2)]
         tensors = [
             torch.randn(shape, dtype=self.torch_dtype, device=self.device, generator=generator) for shape in shapes
@@ -95,6 +101,13 @@ class Workload:
 
 
 OPTIONAL_FIELDS = ("kv_heads", "model")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dtype's name (fp32, fp16, bf16)."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def check_heads(heads: int, kv_heads: int | None) -> None:
@@ -113,8 +126,8 @@ def check_heads(heads: int, kv_heads: int | None) -> None:
 
 def check_workload_fields(dtype: str, mode: str, device: str) -> None:
     if dtype not in DTYPES:
-        raise AttnbenchError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise AttnbenchError(f"unknown dtype {brief(dtype)}: choose one of {', '.join(DTYPES)}")
     if mode not in MODES:
-        raise AttnbenchError(f"unknown mode {mode!r}: choose fwd or fwd_bwd")
+        raise AttnbenchError(f"unknown mode {brief(mode)}: choose fwd or fwd_bwd")
     if device not in ("cpu", "cuda"):
-        raise AttnbenchError(f"unknown device {device!r}: choose cpu or cuda")
+        raise AttnbenchError(f"unknown device {brief(device)}: choose cpu or cuda")

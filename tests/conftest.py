@@ -27,14 +27,25 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(autouse=True)
+def outside_code_imported_here():
+    """A command run in this process (main_in_process, typer's CliRunner) installs the resolver
+    that keeps outside code in worker processes; a library test after it expects the code
+    imported here, as a notebook does."""
+    yield
+    from attnbench import impls  # imports no torch
+
+    impls.resolve_outside_with(None, None)
+
+
 def main_in_process(*args) -> int:
     """`attnbench ARGS` through the console entry point, in this process (no torch import per
-    call): its exit code. What main() installs (signal handlers, the unraisable hook) and argv
-    are put back."""
+    call): its exit code. What main() installs (signal handlers, the unraisable hook, guarded
+    stdout and stderr) and argv are put back (the outside-code resolver: by the fixture below)."""
     from attnbench import cli
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    argv, hook = sys.argv, sys.unraisablehook
+    argv, hook, streams = sys.argv, sys.unraisablehook, (sys.stdout, sys.stderr)
     sys.argv = ["attnbench", *map(str, args)]
     try:
         cli.main()
@@ -43,6 +54,7 @@ def main_in_process(*args) -> int:
         return exc.code
     finally:
         sys.argv, sys.unraisablehook = argv, hook
+        sys.stdout, sys.stderr = streams
         for s, handler in handlers.items():
             signal.signal(s, handler)
 

@@ -57,9 +57,18 @@ BAD = {
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
     "zero timing budget": (
         ["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--timing-budget", "0"],
-        "--timing-budget 30",
+        "--timing-budget must be a positive number of seconds",
     ),
-    "zero repeats": (["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--repeat", "0"], "--repeat 3"),
+    "zero repeats": (["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--repeat", "0"], "--repeat must be"),
+    "negative heads": (
+        ["max-seq", "--impl", "naive", "--device", "cpu", "--heads", "-3"],
+        "--heads must be a positive",
+    ),
+    "a length beyond any device": (["bench", "--impl", "naive", "--seq-lens", "10" * 10, *CPU], "2^40"),
+    "a speedup case beyond the device": (
+        ["speedup", "--impl", "naive", "--device", "cpu", "--cases", f"256x{10**18}"],
+        "more than the cpu's",
+    ),
     "unknown profile": (["run", "--profile", "no-such-profile"], "not found"),
     "unknown option": (["max-seq", "--impl", "naive", "--hedas", "2"], "--hedas"),
     "option of the wrong type": (["max-seq", "--impl", "naive", "--heads", "eight"], "--heads"),
@@ -90,7 +99,9 @@ PROFILES = {
     # values that make no sense, refused before anything runs
     "negative sequence length": ('[[sweep]]\nimpl = "naive"\nkind = "points"\nseq_lens = ["-4K"]\n', "'seq_lens'"),
     "negative memory limit": ('memory_limit = "-1GiB"\n[[sweep]]\nimpl = "naive"\n', "'memory_limit'"),
-    "zero heads": ('heads = 0\n[[sweep]]\nimpl = "naive"\n', "heads must be a positive integer"),
+    "zero heads": ('heads = 0\n[[sweep]]\nimpl = "naive"\n', "'heads' must be a positive integer"),
+    "impl that is not a name": ("[[sweep]]\nimpl = 3\n", "'impl' must be an implementation's name"),
+    "a label of two lines": ('[[sweep]]\nimpl = "naive"\nlabel = "a\\n# b"\n', "no newline"),
     # 2**62 sequences of q, k, v and the output are more bytes than any device holds
     "batch beyond any device": (
         'batch = 4611686018427387904\n[[sweep]]\nimpl = "naive"\n',
@@ -155,3 +166,48 @@ def test_a_length_off_the_segments_names_one_rule_and_lengths_that_follow_it():
         dilated.check_shape(n, 2)
     with pytest.raises(ConfigError, match="must be positive"):
         impls.build("sdpa").check_shape(0, 2)
+
+
+def test_a_pattern_beyond_any_device_is_one_line():
+    proc = run_cli("pattern", "--seq-len", 10**18)
+    assert proc.returncode == 2 and "2^40" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_profile_that_is_a_directory_is_one_line(tmp_path):
+    proc = run_cli("max-seq", "--profile", tmp_path, "--device", "cpu", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "is not a file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+HUGE = "8" * 10**7  # 10 MB: only a profile carries that much (one argument is at most 128 KiB)
+
+
+@pytest.mark.parametrize("line", [f'heads = "{HUGE}"', f'model = "{HUGE}"', f'memory_limit = "{HUGE}"'])
+def test_an_error_echoes_only_the_start_of_a_huge_value(tmp_path, line):
+    profile = write(tmp_path / "p.toml", f'{line}\n[[sweep]]\nimpl = "naive"\n')
+    proc = run_cli("max-seq", "--profile", profile, "--device", "cpu", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr) < 1000, proc.stderr[:300]
+
+
+def test_an_option_too_long_for_its_type_is_echoed_in_part(tmp_path):
+    proc = run_cli("max-seq", "--impl", "naive", "--heads", "x" * 100_000, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and len(proc.stderr) < 1100 and "--heads" in proc.stderr, proc.stderr[:300]
+
+
+REFUSED_BEFORE_TORCH = {
+    "negative heads": ["max-seq", "--impl", "naive", "--heads", "-3"],
+    "zero timing budget": ["bench", "--impl", "naive", "--seq-lens", "128", "--timing-budget", "0"],
+    "a length beyond any device": ["bench", "--impl", "naive", "--seq-lens", str(10**18)],
+    "a bad speedup case": ["speedup", "--impl", "naive", "--cases", "256x0"],
+    "a pattern beyond any device": ["pattern", "--seq-len", str(10**18)],
+    "an unknown dtype to verify": ["verify", "--impl", "naive", "--dtype", "fp8"],
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_BEFORE_TORCH))
+def test_a_bad_option_is_refused_before_torch_is_imported(name, tmp_path):
+    """torch takes seconds to import: an option is checked by type and range first."""
+    proc = run_cli(*REFUSED_BEFORE_TORCH[name], env={"PYTHONPROFILEIMPORTTIME": "1"})
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert proc.returncode == 2 and imported, proc.stderr[-500:]
+    assert "torch" not in imported and "numpy" not in imported

@@ -1,5 +1,7 @@
 """`attnbench check` on real reruns of the same command on a busy CPU: two identical runs made
-back to back pass, and a copy of a run with every time sample doubled fails.
+back to back pass, and a copy of a run with every time sample doubled fails. The same for the
+README's CPU max-seq search under a memory limit, whose memory the gate judges by the tensor
+bytes a call held (exact run to run), not by resident-set growth (tens of MiB apart).
 
 Six real `attnbench bench` runs, one after another, give five back-to-back pairs; nothing
 about their timings is made up. Each point is timed in three fresh processes (`--repeat 3`):
@@ -25,16 +27,30 @@ BENCH = ["bench", "--impl", "naive", "--impl", "sdpa", "--seq-lens", "256", "--d
 BENCH += ["--heads", "2", "--head-dim", "16", "--repeat", "3"]
 
 
-@pytest.fixture(scope="module")
-def reruns(tmp_path_factory) -> list[Path]:
-    root = tmp_path_factory.mktemp("reruns")
+# The README's CPU search: naive until a 256 MiB memory limit stops it.
+MAX_SEQ = ["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp32", "--heads", "2", "--head-dim", "16"]
+MAX_SEQ += ["--memory-limit", "256MiB"]
+
+
+def run_times(root: Path, command: list[str]) -> list[Path]:
+    """RUNS real runs of ``command``, one after another."""
     outs = []
     for i in range(RUNS):
         out = root / f"run{i}"
-        proc = run_cli(*BENCH, "--out", out, env={"OMP_NUM_THREADS": "1"})
+        proc = run_cli(*command, "--out", out, env={"OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs.append(out)
     return outs
+
+
+@pytest.fixture(scope="module")
+def reruns(tmp_path_factory) -> list[Path]:
+    return run_times(tmp_path_factory.mktemp("reruns"), BENCH)
+
+
+@pytest.fixture(scope="module")
+def searches(tmp_path_factory) -> list[Path]:
+    return run_times(tmp_path_factory.mktemp("searches"), MAX_SEQ)
 
 
 def check(*args) -> tuple[int, dict]:
@@ -56,6 +72,19 @@ def test_identical_runs_back_to_back_pass_five_pairs_of_five(reruns):
         # every point was judged on its processes, not waved through for want of them
         assert len(timed) == 2 and not [f for f in timed if "one process" in f["evidence"]]
         outcomes.append((code, [(f["verdict"], round(f["numbers"]["ratio"], 2)) for f in timed]))
+    assert [code for code, _ in outcomes] == [0] * (RUNS - 1), outcomes
+
+
+def test_identical_cpu_searches_back_to_back_pass_five_pairs_of_five(searches):
+    outcomes = []
+    for base, cur in zip(searches, searches[1:]):
+        code, report = check("--baseline", base, "--current", cur)
+        memory = [f for f in report["findings"] if f["aspect"] == "memory"]
+        # each length both searches ran is judged, by the exact count, and found unchanged
+        assert memory and all(f["numbers"]["counter"] == "cpu.tensor_peak_bytes" for f in memory), memory
+        outcomes.append(
+            (code, [(f["aspect"], f["verdict"]) for f in report["findings"] if f["verdict"] != "unchanged"])
+        )
     assert [code for code, _ in outcomes] == [0] * (RUNS - 1), outcomes
 
 

@@ -47,6 +47,15 @@ def test_a_failing_rank_ends_the_run_with_its_error():
     assert message.startswith("rank 1:") and "asked to fail" in message
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_killed_from_outside_is_killed_and_named():
+    """Its peer then fails on a broken connection: the signal is the cause, not the peer's error."""
+    results = launch(selftest, {"kill_rank": 1}, 2, "cpu", phase_limit_s=60, collective_timeout_s=60)
+    status, message = agreed_status(results)
+    assert status == "killed" and message.startswith("rank 1:") and "SIGKILL" in message, message
+
+
 def test_an_oom_on_any_rank_is_the_trial_status():
     results = [
         {"status": "error", "rank": 0, "message": "connection reset", "failed_at": 1.0},

@@ -269,7 +269,6 @@ def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, 
         dtype = "fp32"
         heads = 2
         head_dim = 8
-        isolate = false
         max_trial_seconds = 5
         target_ms = 1
         min_samples = 1

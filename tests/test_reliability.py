@@ -64,9 +64,9 @@ def plan(impls=("naive",), **flags):
     return resolve(build_plan("t", list(impls), {**base, **flags}, {}))
 
 
-def sweep(out: Path, resume: bool = False, **flags) -> Recorder:
+def sweep(out: Path, resume: bool = False, env: dict | None = None, **flags) -> Recorder:
     rec = Recorder()
-    SweepRunner(plan(**flags), out, ENV, resume=resume, reporter=rec).run()
+    SweepRunner(plan(**flags), out, env or ENV, resume=resume, reporter=rec).run()
     return rec
 
 
@@ -109,6 +109,37 @@ def test_resume_under_other_limits_measures_again_and_says_so(tmp_path):
     assert sorted(r["seq_len"] for r in kinds(out)["max-seq"] if r["memory_limit"] == 2**30) == [128, 256, 256]
 
 
+def test_resume_replays_only_this_machines_rows(tmp_path):
+    """A file that also holds another machine's trials of the same series: they are not this
+    machine's measurements, so the search runs here and its answer is this machine's own."""
+    out = tmp_path / "run"
+    sweep(out, env={"machine": "NVIDIA H100 80GB HBM3 x1"})
+    elsewhere = kinds(out)
+    this_machine = elsewhere["verify"][0] | {"env": ENV, "trial": "here"}
+    with (out / "trials.jsonl").open("a") as f:
+        f.write(json.dumps(this_machine) + "\n")
+    sweep(out, resume=True)
+    ours = [r for rows in kinds(out).values() for r in rows if r["env"] == ENV]
+    assert sorted(r["seq_len"] for r in ours if r["kind"] == "max-seq") == [128, 256, 256]
+    assert [r["seq_len"] for r in ours if r["kind"] == "max-seq-result"] == [256]
+
+
+@pytest.mark.parametrize("field", ["seq_len", "first_failure", "max_seq_len"])
+def test_a_length_beyond_any_device_is_skipped_by_every_reader(tmp_path, field):
+    """One rule where rows are read: report, check, predict and resume all go through it."""
+    row = fixture_row("max-seq-result", **{field: 10**18})
+    (tmp_path / "trials.jsonl").write_text(json.dumps(row) + "\n")
+    rows, problems = read_rows(tmp_path)
+    assert rows == [] and len(problems) == 1 and field in problems[0] and ":1:" in problems[0]
+
+
+def test_a_trial_that_ran_with_inputs_beyond_its_device_is_skipped(tmp_path):
+    row = fixture_row("points", status="ok", batch=10**9, floor_bytes=10**18)
+    (tmp_path / "trials.jsonl").write_text(json.dumps(row) + "\n")
+    rows, problems = read_rows(tmp_path)
+    assert rows == [] and "floor_bytes" in problems[0]
+
+
 # --- 12 (minor). a resume repeats no reference check and no search result ----------------
 
 
@@ -127,13 +158,14 @@ def test_a_value_error_reads_as_one_sentence():
     with pytest.raises(AttnbenchError) as exc:
         parse_settings({"start": "lots"}, "command line")
     text = str(exc.value)
-    assert "must be cannot" not in text and "64K" in text and "'start'" in text
+    assert "must be cannot" not in text and "64K" in text and "--start" in text  # the option, as typed
 
 
 def test_the_readme_does_not_promise_a_few_percent_of_cpu_memory_noise():
     readme = (ROOT / "README.md").read_text()
     assert "moves by a few percent between runs" not in readme
-    assert "resident-set growth" in readme and "--memory-factor 2" in readme
+    # the gate's CPU memory is the exact tensor count; resident-set growth moves by tens of MiB
+    assert "tensor bytes a call held" in readme and "tens of MiB" in readme
 
 
 # --- 2. a torn last line is repaired before appending ------------------------------------
@@ -349,11 +381,15 @@ launch("worker_jobs:sleep_forever", {"dir": sys.argv[1]}, 2, "cpu", 3600)
 
 
 @pytest.mark.distributed
-def test_the_ranks_of_a_multi_process_job_die_with_attnbench(tmp_path):
-    # attnbench -> torchrun agent -> two gloo ranks; a SIGKILL of attnbench leaves none of them
+def test_the_ranks_of_a_multi_process_job_die_with_attnbench_and_their_temp_dir_goes(tmp_path):
+    # attnbench -> torchrun agent -> two gloo ranks; a SIGKILL of attnbench leaves none of them,
+    # and the job's temp dir it left behind is removed by the next run (as speedup's are)
     from attnbench.runtime.worker import alive as _alive
+    from attnbench.runtime.worker import remove_orphaned_temp_dirs
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    temp_root = tmp_path / "tmp"
+    temp_root.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "TMPDIR": str(temp_root)}
     parent = subprocess.Popen([sys.executable, "-c", RANKS_PARENT, str(tmp_path)], env=env)
     pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
     wait_for(lambda: all(p.exists() and p.read_text() for p in pid_files), "both ranks to start")
@@ -361,6 +397,9 @@ def test_the_ranks_of_a_multi_process_job_die_with_attnbench(tmp_path):
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     wait_for(lambda: not any(_alive(pid) and not _zombie(pid) for pid in ranks), "the ranks to die with attnbench")
+    left = sorted(temp_root.glob("attnbench-*"))  # (torchrun's own torchelastic_* dir is torch's)
+    assert left  # SIGKILL left the job's dir behind
+    assert sorted(remove_orphaned_temp_dirs(temp_root)) == left and not list(temp_root.glob("attnbench-*"))
 
 
 def _zombie(pid: int) -> bool:
@@ -552,8 +591,8 @@ INVALID = {
         ["max-seq", "--impl", "naive", *CPU, "--start", "2048", "--max-seq-len", "1024"],
         "below the first length",
     ),
-    "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "max_trial_seconds"),
-    "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "max_trial_seconds"),
+    "nan seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "nan"], "--max-trial-seconds"),
+    "infinite seconds": (["max-seq", "--impl", "naive", *CPU, "--max-trial-seconds", "inf"], "--max-trial-seconds"),
     "verify where nothing runs": (["verify", "--impl", "context-parallel", "--device", "cpu"], "attnbench list"),
     "speedup over more processes than cores": (
         ["speedup", "--impl", "naive", "--device", "cpu", "--gpus", (os.cpu_count() or 1) + 1],

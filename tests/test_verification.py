@@ -25,7 +25,7 @@ def test_gpu_cases_run_in_a_child_process(monkeypatch):
     monkeypatch.setattr(
         verification,
         "run_verify_isolated",
-        lambda cases, memory_limit=None, warm=False: sent.extend(cases) or [{"n": len(cases)}],
+        lambda cases, memory_limit=None, call_limit_s=None, warm=False: sent.extend(cases) or [{"n": len(cases)}],
     )
     monkeypatch.setattr(verification, "run_case", lambda c: pytest.fail("a GPU case ran in the parent"))
     cases = [case(device="cuda"), case(device="cuda", causal=True)]

@@ -11,7 +11,7 @@ from pathlib import Path
 from attnbench.check.identity import describe_trial, order, short_tokens, verify_name
 from attnbench.check.loading import Search, Side, contents, load_side
 from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Finding, Thresholds
-from attnbench.check.significance import NOT_GATED, compare_times, process_spread
+from attnbench.check.significance import MIN_PROCESSES, NOT_GATED, compare_times, process_spread
 from attnbench.errors import AttnbenchError
 from attnbench.schema import Trial, Verify
 from attnbench.units import clip_text, format_bytes, format_ms, format_ratio
@@ -173,25 +173,36 @@ class Comparison:
             self._add("capacity", "improvement", cur_rows, model, b.status, "ran", "now runs")
 
     def _memory(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
-        """A peak beyond the factor, and beyond the noise of its counter: the spread between
-        processes, and for a resident set (the CPU's counter) at least RSS_NOISE_BYTES."""
-        if not (b.peak and c.peak) or b.counter != c.counter:
+        """A peak beyond the factor and beyond the noise of its counter: the spread between
+        processes. On the CPU the tensor bytes a call held are exact run to run; a resident
+        set moves between processes, so its growth is judged only where each side measured
+        that spread (two processes or more), and never below RSS_NOISE_BYTES."""
+        counter, base, cur = memory_counter(b, c)
+        if not (base and cur):
             return
-        ratio = c.peak / b.peak
+        b_peak, c_peak = statistics.median(base), statistics.median(cur)
+        ratio = c_peak / b_peak
         f = self.t.memory_factor
-        noise = max(_spread(b.peaks), _spread(c.peaks), RSS_NOISE_BYTES if _resident_set(c.counter) else 0)
+        resident = _resident_set(counter)
+        noise = max(_spread(base), _spread(cur), RSS_NOISE_BYTES if resident else 0)
         if 1 / f <= ratio <= f:
             verdict, evidence = "unchanged", f"within x{f:g}"
-        elif abs(c.peak - b.peak) <= noise:
+        elif resident and min(len(base), len(cur)) < MIN_PROCESSES:
             verdict = NOT_GATED
             evidence = (
-                f"a change of {format_bytes(abs(c.peak - b.peak))} is within the noise of {c.counter} "
+                f"{counter} moves between processes and one process on a side cannot show by how much; "
+                f"measure each point in {MIN_PROCESSES} processes or more (--repeat 3)"
+            )
+        elif abs(c_peak - b_peak) <= noise:
+            verdict = NOT_GATED
+            evidence = (
+                f"a change of {format_bytes(abs(c_peak - b_peak))} is within the noise of {counter} "
                 f"({format_bytes(noise)})"
             )
         else:
             verdict = "regression" if ratio > f else "improvement"
             evidence = (
-                f"peak ({c.counter}) {'above' if ratio > 1 else 'below'} x{f:g} and beyond its noise "
+                f"peak ({counter}) {'above' if ratio > 1 else 'below'} x{f:g} and beyond its noise "
                 f"({format_bytes(noise)})"
             )
         self._add(
@@ -199,11 +210,12 @@ class Comparison:
             verdict,
             cur_rows,
             model,
-            format_bytes(b.peak),
-            format_bytes(c.peak),
+            format_bytes(b_peak),
+            format_bytes(c_peak),
             format_ratio(ratio),
             evidence,
             ratio=ratio,
+            counter=counter,
         )
 
     def _exact(self, b: Trial, c: Trial, cur_rows: list[Trial], model: str) -> None:
@@ -231,9 +243,19 @@ class Comparison:
         if not self.wants("capacity"):
             return
         name = f"max-seq of {describe_trial(c.row, with_len=False)}"
-        if not (b.complete and c.complete):
-            side = "baseline" if not b.complete else "current"
-            self.not_compared.append(f"{name}: the {side} search did not finish")
+        if not (b.complete and c.complete):  # a lower bound is not an answer: said, never passed silently
+            sides = [side for side, s in (("baseline", b), ("current", c)) if not s.complete]
+            self._add(
+                "capacity",
+                NOT_GATED,
+                name,
+                model,
+                f"{short_tokens(b.max_seq_len)}{'' if b.complete else ' (unfinished)'}",
+                f"{short_tokens(c.max_seq_len)}{'' if c.complete else ' (unfinished)'}",
+                "",
+                f"the {' and '.join(sides)} search did not finish: its answer is a lower bound; "
+                "finish it (--resume --out DIR) and check again",
+            )
             return
         if self.t.deterministic and "time" in (b.stopped_by, c.stopped_by):
             self.not_compared.append(f"{name}: stopped by the time limit, which is not deterministic")
@@ -330,6 +352,7 @@ class Pooled:
     processes: list[list[float]]
     peaks: list[int]
     counter: str | None
+    tensor_peaks: list[int]  # CPU: tensor bytes a call held at once, exact run to run
 
     @classmethod
     def of(cls, rows: list[Trial]) -> Pooled:
@@ -341,11 +364,23 @@ class Pooled:
             processes=[[float(x) for x in r.times_ms] for r in ok if r.times_ms],
             peaks=[r.peak_bytes for r in ok if r.peak_bytes],
             counter=first.peak_counter,
+            tensor_peaks=[r.cpu_tensor_peak_bytes for r in ok if r.cpu_tensor_peak_bytes],
         )
 
-    @property
-    def peak(self) -> float | None:
-        return statistics.median(self.peaks) if self.peaks else None
+
+# The CPU's exact memory count, where both sides recorded it.
+TENSOR_PEAK = "cpu.tensor_peak_bytes"
+
+
+def memory_counter(b: Pooled, c: Pooled) -> tuple[str | None, list[int], list[int]]:
+    """The counter two sides' peaks are compared by, and each side's peaks (one per process):
+    the exact tensor count where both CPU sides have it, else the rows' own counter where both
+    used the same; nothing to compare otherwise."""
+    if b.tensor_peaks and c.tensor_peaks:
+        return TENSOR_PEAK, b.tensor_peaks, c.tensor_peaks
+    if b.counter != c.counter:
+        return None, [], []
+    return b.counter, b.peaks, c.peaks
 
 
 def time_noise(*sides: dict[tuple[str, str], list[Trial]]) -> dict[str, float]:
@@ -394,7 +429,7 @@ def _spread(values: list[int]) -> int:
 
 
 def _resident_set(counter: str | None) -> bool:
-    return str(counter or "").startswith("cpu.")
+    return "rss" in str(counter or "")
 
 
 def _resolution_step(b: Search, c: Search) -> int:

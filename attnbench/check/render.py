@@ -9,6 +9,7 @@ from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Thresholds
 from attnbench.check.significance import MIN_PROCESSES, MIN_SAMPLES, NOT_GATED
 from attnbench.errors import AttnbenchError
 from attnbench.report.markdown import table
+from attnbench.units import brief
 
 FORMATS = ("text", "markdown", "json")
 ORDER = ("regression", "improvement")
@@ -30,8 +31,9 @@ def rules_text(t: Thresholds) -> str:
         )
     if "memory" in t.aspects:
         bits.append(
-            f"memory: peak beyond x{t.memory_factor:g} and beyond the spread between processes "
-            f"(a CPU resident set: at least {RSS_NOISE_BYTES >> 20} MiB)"
+            f"memory: peak beyond x{t.memory_factor:g} and beyond the spread between processes (on a CPU the "
+            f"tensor bytes a call held, exact run to run; a resident set only with {MIN_PROCESSES} processes "
+            f"a side, and beyond {RSS_NOISE_BYTES >> 20} MiB)"
         )
     if "capacity" in t.aspects:
         bits.append(
@@ -125,4 +127,4 @@ def render(report: CheckReport, fmt: str) -> str:
         return render_markdown(report)
     if fmt == "text":
         return render_text(report)
-    raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
+    raise AttnbenchError(f"--format {brief(fmt)}: choose text, markdown or json")

@@ -15,7 +15,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from attnbench.cli.base import app, err_console
+from attnbench.cli.base import app, err_console, guard_streams
 from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_behind, interrupt_exit_code
 
 # Imported in this order, which is the order `attnbench --help` lists the commands in.
@@ -26,13 +26,14 @@ for _module in COMMAND_MODULES:
 
 def main() -> None:
     """Console entry: one-line errors with exit 2, never a traceback for bad input."""
+    guard_streams()
     install_interrupt_handlers()
     try:
         args = _replay_resumed(sys.argv[1:])
         code = app(args=args, standalone_mode=False)  # click returns a typer.Exit's code here
         sys.exit(code if isinstance(code, int) else 0)
     except AttnbenchError as exc:
-        err_console.print(f"error: {escape(str(exc))}", soft_wrap=True)
+        err_console.print(f"error: {escape(error_line(str(exc)))}", soft_wrap=True)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -47,9 +48,20 @@ def main() -> None:
             err_console.print("interrupted")
             sys.exit(130)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            err_console.print(f"error: {escape(exc.format_message())} (see --help)")
+            err_console.print(f"error: {escape(error_line(exc.format_message()))} (see --help)")
             sys.exit(2)
         raise
+
+
+# An error is one line of at most this many characters: click echoes a bad option's value
+# whole, and a value can be a file's worth.
+ERROR_CHARS = 1000
+
+
+def error_line(message: str) -> str:
+    """``message`` on one line, cut to ERROR_CHARS."""
+    line = " ".join(message.split())
+    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 3] + "..."
 
 
 def _interrupted(interrupt: KeyboardInterrupt) -> None:

@@ -3,6 +3,7 @@ short forms of values that several commands show."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Any, Optional
 
@@ -10,7 +11,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from attnbench.errors import RunInterrupted
+from attnbench.errors import OutputClosed, RunInterrupted
 
 
 def _without_flag_metavars(params: list) -> list:
@@ -71,8 +72,59 @@ def _options(
     """How long a sequence can an attention implementation handle, how fast, with how much memory per GPU."""
 
 
+class GuardedStream:
+    """stdout or stderr as the command line uses it: a character its encoding lacks is
+    written escaped, never raised, and a reader that went away (``| head`` exited) sends the
+    rest of the output to /dev/null and stops the run as an interrupt does (once)."""
+
+    def __init__(self, stream, fd: int) -> None:
+        self.stream, self.fd = stream, fd
+        stream.reconfigure(errors="backslashreplace")
+
+    def write(self, text: str) -> int:
+        return self._guarded(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
+            os.close(null)
+            raise OutputClosed() from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def guard_streams() -> None:
+    """Before any output: standard descriptors a caller closed (``>&-``) are /dev/null, so no
+    file the run opens takes their number; stdout and stderr are guarded (GuardedStream)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:  # Python found the descriptor closed at start
+            stream = open(fd, "w", buffering=1, closefd=False)  # the interpreter's own, never closed
+        if not isinstance(stream, GuardedStream):
+            setattr(sys, name, GuardedStream(stream, fd))
+
+
+def _is_terminal() -> bool:
+    return bool(sys.stdout and sys.stdout.isatty())
+
+
 # Logs and CI captures are not terminals: give tables room instead of rich's 80 columns.
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+console = Console(highlight=False, soft_wrap=True, width=None if _is_terminal() else 160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "pkg.mod:x:" stays text
 
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from attnbench.cli.base import app, err_console
 from attnbench.errors import AttnbenchError
+from attnbench.units import brief
 
 
 @app.command()
@@ -56,7 +57,7 @@ def check(
     from attnbench.check import ASPECTS, DETERMINISTIC_ASPECTS, FORMATS, Thresholds, render, run_check
 
     if fmt not in FORMATS:
-        raise AttnbenchError(f"--format {fmt!r}: choose text, markdown or json")
+        raise AttnbenchError(f"--format {brief(fmt)}: choose text, markdown or json")
     default = DETERMINISTIC_ASPECTS if deterministic else ASPECTS
     aspects = tuple(a.strip() for a in only.split(",") if a.strip()) if only else default
     thresholds = Thresholds(time_factor, memory_factor, aspects, deterministic, allow_missing=allow_missing)

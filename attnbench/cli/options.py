@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from attnbench.errors import AttnbenchError
+from attnbench.units import brief
 
 ImplOpt = Annotated[
     Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")
@@ -78,7 +79,7 @@ def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, An
     for item in param or []:
         key, sep, value = item.partition("=")
         if not sep:
-            raise AttnbenchError(f"--param {item!r}: write KEY=VALUE, e.g. --param max_chunk_tokens=65536")
+            raise AttnbenchError(f"--param {brief(item)}: write KEY=VALUE, e.g. --param max_chunk_tokens=65536")
         params[key.strip().replace("-", "_")] = value.strip()
     return {k: v for k, v in params.items() if v is not None}
 
@@ -93,7 +94,7 @@ def resolve_device(device: str) -> str:
     from attnbench.sweeps.runner import cuda_available
 
     if device not in ("auto", "cpu", "cuda"):
-        raise AttnbenchError(f"unknown device {device!r}: choose cpu, cuda or auto")
+        raise AttnbenchError(f"unknown device {brief(device)}: choose cpu, cuda or auto")
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cuda" and not cuda_available():

@@ -10,6 +10,7 @@ import typer
 
 from attnbench.cli.base import app, console
 from attnbench.cli.options import CausalOpt, DilOpt, SegOpt, impl_params
+from attnbench.errors import AttnbenchError
 
 
 @app.command()
@@ -30,16 +31,19 @@ def pattern(
     """Build a block-sparse pattern from its block lists: print its kept fraction, build time and memory; draw it."""
     import time
 
-    from attnbench import impls
-    from attnbench.measure.memory import current_rss_bytes
-    from attnbench.measure.probe import reset_rss_peak, rss_high_water
     from attnbench.results import check_output_file
     from attnbench.units import format_bytes, format_tokens, parse_tokens
 
     if png:
         check_output_file(png, "--png", ".png")
-    n = parse_tokens(seq_len)
+    n = parse_tokens(seq_len)  # before torch is imported
     config = impl_params(segment_lengths, dilation_rates, None, None)
+
+    from attnbench import impls
+    from attnbench.measure.memory import current_rss_bytes
+    from attnbench.measure.oom import is_oom
+    from attnbench.measure.probe import reset_rss_peak, rss_high_water
+
     impl = impls.build(
         "block-sparse", pattern_type=pattern_type, block_size=block_size, sparsity_ratio=sparsity_ratio, **config
     )
@@ -47,7 +51,16 @@ def pattern(
     reset_rss_peak()
     base = current_rss_bytes()
     t0 = time.perf_counter()
-    p = impl.pattern(n, bool(causal))  # refuses a pattern that cannot keep the ratio
+    try:
+        p = impl.pattern(n, bool(causal))  # refuses a pattern that cannot keep the ratio
+    except (MemoryError, RuntimeError) as exc:
+        if not is_oom(exc):
+            raise
+        raise AttnbenchError(
+            f"the {pattern_type} pattern at N={format_tokens(n)} ({n // block_size:,} blocks of {block_size}) "
+            f"needs more memory than this machine has for its block lists: choose a shorter --seq-len "
+            "or a larger --block-size"
+        ) from None
     seconds = time.perf_counter() - t0
     grown = max(0, rss_high_water() - base)
     counts = p.row_counts.float()

@@ -61,33 +61,40 @@ def speedup(
     resume: ResumeOpt = False,
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
-    from attnbench.environment import capture_env
-    from attnbench.plan import SEED_CASES, Plan, parse_cases, parse_names, speedup_series
-    from attnbench.report.speedup_tables import write_speedup_tables
+    from attnbench.plan import COMMAND_LINE, SEED_CASES, Plan, parse_settings, speedup_series
     from attnbench.results import check_output_dir
+
+    # every value by type and range before torch is imported
+    given = parse_settings(
+        {
+            "cases": SEED_CASES if cases is None else cases,
+            "strategies": strategy,
+            "module": module,
+            "grad_compression": grad_compression,
+            "dtype": dtype,
+            "device": device,
+            "heads": heads,
+            "head_dim": head_dim,
+            "mode": mode,
+            "causal": causal,
+            "max_trial_seconds": max_trial_seconds,
+        },
+        COMMAND_LINE,
+    )
+    params = impl_params(segment_lengths, dilation_rates, backend, param)
+    if out:
+        check_output_dir(out)
+    from attnbench.supervised import run_outside_in_workers
+
+    run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
+
+    from attnbench.environment import capture_env
+    from attnbench.report.speedup_tables import write_speedup_tables
     from attnbench.sweeps.runner import SweepRunner
     from attnbench.sweeps.speedup import check_settings, order
 
-    if out:
-        check_output_dir(out)
-    device = resolve_device(device)
     series = check_settings(
-        speedup_series(
-            impl,
-            impl_params(segment_lengths, dilation_rates, backend, param),
-            cases=parse_cases(SEED_CASES if cases is None else cases),
-            gpus=gpus,
-            strategies=parse_names(strategy),
-            module=module,
-            grad_compression=grad_compression,
-            dtype=dtype,
-            device=device,
-            heads=heads,
-            head_dim=head_dim,
-            mode=mode,
-            causal=causal,
-            max_trial_seconds=max_trial_seconds,
-        ),
+        speedup_series(impl, params, gpus=gpus, **{**given, "device": resolve_device(device)}),
         _cuda_device_count() if device == "cuda" else 0,
         cases_given=cases is not None,
     )

@@ -187,15 +187,20 @@ def run(
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
-    from attnbench.environment import capture_env
     from attnbench.plan import build_plan
-    from attnbench.report.sweep_files import write_sweep_tables
     from attnbench.results import check_output_dir
-    from attnbench.sweeps.runner import SweepRunner, resolve
+    from attnbench.supervised import run_outside_in_workers
 
     if out:
         check_output_dir(out)
-    plan = resolve(build_plan(name, impl_names, flags, params, profile, parts))
+    run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
+    planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
+
+    from attnbench.environment import capture_env
+    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.sweeps.runner import SweepRunner, resolve
+
+    plan = resolve(planned)
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
         env["clipped"] = list(plan.clipped)

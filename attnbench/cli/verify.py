@@ -18,7 +18,9 @@ from attnbench.cli.options import impl_params, resolve_device
 def list_impls() -> None:
     """Every registered implementation, its parameters with defaults, devices and dtypes."""
     from attnbench import impls  # here, not at the top: `report` and `check` must not import torch
+    from attnbench.supervised import run_outside_in_workers
 
+    run_outside_in_workers()  # an installed implementation is described by a worker, never imported here
     for name in impls.names():
         s = impls.spec(name)
         console.print(f"[bold]{name}[/]" + _wrapped(f"{name}  {s.summary}", 4)[len(name) :])
@@ -75,11 +77,18 @@ def verify(
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench.environment import capture_env
     from attnbench.results import check_output_dir, check_same_machine
-    from attnbench.sweeps.verification import plan_verify
+    from attnbench.supervised import run_outside_in_workers
+    from attnbench.workload import check_workload_fields
 
+    for d in dtype or ():  # before torch is imported
+        check_workload_fields(d, mode, "cpu")
     if out:
         check_output_dir(out)
     device = resolve_device(device)
+    run_outside_in_workers()  # outside implementations are imported, built and checked in workers only
+
+    from attnbench.sweeps.verification import plan_verify
+
     given = impl_params(None, None, None, param)
     plan = plan_verify(impl, device, dtype or ["fp32", "bf16"], mode, gpus, given or None)
     env = capture_env() if out else None

@@ -1,18 +1,64 @@
 """Registry of attention implementations: a name maps to a factory and what it supports.
 
 ``build(name, **config)`` returns an :class:`AttentionImpl`; ``names()`` lists what is
-registered; ``spec(name)`` gives the entry (parameters, devices, dtypes).
+registered; ``spec(name)`` gives the entry (parameters, devices, dtypes). Importing the
+registry imports no torch (the implementations are imported on first use), so the command
+line checks its options before paying for torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.units import brief
+
+if TYPE_CHECKING:
+    from attnbench.impls.base import AttentionImpl, ImplSpec, Param
 
 _REGISTRY: dict[str, ImplSpec] = {}
 _OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
+# How outside code is reached: None imports it here (library use); the command line installs a
+# resolver of outside names and a builder of any configuration that runs outside code, neither
+# of which imports it into its own process (attnbench.supervised).
+_outside_resolver: Callable[[str], ImplSpec | None] | None = None
+_outside_builder: Callable[[str, dict[str, Any]], AttentionImpl] | None = None
+
+
+def resolve_outside_with(
+    resolver: Callable[[str], ImplSpec | None] | None,
+    builder: Callable[[str, dict[str, Any]], AttentionImpl] | None = None,
+) -> None:
+    """From now on resolve outside names with ``resolver`` and build what runs outside code
+    (``names_outside_code``) with ``builder``; None, None: here, as a library does."""
+    global _outside_resolver, _outside_builder
+    _outside_resolver, _outside_builder = resolver, builder
+    _OUTSIDE.clear()
+
+
+def names_outside_code(name: str, config: dict[str, Any] | None = None) -> bool:
+    """Whether building ``name`` with ``config`` runs code from outside attnbench: an
+    implementation named by import path or entry point, or a parameter naming a function
+    whose module is not attnbench's (flex's mask)."""
+    if not is_builtin(name):
+        return True
+    return any(p.names_code and _outside_path((config or {}).get(p.name)) for p in _REGISTRY[name].params)
+
+
+def _outside_path(value: Any) -> bool:
+    return isinstance(value, str) and ":" in value and value.split(":")[0].split(".")[0] != "attnbench"
+
+
+def outside_code_elsewhere(name: str, config: dict[str, Any] | None = None) -> bool:
+    """Whether ``name`` with ``config`` runs outside code, which this process leaves to
+    worker processes."""
+    return _outside_resolver is not None and names_outside_code(name, config)
+
+
+def is_builtin(name: str) -> bool:
+    _load()
+    return name in _REGISTRY
 
 
 def register(spec: ImplSpec) -> ImplSpec:
@@ -39,10 +85,10 @@ def spec(name: str) -> ImplSpec:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name not in _OUTSIDE:
-        found = outside.find_spec(name)
+        found = (_outside_resolver or outside.find_spec)(name)
         if found is None:
             raise AttnbenchError(
-                f"unknown implementation {name!r}: choose one of {', '.join(names())} (see `attnbench list`) "
+                f"unknown implementation {brief(name)}: choose one of {', '.join(names())} (see `attnbench list`) "
                 "or name your own as pkg.module:factory"
             )
         _OUTSIDE[name] = found
@@ -56,7 +102,7 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(config) - set(known))
     if unknown:
         allowed = ", ".join(known) or "none"
-        raise ConfigError(f"{name} has no parameter {unknown[0]!r}: its parameters are {allowed}")
+        raise ConfigError(f"{name} has no parameter {brief(unknown[0])}: its parameters are {allowed}")
     out = {}
     for p in entry.params:
         value = _coerce(name, p, config.get(p.name, p.default))
@@ -66,9 +112,14 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(name: str, **config: Any) -> AttentionImpl:
-    """Build a registered implementation with its configuration checked."""
+    """Build a registered implementation with its configuration checked; one that runs
+    outside code is built by the installed builder where one is (never here)."""
     entry = spec(name)
-    impl = entry.factory(**normalize_config(name, config))
+    config = normalize_config(name, config)
+    if _outside_builder is not None and is_builtin(name) and names_outside_code(name, config):
+        impl = _outside_builder(name, config)
+    else:
+        impl = entry.factory(**config)
     impl.name = name
     return impl
 
@@ -132,9 +183,9 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
         elif p.kind == "str":
             value = None if value is None else str(value)
     except (TypeError, ValueError, AttnbenchError):
-        raise ConfigError(f"{where} must be of type {p.kind}, got {value!r}") from None
+        raise ConfigError(f"{where} must be of type {p.kind}, got {brief(value)}") from None
     if p.choices is not None and value not in p.choices:
-        raise ConfigError(f"{where} must be one of {', '.join(p.choices)}, got {value!r}")
+        raise ConfigError(f"{where} must be one of {', '.join(p.choices)}, got {brief(value)}")
     return value
 
 
@@ -161,9 +212,6 @@ def _load() -> None:
 
 
 __all__ = [
-    "AttentionImpl",
-    "ImplSpec",
-    "Param",
     "build",
     "build_for_ranks",
     "names",

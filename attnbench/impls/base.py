@@ -37,6 +37,9 @@ class Param:
     #: False for options added later and off by default: left out of a configuration while at
     #: their default, so earlier rows and series keys stay the same
     recorded_at_default: bool = True
+    #: the value names a function as pkg.module:function (flex's mask): code from outside
+    #: attnbench where the module is not attnbench's
+    names_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs
+from attnbench.units import brief
 
 # Dense kernels work in tiles of this many tokens; lengths off the tile measure padding.
 DENSE_GRANULARITY = 128
@@ -152,7 +153,7 @@ class SDPAAttention(_Dense):
 
 def _sdpa(backend: str = "auto", expand_kv: bool = False) -> SDPAAttention:
     if backend not in ("auto", *SDPA_BACKENDS):
-        raise ConfigError(f"sdpa backend {backend!r} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
+        raise ConfigError(f"sdpa backend {brief(backend)} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
     return SDPAAttention(backend, expand_kv)
 
 

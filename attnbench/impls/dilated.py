@@ -32,6 +32,7 @@ from attnbench.impls import flash, fused_sdpa, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, backend_device_problem, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
+from attnbench.units import brief
 
 KERNELS = ("auto", "sdpa")
 
@@ -134,10 +135,12 @@ class DilatedAttention(AttentionImpl):
     ):
         super().__init__()
         if kernel not in KERNELS:
-            raise ConfigError(f"dilated: kernel {kernel!r} unknown: choose {' or '.join(KERNELS)}")
+            raise ConfigError(f"dilated: kernel {brief(kernel)} unknown: choose {' or '.join(KERNELS)}")
         validate_pattern(segment_lengths, dilation_rates)
         if backend not in ("auto", *SDPA_BACKENDS):
-            raise ConfigError(f"dilated: SDPA backend {backend!r} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
+            raise ConfigError(
+                f"dilated: SDPA backend {brief(backend)} unknown: choose auto, {', '.join(SDPA_BACKENDS)}"
+            )
         if max_chunk_tokens <= 0:
             raise ConfigError("dilated: max_chunk_tokens must be positive")
         if grid_width < 0:

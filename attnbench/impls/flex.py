@@ -18,6 +18,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
 from attnbench.impls import mask_mod as masks
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, quiet_eager_flex
+from attnbench.units import brief
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.
 FLEX_GRANULARITY = masks.BLOCK
@@ -43,7 +44,7 @@ def _parse_args(text: str | None) -> dict[str, Any]:
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"flex: mask_args item {item!r}: write KEY=VALUE[,KEY=VALUE], e.g. window_size=256")
+            raise ConfigError(f"flex: mask_args item {brief(item)}: write KEY=VALUE[,KEY=VALUE], e.g. window_size=256")
         out[key.strip()] = _number(value.strip())
     return out
 
@@ -164,7 +165,13 @@ register(
         factory=_flex,
         summary="FlexAttention (compiled on CUDA) over any mask_mod(b, h, q_idx, kv_idx): --param mask=pkg.module:mask_fn",
         params=(
-            Param("mask", None, "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)", kind="str"),
+            Param(
+                "mask",
+                None,
+                "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)",
+                kind="str",
+                names_code=True,
+            ),
             Param(
                 "mask_args",
                 None,

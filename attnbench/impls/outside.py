@@ -39,6 +39,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs, quiet_eager_flex
+from attnbench.units import brief
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -57,7 +58,7 @@ def entry_points() -> dict[str, str]:
 def load_object(path: str, what: str = "factory") -> Any:
     """``pkg.module:attr`` imported; a one-line ConfigError naming the fix otherwise."""
     if not _IMPORT_PATH.match(path):
-        raise ConfigError(f"{path!r} is not an import path: write pkg.module:{what}")
+        raise ConfigError(f"{brief(path)} is not an import path: write pkg.module:{what}")
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
@@ -157,6 +158,76 @@ def _factory(name: str, path: str, factory: Callable) -> Callable[..., Attention
         return impl
 
     return build
+
+
+def described(impl: AttentionImpl) -> dict[str, Any]:
+    """What attnbench's own process needs to know of a built outside implementation, as JSON:
+    read in a worker process, held by ``DescribedImpl``."""
+    return {
+        "config": impl.config(),
+        "granularity": int(impl.granularity),
+        "verify_seq_len": int(impl.verify_seq_len()),
+        "compiles": bool(impl.compiles),
+        "supports_causal": bool(impl.supports_causal),
+        "supports_gqa": bool(getattr(impl, "supports_gqa", False)),
+        "source": getattr(impl, "source", None),
+    }
+
+
+def spec_fields(spec: ImplSpec) -> dict[str, Any]:
+    """An outside spec as JSON (its factory stays where it was imported)."""
+    return {
+        "summary": spec.summary,
+        "params": [[p.name, p.default, p.help, p.kind] for p in spec.params],
+        "devices": list(spec.devices),
+        "dtypes": list(spec.dtypes),
+        "memory_order": spec.memory_order,
+        "source": spec.source,
+    }
+
+
+def described_spec(name: str, fields: dict[str, Any], factory: Callable[..., AttentionImpl]) -> ImplSpec:
+    """The spec of ``spec_fields``, building with ``factory`` (which never runs the code)."""
+    return ImplSpec(
+        name=name,
+        factory=factory,
+        summary=fields["summary"],
+        params=tuple(Param(n, default, help, kind=kind) for n, default, help, kind in fields["params"]),
+        devices=tuple(fields["devices"]),
+        dtypes=tuple(fields["dtypes"]),
+        memory_order=int(fields["memory_order"]),
+        source=fields["source"],
+    )
+
+
+class DescribedImpl(AttentionImpl):
+    """An outside implementation as attnbench's own process knows it: what a worker process
+    read of it (``described``), never its code. Its shape rules are its granularity's; calling
+    it is an error, since outside code runs only in worker processes."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+        self.compiles = fields["compiles"]
+        self.supports_causal = fields["supports_causal"]
+        self.supports_gqa = fields["supports_gqa"]
+        self.source = fields["source"]
+
+    @property
+    def granularity(self) -> int:
+        return self.fields["granularity"]
+
+    def verify_seq_len(self) -> int:
+        return self.fields["verify_seq_len"]
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.fields["config"])
+
+    def forward(self, q, k, v, is_causal: bool = False):
+        raise ConfigError(f"{self.name} is outside code: it runs only in a worker process of its own, not here")
+
+    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+        raise ConfigError(f"{self.name} is outside code: its key sets are read only in a worker process")
 
 
 class OutsideImpl(AttentionImpl):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +34,19 @@ import torch
 
 from attnbench.measure.memory import NvmlSampler, current_rss_bytes, rss_peak_bytes
 from attnbench.measure.probe import reset_rss_peak, rss_high_water
-from attnbench.measure.timing import TimingPolicy, plan_calls, sample_statistics, timed_samples, warm_up
+from attnbench.measure.timing import (
+    TimingPolicy,
+    cold_call_limit_s,
+    plan_calls,
+    sample_statistics,
+    timed_samples,
+    warm_up,
+)
 
 # Calls faster than this get an L2 flush before each call when GPU time is taken.
 FLUSH_BELOW_MS = 1.0
 # The GPU-time sample covers at least this much work, so event resolution (~0.5 us) is noise.
 GPU_SAMPLE_MS = 10.0
-# A cold first call on CUDA may take this many times the per-call limit (cold_call_limit_s).
-COLD_CALL_FACTOR = 3.0
 # On the CPU a first call this long has warmed what it touches: it counts as the warm-up.
 WARM_AFTER_MS = 1000.0
 # Calls this long are not timed again for GPU time: the host's microseconds of dispatch are
@@ -241,6 +247,52 @@ class MemoryProbe:
         }
 
 
+def tensor_peak_bytes(step: Step) -> int | None:
+    """Bytes of tensors one call of ``step`` held at once, beyond those it started with: each
+    operator's outputs counted by their storage from when it returns them until they are
+    freed (a dispatch mode sees every operator below autograd, the backward's included). On
+    the CPU this is what CUDA's allocator peak is on a GPU: identical runs give identical
+    counts, where the resident set moves by tens of MiB between processes. Buffers a kernel
+    allocates and frees inside itself are not seen. None where the call fails here: the
+    count is extra and must not change a trial's outcome."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class HeldTensors(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held = self.peak = 0
+            self.storages: dict[int, Any] = {}  # id of a live storage -> its finalizer
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self.storages:
+                    self._hold(t.untyped_storage())
+            return out
+
+        def _hold(self, storage) -> None:
+            key, size = id(storage), storage.nbytes()
+            self.storages[key] = weakref.finalize(storage, self._free, key, size)
+            self.held += size
+            self.peak = max(self.peak, self.held)
+
+        def _free(self, key: int, size: int) -> None:
+            self.held -= size
+            self.storages.pop(key, None)
+
+    counter = HeldTensors()
+    try:
+        with counter:
+            step()
+    except Exception:
+        return None
+    finally:
+        for finalizer in counter.storages.values():
+            finalizer.detach()  # tensors still alive outlive the count, not its callbacks
+    return counter.peak
+
+
 # ---------------------------------------------------------------------------------------
 # The measured step
 # ---------------------------------------------------------------------------------------
@@ -272,6 +324,7 @@ class Measurement:
     gpu_times_ms: list[float] | None = None  # GPU time per call (one CUDA process)
     gpu_timer: str | None = None
     clocks: dict[str, Any] = field(default_factory=dict)  # the sampler's clock summary of the timed calls
+    cpu_tensor_peak_bytes: int | None = None  # one CPU process: tensor bytes a call held at once (tensor_peak_bytes)
     per_call: list[dict[str, Any]] = field(default_factory=list)  # ``after_call``'s reading of each timed call
 
     def fields(self) -> dict[str, Any]:
@@ -285,6 +338,7 @@ class Measurement:
             "warmup_calls",
             "warmup_s",
             "gpu_timer",
+            "cpu_tensor_peak_bytes",
         ):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -294,13 +348,6 @@ class Measurement:
         out.update(self.clocks)
         out.update(sample_statistics(self.times_ms, self.gpu_times_ms))
         return out
-
-
-def cold_call_limit_s(limit_s: float, cuda: bool) -> float:
-    """How long the first call may take. On CUDA a cold call carries library setup (handles,
-    autotuning), so it may take three times the limit and a warm call decides; on the CPU a
-    cold call is a warm one and the limit is the limit."""
-    return COLD_CALL_FACTOR * limit_s if cuda else limit_s
 
 
 def measure_step(
@@ -362,6 +409,10 @@ def measure_step(
             m.times_ms = timed_samples(step, timer, basis, policy)
             if gpu_timing and timer.cuda:
                 _take_gpu_time(m, step, policy, limit_s, probe, phase)
+        if probe is not None and not probe.cuda:
+            probe.freeze()  # the resident set's peak is the measured calls', not the count's
+            phase("tensor-peak")  # one more call, untimed: the CPU's exact memory count
+            m.cpu_tensor_peak_bytes = tensor_peak_bytes(step)
     else:
         warmup, calls = plan_calls(basis, policy)
         phase("timing", policy.budget_s + limit_s)

@@ -21,7 +21,7 @@ from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import sections
 from attnbench.report.sweep_tables import max_seq_summary, trials_csv
 from attnbench.report.verdicts import verdicts
-from attnbench.results import check_output_dir, now_utc, write_bytes_atomic, write_text_atomic
+from attnbench.results import check_output_dir, now_utc, write_files_whole
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
@@ -61,7 +61,7 @@ def render(results: Results) -> Doc:
         against_the_seeds(doc, machines)
     figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
     if figure is not None:
-        doc.figures.append((ANSWER_FIGURE, p.png(figure)))
+        doc.figures.append((ANSWER_FIGURE, p.png(figure, doc.missing_glyphs)))
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
@@ -182,6 +182,7 @@ def details(doc: Doc, machines: list[Machine]) -> None:
         for m in machines:
             part = Doc()
             part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
+            part.missing_glyphs = doc.missing_glyphs
             part.on_cpu = m.on_cpu
             before = (len(doc.tables), len(doc.figures))
             section.render(part, m)
@@ -208,33 +209,31 @@ def only_missing(part: Doc, produced: bool) -> str | None:
 
 
 def write_report(results_path: Path, out: Path | None = None) -> Written:
+    """The report of the rows under ``results_path`` in ``out`` (default RESULTS/report),
+    replacing the files of a report written there before, and only those, as one set: a
+    write that fails leaves the previous report as it was."""
     out_dir = Path(out) if out else default_out(results_path)
     check_output_dir(out_dir)  # before reading anything
     results = load(results_path)
     doc = render(results)
-    written = []
-    for name, table in doc.tables:
-        path = out_dir / CSV_DIR / name
-        write_text_atomic(path, table.csv())
-        written.append(path)
+    files = {f"{CSV_DIR}/{name}": table.csv() for name, table in doc.tables}
     for name, rows in results.by_machine.items():
         if any(r.kind in ("max-seq", "points") for r in rows):
-            path = out_dir / CSV_DIR / f"trials-{slug(name)}.csv"
-            write_text_atomic(path, trials_csv(rows))
-            written.append(path)
+            files[f"{CSV_DIR}/trials-{slug(name)}.csv"] = trials_csv(rows)
         summary = max_seq_summary(rows)
         if summary:
             import pandas as pd
 
-            path = out_dir / CSV_DIR / f"max-seq-{slug(name)}.csv"
-            write_text_atomic(path, pd.DataFrame(summary).to_csv(index=False))
-            written.append(path)
-    for name, data in doc.figures:
-        write_bytes_atomic(out_dir / name, data)
-        written.append(out_dir / name)
-    for name, text in doc.files.items():
-        write_text_atomic(out_dir / name, text)
-        written.append(out_dir / name)
+            files[f"{CSV_DIR}/max-seq-{slug(name)}.csv"] = pd.DataFrame(summary).to_csv(index=False)
+    files.update(doc.files)
+    files[REPORT_FILE] = doc.text()
+    data = {name: text.encode("utf-8") for name, text in files.items()} | dict(doc.figures)
+    written = write_files_whole(out_dir, data)
+    problems = list(results.problems)
+    if doc.missing_glyphs:
+        problems.append(
+            f"the figures' font has no glyph for {', '.join(sorted(doc.missing_glyphs))} (from labels): "
+            "they show as boxes"
+        )
     report = out_dir / REPORT_FILE
-    write_text_atomic(report, doc.text())
-    return Written(report, [report, *written], results.problems, list(results.by_machine))
+    return Written(report, [report, *(w for w in written if w != report)], problems, list(results.by_machine))

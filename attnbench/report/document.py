@@ -92,6 +92,7 @@ class Doc:
         self.tables: list[tuple[str, Table]] = []  # (csv file name, table)
         self.figures: list[tuple[str, bytes]] = []  # (png file name, its bytes: drawn and freed at once)
         self.files: dict[str, str] = {}  # other markdown files beside the report: name -> text
+        self.missing_glyphs: set[str] = set()  # characters of labels the figures' font cannot draw
         self.machine_slug = ""
         self.on_cpu = False  # the machine a part is about has no GPU: name the CPU twins
 
@@ -122,7 +123,7 @@ class Doc:
         from attnbench.report.plots import png
 
         file = f"{name}-{self.machine_slug}.png"
-        self.figures.append((file, png(fig)))
+        self.figures.append((file, png(fig, self.missing_glyphs)))
         self.add(f"![{alt}]({file})\n")
 
     def text(self) -> str:

@@ -30,6 +30,7 @@ from attnbench.measure.capacity import MemoryFit, fit_memory, fitted_peak, measu
 from attnbench.report.data import ok, trials, world_size
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
 from attnbench.schema import Row, Trial
+from attnbench.units import brief
 
 GIB = 2**30
 FAR_BEYOND = 16  # a prediction this many times the longest fitted length is flagged
@@ -168,7 +169,9 @@ def _check_known(impl: str, rows: list[Row]) -> None:
 
     measured = sorted({r.impl for r in trials(rows)})
     if impl not in measured and impl not in impls.names():
-        raise AttnbenchError(f"unknown implementation {impl!r}: the results hold {', '.join(measured) or 'no trials'}")
+        raise AttnbenchError(
+            f"unknown implementation {brief(impl)}: the results hold {', '.join(measured) or 'no trials'}"
+        )
 
 
 def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> str:

@@ -329,12 +329,23 @@ def _answer_label(c) -> str:
     return f"{c.label} ({c.settings})" + (f" under {', '.join(limits)}" if limits else "")
 
 
-def png(fig) -> bytes:
+def png(fig, missing_glyphs: set[str] | None = None) -> bytes:
     """The figure as PNG bytes, and the figure freed: a report of many figures holds one open
-    at a time."""
+    at a time. A character the font has no glyph for (a label's) is added to
+    ``missing_glyphs`` for one line of the report's, not warned about from matplotlib's source."""
     import io
+    import re
+    import warnings
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(buf, format="png", dpi=DPI)
     _pyplot().close(fig)
+    for w in caught:
+        glyph = re.match(r"Glyph (\d+) .*missing from font", str(w.message))
+        if glyph is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif missing_glyphs is not None:
+            missing_glyphs.add(chr(int(glyph.group(1))))
     return buf.getvalue()

@@ -12,10 +12,13 @@ needs is imported here.
 """
 
 from attnbench.results.paths import (
+    MANIFEST,
     MIN_FREE_BYTES,
     check_output_dir,
     check_output_file,
+    why_not_written,
     write_bytes_atomic,
+    write_files_whole,
     write_text_atomic,
 )
 from attnbench.results.read import (
@@ -43,6 +46,7 @@ from attnbench.results.write import (
 
 __all__ = [
     "LOCK_FILE",
+    "MANIFEST",
     "MIN_FREE_BYTES",
     "REQUIRED_KEYS",
     "STATUSES",
@@ -63,6 +67,8 @@ __all__ = [
     "result_files",
     "rows_to_resume",
     "series_key",
+    "why_not_written",
     "write_bytes_atomic",
+    "write_files_whole",
     "write_text_atomic",
 ]

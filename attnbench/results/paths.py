@@ -4,7 +4,10 @@ and room for rows; tables and plots reach their name by an atomic rename."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
@@ -119,7 +122,76 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): free space or choose another place") from None
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): {why_not_written(exc)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def why_not_written(exc: OSError) -> str:
+    """The fix a failed write asks for, by its cause (a full disk is not a read-only one)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space or choose another place"
+    if exc.errno == errno.EFBIG:
+        return "raise the file-size limit (ulimit -f) or choose another place"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make it writable or choose another place"
+    if exc.errno == errno.EISDIR:
+        return "a directory holds its name; move it or choose another place"
+    return "choose another place"
+
+
+# The names a report wrote, one a line, kept beside it: the next report into the same
+# directory removes those (and only those) before it moves its own files in.
+MANIFEST = ".attnbench-report"
+
+
+def write_files_whole(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
+    """Replace the files a previous call wrote into ``out_dir`` by ``files`` (relative name ->
+    bytes), leaving every other file there alone. Everything is written into a temporary
+    directory inside ``out_dir`` first; only when all of it is written, and every name it
+    goes to can take a file, is the previous set removed and the new one moved into place:
+    a failure before that leaves ``out_dir`` as it was. Returns the paths written."""
+    out_dir = Path(out_dir)
+    targets = {name: out_dir / name for name in files}
+    for path in targets.values():
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a link" if path.is_symlink() else "a directory"
+            raise AttnbenchError(f"cannot write {path}: {what} holds its name; move it or choose another --out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write into {out_dir} ({exc.strerror}): {why_not_written(exc)}") from None
+    try:
+        for name, data in files.items():
+            write_bytes_atomic(staging / name, data)
+        write_bytes_atomic(staging / MANIFEST, "".join(f"{name}\n" for name in files).encode("utf-8"))
+        _remove_previous(out_dir, set(files))
+        for name, path in targets.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / name, path)
+        os.replace(staging / MANIFEST, out_dir / MANIFEST)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write into {out_dir} ({exc.strerror}): {why_not_written(exc)}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return list(targets.values())
+
+
+def _remove_previous(out_dir: Path, keep: set[str]) -> None:
+    """The files the manifest names that the new set does not replace; never a path outside
+    ``out_dir`` (a manifest is a file anyone could edit), never a link's target."""
+    try:
+        names = (out_dir / MANIFEST).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return
+    root = out_dir.resolve()
+    for name in names:
+        path = out_dir / name
+        if not name or name in keep or root not in path.resolve().parents:
+            continue
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            if path.parent != out_dir and not any(path.parent.iterdir()):
+                path.parent.rmdir()  # csv/, when the new report has none

@@ -1,7 +1,9 @@
 """What no measurement can give: a row read from a file is refused when it nests deeper than
-a row does, or holds a number that is not finite, a time, size or count below zero, or a
-memory peak beyond the device that held it. The reader (``results.read``) applies this to
-every row after the schema has accepted it; a writer never produces such a row."""
+a row does, or holds a number that is not finite, a time, size or count below zero, a
+sequence length beyond any device (``units.MAX_TOKENS``), a memory peak beyond the device
+that held it, or, for a trial that ran, inputs beyond that device. The reader
+(``results.read``) applies this to every row after the schema has accepted it, so report,
+check, predict and resume judge by the same rule; a writer never produces such a row."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 from typing import Any
 
 from attnbench.schema import SchemaError
+from attnbench.units import MAX_TOKENS
 
 # A row nests a few levels (row > ranks > entry > gpus > entry); a line nested deeper is not one.
 MAX_DEPTH = 16
@@ -46,6 +49,7 @@ NOT_NEGATIVE = frozenset(
         "nvml_used_peak",
         "cpu_peak_rss",
         "cpu_peak_rss_delta",
+        "cpu_tensor_peak_bytes",
         "compile_peak_bytes",
         "device_total_bytes",
         "memory_total_bytes",
@@ -64,8 +68,17 @@ NOT_NEGATIVE = frozenset(
 )
 # Lists of timed samples: each one a duration.
 SAMPLE_LISTS = frozenset({"times_ms", "gpu_times_ms"})
+# Sequence lengths (a trial's, a search's answer and bounds): never beyond MAX_TOKENS.
+LENGTHS = frozenset({"seq_len", "first_failure", "max_seq_len", "start", "resolution", "margin", "predicted_max_seq"})
 # Measured memory: never more than the device holds (the largest total the row records).
-PEAKS = ("peak_bytes", "max_memory_allocated", "max_memory_reserved", "compile_peak_bytes", "nvml_used_peak")
+PEAKS = (
+    "peak_bytes",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "compile_peak_bytes",
+    "nvml_used_peak",
+    "cpu_tensor_peak_bytes",
+)
 # Where a row records no device total: no single device holds a pebibyte.
 MAX_DEVICE_BYTES = 2**50
 
@@ -97,6 +110,8 @@ def check_possible(d: dict[str, Any]) -> None:
                 raise SchemaError(f"field {where} is {value}: not a measurement")
             if value < 0 and (key in NOT_NEGATIVE or key in SAMPLE_LISTS):
                 raise SchemaError(f"field {where} is {value}: it is never negative")
+            if key in LENGTHS and value > MAX_TOKENS:
+                raise SchemaError(f"field {where} is {value:.3g} tokens, beyond any device's {MAX_TOKENS:.3g}")
     _check_peaks(d)
 
 
@@ -106,6 +121,12 @@ def _check_peaks(d: dict[str, Any]) -> None:
     ]
     totals = [t for t in totals if isinstance(t, int) and t > 0]
     limit = max(totals, default=MAX_DEVICE_BYTES)
+    floor = d.get("floor_bytes")
+    if d.get("status") == "ok" and isinstance(floor, (int, float)) and floor > limit:
+        raise SchemaError(
+            f"field 'floor_bytes' is {floor:.3g} bytes of q, k, v and the output, beyond the device's {limit:.3g}, "
+            "in a trial that ran: not a measurement"
+        )
     entries = [("", d)] + [(f"'gpus'[{i}]", g) for i, g in enumerate(d.get("gpus") or []) if isinstance(g, dict)]
     for where, entry in entries:
         for key in PEAKS:

@@ -136,8 +136,9 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
 
 
 def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, Any]]:
-    """The rows a run may continue from: refuses to overwrite a results directory without
-    ``resume``, and to mix machines in one directory."""
+    """The rows a run may continue from, those measured on ``machine`` only (a row of another
+    machine is never replayed as this one's); refuses to overwrite a results directory
+    without ``resume``, and to mix machines in one directory."""
     trials = Path(out_dir) / TRIALS_FILE
     if not trials.exists():
         return []
@@ -148,7 +149,12 @@ def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, 
             f"{trials} is a symbolic link: attnbench does not write through links; "
             "replace it with the file or choose another --out"
         )
-    return check_same_machine(out_dir, machine)
+    return [r for r in check_same_machine(out_dir, machine) if _machine_of(r) == machine]
+
+
+def _machine_of(row: dict[str, Any]) -> str | None:
+    env = row.get("env")
+    return env.get("machine") if isinstance(env, dict) else None
 
 
 def check_same_machine(out_dir: Path, machine: str) -> list[dict[str, Any]]:
@@ -157,7 +163,7 @@ def check_same_machine(out_dir: Path, machine: str) -> list[dict[str, Any]]:
     if not trials.exists():
         return []
     rows, _ = read_rows(trials)
-    machines = {r.get("env", {}).get("machine") for r in rows if r.get("env")}
+    machines = {_machine_of(r) for r in rows if r.get("env")}
     if machines and machine not in machines:
         raise AttnbenchError(
             f"{out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is {machine}: "

@@ -18,9 +18,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +30,15 @@ import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
-from attnbench.runtime.supervise import die_with_parent, python_module, supervise
-from attnbench.runtime.worker import function_ref, resolve, write_json_atomic
+from attnbench.runtime.supervise import (
+    Child,
+    cgroup_oom_kills,
+    claim_protocol,
+    classify_exit,
+    die_with_parent,
+    python_module,
+)
+from attnbench.runtime.worker import function_ref, owned_temp_dir, resolve, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
 RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
@@ -57,7 +64,7 @@ def launch(
     ``memory_limit`` (bytes a rank may use) is evidence for telling the OOM killer from
     another kill, as for a one-process trial.
     """
-    with tempfile.TemporaryDirectory(prefix="attnbench-dist-") as tmp:
+    with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(
             json.dumps(
@@ -78,12 +85,20 @@ def launch(
                 "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0", *worker
             )
             env = MULTICAST_OFF
-        outcome = supervise(cmd, phase_limit_s, extra_env=env, memory_limit=memory_limit)
+        oom_kills = cgroup_oom_kills()
+        launcher = Child(cmd, env)
+        outcome = launcher.watch(phase_limit_s, memory_limit)
+        # a rank that died of a signal attnbench did not send (the deadline's is the launcher's time-limit)
+        signals = {} if outcome.get("status") == "time-limit" else rank_signals(launcher.stderr_tail)
+        evidence = {"oom_kills": (oom_kills, cgroup_oom_kills()), "memory_limit": memory_limit}
         results = []
         for rank in range(nprocs):
             path = Path(tmp) / f"rank{rank}.json"
             if path.exists():
                 results.append(json.loads(path.read_text()))
+            elif rank in signals:
+                died = classify_exit(-signals[rank], [], evidence, what="the rank's process")
+                results.append({**died, "rank": rank, "signal": signals[rank]})
             else:
                 results.append(
                     {
@@ -95,6 +110,25 @@ def launch(
                     }
                 )
         return results
+
+
+# torchrun's failure summary names each rank that failed and how it ended ("rank      : 1
+# (local_rank: 1)", then "exitcode  : -9 (pid: 4241)  (SIGKILL)"): a negative code is a signal.
+_RANK_LINE = re.compile(r"\s*rank\s*:\s*(\d+)")
+_EXIT_LINE = re.compile(r"\s*exitcode\s*:\s*(-?\d+)")
+
+
+def rank_signals(lines) -> dict[int, int]:
+    """Rank -> the signal that ended it, from torchrun's failure summary."""
+    found, rank = {}, None
+    for line in lines:
+        if m := _RANK_LINE.match(line):
+            rank = int(m.group(1))
+        elif (m := _EXIT_LINE.match(line)) and rank is not None:
+            if int(m.group(1)) < 0:
+                found[rank] = -int(m.group(1))
+            rank = None
+    return found
 
 
 def _single_rank_env() -> dict[str, str]:
@@ -116,12 +150,14 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     failed = [r for r in results if r.get("status") != "ok"]
     if not failed:
         return "ok", ""
-    # the root cause is an OOM if any rank ran out, else the rank that failed first (the
-    # others then fail on a broken connection or are stopped by torchrun)
-    ooms = [r for r in failed if r.get("status") == "oom"]
-    first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
+    # the root cause is an OOM if any rank ran out, else a rank a signal ended (its peers then
+    # fail on a broken connection), else the rank that failed first (the others then fail on a
+    # broken connection or are stopped by torchrun)
+    ooms = [r for r in failed if r.get("status") in ("oom", "host-oom")]
+    signalled = [r for r in failed if r.get("signal")]
+    first = min(ooms or signalled or failed, key=lambda r: r.get("failed_at", float("inf")))
     status = first["status"]
-    if status == "killed":  # no rank said why: the supervisor's deadline, the OOM killer, a signal, or a crash
+    if status == "killed" and not first.get("signal"):  # no rank said why: the deadline, the OOM killer, a crash
         status = first.get("outcome") if first.get("outcome") in ("time-limit", "host-oom", "killed") else "error"
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
@@ -137,6 +173,7 @@ def die_with_launcher() -> None:
 
 def main(job_path: str, out_dir: str) -> None:
     die_with_launcher()
+    claim_protocol()  # phase lines reach the supervisor through torchrun's stdout, and nothing else does
     spec = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

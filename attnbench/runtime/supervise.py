@@ -1,13 +1,20 @@
 """Run a child process under a phase deadline and classify how it ended.
 
-The child speaks a tiny protocol: ``phase NAME [LIMIT_S]`` lines on stdout (``announce_phase``),
-so the parent knows when the timed work starts and how long a phase may take (a warm-up or a
-timing budget can be longer than one call's limit); its result travels as a JSON file.
+The child speaks a tiny protocol: ``phase NAME [LIMIT_S]`` lines on the stdout it started with
+(``announce_phase``), so the parent knows when the timed work starts and how long a phase may
+take (a warm-up or a timing budget can be longer than one call's limit); its result travels as
+a JSON file. A child that runs outside code first keeps that stdout for the protocol alone
+(``claim_protocol``): what the code prints goes to its stderr, kept apart as its output.
+
+A child runs in a process group of its own, ended with the child (a helper process its code
+started goes with it) and with this process, even when this one is killed with SIGKILL: the
+group keeper (``runtime.keeper``) holds every group until it is ended.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,13 +35,18 @@ STARTUP_ALLOWANCE_S = 300.0
 
 # Phases whose length is not the trial's business: starting up (a spare worker's wait for its
 # job included), building the implementation and its device, inputs, compiling kernels, the
-# FLOP accounting after the timed calls.
-UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "accounting")
+# CPU's count of tensor bytes (one extra call), the FLOP accounting after the timed calls, and
+# the float64 reference a reference check compares with.
+UNTIMED_PHASES = ("startup", "ready", "setup", "device", "inputs", "compile", "tensor-peak", "accounting", "reference")
 # Phases of one call: killed at their limit exactly, since a call past it is a time-limit
 # whether it ends or not (the measurement core announces each one's limit).
 CALL_PHASES = ("first-call", "warm-call")
 
 PHASE_PREFIX = "phase "
+# A protocol line exactly; anything else on the channel is ignored, never parsed into a phase.
+PHASE_LINE = re.compile(r"phase ([a-z][a-z0-9-]*)(?: ([0-9]+(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?))?")
+# How much of each line of a child's output is kept for its error message.
+OUTPUT_LINE_CHARS = 2000
 
 # Test hook: with ATTNBENCH_PAUSE_AFTER_TRIALS=N a sweep that has recorded N trials waits for
 # a signal before its next one, so a test interrupts it at a known point, not a raced one.
@@ -47,10 +59,26 @@ def phase_grace_s(limit_s: float) -> float:
     return 2.0 + 0.1 * limit_s
 
 
+# The stream phase lines go to: the stdout this process started with, once claimed.
+_protocol = None
+
+
+def claim_protocol() -> None:
+    """In a child, before it imports or runs anything else: keep the stdout the parent reads
+    for phase lines alone, and send descriptor 1 (what any code prints) to stderr, where the
+    parent keeps it as the child's output."""
+    global _protocol
+    sys.stdout.flush()
+    _protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+
 def announce_phase(name: str, limit_s: float | None = None) -> None:
-    """Tell the supervising parent (reading our stdout) that phase ``name`` starts now and,
-    when given, that it may last ``limit_s`` (else the per-call limit applies)."""
-    print(f"{PHASE_PREFIX}{name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
+    """Tell the supervising parent that phase ``name`` starts now and, when given, that it may
+    last ``limit_s`` (else the per-call limit applies)."""
+    stream = _protocol or sys.stdout
+    stream.write(f"{PHASE_PREFIX}{name}" + (f" {limit_s:g}" if limit_s else "") + "\n")
+    stream.flush()
 
 
 def pause_after_trials(recorded: int) -> None:
@@ -86,6 +114,44 @@ def die_with_parent() -> None:
         pass
 
 
+class GroupKeeper:
+    """This process's side of ``runtime.keeper``: started with the first child, told of every
+    process group started and ended, so none outlives this process, however it ends."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.groups: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        self.groups.add(pgid)
+        self._send(f"+{pgid}")
+
+    def remove(self, pgid: int) -> None:
+        self.groups.discard(pgid)
+        self._send(f"-{pgid}")
+
+    def _send(self, line: str) -> None:
+        try:
+            if self.proc is None or self.proc.poll() is not None:  # (again) with every group held now
+                self.proc = subprocess.Popen(
+                    python_module("attnbench.runtime.keeper"),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=child_env(),
+                    start_new_session=True,
+                )
+                line = "\n".join(f"+{g}" for g in self.groups) or line
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # no keeper: a child still dies with this process (parent-death signal)
+            pass
+
+
+KEEPER = GroupKeeper()
+
+
 def supervise(
     cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None, memory_limit: int | None = None
 ) -> dict[str, Any]:
@@ -111,6 +177,7 @@ class Child:
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
+        KEEPER.add(self.proc.pid)  # its group: the child and whatever it starts
         self.state = {"phase": "startup", "since": self.started, "limit": None}
         self.ended: float | None = None  # when it exited
         self.on_phase: Callable[[str], None] | None = None  # hears each phase as its line arrives
@@ -127,20 +194,21 @@ class Child:
 
     def _read_phases(self) -> None:
         for line in self.proc.stdout:
-            if line.startswith(PHASE_PREFIX):  # "phase NAME [LIMIT_S]"
-                parts = line.split()
-                now = time.monotonic()
-                limit = float(parts[2]) if len(parts) > 2 else None
-                self.marks.append((parts[1], now))
-                self.state.update(phase=parts[1], since=now, limit=limit)
-                if self.on_phase is not None:  # at once, not at the next poll: timed calls follow
-                    self.on_phase(parts[1])
-                if parts[1] == "ready":
-                    self.ready.set()
+            match = PHASE_LINE.fullmatch(line.strip())  # "phase NAME [LIMIT_S]"; anything else is not ours
+            if match is None:
+                continue
+            name, limit = match.group(1), float(match.group(2)) if match.group(2) else None
+            now = time.monotonic()
+            self.marks.append((name, now))
+            self.state.update(phase=name, since=now, limit=limit)
+            if self.on_phase is not None:  # at once, not at the next poll: timed calls follow
+                self.on_phase(name)
+            if name == "ready":
+                self.ready.set()
 
     def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr_tail.append(line.rstrip())
+        for line in self.proc.stderr:  # read to the end, however much: a full pipe would stall the child
+            self.stderr_tail.append(line.rstrip()[:OUTPUT_LINE_CHARS])
 
     def send(self, line: str) -> None:
         """Hand the child its work (a spare worker waits for one line on stdin)."""
@@ -175,6 +243,7 @@ class Child:
             raise
         self.proc.wait()
         self.ended = time.monotonic()
+        end_group(self.proc)  # what the child started ends with it
         for r in self.readers:
             r.join(timeout=5)
         if killed:
@@ -207,16 +276,25 @@ def _killed_message(phase: str, elapsed: float, limit: float) -> str:
 
 def kill(proc: subprocess.Popen) -> None:
     """SIGKILL the child's whole process group (a torchrun agent takes its ranks with it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    end_group(proc)
     proc.wait()
 
 
-def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A child that died without writing its result. A signal we did not send is the
-    kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL every process left in the child's group (its group id is its pid: a new
+    session), and tell the keeper the group is ended."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    KEEPER.remove(proc.pid)
+
+
+def classify_exit(
+    returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None, what: str = "trial process"
+) -> dict[str, Any]:
+    """A child (``what``) that died without writing its result. A signal we did not send is
+    the kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
     child's resident memory reached its limit; any other signal is "killed"."""
     evidence = evidence or {}
     last = next((line for line in reversed(stderr_tail) if line.strip()), "")
@@ -231,17 +309,23 @@ def classify_exit(returncode: int, stderr_tail: list[str], evidence: dict[str, A
         else:
             return {
                 "status": "killed",
-                "message": f"trial process killed by {name}, not by attnbench (no sign of the OOM killer)",
+                "message": f"{what} killed by {name}, not by attnbench (no sign of the OOM killer)",
                 "times_ms": [],
             }
         return {
             "status": "host-oom",
-            "message": f"trial process killed by {name}: the kernel's OOM killer ({why})",
+            "message": f"{what} killed by {name}: the kernel's OOM killer ({why})",
+            "times_ms": [],
+        }
+    if returncode == 0:  # exited as if it had finished, without a result: code that ends its process
+        return {
+            "status": "error",
+            "message": clip_text(f"{what} exited with 0 before writing its result: {last}", 400),
             "times_ms": [],
         }
     return {
         "status": classify_text(last),
-        "message": clip_text(f"trial process exited with {returncode}: {last}", 400),
+        "message": clip_text(f"{what} exited with {returncode}: {last}", 400),
         "times_ms": [],
     }
 

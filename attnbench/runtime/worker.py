@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnbench.runtime.supervise import Child, announce_phase, python_module
+from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
 JobFunction = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -55,9 +55,10 @@ def resolve(ref: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-# A job's temp dir names its parent's pid, so a later run can remove the dirs of parents
-# that died without cleaning up (their workers died with them: parent-death signal).
-TEMP_PREFIX = "attnbench-trial-"
+# Every temp dir attnbench makes is attnbench-KIND-PID-RANDOM, PID its maker's, so a later run
+# can remove the dirs of makers that died without cleaning up (SIGKILL): their workers and
+# ranks died with them (parent-death signal, the group keeper), so nothing else uses them.
+TEMP_PREFIX = "attnbench-"
 
 # Who else hears each phase a running job announces (a progress display), as it arrives:
 # called on the thread that reads the worker's output, so a listener must be quick.
@@ -89,9 +90,8 @@ def run_in_child(
     of them started for the next jobs (a ``"module:function"`` to run in them ahead of a job,
     or True: import the job's module); spares are stopped while this job is in one of
     ``hold_phases``."""
-    remove_orphaned_temp_dirs()
     ref = function_ref(fn)
-    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
+    with owned_temp_dir("trial") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({"function": ref, "args": args}))
         handed = time.monotonic()
@@ -224,12 +224,19 @@ def close_spares() -> None:
     SPARES.close()
 
 
+def owned_temp_dir(kind: str) -> tempfile.TemporaryDirectory:
+    """A temp dir (a context manager) named for this process, the orphans of dead makers
+    removed first: every temp dir attnbench makes is made here."""
+    remove_orphaned_temp_dirs()
+    return tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{kind}-{os.getpid()}-")
+
+
 def remove_orphaned_temp_dirs(root: Path | None = None) -> list[Path]:
-    """Temp dirs of attnbench parents that died without cleaning up (SIGKILL): their workers
-    died with them, so nothing else uses the dirs."""
+    """Temp dirs of attnbench processes that died without cleaning up (SIGKILL): their
+    workers died with them, so nothing else uses the dirs."""
     removed = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
-        pid = d.name[len(TEMP_PREFIX) :].split("-", 1)[0]
+    for d in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*-*"):
+        pid = d.name[len(TEMP_PREFIX) :].split("-")[1]  # KIND-PID-RANDOM
         if not pid.isdigit() or alive(int(pid)) or d.is_symlink() or d.stat().st_uid != os.getuid():
             continue
         shutil.rmtree(d, ignore_errors=True)
@@ -283,6 +290,7 @@ def spare(preload: str) -> None:
 
 
 if __name__ == "__main__":
+    claim_protocol()  # before any job's code: what it prints is its output, not the protocol
     if sys.argv[1] == "--spare":
         spare(sys.argv[2])
     else:

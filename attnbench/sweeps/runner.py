@@ -138,7 +138,8 @@ class SweepRunner(RunSession):
         limit = None if None in limits else max(limits)
         # trials in worker processes follow: the first one's process starts during the check
         warm = any(s.settings.isolate and not s.distributed and s.settings.kind != "speedup" for s in self.plan.series)
-        return self.run_checks(cases, isolate=isolate, memory_limit=limit, warm=warm) if cases else []
+        call_limit = max(s.settings.max_trial_seconds for s in self.plan.series)
+        return self.run_checks(cases, isolate, limit, warm, call_limit) if cases else []
 
     def _kept_check(self, case: VerifyCase) -> dict[str, Any] | None:
         # a forward-only check row names no mode (only fwd_bwd is written), a direct one no twin scale

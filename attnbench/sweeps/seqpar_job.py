@@ -19,6 +19,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.reference import TOLERANCE, VerifyCase
+from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.seqpar import case_row
 from attnbench.trial import TrialSpec
 
@@ -51,7 +52,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     import torch.distributed as dist
 
     from attnbench.reference import masked_reference, relative_error
-    from attnbench.workload import DTYPES
+    from attnbench.workload import torch_dtype
 
     row = case_row(asdict(case), seed)
     impl = build(case.impl, case.config, world)
@@ -64,7 +65,8 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     shape, kv_shape = case.shapes()
     # the same global inputs on every rank, rounded to the dtype so the reference sees what the ranks see
     q, k, v = (
-        torch.randn(s, generator=gen, dtype=torch.float64).to(DTYPES[case.dtype]) for s in (shape, kv_shape, kv_shape)
+        torch.randn(s, generator=gen, dtype=torch.float64).to(torch_dtype(case.dtype))
+        for s in (shape, kv_shape, kv_shape)
     )
     positions = [impl.shard_positions(case.seq_len, r, case.causal) for r in range(world)]
     _maybe_fail(payload, rank)
@@ -123,7 +125,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
 
     def phase(name: str, limit_s: float | None = None) -> None:
         if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
-            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
+            announce_phase(name, limit_s)
 
     row_link = _link(dev, rank, world)  # before anything is allocated or sampled, freed after
     nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")

@@ -39,11 +39,16 @@ class RunSession:
         return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
     def run_checks(
-        self, cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None, warm: bool = False
+        self,
+        cases: list[VerifyCase],
+        isolate: bool = False,
+        memory_limit: int | None = None,
+        warm: bool = False,
+        call_limit_s: float | None = None,
     ) -> list[dict[str, Any]]:
         """Run the reference check and refuse a case that cannot run; writes nothing, so a
         run with several parts can check all of them before its first row."""
-        rows = run_reference_checks(cases, isolate, memory_limit, warm)
+        rows = run_reference_checks(cases, isolate, memory_limit, warm, call_limit_s)
         refuse_unrunnable(rows)
         return rows
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -30,11 +29,14 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
+from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps import strategies
+from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import SilentReporter
 from attnbench.sweeps.speedup_rows import gpus_of, merge_ranks, notes_for
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
+from attnbench.units import brief
 from attnbench.workload import Workload, check_workload_fields
 
 KIND = "speedup"
@@ -103,7 +105,7 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             f"ask for at most {cuda_devices}"
         )
     if s.settings.module not in MODULES:
-        raise AttnbenchError(f"unknown module {s.settings.module!r}: choose {' or '.join(MODULES)}")
+        raise AttnbenchError(f"unknown module {brief(s.settings.module)}: choose {' or '.join(MODULES)}")
     _check_compression(s)
     try:
         config = impls.normalize_config(s.impl, s.config)
@@ -112,6 +114,8 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             impl.check_shape(case.seq_len, s.settings.heads)
     except ConfigError as exc:
         raise AttnbenchError(str(exc)) from None
+    for case in s.settings.cases:
+        check_fits_device(s, case.seq_len, case.batch)
     s = replace(s, config=impl.config())
     if cases_given:
         for name in s.settings.strategies:
@@ -194,7 +198,7 @@ class SpeedupRunner:
 
     def run_cases(self) -> None:
         for case in self.s.settings.cases:
-            with tempfile.TemporaryDirectory(prefix="attnbench-speedup-") as scratch:
+            with owned_temp_dir("speedup") as scratch:
                 self._run_case(case, Path(scratch))
 
     def _run_case(self, case: Case, reference: Path) -> None:

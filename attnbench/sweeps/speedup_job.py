@@ -26,6 +26,7 @@ import torch
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
+from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
 from attnbench.workload import Workload
@@ -45,8 +46,8 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
         nvml, nvml_note = open_nvml()
 
     def phase(name: str, limit_s: float | None = None) -> None:
-        if ctx.local_rank == 0:
-            print(f"phase {name}" + (f" {limit_s:g}" if limit_s else ""), flush=True)
+        if ctx.local_rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
+            announce_phase(name, limit_s)
 
     result = measure(strategy, ctx, payload, nvml, phase)
     if nvml_note:

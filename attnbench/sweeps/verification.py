@@ -18,15 +18,21 @@ from attnbench.trial import run_verify_isolated
 
 
 def run_reference_checks(
-    cases: list[VerifyCase], isolate: bool = False, memory_limit: int | None = None, warm: bool = False
+    cases: list[VerifyCase],
+    isolate: bool = False,
+    memory_limit: int | None = None,
+    warm: bool = False,
+    call_limit_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
-    a child under ``memory_limit`` like a trial (always on the GPU); ``warm``: trials in worker
-    processes follow (the first one's process starts meanwhile)."""
+    a child under ``memory_limit`` like a trial (always on the GPU, and for outside code, which
+    never runs here), each call under a cold call's share of ``call_limit_s``; ``warm``: trials
+    in worker processes follow (the first one's process starts meanwhile)."""
     ranked = [c for c in cases if impls.spec(c.impl).distributed]
     single = [c for c in cases if not impls.spec(c.impl).distributed]
-    if isolate or any(c.device == "cuda" for c in single):
-        rows = run_verify_isolated(single, memory_limit, warm=warm)
+    elsewhere = any(impls.outside_code_elsewhere(c.impl, c.config) for c in single)
+    if isolate or elsewhere or any(c.device == "cuda" for c in single):
+        rows = run_verify_isolated(single, memory_limit, call_limit_s, warm=warm)
     else:
         rows = [run_case(c) for c in single]
     if ranked:
@@ -131,16 +137,12 @@ def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
 
 
 def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
-    """The contract checks of outside implementations (attnbench/contract.py), one line each."""
-    from attnbench.contract import violations
+    """The contract checks of outside implementations (attnbench/contract.py), one line each,
+    run in a worker process: the code is the user's."""
+    from attnbench.trial import run_contract_isolated
 
-    return [
-        f"{n} [{dtype}]: {v}"
-        for n in names
-        for config in configs.get(n, [{}])
-        for dtype in _dtypes_of(n, dtypes)
-        for v in violations(n, config, device, dtype)
-    ]
+    checks = [(n, config, dtype) for n in names for config in configs.get(n, [{}]) for dtype in _dtypes_of(n, dtypes)]
+    return run_contract_isolated(checks, device)
 
 
 def _verify_worlds(gpus: str | None, device: str) -> list[int]:

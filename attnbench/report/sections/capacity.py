@@ -10,7 +10,7 @@ from typing import Any
 from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
-from attnbench.report.markdown import Table
+from attnbench.report.markdown import Table, inline
 
 TITLE = "Capacity: memory fits against the measured maximum"
 ORDER = 70
@@ -60,7 +60,7 @@ def render(doc: Doc, m: Machine) -> None:
     for c in m.capacities:
         if not c.fit and not is_superseded(c.label):
             doc.add(
-                f"\nNot fitted: {c.label} ({c.successful_lengths} successful lengths; a "
+                f"\nNot fitted: {inline(c.label)} ({c.successful_lengths} successful lengths; a "
                 f"{'quadratic' if c.degree == 2 else 'linear'} model needs {c.degree + 1}).\n"
             )
 

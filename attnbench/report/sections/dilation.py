@@ -7,7 +7,7 @@ from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
-from attnbench.report.markdown import Table
+from attnbench.report.markdown import Table, inline
 from attnbench.schema import Trial
 
 TITLE = "Dilation: dilated configurations on one device"
@@ -82,7 +82,7 @@ def render(doc: Doc, m: Machine) -> None:
         if base and at:
             doc.add(
                 f"\nMemory and Throughput at each configuration's Max Tokens. Dilation Impact: tokens/s relative to "
-                f"'{base}' at N={at:,}, the longest length every configuration ran.\n"
+                f"'{inline(base)}' at N={at:,}, the longest length every configuration ran.\n"
             )
         else:
             doc.add(

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from attnbench.errors import AttnbenchError
+from attnbench.units import brief
 
 
 class SweepKind(Protocol):
@@ -50,7 +51,7 @@ def register(kind: SweepKind) -> SweepKind:
 def get(name: str) -> SweepKind:
     _load()
     if name not in KINDS:
-        raise AttnbenchError(f"unknown kind {name!r}: choose from {', '.join(KINDS)}")
+        raise AttnbenchError(f"unknown kind {brief(name)}: choose from {', '.join(KINDS)}")
     return KINDS[name]
 
 

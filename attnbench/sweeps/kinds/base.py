@@ -5,7 +5,6 @@ run its trials, summarise, report the outcome). A kind fills in ``check``, ``len
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -110,23 +109,14 @@ def check_trial_series(s: Series) -> None:
         raise AttnbenchError(f"{s.impl} does not run on {st.device}: it runs on {', '.join(spec.devices)}")
     if st.dtype not in spec.dtypes:
         raise AttnbenchError(f"{s.impl} does not run {st.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
-    for key in ("batch", "heads", "head_dim"):
-        if getattr(st, key) <= 0:
-            raise AttnbenchError(
-                f"{s.name}: {key} must be a positive integer, got {getattr(st, key)} "
-                f"(--{key.replace('_', '-')}, or {key} in a profile)"
-            )
+    # each value's type and range was checked where it was read (plan.parse_settings); here
+    # what depends on several values or on the implementation
     check_heads(st.heads, st.kv_heads)
-    if not (math.isfinite(st.max_trial_seconds) and st.max_trial_seconds > 0):
-        raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
-    if not (math.isfinite(st.timing_budget_s) and st.timing_budget_s > 0):
-        raise AttnbenchError("--timing-budget must be positive seconds, e.g. --timing-budget 30")
-    if st.warmup_s is not None and st.warmup_s < 0:
-        raise AttnbenchError("warmup_s must be zero or more seconds, e.g. warmup_s = 1.0")
-    if st.repeat < 1:
-        raise AttnbenchError("--repeat must be at least 1 (fresh processes per timed point), e.g. --repeat 3")
-    if min(st.warmup, st.min_samples) < 0:
-        raise AttnbenchError("warmup and min_samples must be zero or more")
+    if not st.isolate and impls.outside_code_elsewhere(s.impl, s.config):
+        raise AttnbenchError(
+            f"{s.name} runs outside code, which attnbench runs only in a worker process of its own: "
+            "drop --in-process (isolate = false in a profile)"
+        )
     if st.max_samples < max(1, st.min_samples):
         raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
     impl = s.build()
@@ -152,18 +142,20 @@ def parallelism(s: Series) -> dict[str, Any]:
     return {"world_size": 1, "strategy": "single"}
 
 
-def check_fits_device(s: Series, seq_len: int) -> None:
-    """A series whose inputs and output alone, at its shortest length, exceed what the device
-    holds cannot run a single trial: refused before anything runs, the keys named."""
+def check_fits_device(s: Series, seq_len: int, batch: int | None = None) -> None:
+    """A series whose inputs and output alone, at its shortest length (a speedup case: at its
+    length and ``batch``), exceed what the device holds cannot run a single trial: refused
+    before anything runs, the keys named."""
     from attnbench.environment import device_memory_bytes
     from attnbench.units import format_bytes
 
     st = s.settings
-    floor = s.workload(seq_len).floor_bytes
+    wl = s.workload(seq_len, batch)
+    floor = wl.floor_bytes
     total = device_memory_bytes(st.device)
     if total is not None and floor > total:
         raise AttnbenchError(
-            f"{s.name}: batch {st.batch} x heads {st.heads} x head_dim {st.head_dim} at {seq_len:,} tokens needs "
+            f"{s.name}: batch {wl.batch} x heads {st.heads} x head_dim {st.head_dim} at {seq_len:,} tokens needs "
             f"{format_bytes(floor)} for q, k, v and the output alone, more than the {st.device}'s "
             f"{format_bytes(total)}: lower batch, heads or the sequence length"
         )

@@ -1,0 +1,133 @@
+"""Outside code, seen from attnbench's own process: never imported here.
+
+An implementation named by import path or entry point is a user's code: it may hang, end its
+process, print, or start processes of its own. The command line installs ``find_spec`` as the
+registry's resolver of outside names (``run_outside_in_workers``): a worker process, supervised
+like a trial, imports the module, reads its factory's parameters and builds it for each
+configuration asked, under a time limit from the import on; this process keeps only what the
+worker read (``impls.outside.DescribedImpl``). The trials, the reference check and the contract
+check run the code itself, each in a worker of its own (``trial``). A worker that dies (the
+limit, an exit, a crash) is one line naming what the code did; whatever it printed is its
+output, kept apart from the protocol (``runtime.supervise``), and every process it started ends
+with it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from attnbench import impls
+from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.measure.timing import COLD_CALL_FACTOR
+from attnbench.runtime.supervise import announce_phase
+from attnbench.runtime.worker import run_in_child
+from attnbench.units import clip_text
+
+if TYPE_CHECKING:  # the implementations (and torch) are imported where a name is resolved, not here
+    from attnbench.impls.base import ImplSpec
+    from attnbench.impls.outside import DescribedImpl
+
+# The per-call limit outside code is held to while it is imported and built, unless the
+# command names one (--max-trial-seconds): the default of a trial's. Importing and building
+# get COLD_CALL_FACTOR times it, as a cold first call does.
+DEFAULT_CALL_LIMIT_S = 60.0
+_call_limit_s = DEFAULT_CALL_LIMIT_S
+# (name, configuration as JSON) -> what a worker read of that build, or why it failed
+_builds: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def run_outside_in_workers(call_limit_s: float | None = None) -> None:
+    """From now on, outside names resolve without importing their code here; ``call_limit_s``
+    (a command's --max-trial-seconds) bounds their import and build in the worker."""
+    global _call_limit_s
+    _call_limit_s = call_limit_s or DEFAULT_CALL_LIMIT_S
+    _builds.clear()
+    impls.resolve_outside_with(find_spec, _built)
+
+
+def import_limit_s() -> float:
+    """Seconds outside code may take from its import to its built module: a cold call's."""
+    return COLD_CALL_FACTOR * _call_limit_s
+
+
+def find_spec(name: str) -> ImplSpec | None:
+    """The spec of an import path or installed entry point, read by a worker process (with
+    the build at its defaults, the configuration most runs use); None for any other name."""
+    from attnbench.impls import outside
+
+    if not outside.is_import_path(name) and name not in outside.entry_points():
+        return None
+    fields = _describe(name, None)
+
+    def factory(**config: Any) -> DescribedImpl:
+        return _built(name, config)
+
+    return outside.described_spec(name, fields, factory)
+
+
+def _built(name: str, config: dict[str, Any]) -> DescribedImpl:
+    from attnbench.impls.outside import DescribedImpl
+
+    key = (name, _key(config))
+    if key not in _builds:
+        _describe(name, [config])
+    build = _builds[key]
+    if "error" in build:
+        raise ConfigError(build["error"])
+    return DescribedImpl(build["impl"])
+
+
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def _describe(name: str, configs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Run ``describe_job`` in a worker (``name``: an outside implementation, or a built-in
+    whose configurations name outside code); keep its builds; the spec's fields."""
+    limit = import_limit_s()
+    result = run_in_child(describe_job, {"name": name, "configs": configs, "limit_s": limit}, limit)
+    if "spec" not in result:
+        raise ConfigError(result.get("error") or _worker_ended(name, result, limit))
+    for build in result["builds"]:
+        _builds[(name, _key(build["config"]))] = build
+    return result["spec"]
+
+
+def _worker_ended(name: str, outcome: dict[str, Any], limit_s: float) -> str:
+    """Why the worker that imports and builds ``name`` left no description, in one line."""
+    if outcome.get("status") == "time-limit":
+        return (
+            f"{name} was still being imported or built after {limit_s:g} s ({COLD_CALL_FACTOR:g} x the "
+            "per-call limit, --max-trial-seconds): it was stopped; fix what its import or factory waits for"
+        )
+    return (
+        f"{name} ended the worker process that imports and builds it "
+        f"({outcome.get('status')}: {clip_text(str(outcome.get('message')), 240)}); "
+        "an implementation must return its module, not exit"
+    )
+
+
+def describe_job(args: dict[str, Any]) -> dict[str, Any]:
+    """Worker side: import ``name`` (under the time limit from here on), read its spec and
+    build it for each configuration (None: at its defaults). A ConfigError is the answer, not
+    a failure of the worker."""
+    from attnbench.impls import outside
+
+    announce_phase("outside", args["limit_s"])
+    name = args["name"]
+    try:
+        spec = impls.spec(name)
+        configs = args["configs"]
+        if configs is None:
+            configs = [{p.name: p.default for p in spec.params}]
+    except AttnbenchError as exc:
+        return {"error": str(exc)}
+    builds = []
+    for config in configs:
+        try:
+            impl = impls.build(name, **config)
+            builds.append({"config": config, "impl": outside.described(impl)})
+        except AttnbenchError as exc:
+            builds.append({"config": config, "error": str(exc)})
+    return {"spec": outside.spec_fields(spec), "builds": builds}

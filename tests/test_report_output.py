@@ -1,0 +1,86 @@
+"""A report's files are one set: written whole into a temporary directory, then moved into
+place; a write that fails leaves the previous report as it was; the next report into the same
+directory removes the previous one's files, and only those."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, main_in_process
+
+pytestmark = pytest.mark.slow  # each test draws a report's figures (seconds)
+
+FIXTURE = ROOT / "tests" / "fixtures" / "results" / "cpu-tiny"
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def other_machine(tmp_path: Path) -> Path:
+    """The fixture's rows as if measured on another CPU: a second results set."""
+    rows = [json.loads(line) for line in (FIXTURE / "trials.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["env"] = {**r["env"], "machine": "cpu: another machine", "cpu": "another machine"}
+    path = tmp_path / "other" / "trials.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path.parent
+
+
+def test_a_second_report_replaces_the_first_ones_files_and_only_those(tmp_path):
+    out, alone = tmp_path / "report", tmp_path / "alone"
+    second = other_machine(tmp_path)
+    assert main_in_process("report", second, "--out", alone) == 0  # the truth: the second report by itself
+    assert main_in_process("report", FIXTURE, "--out", out) == 0
+    (out / "notes.txt").write_text("mine")  # the user's file, beside the report
+    assert main_in_process("report", second, "--out", out) == 0
+    assert set(snapshot(out)) == set(snapshot(alone)) | {"notes.txt"}
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_old_one_untouched(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main_in_process("report", FIXTURE, "--out", out) == 0
+    (out / "seeds.md").unlink()
+    (out / "seeds.md").mkdir()  # a directory where the report writes a file
+    before = snapshot(out)
+    assert main_in_process("report", other_machine(tmp_path), "--out", out) == 2
+    err = capsys.readouterr().err
+    assert snapshot(out) == before and not list(out.glob(".staging-*"))
+    assert "seeds.md" in err and "directory" in err and "free space" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_report_directory_is_named_as_such(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main_in_process("report", FIXTURE, "--out", out) == 0
+    before = snapshot(out)
+    out.chmod(0o555)
+    try:
+        assert main_in_process("report", other_machine(tmp_path), "--out", out) == 2
+    finally:
+        out.chmod(0o755)
+    err = capsys.readouterr().err
+    assert snapshot(out) == before and "free space" not in err and "writable" in err, err
+
+
+def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
+    """Rows read from a file may hold any text: no line of a label becomes a heading or a table
+    row of the report (its tables, headings and prose) or of the sweep tables."""
+    rows = [json.loads(line) for line in (FIXTURE / "trials.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        if "label" in r:
+            r["label"] += "\n# Injected heading\n| a | b |"
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "report"
+    assert main_in_process("report", tmp_path, "--out", out) == 0
+    from attnbench.report.sweep_files import write_sweep_tables
+
+    for md in [*out.glob("*.md"), *(p for p in write_sweep_tables(tmp_path) if p.suffix == ".md")]:
+        lines = md.read_text().splitlines()
+        assert not [line for line in lines if line.startswith(("# Injected", "| a |"))], md
