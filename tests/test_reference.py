@@ -215,7 +215,7 @@ def test_a_failed_twin_fails_the_series_it_stands_for(tmp_path, monkeypatch):
 
     plan, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
     failing = {**run_case(case), "status": "fail", "message": "injected"}
-    monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, **kw: [failing])
+    monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, *args, **kw: [failing])
     r = sweep_runner.SweepRunner(plan, tmp_path / "out", {"machine": "cpu: test"})
     (outcome,) = r.run()
     assert outcome.verified is False

@@ -28,6 +28,18 @@ from dataclasses import dataclass
 HOST_BOUND_FACTOR = 1.5
 
 
+# A cold first call on CUDA may take this many times the per-call limit (cold_call_limit_s);
+# outside code being imported and built gets as long, from its import on.
+COLD_CALL_FACTOR = 3.0
+
+
+def cold_call_limit_s(limit_s: float, cuda: bool) -> float:
+    """How long the first call may take. On CUDA a cold call carries library setup (handles,
+    autotuning), so it may take three times the limit and a warm call decides; on the CPU a
+    cold call is a warm one and the limit is the limit."""
+    return COLD_CALL_FACTOR * limit_s if cuda else limit_s
+
+
 @dataclass(frozen=True)
 class TimingPolicy:
     warmup: int = 1  # warm-up calls after the first, at least
