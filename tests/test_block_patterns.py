@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench.block_lists import expand_progressions
 from attnbench.errors import ConfigError
+from attnbench.masks.block_lists import expand_progressions
+from attnbench.masks.patterns import PATTERN_TYPES, build_pattern
 from attnbench.measure.memory import current_rss_bytes
-from attnbench.patterns import PATTERN_TYPES, build_pattern
 
 CAUSAL = [False, True]
 

@@ -7,7 +7,7 @@ import torch
 
 from attnbench import impls
 from attnbench.errors import ConfigError
-from attnbench.hilbert import curve_order, grid_shape, inverse, tile_side
+from attnbench.masks.hilbert import curve_order, grid_shape, inverse, tile_side
 
 # (length, grid width): squares, rectangles of several squares, widths given, odd grids
 GRIDS = [

@@ -19,20 +19,19 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def doc_layers(text: str) -> list[tuple[str, list[str]]]:
-    """The layer table of docs/architecture.md ("## Layers"), lowest first: (layer, module
-    prefixes). A module cell names `attnbench` (the package root), `name` (attnbench.name) or
-    `name/` (the subpackage attnbench.name, every module under it included)."""
+    """The layers of docs/architecture.md ("## Layers"), lowest first: (layer, module prefixes),
+    read from the names that start each numbered item: `attnbench` (the package root), `name`
+    (the module attnbench.name) or `name/` (the folder attnbench/name/, every module under it)."""
     section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and the rule
+    items = re.findall(r"^\d+\. ((?:`[^`]+`(?:, )?)+):", section, re.M)
     layers = []
-    for row in rows:
-        layer, cell = (c.strip() for c in row.split("|")[1:3])
-        names = re.findall(r"`([^`]+)`", cell)
-        layers.append((layer, [n if n == "attnbench" else "attnbench." + n.rstrip("/") for n in names]))
+    for item in items:
+        names = re.findall(r"`([^`]+)`", item)
+        layers.append((", ".join(names), [n if n == "attnbench" else "attnbench." + n.rstrip("/") for n in names]))
     return layers
 
 
-# Lowest first: a module imports only from its own layer or those before it. The table in
+# Lowest first: a module imports only from its own layer or those before it. The list in
 # docs/architecture.md is the rule; a new module is placed there (the test names any that is not).
 LAYERS = doc_layers(ARCHITECTURE.read_text())
 
@@ -103,11 +102,11 @@ def edges() -> dict[str, set[str]]:
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in modules() if layer_of(m) is None]
-    assert not unplaced, f"place these modules in the layer table of docs/architecture.md: {unplaced}"
+    assert not unplaced, f"place these modules in the layer list of docs/architecture.md: {unplaced}"
 
 
-def test_the_layer_table_names_only_modules_that_exist():
-    assert len(LAYERS) >= 10, "docs/architecture.md's layer table was not read"
+def test_the_layer_list_names_only_modules_that_exist():
+    assert len(LAYERS) >= 10, "docs/architecture.md's layer list was not read"
     named = [m for _, prefixes in LAYERS for m in prefixes]
     assert [m for m in named if m not in modules()] == []
     assert len(named) == len(set(named)), "a module is in two layers"

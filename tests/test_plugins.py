@@ -16,7 +16,7 @@ import pytest
 from attnbench import impls
 from attnbench.contract import violations
 from attnbench.errors import AttnbenchError
-from attnbench.impls import mask_mod as masks
+from attnbench.masks import mask_mod as masks
 from attnbench.reference import VerifyCase, run_case
 
 from conftest import ROOT, run_cli

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnbench import impls
-from attnbench.patterns import PATTERN_TYPES
+from attnbench.masks.patterns import PATTERN_TYPES
 from attnbench.reference import VerifyCase, run_case
 from attnbench.workload import Workload
 

@@ -1,6 +1,6 @@
 """Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
 
-The pattern (attnbench.patterns) lists, for each query block, its kept key blocks as a few
+The pattern (attnbench.masks.patterns) lists, for each query block, its kept key blocks as a few
 progressions. Three kernels run the same math:
 
 - ``flex`` (the GPU path): PyTorch's compiled FlexAttention with a ``BlockMask`` built
@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from attnbench.block_lists import BlockPattern
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param
@@ -50,7 +49,8 @@ from attnbench.impls.pieces import (
     PiecewiseAttention,
     write_pieces,
 )
-from attnbench.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
+from attnbench.masks.block_lists import BlockPattern
+from attnbench.masks.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 KERNELS = ("auto", "flex", "gather", "triton")

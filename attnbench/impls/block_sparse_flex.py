@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.block_lists import BlockPattern, progression_spans
 from attnbench.errors import ConfigError
 from attnbench.impls.flex_kernel import (
     compact_indices_ok,
@@ -30,6 +29,7 @@ from attnbench.impls.flex_kernel import (
     has_compute_q_blocks,
 )
 from attnbench.impls.pieces import KeyPart, Piece, grads_by_recompute, training_chunk_tokens
+from attnbench.masks.block_lists import BlockPattern, progression_spans
 
 # Bytes one chunk's block-mask indices (and their expansion's temporaries) may take.
 INDEX_BUDGET_BYTES = 256 << 20

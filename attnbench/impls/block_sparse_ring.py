@@ -23,13 +23,6 @@ from typing import Any
 
 import torch
 
-from attnbench.block_lists import (
-    BlockPattern,
-    clip_progressions,
-    expand_progressions,
-    progression_lengths,
-    progression_spans,
-)
 from attnbench.errors import ConfigError
 from attnbench.impls import register, spec
 from attnbench.impls.base import ImplSpec, Param, lcm
@@ -38,7 +31,14 @@ from attnbench.impls.block_sparse_flex import INDEX_BUDGET_BYTES, MASK_CACHE_BYT
 from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
-from attnbench.patterns import PATTERN_TYPES
+from attnbench.masks.block_lists import (
+    BlockPattern,
+    clip_progressions,
+    expand_progressions,
+    progression_lengths,
+    progression_spans,
+)
+from attnbench.masks.patterns import PATTERN_TYPES
 
 # index elements one expansion of progressions may hold (the plan is made in such pieces)
 EXPAND_ELEMENTS = 1 << 24

@@ -12,7 +12,7 @@ chunk of segments at a time so temporaries stay small, copying each chunk's outp
 strided place.
 
 With ``hilbert=True`` the tokens are a 2-D grid (row-major) reordered along a Hilbert curve
-(attnbench.hilbert) before the pattern, and the output is returned in the original order:
+(attnbench.masks.hilbert) before the pattern, and the output is returned in the original order:
 ``M_h(t) = pi^-1(M_pattern(pi(t)))``. Causal masking has no meaning in curve order over a
 grid, so the Hilbert ordering runs non-causal only.
 """
@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, fused_sdpa, gqa, register
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, backend_device_problem, sdpa_backend_in_use
 from attnbench.impls.pieces import training_chunk_tokens
+from attnbench.masks import hilbert as hilbert_curve
 from attnbench.units import brief
 
 KERNELS = ("auto", "sdpa")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.block_lists import BlockPattern, flatten_progressions, progression_lengths
+from attnbench.masks.block_lists import BlockPattern, flatten_progressions, progression_lengths
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16)

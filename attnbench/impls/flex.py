@@ -16,8 +16,8 @@ import torch
 
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa, register
-from attnbench.impls import mask_mod as masks
 from attnbench.impls.base import AttentionImpl, ImplSpec, Param, quiet_eager_flex
+from attnbench.masks import mask_mod as masks
 from attnbench.units import brief
 
 # FlexAttention's tile: the block mask's unit, and the lengths flex runs at.

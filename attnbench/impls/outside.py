@@ -278,7 +278,7 @@ class OutsideImpl(AttentionImpl):
         return out
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
-        from attnbench.impls import mask_mod
+        from attnbench.masks import mask_mod
 
         if self.declares == "mask_mod":
             return mask_mod.key_mask(self.mask_mod, seq_len, num_heads)
@@ -306,7 +306,7 @@ class OutsideImpl(AttentionImpl):
         return self._pairs[key]
 
     def _count(self, seq_len: int, num_heads: int, causal: bool) -> int:
-        from attnbench.impls import mask_mod
+        from attnbench.masks import mask_mod
 
         if self.declares == "mask_mod":
             pairs, self.pairs_counted = mask_mod.count_pairs(self.mask_mod, seq_len, num_heads, causal, self._device)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnbench.block_lists import BlockPattern, expand_progressions
+from attnbench.masks.block_lists import BlockPattern, expand_progressions
 
 # At most this many pixels per side; larger patterns are drawn one sampled row per pixel row.
 MAX_PIXELS = 1024

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from attnbench import hilbert as hilbert_curve
 from attnbench.errors import ConfigError
 from attnbench.impls import register
 from attnbench.impls.base import ImplSpec, Param
 from attnbench.impls.dilated import hilbert_twin
 from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA
 from attnbench.impls.sequence_parallel.ring_dilated import DILATED_VERIFY, SEGMENT_PARAMS, RingDilatedAttention
+from attnbench.masks import hilbert as hilbert_curve
 
 
 class RingDilatedHilbertAttention(RingDilatedAttention):

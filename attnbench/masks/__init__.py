@@ -1,5 +1,10 @@
-"""Attention-gym style masks: ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` and functions
-that return one. Ready-made masks for ``--impl flex --param mask=attnbench.masks:NAME``
+"""Which keys each query sees, declared without an implementation: the block-sparse patterns
+(``patterns``: the rules) and their block lists (``block_lists``: ``BlockPattern`` and the
+arithmetic on progressions), the Hilbert order dilated attention may run in (``hilbert``), and
+FlexAttention's ``mask_mod`` convention (``mask_mod``: key sets and pair counts from one).
+
+This module holds the ready-made attention-gym style masks, ``mask_mod(b, h, q_idx, kv_idx) ->
+bool tensor`` and functions that return one: ``--impl flex --param mask=attnbench.masks:NAME``
 (with ``--param mask_args=...`` for the functions), and examples of the convention.
 """
 

@@ -1,7 +1,7 @@
 """Block lists: which key blocks each query block keeps, stored as a few disjoint arithmetic
 progressions per row (``BlockPattern``), and the arithmetic on them: counting, clipping to a
 range of key blocks, spans, and expansion into explicit indices a chunk of rows at a time.
-The rules that fill them are in ``attnbench.patterns``."""
+The rules that fill them are in ``attnbench.masks.patterns``."""
 
 from __future__ import annotations
 

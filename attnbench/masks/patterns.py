@@ -8,7 +8,7 @@ disjoint arithmetic progressions of key blocks, ``(start, stop, step)`` meaning
 cheap (the progressions of a row never overlap); explicit indices are made only for a chunk of
 rows at a time (:meth:`BlockPattern.expand`). No ``nb x nb`` object is ever built, except by
 :meth:`BlockPattern.dense` for pictures and tests at small ``nb``. ``BlockPattern`` and the
-arithmetic on progressions live in ``attnbench.block_lists``; this module holds the rules.
+arithmetic on progressions live in ``attnbench.masks.block_lists``; this module holds the rules.
 
 Every pattern has one free size (a window, a segment, a dilation factor) chosen so that the
 kept fraction of block pairs is as close as it can get to ``sparsity_ratio``. The pairs a
@@ -46,8 +46,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from attnbench.block_lists import BlockPattern, allowed_blocks
 from attnbench.errors import ConfigError
+from attnbench.masks.block_lists import BlockPattern, allowed_blocks
 from attnbench.units import brief
 
 PATTERN_TYPES = ("local_window", "dilated_sparse", "global_local", "hierarchical")
