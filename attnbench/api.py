@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.results import load_rows, result_files
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 
 if TYPE_CHECKING:
     import pandas as pd

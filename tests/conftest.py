@@ -88,9 +88,9 @@ def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
 
 
 def typed_row(kind: str = "points", **fields):
-    """A typed result row (``attnbench.schema``) with the fields a test names; every other
+    """A typed result row (``attnbench.results.schema``) with the fields a test names; every other
     required field gets a valid value."""
-    from attnbench.schema import SCHEMA_VERSION, row_from_json
+    from attnbench.results.schema import SCHEMA_VERSION, row_from_json
 
     base = {
         "schema": SCHEMA_VERSION,

@@ -9,7 +9,7 @@ import pytest
 
 import attnbench
 from attnbench.errors import AttnbenchError
-from attnbench.schema import MaxSeqResult, Trial, Verify
+from attnbench.results.schema import MaxSeqResult, Trial, Verify
 
 ROOT = Path(__file__).resolve().parents[1]
 RING = ROOT / "results" / "2026-11-22-h200x2-ring-max-seq"  # two GPUs: per-GPU memory in every trial

@@ -509,7 +509,7 @@ def test_bad_options(runs, args, hint, capsys):
 def test_a_time_limited_capacity_compares_within_one_bisection_step():
     from attnbench.check.compare import Comparison
     from attnbench.check.loading import Search
-    from attnbench.schema import Trial
+    from attnbench.results.schema import Trial
 
     fields = {"schema": 1, "kind": "max-seq", "run": "r", "series": "s", "label": "sdpa", "impl": "sdpa"}
     fields |= {"config": {}, "batch": 1, "seq_len": 1024, "heads": 8, "head_dim": 64, "dtype": "bf16"}

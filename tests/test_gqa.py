@@ -13,7 +13,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.impls import dense, gqa
 from attnbench.reference import TOLERANCE, VerifyCase, masked_attention, relative_error, run_case
 from attnbench.results import series_key
-from attnbench.schema import Trial
+from attnbench.results.schema import Trial
 from attnbench.workload import Workload
 
 HEADS, HEAD_DIM = 8, 16

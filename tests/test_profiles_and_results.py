@@ -66,7 +66,7 @@ def test_rows_never_hold_nan(tmp_path):
 
 
 def test_attnbench_commit_names_the_commit_over_a_stale_checkout(monkeypatch):
-    from attnbench import environment
+    from attnbench.results import environment
 
     monkeypatch.setenv("ATTNBENCH_COMMIT", "0123abc")
     assert environment.source_commit() == "0123abc"

@@ -310,7 +310,7 @@ def test_where_64k_does_not_answer_how_fast_each_row_is_timed_at_the_longest_len
 
 def test_a_search_its_time_budget_stopped_is_a_lower_bound_for_the_report_and_the_check(tmp_path):
     from attnbench.check.loading import searches
-    from attnbench.schema import MaxSeqResult, Trial
+    from attnbench.results.schema import MaxSeqResult, Trial
 
     rows = search("dilated", [1024, 2048], None)
     rows[-1] = typed_row(

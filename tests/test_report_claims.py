@@ -18,7 +18,7 @@ from attnbench.report import verdicts as v
 from attnbench.report.document import Machine
 from attnbench.report.fit import GIB
 from attnbench.report.measured import Measured
-from attnbench.schema import SCHEMA_VERSION
+from attnbench.results.schema import SCHEMA_VERSION
 
 from conftest import typed_row
 

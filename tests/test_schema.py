@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import schema
-from attnbench.results import read_rows
-from attnbench.schema import (
+from attnbench.results import read_rows, schema
+from attnbench.results.schema import (
     MaxSeqResult,
     SchemaError,
     Speedup,

@@ -209,7 +209,7 @@ def fault_strategies(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(tmp_path, fault_strategies):
-    from attnbench.environment import capture_env
+    from attnbench.results.environment import capture_env
 
     settings = check_settings(
         speedup_series(
@@ -540,7 +540,7 @@ def test_environment_names_how_each_gpu_pair_is_connected():
     0-1 on NVLink, 2 across the NUMA nodes without P2P)."""
     from types import SimpleNamespace
 
-    from attnbench.environment import gpu_links
+    from attnbench.results.environment import gpu_links
 
     nvlinked = {(0, 1)}
     fake = SimpleNamespace(
@@ -625,8 +625,8 @@ def test_a_run_is_filed_under_the_gpus_it_could_see(monkeypatch, visible, names)
     numbered as CUDA numbers them: one GPU of two is a one-GPU machine."""
     import sys
 
-    from attnbench.environment import gpu_inventory, machine_key
     from attnbench.measure.memory import NvmlSampler, PynvmlBackend
+    from attnbench.results.environment import gpu_inventory, machine_key
 
     fake = TwoGpuNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)

@@ -13,7 +13,7 @@ from attnbench.check.loading import Search, Side, contents, load_side
 from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Finding, Thresholds
 from attnbench.check.significance import MIN_PROCESSES, NOT_GATED, compare_times, process_spread
 from attnbench.errors import AttnbenchError
-from attnbench.schema import Trial, Verify
+from attnbench.results.schema import Trial, Verify
 from attnbench.units import clip_text, format_bytes, format_ms, format_ratio
 
 # Exact counts a trial row carries; q, k, v bytes only where the allocator counts them

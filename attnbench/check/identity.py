@@ -8,7 +8,7 @@ import json
 
 from attnbench import units
 from attnbench.report.data import config_text
-from attnbench.schema import Trial, Workload
+from attnbench.results.schema import Trial, Workload
 
 ANY_CPU = "cpu (any model)"
 

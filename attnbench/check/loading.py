@@ -11,7 +11,7 @@ from pathlib import Path
 from attnbench.check.identity import capacity_identity, device_model, trial_identity
 from attnbench.errors import AttnbenchError
 from attnbench.results import BUDGET, STOPPED_BY, load_rows, result_files
-from attnbench.schema import MaxSeqResult, Trial, Verify
+from attnbench.results.schema import MaxSeqResult, Trial, Verify
 
 
 @dataclass

@@ -88,8 +88,8 @@ def speedup(
 
     run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
 
-    from attnbench.environment import capture_env
     from attnbench.report.speedup_tables import write_speedup_tables
+    from attnbench.results.environment import capture_env
     from attnbench.sweeps.runner import SweepRunner
     from attnbench.sweeps.speedup import check_settings, order
 

@@ -196,8 +196,8 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
 
-    from attnbench.environment import capture_env
     from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.results.environment import capture_env
     from attnbench.sweeps.runner import SweepRunner, resolve
 
     plan = resolve(planned)

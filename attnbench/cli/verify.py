@@ -75,8 +75,8 @@ def verify(
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
-    from attnbench.environment import capture_env
     from attnbench.results import check_output_dir, check_same_machine
+    from attnbench.results.environment import capture_env
     from attnbench.supervised import run_outside_in_workers
     from attnbench.workload import check_workload_fields
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.intervals import bracket, ms_cell, tflops_cell, tflops_interval, time_interval
-from attnbench.schema import Trial
+from attnbench.results.schema import Trial
 from attnbench.units import format_bytes, format_gib, short_tokens
 
 REFERENCE_LEN, REFERENCE_TEXT = 65536, "64K"  # where throughput is compared across configurations

@@ -16,7 +16,7 @@ from typing import Any
 from attnbench.errors import AttnbenchError
 from attnbench.report import data as d
 from attnbench.report.fit import GIB
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 from attnbench.units import format_tokens
 
 CLAIMS_FILE = Path(__file__).with_name("seed_claims.toml")

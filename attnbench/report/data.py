@@ -14,7 +14,7 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.results import load_rows, result_files
-from attnbench.schema import MaxSeqResult, Row, Speedup, Trial, Verify, Workload
+from attnbench.results.schema import MaxSeqResult, Row, Speedup, Trial, Verify, Workload
 from attnbench.units import format_gib
 
 UNKNOWN_MACHINE = "unknown machine"

@@ -11,7 +11,7 @@ from attnbench.report import data as d
 from attnbench.report.fit import capacities
 from attnbench.report.markdown import Table, heading_text
 from attnbench.report.multigpu import max_seq_by_series, speedup_cases
-from attnbench.schema import Row, Trial
+from attnbench.results.schema import Row, Trial
 from attnbench.units import (
     format_bytes,
     format_bytes_per_token,

@@ -11,7 +11,7 @@ from typing import Any
 
 from attnbench.measure import stats
 from attnbench.measure.stats import Interval
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
 TIMER_NAMES = {

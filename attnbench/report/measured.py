@@ -17,7 +17,7 @@ from attnbench.report import data as d
 from attnbench.report.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
 from attnbench.report.fit import fit_miss_cause
 from attnbench.report.intervals import time_interval
-from attnbench.schema import Row, Trial
+from attnbench.results.schema import Row, Trial
 from attnbench.units import format_gib
 
 EXACT_STOPS = ("memory", "host memory")  # a search stopped otherwise (time, its cap) only bounds the length

@@ -25,7 +25,7 @@ from attnbench.report.data import (
 )
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
-from attnbench.schema import Row, Speedup, Trial, Workload
+from attnbench.results.schema import Row, Speedup, Trial, Workload
 
 STRATEGY_NAMES = {
     "single": "Single GPU",

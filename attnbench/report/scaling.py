@@ -18,7 +18,7 @@ from typing import Any
 from attnbench.report.data import ok, trials, world_size
 from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval
 from attnbench.report.markdown import table
-from attnbench.schema import MaxSeqResult, Row, Workload
+from attnbench.results.schema import MaxSeqResult, Row, Workload
 from attnbench.units import format_bytes, format_tokens
 
 

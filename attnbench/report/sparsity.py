@@ -14,7 +14,7 @@ from typing import Any
 
 from attnbench.report.data import machine_of, trials
 from attnbench.report.markdown import result_text, table
-from attnbench.schema import Row, Trial
+from attnbench.results.schema import Row, Trial
 from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"

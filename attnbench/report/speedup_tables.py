@@ -27,7 +27,7 @@ from attnbench.report.intervals import (
 )
 from attnbench.report.markdown import result_text, table
 from attnbench.results import load_rows, write_text_atomic
-from attnbench.schema import GpuMemory, Row, Speedup
+from attnbench.results.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
 
 CSV_COLUMNS = [

@@ -20,7 +20,7 @@ from attnbench.report.sweep_tables import (
 )
 from attnbench.report.training import training_markdown
 from attnbench.results import load_rows, write_text_atomic
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 
 
 def sweep_markdown(rows: list[Row]) -> str:

@@ -16,7 +16,7 @@ from attnbench.report.data import trials as trials_of
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import result_text, short_message, table
 from attnbench.results import BUDGET, STOPPED_BY
-from attnbench.schema import MaxSeqResult, Row, Trial
+from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")

@@ -11,7 +11,7 @@ from attnbench.report.data import machine_of, short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sweep_tables import max_seq_summary, series_groups
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 from attnbench.units import format_gib, format_tokens
 
 COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's

@@ -1,14 +1,14 @@
 """Results files: one JSON object per trial, appended to ``trials.jsonl`` as each ends.
 
-Every row carries the environment it ran in (captured by ``attnbench.environment``), its raw
-timing samples and per-GPU memory, so reports and the regression check read result files and
-nothing else. A killed sweep loses at most the trial in flight: each row is one ``write`` of
-one line, flushed and synced, and a reader skips (and reports) a truncated last line.
+Every row carries the environment it ran in (captured by ``environment``), its raw timing
+samples and per-GPU memory, so reports and the regression check read result files and nothing
+else. A killed sweep loses at most the trial in flight: each row is one ``write`` of one line,
+flushed and synced, and a reader skips (and reports) a truncated last line.
 
-``write`` appends rows (checked, synced, never through a link), ``read`` reads them back (the
-one loader every reader uses), ``possible`` says which rows no measurement gives, ``paths``
-checks output paths before any work and writes derived files whole. Every name a caller
-needs is imported here.
+``schema`` holds the row kinds in code, ``write`` appends rows (checked, synced, never through
+a link), ``read`` reads them back (the one loader every reader uses), ``possible`` says which
+rows no measurement gives, ``paths`` checks output paths before any work and writes derived
+files whole. Every name a caller of ``write``, ``read`` and ``paths`` needs is imported here.
 """
 
 from attnbench.results.paths import (

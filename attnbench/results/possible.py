@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnbench.schema import SchemaError
+from attnbench.results.schema import SchemaError
 from attnbench.units import MAX_TOKENS
 
 # A row nests a few levels (row > ranks > entry > gpus > entry); a line nested deeper is not one.

@@ -13,8 +13,8 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.results.possible import MAX_DEPTH, check_possible, nesting_depth
+from attnbench.results.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
 from attnbench.results.write import TRIALS_FILE
-from attnbench.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
 
 
 def result_files(path: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.schema import SCHEMA_VERSION, validate
+from attnbench.results.schema import SCHEMA_VERSION, validate
 
 TRIALS_FILE = "trials.jsonl"
 # Trial statuses; everything but "ok" is a failure that stops a max-seq search.

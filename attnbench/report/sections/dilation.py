@@ -8,7 +8,7 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
-from attnbench.schema import Trial
+from attnbench.results.schema import Trial
 
 TITLE = "Dilation: dilated configurations on one device"
 ORDER = 40

@@ -22,7 +22,7 @@ from attnbench.report.document import Doc, Machine
 from attnbench.report.fit import capacities
 from attnbench.report.intervals import tflops_interval
 from attnbench.report.markdown import Table
-from attnbench.schema import Row
+from attnbench.results.schema import Row
 from attnbench.units import format_gib, format_tokens, short_tokens
 
 COMPARE_AT = 32768  # the comparison length where the rows have it (the GPU profile's)

@@ -146,7 +146,7 @@ def check_fits_device(s: Series, seq_len: int, batch: int | None = None) -> None
     """A series whose inputs and output alone, at its shortest length (a speedup case: at its
     length and ``batch``), exceed what the device holds cannot run a single trial: refused
     before anything runs, the keys named."""
-    from attnbench.environment import device_memory_bytes
+    from attnbench.results.environment import device_memory_bytes
     from attnbench.units import format_bytes
 
     st = s.settings

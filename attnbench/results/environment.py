@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench import __version__
-from attnbench.results import now_utc
+from attnbench.results.write import now_utc
 
 
 def _git(*args: str) -> str | None:
