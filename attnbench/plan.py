@@ -24,8 +24,8 @@ from typing import Any
 
 from attnbench import impls, models
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.trials.workload import DTYPES, MODES, Workload, check_heads
 from attnbench.units import brief, parse_bytes, parse_gpus, parse_int_list, parse_tokens
-from attnbench.workload import DTYPES, MODES, Workload, check_heads
 
 # Installed, the profiles lie inside the package (setup.py); in a clone, at the repository's top.
 _INSTALLED_PROFILES = Path(__file__).resolve().parent / "profiles"

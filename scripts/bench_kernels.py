@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnbench import impls
 from attnbench.impls import flash
 from attnbench.impls.dilated import chunk_views
-from attnbench.reference import masked_reference, relative_error
+from attnbench.trials.reference import masked_reference, relative_error
 
 ROWS: list[dict] = []
 

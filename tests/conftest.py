@@ -80,7 +80,7 @@ def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
     whole tensors), so flex runs once per (batch, head), as it does past 2^31 offsets."""
     # imported here: every test run loads conftest, and most need neither torch nor a GPU
     from attnbench.impls import flex_kernel
-    from attnbench.reference import VerifyCase, run_case
+    from attnbench.trials.reference import VerifyCase, run_case
 
     monkeypatch.setattr(flex_kernel, "FLEX_MAX_OFFSET", 1 << 19)
     cfg = flex_pieces_config("hierarchical")

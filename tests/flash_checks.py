@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attnbench import impls  # noqa: E402
 from attnbench.impls import flash  # noqa: E402
-from attnbench.reference import masked_reference, relative_error  # noqa: E402
+from attnbench.trials.reference import masked_reference, relative_error  # noqa: E402
 
 PATTERNS = ("local_window", "dilated_sparse", "global_local", "hierarchical")
 

@@ -8,7 +8,7 @@ import torch
 from attnbench import impls
 from attnbench.impls import flex_kernel as fk
 from attnbench.masks.patterns import PATTERN_TYPES
-from attnbench.reference import VerifyCase, run_case
+from attnbench.trials.reference import VerifyCase, run_case
 
 from conftest import flex_per_head_row, flex_pieces_config
 

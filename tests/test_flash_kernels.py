@@ -15,7 +15,7 @@ import torch
 
 from attnbench import impls
 from attnbench.impls import flash
-from attnbench.reference import relative_error
+from attnbench.trials.reference import relative_error
 
 from flash_checks import PATTERNS, block_sparse_error, cases, dilated_error, inputs, reference
 

@@ -11,10 +11,10 @@ from test_impl_conformance import built, causal_modes
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.impls import dense, gqa
-from attnbench.reference import TOLERANCE, VerifyCase, masked_attention, relative_error, run_case
 from attnbench.results import series_key
 from attnbench.results.schema import Trial
-from attnbench.workload import Workload
+from attnbench.trials.reference import TOLERANCE, VerifyCase, masked_attention, relative_error, run_case
+from attnbench.trials.workload import Workload
 
 HEADS, HEAD_DIM = 8, 16
 # key/value heads: groups of 2 and of 4 query heads (one head for all: the dilated test below)
@@ -204,7 +204,7 @@ def test_the_ring_sends_key_value_blocks_at_their_own_head_count():
     """Two gloo ranks, 1024 tokens, 8 query heads over 2 key/value heads: each rank sends its
     K and V shard once, at 2 heads (a quarter of what 8 would send)."""
     from attnbench.sweeps import seqpar
-    from attnbench.trial import TrialSpec
+    from attnbench.trials.trial import TrialSpec
 
     workload = dict(impl="ring", config={"backend": "auto"}, seq_len=1024, heads=HEADS, kv_heads=2, head_dim=HEAD_DIM)
     workload.update(dtype="fp32", device="cpu")

@@ -9,8 +9,8 @@ import torch
 
 from attnbench import impls
 from attnbench.impls import gqa
-from attnbench.reference import VerifyCase, default_cases, run_case
-from attnbench.trial import TrialSpec, execute
+from attnbench.trials.reference import VerifyCase, default_cases, run_case
+from attnbench.trials.trial import TrialSpec, execute
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

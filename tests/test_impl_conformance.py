@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from attnbench import impls
 from attnbench.cli import app
 from attnbench.errors import ConfigError
-from attnbench.reference import TOLERANCE, masked_reference, relative_error
+from attnbench.trials.reference import TOLERANCE, masked_reference, relative_error
 
 BATCH, HEADS, HEAD_DIM = 2, 3, 16  # 3 heads: head groups that do not divide evenly
 

@@ -210,7 +210,7 @@ CAPACITY_CASES = {
 def test_the_predicted_search_reaches_the_blind_searchs_length_in_six_trials(impl, tmp_path):
     from attnbench.plan import build_plan
     from attnbench.sweeps.runner import SweepRunner, resolve
-    from attnbench.trial import run_isolated
+    from attnbench.trials.trial import run_isolated
 
     flags, params = CAPACITY_CASES[impl]
     settings = {"kind": "max-seq", "device": "cpu", "dtype": "fp32", "heads": 2, "head_dim": 16, "warmup": 0}

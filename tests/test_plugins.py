@@ -14,10 +14,10 @@ import textwrap
 import pytest
 
 from attnbench import impls
-from attnbench.contract import violations
 from attnbench.errors import AttnbenchError
 from attnbench.masks import mask_mod as masks
-from attnbench.reference import VerifyCase, run_case
+from attnbench.trials.contract import violations
+from attnbench.trials.reference import VerifyCase, run_case
 
 from conftest import ROOT, run_cli
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attnbench import impls
 from attnbench.impls.dilated import head_groups
-from attnbench.reference import TOLERANCE, VerifyCase, default_cases, masked_reference, relative_error, run_case
+from attnbench.trials.reference import TOLERANCE, VerifyCase, default_cases, masked_reference, relative_error, run_case
 
 CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name, "cpu", ["fp32", "bf16"])]
 
@@ -111,7 +111,7 @@ def test_reference_gives_zero_rows_for_empty_key_sets():
 def test_a_wrong_implementation_fails_verification(monkeypatch):
     """The check can fail: drop the dilation (attend to the whole segment) and it must."""
     from attnbench.impls.dilated import DilatedAttention
-    from attnbench.reference import VerifyCase
+    from attnbench.trials.reference import VerifyCase
 
     real = DilatedAttention._key_sets
     monkeypatch.setattr(
@@ -165,7 +165,7 @@ def test_a_check_whose_reference_cannot_fit_runs_on_its_reduced_twin():
     a float64 reference of 3 x (1M)^2 x H x 8 bytes (96 TiB at H=4). Its twin divides the
     sequence and every segment by one power of two, so the relation of segment to sequence
     holds, and the row names the configuration it stands for."""
-    from attnbench.reference import REFERENCE_BUDGET_BYTES, reference_bytes
+    from attnbench.trials.reference import REFERENCE_BUDGET_BYTES, reference_bytes
 
     _, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
     assert case.twin_of["segment_lengths"] == [524288, 1048576] and case.twin_scale > 1

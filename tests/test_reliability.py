@@ -339,7 +339,7 @@ import sys
 import attnbench.runtime.worker as w
 sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()) + ' ' + sys.argv[2]); time.sleep(3600)"
 w.python_module = lambda module, *args: [sys.executable, "-c", sleeper, sys.argv[1], args[-1]]
-w.run_in_child("attnbench.trial:trial_job", {}, 3600)
+w.run_in_child("attnbench.trials.trial:trial_job", {}, 3600)
 """
 
 
@@ -485,8 +485,8 @@ class ScriptedTimer:
 @pytest.mark.parametrize("first_ms, status", [(1000.0, "ok"), (5000.0, "time-limit")])
 def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, first_ms, status):
     """A cold CPU call is a warm one (the CUDA rule, a warm call deciding, is test_measure's)."""
-    import attnbench.trial as trial
-    from attnbench.trial import TrialSpec, execute
+    import attnbench.trials.trial as trial
+    from attnbench.trials.trial import TrialSpec, execute
 
     monkeypatch.setattr(ScriptedTimer, "script", [first_ms, 1.0])
     monkeypatch.setattr(trial, "Timer", ScriptedTimer)  # the timer execute() builds

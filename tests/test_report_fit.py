@@ -67,7 +67,7 @@ def test_memory_model_per_implementation():
 
 
 def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
-    """The rule for CUDA trials (fields as attnbench.trial writes them): device total minus the
+    """The rule for CUDA trials (fields as attnbench.trials.trial writes them): device total minus the
     median, over the three longest successful trials, of NVML used at peak minus
     max_memory_reserved on the trial's GPU."""
     total = 80 * GIB

@@ -16,10 +16,10 @@ from attnbench.errors import ConfigError
 from attnbench.impls.sequence_parallel.engine import LseAccumulator, attend_with_lse
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
 from attnbench.masks.patterns import PATTERN_TYPES
-from attnbench.reference import TOLERANCE, default_cases, masked_reference, relative_error
 from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
-from attnbench.trial import TrialSpec
+from attnbench.trials.reference import TOLERANCE, default_cases, masked_reference, relative_error
+from attnbench.trials.trial import TrialSpec
 from attnbench.units import parse_gpus
 
 from conftest import main_in_process, run_cli

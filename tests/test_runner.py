@@ -153,7 +153,7 @@ def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeyp
     """As a one-process trial does: the supervisor tells the kernel's OOM killer from another
     kill by the limit."""
     from attnbench.sweeps import seqpar
-    from attnbench.trial import TrialSpec
+    from attnbench.trials.trial import TrialSpec
 
     seen = {}
 

@@ -13,13 +13,13 @@ import pytest
 
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Case, Plan, parse_cases, speedup_series
-from attnbench.reference import TOLERANCE
 from attnbench.results import read_rows
 from attnbench.sweeps import strategies
 from attnbench.sweeps.runner import SweepRunner
 from attnbench.sweeps.speedup import check_settings
 from attnbench.sweeps.speedup_job import context, measure
 from attnbench.sweeps.speedup_rows import gpu_rows, notes_for, slowest_per_iteration
+from attnbench.trials.reference import TOLERANCE
 
 from conftest import ROOT, main_in_process, run_cli, typed_row
 

@@ -8,7 +8,7 @@ import torch
 
 from attnbench import impls
 from attnbench.impls.pieces import KeyPart, Piece, PiecewiseAttention, grads_by_recompute
-from attnbench.reference import (
+from attnbench.trials.reference import (
     GRAD_TOLERANCE,
     default_cases,
     masked_attention,

@@ -9,8 +9,8 @@ import torch
 
 from attnbench import impls
 from attnbench.masks.patterns import PATTERN_TYPES
-from attnbench.reference import VerifyCase, run_case
-from attnbench.workload import Workload
+from attnbench.trials.reference import VerifyCase, run_case
+from attnbench.trials.workload import Workload
 
 from conftest import flex_per_head_row, flex_pieces_config
 

@@ -3,8 +3,8 @@
 import pytest
 
 from attnbench.errors import AttnbenchError
-from attnbench.reference import VerifyCase
 from attnbench.sweeps import verification
+from attnbench.trials.reference import VerifyCase
 
 DILATED = {"segment_lengths": [64], "dilation_rates": [1], "max_chunk_tokens": 1 << 19}
 

@@ -100,8 +100,8 @@ def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
 def test_a_spare_imports_the_trial_machinery_without_a_cuda_context(jobs_importable):
     """What a spare does before its job (every implementation imported) creates no CUDA
     context: a second context would take GPU memory from the running trial."""
-    run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trial:preload")
-    result = run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trial:preload")
+    run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trials.trial:preload")
+    result = run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trials.trial:preload")
     assert result["cuda_initialized"] is False
 
 

@@ -84,7 +84,7 @@ def speedup(
     params = impl_params(segment_lengths, dilation_rates, backend, param)
     if out:
         check_output_dir(out)
-    from attnbench.supervised import run_outside_in_workers
+    from attnbench.trials.supervised import run_outside_in_workers
 
     run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
 

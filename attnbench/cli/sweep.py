@@ -189,7 +189,7 @@ def run(
 def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
     from attnbench.plan import build_plan
     from attnbench.results import check_output_dir
-    from attnbench.supervised import run_outside_in_workers
+    from attnbench.trials.supervised import run_outside_in_workers
 
     if out:
         check_output_dir(out)

@@ -18,7 +18,7 @@ from attnbench.cli.options import impl_params, resolve_device
 def list_impls() -> None:
     """Every registered implementation, its parameters with defaults, devices and dtypes."""
     from attnbench import impls  # here, not at the top: `report` and `check` must not import torch
-    from attnbench.supervised import run_outside_in_workers
+    from attnbench.trials.supervised import run_outside_in_workers
 
     run_outside_in_workers()  # an installed implementation is described by a worker, never imported here
     for name in impls.names():
@@ -77,8 +77,8 @@ def verify(
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
     from attnbench.results import check_output_dir, check_same_machine
     from attnbench.results.environment import capture_env
-    from attnbench.supervised import run_outside_in_workers
-    from attnbench.workload import check_workload_fields
+    from attnbench.trials.supervised import run_outside_in_workers
+    from attnbench.trials.workload import check_workload_fields
 
     for d in dtype or ():  # before torch is imported
         check_workload_fields(d, mode, "cpu")
@@ -116,7 +116,7 @@ def _sci(x: float | None) -> str:
 
 def _table(rows: list[dict], device: str, mode: str) -> Table:
     """One line per case: its relative errors against the float64 reference and the verdict."""
-    from attnbench.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE
+    from attnbench.trials.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE
 
     t = Table(title=f"attnbench verify on {device}: relative error ||out - ref|| / ||ref|| against float64")
     grad_cols = ("dq err", "dk err", "dv err", "grad tol.") if mode == "fwd_bwd" else ()

@@ -21,7 +21,7 @@ _REGISTRY: dict[str, ImplSpec] = {}
 _OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
 # How outside code is reached: None imports it here (library use); the command line installs a
 # resolver of outside names and a builder of any configuration that runs outside code, neither
-# of which imports it into its own process (attnbench.supervised).
+# of which imports it into its own process (attnbench.trials.supervised).
 _outside_resolver: Callable[[str], ImplSpec | None] | None = None
 _outside_builder: Callable[[str, dict[str, Any]], AttentionImpl] | None = None
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.plan import Plan, Series
-from attnbench.reference import VerifyCase, reduced
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
@@ -33,7 +32,8 @@ from attnbench.sweeps.kinds.base import parallelism
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
 from attnbench.sweeps.verification import config_text
-from attnbench.trial import TrialSpec, execute, run_isolated
+from attnbench.trials.reference import VerifyCase, reduced
+from attnbench.trials.trial import TrialSpec, execute, run_isolated
 
 
 class Reporter(BaseReporter, Protocol):

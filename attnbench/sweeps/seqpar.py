@@ -25,10 +25,10 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.accounting import accounting
-from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
-from attnbench.trial import TrialSpec
+from attnbench.trials.reference import TOLERANCE, VerifyCase
+from attnbench.trials.trial import TrialSpec
 
 #: the ``strategy`` of rows measured by sequence-parallel implementations
 STRATEGY = "ring"
@@ -82,7 +82,7 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
 
 def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict[str, Any]:
     """One trial on ``world`` ranks; the row fields (status, times, memory per GPU, ranks)."""
-    from attnbench.workload import Workload
+    from attnbench.trials.workload import Workload
 
     wl = Workload(**spec.workload)
     payload = {"spec": asdict(spec), "fail_rank": fail_rank}

@@ -18,10 +18,10 @@ from typing import Any
 from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
-from attnbench.reference import TOLERANCE, VerifyCase
 from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.seqpar import case_row
-from attnbench.trial import TrialSpec
+from attnbench.trials.reference import TOLERANCE, VerifyCase
+from attnbench.trials.trial import TrialSpec
 
 
 def _device(device: str):
@@ -51,8 +51,8 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     import torch
     import torch.distributed as dist
 
-    from attnbench.reference import masked_reference, relative_error
-    from attnbench.workload import torch_dtype
+    from attnbench.trials.reference import masked_reference, relative_error
+    from attnbench.trials.workload import torch_dtype
 
     row = case_row(asdict(case), seed)
     impl = build(case.impl, case.config, world)
@@ -113,7 +113,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     import torch
 
     from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, own_gpu_nvml
-    from attnbench.workload import Workload
+    from attnbench.trials.workload import Workload
 
     spec = TrialSpec(**payload["spec"])
     wl = Workload(**spec.workload)

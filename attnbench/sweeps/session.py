@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnbench.reference import VerifyCase
 from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
+from attnbench.trials.reference import VerifyCase
 
 
 class Reporter(Protocol):

@@ -36,8 +36,8 @@ from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import SilentReporter
 from attnbench.sweeps.speedup_rows import gpus_of, merge_ranks, notes_for
 from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
+from attnbench.trials.workload import Workload, check_workload_fields
 from attnbench.units import brief
-from attnbench.workload import Workload, check_workload_fields
 
 KIND = "speedup"
 # what makes two speedup rows the same trial (resume skips a trial it finds)

@@ -29,7 +29,7 @@ from attnbench.measure.timing import TimingPolicy
 from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps import strategies
 from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
-from attnbench.workload import Workload
+from attnbench.trials.workload import Workload
 
 # float32 elements compared at once, so the check never holds a second full output
 COMPARE_CHUNK = 1 << 24

@@ -8,8 +8,8 @@ import math
 from typing import Any
 
 from attnbench.plan import Case, Series
-from attnbench.reference import TOLERANCE
 from attnbench.sweeps.strategies import Strategy
+from attnbench.trials.reference import TOLERANCE
 
 
 def gpus_of(s: Series) -> int:

@@ -22,7 +22,7 @@ from torch import nn
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
-from attnbench.workload import Workload
+from attnbench.trials.workload import Workload
 
 MODULES = ("attention", "multihead")
 # torch's built-in DDP gradient-compression hooks, by the dtype they send

@@ -13,8 +13,8 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
-from attnbench.reference import VerifyCase, run_case
-from attnbench.trial import run_verify_isolated
+from attnbench.trials.reference import VerifyCase, run_case
+from attnbench.trials.trial import run_verify_isolated
 
 
 def run_reference_checks(
@@ -85,8 +85,8 @@ def plan_verify(
     """The reference checks for ``names`` (all registered when None): each implementation's
     verify shapes, causal and not, in every dtype it supports on ``device``; ``params``
     replaces the verify configurations of the implementations that have those parameters."""
-    from attnbench.reference import default_cases
-    from attnbench.workload import check_workload_fields
+    from attnbench.trials.reference import default_cases
+    from attnbench.trials.workload import check_workload_fields
 
     asked = names
     names = names or impls.names()
@@ -137,9 +137,9 @@ def _single_device_only(names: list[str], asked: list[str] | None) -> list[str]:
 
 
 def _contract_violations(names: list[str], device: str, dtypes: list[str], configs: dict[str, list]) -> list[str]:
-    """The contract checks of outside implementations (attnbench/contract.py), one line each,
+    """The contract checks of outside implementations (attnbench/trials/contract.py), one line each,
     run in a worker process: the code is the user's."""
-    from attnbench.trial import run_contract_isolated
+    from attnbench.trials.trial import run_contract_isolated
 
     checks = [(n, config, dtype) for n in names for config in configs.get(n, [{}]) for dtype in _dtypes_of(n, dtypes)]
     return run_contract_isolated(checks, device)

@@ -11,8 +11,8 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Series
-from attnbench.reference import VerifyCase
-from attnbench.workload import check_heads
+from attnbench.trials.reference import VerifyCase
+from attnbench.trials.workload import check_heads
 
 
 class TrialKind:

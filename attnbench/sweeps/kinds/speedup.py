@@ -14,10 +14,10 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Series
-from attnbench.reference import VerifyCase
 from attnbench.sweeps import strategies
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.speedup import SpeedupRunner, check_settings, gpus_of
+from attnbench.trials.reference import VerifyCase
 
 
 class Speedup:

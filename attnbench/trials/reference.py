@@ -19,7 +19,7 @@ import torch
 
 from attnbench import impls
 from attnbench.measure.oom import classify
-from attnbench.workload import torch_dtype
+from attnbench.trials.workload import torch_dtype
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
 # and outputs with float32 accumulation land at a few times their unit roundoff.

@@ -23,10 +23,10 @@ from attnbench.measure.accounting import accounting
 from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
-from attnbench.reference import VerifyCase, reference_bytes, run_case
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
-from attnbench.workload import Workload
+from attnbench.trials.reference import VerifyCase, reference_bytes, run_case
+from attnbench.trials.workload import Workload
 
 
 @dataclass
@@ -225,7 +225,7 @@ def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: in
 
 
 def run_contract_isolated(checks: list[tuple[str, dict[str, Any], str]], device: str) -> list[str]:
-    """The implementation contract (``attnbench.contract``) of each (name, configuration,
+    """The implementation contract (``attnbench.trials.contract``) of each (name, configuration,
     dtype) on ``device``, checked in a worker process, each call under a cold call's limit:
     one line per violation, the check's own end (a hang, an exit) included."""
     if not checks:
@@ -242,7 +242,7 @@ def run_contract_isolated(checks: list[tuple[str, dict[str, Any], str]], device:
 
 def contract_job(args: dict[str, Any]) -> dict[str, Any]:
     """Worker side of ``run_contract_isolated``."""
-    from attnbench.contract import violations
+    from attnbench.trials.contract import violations
 
     limit = args["call_limit_s"]
 
@@ -265,7 +265,7 @@ def preload() -> None:
     tensor_peak_bytes(lambda: torch.ones(2) + 1)
 
 
-PRELOAD = "attnbench.trial:preload"
+PRELOAD = "attnbench.trials.trial:preload"
 
 
 def trial_job(args: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from attnbench import impls
-from attnbench.reference import TOLERANCE, masked_reference, relative_error
-from attnbench.workload import torch_dtype
+from attnbench.trials.reference import TOLERANCE, masked_reference, relative_error
+from attnbench.trials.workload import torch_dtype
 
 SHAPE = (2, 3, 16)  # batch, heads, head dim; the length is the implementation's verify length
 
