@@ -6,10 +6,9 @@ from hand-made rows."""
 import pytest
 from typer.testing import CliRunner
 
-from attnbench import models
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError
-from attnbench.plan import build_plan
+from attnbench.plan import build_plan, models
 from attnbench.report.document import Doc, Machine
 from attnbench.report.sections.models import render as models_section
 from attnbench.results import read_rows

@@ -17,7 +17,7 @@ def list_models(
     ] = None,
 ) -> None:
     """The model presets: query heads, key/value heads, head dimension and mask (use with --model NAME)."""
-    from attnbench import models
+    from attnbench.plan import models
 
     own = _profile_models(profile) if profile else {}
     t = Table(title="model presets (--model NAME; options given beside it override its values)")
