@@ -3,8 +3,8 @@ this module by name (the tests put tests/ on their PYTHONPATH)."""
 
 from dataclasses import replace
 
-from attnbench.sweeps import strategies
-from attnbench.sweeps.strategies import Strategy, _prepare_mp
+from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.strategies import Strategy, _prepare_mp
 
 MP = strategies.get("mp")
 

@@ -225,7 +225,7 @@ PAIR_ENV = {
 def data_parallel_rows() -> list:
     """sdpa on one GPU at w ms per call (its work) and each strategy on a line of its own: DataParallel
     2 ms + w / 2, one process per GPU 0.1 ms + w / 2, a new thread on one GPU 1 ms + w."""
-    from attnbench.sweeps.speedup import trial_key
+    from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     lines = {"single": (0.0, 1.0, 1), "dp": (2.0, 0.5, 2), "mp": (0.1, 0.5, 2), "thread": (1.0, 1.0, 1)}
     rows = []

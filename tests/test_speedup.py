@@ -14,11 +14,11 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Case, Plan, parse_cases, speedup_series
 from attnbench.results import read_rows
-from attnbench.sweeps import strategies
+from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.job import context, measure
+from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for, slowest_per_iteration
+from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
-from attnbench.sweeps.speedup import check_settings
-from attnbench.sweeps.speedup_job import context, measure
-from attnbench.sweeps.speedup_rows import gpu_rows, notes_for, slowest_per_iteration
 from attnbench.trials.reference import TOLERANCE
 
 from conftest import ROOT, main_in_process, run_cli, typed_row
@@ -447,7 +447,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
     """What the ranks of an mp trial on two GPUs return (the job's result files), merged:
     time per iteration is the slowest rank's, each GPU gets its own allocator peak and its
     NVML reading (CUDA 0 is NVML 1 here), the output error is pooled over the ranks."""
-    from attnbench.sweeps.speedup_rows import merge_ranks
+    from attnbench.sweeps.kinds.speedup.rows import merge_ranks
 
     # CUDA device 0 is NVML's GPU 1: the sampler reads by CUDA index and names the NVML one
     nvml = [
@@ -495,7 +495,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
 
 
 def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
-    from attnbench.sweeps.speedup_rows import merge_ranks
+    from attnbench.sweeps.kinds.speedup.rows import merge_ranks
 
     nvml = [
         {"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
@@ -652,7 +652,7 @@ def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_groupin
     """Grouped key/value heads are another call: a 2-GPU row with 8 query heads over 2 K/V heads
     is divided into the single-GPU row of that shape, not the ungrouped one beside it."""
     from attnbench.report.speedup_tables import speedup_records
-    from attnbench.sweeps.speedup import trial_key
+    from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(strategy, world, kv_heads, ms):
         fields = dict(strategy=strategy, world_size=world, kv_heads=kv_heads, time_ms=ms, times_ms=[ms] * 3)
@@ -696,7 +696,7 @@ def test_a_data_parallel_speedup_is_read_in_eager_time():
     which GPU time on the caller's stream does not see: the speedup divides eager times even
     where both rows carry GPU time."""
     from attnbench.report.multigpu import speedup_cases
-    from attnbench.sweeps.speedup import trial_key
+    from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(strategy, world, eager, gpu):
         fields = dict(strategy=strategy, world_size=world, time_ms=eager, times_ms=[eager] * 5)

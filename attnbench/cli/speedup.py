@@ -90,8 +90,8 @@ def speedup(
 
     from attnbench.report.speedup_tables import write_speedup_tables
     from attnbench.results.environment import capture_env
+    from attnbench.sweeps.kinds.speedup.runner import check_settings, order
     from attnbench.sweeps.runner import SweepRunner
-    from attnbench.sweeps.speedup import check_settings, order
 
     series = check_settings(
         speedup_series(impl, params, gpus=gpus, **{**given, "device": resolve_device(device)}),

@@ -1,5 +1,5 @@
 """``speedup``: does a second GPU help? One implementation at (sequence length x batch) cases,
-on one GPU and spread over P GPUs by each strategy (``attnbench.sweeps.speedup``); a profile's
+on one GPU and spread over P GPUs by each strategy (``attnbench.sweeps.kinds.speedup.runner``); a profile's
 ``[[speedup]]`` table is a series of this kind.
 
 Plan: the device resolved, ``gpus`` clipped to the visible GPUs on CUDA (with one GPU only the
@@ -14,9 +14,9 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Series
-from attnbench.sweeps import strategies
 from attnbench.sweeps.kinds import register
-from attnbench.sweeps.speedup import SpeedupRunner, check_settings, gpus_of
+from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.runner import SpeedupRunner, check_settings, gpus_of
 from attnbench.trials.reference import VerifyCase
 
 

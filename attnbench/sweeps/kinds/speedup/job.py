@@ -27,8 +27,8 @@ from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
 from attnbench.runtime.supervise import announce_phase
-from attnbench.sweeps import strategies
-from attnbench.sweeps.strategies import Prepared, RankContext, Strategy
+from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy
 from attnbench.trials.workload import Workload
 
 # float32 elements compared at once, so the check never holds a second full output

@@ -3,7 +3,7 @@
 A strategy says how many processes to launch for P GPUs, which CUDA devices each rank
 uses, which part of the global batch and sequence each rank holds, and how the module is
 wrapped (plain, DataParallel, DistributedDataParallel). It never measures: one place does
-that for every strategy (``attnbench.sweeps.speedup_job.measure``), so times, memory and
+that for every strategy (``attnbench.sweeps.kinds.speedup.job.measure``), so times, memory and
 the output check mean the same thing in every row.
 
 A new strategy (sequence-parallel ``ring``, say) is one ``register(Strategy(...))`` in any

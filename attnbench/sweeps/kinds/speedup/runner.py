@@ -1,5 +1,5 @@
 """Does a second GPU help? One implementation at (sequence length x batch) cases, on one GPU
-and spread over P GPUs by each strategy (``attnbench.sweeps.strategies``), every trial in
+and spread over P GPUs by each strategy (``attnbench.sweeps.kinds.speedup.strategies``), every trial in
 fresh processes under ``attnbench.runtime.distributed.launch``, one row per (case, strategy).
 
 Per case, ``single`` runs first and leaves its output in a scratch directory; every other
@@ -8,8 +8,8 @@ the row fails). Speedup and scaling efficiency are not stored: tables compute th
 rows (``attnbench.report.speedup_tables``), matching each row to the single row of its run.
 
 A speedup series is a plan's series of kind ``speedup`` (its settings: ``cases``,
-``strategies``, ``module``, ``grad_compression``, ``gpus``); ``attnbench.sweeps.kinds.speedup``
-plans and runs it through ``SpeedupRunner``. The rank side is ``attnbench.sweeps.speedup_job``.
+``strategies``, ``module``, ``grad_compression``, ``gpus``); ``attnbench.sweeps.kinds.speedup.kind``
+plans and runs it through ``SpeedupRunner``. The rank side is ``attnbench.sweeps.kinds.speedup.job``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
 from attnbench.runtime.worker import owned_temp_dir
-from attnbench.sweeps import strategies
 from attnbench.sweeps.kinds.base import check_fits_device
+from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
+from attnbench.sweeps.kinds.speedup.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import SilentReporter
-from attnbench.sweeps.speedup_rows import gpus_of, merge_ranks, notes_for
-from attnbench.sweeps.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.trials.workload import Workload, check_workload_fields
 from attnbench.units import brief
 
@@ -175,7 +175,7 @@ class Reporter(BaseReporter, Protocol):
 
 Launcher = Callable[..., list[dict[str, Any]]]
 # what every rank of a speedup trial runs (named, so this module need not import torch)
-RANK_JOB = "attnbench.sweeps.speedup_job:speedup_rank"
+RANK_JOB = "attnbench.sweeps.kinds.speedup.job:speedup_rank"
 
 
 class SpeedupRunner:

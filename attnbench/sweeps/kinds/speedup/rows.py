@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from attnbench.plan import Case, Series
-from attnbench.sweeps.strategies import Strategy
+from attnbench.sweeps.kinds.speedup.strategies import Strategy
 from attnbench.trials.reference import TOLERANCE
 
 
