@@ -6,7 +6,7 @@ import re
 import pytest
 
 from attnbench import impls
-from attnbench.report.sparsity import sparsity_table
+from attnbench.report.tables.sparsity import sparsity_table
 from attnbench.results import load_rows, read_rows
 
 from conftest import run_cli

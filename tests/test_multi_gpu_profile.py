@@ -15,7 +15,7 @@ import pytest
 
 from attnbench.errors import AttnbenchError
 from attnbench.plan import PROFILE_DIR, build_plan
-from attnbench.report.scaling import time_scaling
+from attnbench.report.tables.scaling import time_scaling
 from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import traffic
 

@@ -191,7 +191,7 @@ def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp
 def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, capsys):
     from attnbench.cli.sweep import _print_summary
     from attnbench.report.build import write_report
-    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.report.tables.sweep_files import write_sweep_tables
 
     def status(n, attempt):
         if n == 384:

@@ -723,7 +723,7 @@ def test_a_missing_table_names_the_command_for_the_machine_it_is_about():
 @pytest.mark.parametrize("tflops, shown", [(0.0123, "12.3 GFLOP/s"), (312.44, "312.4 TFLOP/s")])
 def test_a_trials_notes_give_its_rate_in_the_unit_it_reads_in(tflops, shown):
     """A CPU's rate under one TFLOP/s is not printed as 0.0 TFLOP/s."""
-    from attnbench.report.sweep_tables import memory_table
+    from attnbench.report.tables.sweep import memory_table
 
     row = typed_row(kind="max-seq", seq_len=2048, peak_over_floor=2.0, tflops_executed=tflops)
     assert f"peak 2.00x floor; {shown}" in memory_table([row])

@@ -17,7 +17,7 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.report.build import render
 from attnbench.report.data import load
-from attnbench.report.sweep_tables import max_seq_summary
+from attnbench.report.tables.sweep import max_seq_summary
 from attnbench.results import load_rows
 
 from conftest import ROOT, run_cli, typed_row
@@ -204,7 +204,7 @@ def test_a_forward_and_a_training_search_of_one_label_are_told_apart():
     and a training search of one configuration share their label."""
     import dataclasses
 
-    from attnbench.report.sweep_tables import summary_table
+    from attnbench.report.tables.sweep import summary_table
 
     forward = search("sdpa", [1024, 2048], 4096, series="f")
     training = [dataclasses.replace(r, mode="fwd_bwd") for r in search("sdpa", [1024], 2048, series="t")]

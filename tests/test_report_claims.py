@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report import claims as cl
-from attnbench.report import verdicts as v
 from attnbench.report.document import Machine
 from attnbench.report.fit import GIB
-from attnbench.report.measured import Measured
+from attnbench.report.seeds import claims as cl
+from attnbench.report.seeds import verdicts as v
+from attnbench.report.seeds.measured import Measured
 from attnbench.results.schema import SCHEMA_VERSION
 
 from conftest import typed_row
@@ -356,7 +356,7 @@ def test_the_newest_row_measures():
 
 
 def test_the_findings_are_the_seeds_headlines_furthest_refuted_one_per_seed():
-    from attnbench.report.seeds import findings
+    from attnbench.report.seeds.page import findings
 
     def fake(cid, seed, ratio, verdict=v.REFUTED, headline=True, device="cuda"):
         c = made_up(id=cid, seed=seed, value=1.0, headline=headline)
@@ -392,7 +392,7 @@ def judged(cid: str, gpu: list, cpu: list) -> v.Verdict:
 
 
 def test_a_fitted_value_is_never_a_headline():
-    from attnbench.report.seeds import findings
+    from attnbench.report.seeds.page import findings
 
     # a headline capacity claim (65,536 in 8 GB) whose only rows fit 1M: predicted, not refuted
     c = made_up(value=65536, unit="tokens", metric="max_seq_8gb", match={"impl": "dilated"}, gpus=1, headline=True)
@@ -418,7 +418,7 @@ def test_a_ring_that_sent_nothing_never_settles_a_ring_claim():
 
 
 def test_a_cpu_never_settles_a_gpu_claim():
-    from attnbench.report.seeds import findings
+    from attnbench.report.seeds.page import findings
 
     old = "2026-01-01T00:00:00+00:00"  # the GPU's rows are older than the CPU's: still they measure
     cpu = [timed("ring-dilated", 2, 1000.0, device="cpu", sent=1 << 20), timed("dilated", 1, 1300.0, device="cpu")]
@@ -530,8 +530,8 @@ def test_every_suggested_command_runs_small_on_the_cpu(producer, tmp_path):
 
 
 def test_speedup_tables_mark_anomalies_beside_the_number():
-    from attnbench.report.multigpu import speedup_cases
     from attnbench.report.sections.data_parallel import speedup_notes
+    from attnbench.report.tables.multigpu import speedup_cases
 
     # 100 ms over 20 ms on 2 GPUs: 5x, efficiency 2.5; 50 ms over [40, 50, 60]: the interval crosses 1
     rows = [

@@ -79,7 +79,7 @@ def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "report"
     assert main_in_process("report", tmp_path, "--out", out) == 0
-    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.report.tables.sweep_files import write_sweep_tables
 
     for md in [*out.glob("*.md"), *(p for p in write_sweep_tables(tmp_path) if p.suffix == ".md")]:
         lines = md.read_text().splitlines()

@@ -9,9 +9,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from attnbench.report import plots
 from attnbench.report.data import separate_code_versions
-from attnbench.report.multigpu import speedup_cases
+from attnbench.report.plots import figures as plots
+from attnbench.report.tables.multigpu import speedup_cases
 
 from conftest import typed_row
 
@@ -128,7 +128,7 @@ def test_speedups_are_on_a_log_scale_and_an_efficiency_above_one_is_hatched():
 def test_a_legend_names_grouped_key_value_heads():
     """32 query heads over 8 key/value heads is another shape than 32 heads: the legend says
     `H32/8` as the answer table does; the seeds' shape stays unsaid."""
-    from attnbench.report.plots import _label
+    from attnbench.report.plots.figures import _label
 
     grouped = typed_row("points", label="sdpa", heads=32, kv_heads=8, head_dim=128, causal=True)
     assert "H32/8 D128 causal" in _label(grouped)

@@ -374,7 +374,7 @@ def test_scaling_readout_from_rows():
             "stopped_by": "memory",
         },
     ]
-    from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
+    from attnbench.report.tables.scaling import max_seq_scaling, scaling_markdown, time_scaling
 
     from conftest import typed_row
 

@@ -524,7 +524,7 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     )
     assert "+0.00 GiB during the run" in note and "CUDA context" not in note
     # report 000's memory distribution: one column per GPU, allocator and NVML
-    from attnbench.report.speedup_tables import memory_table
+    from attnbench.report.tables.speedup import memory_table
 
     from conftest import typed_row
 
@@ -651,7 +651,7 @@ def test_a_run_is_filed_under_the_gpus_it_could_see(monkeypatch, visible, names)
 def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_grouping():
     """Grouped key/value heads are another call: a 2-GPU row with 8 query heads over 2 K/V heads
     is divided into the single-GPU row of that shape, not the ungrouped one beside it."""
-    from attnbench.report.speedup_tables import speedup_records
+    from attnbench.report.tables.speedup import speedup_records
     from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(strategy, world, kv_heads, ms):
@@ -670,7 +670,7 @@ def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_groupin
 def test_a_straight_line_through_exact_points_gives_its_fixed_cost_and_slope():
     """time = 2 ms + 0.5 x one-GPU time: fixed 2, per unit of work 0.5, no spread, and the
     strategy breaks even at a one-GPU call of 2 / (1 - 0.5) = 4 ms."""
-    from attnbench.report.call_cost import fit_line
+    from attnbench.report.tables.call_cost import fit_line
 
     line = fit_line([(x, 2 + 0.5 * x) for x in (0.5, 1.0, 8.0, 100.0)])
     assert line.fixed.value == pytest.approx(2) and line.per_work.value == pytest.approx(0.5)
@@ -684,7 +684,7 @@ def test_a_straight_line_through_exact_points_gives_its_fixed_cost_and_slope():
 def test_the_fit_weights_cases_by_relative_error():
     """A 1% error on a 1,000 ms case moves the fixed cost of a 0.5 ms line far less than an
     unweighted fit would let it (which would put the fixed cost near -9 ms)."""
-    from attnbench.report.call_cost import fit_line
+    from attnbench.report.tables.call_cost import fit_line
 
     points = [(0.1, 0.55), (1.0, 1.0), (10.0, 5.5), (1000.0, 0.99 * 500.5)]
     line = fit_line(points)
@@ -695,7 +695,7 @@ def test_a_data_parallel_speedup_is_read_in_eager_time():
     """A DataParallel or new-thread call's time is on the host and on other threads' streams,
     which GPU time on the caller's stream does not see: the speedup divides eager times even
     where both rows carry GPU time."""
-    from attnbench.report.multigpu import speedup_cases
+    from attnbench.report.tables.multigpu import speedup_cases
     from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(strategy, world, eager, gpu):

@@ -2,8 +2,8 @@
 peak over the training floor and useful TFLOP/s there and at 64K, beside its forward-only
 largest length; a configuration measured only at 64K has that column alone."""
 
-from attnbench.report.sweep_files import sweep_markdown
-from attnbench.report.training import training_records
+from attnbench.report.tables.sweep_files import sweep_markdown
+from attnbench.report.tables.training import training_records
 
 from conftest import typed_row
 

@@ -79,6 +79,6 @@ def pattern(
         f"compact lists {format_bytes(p.progressions.numel() * 8)}"
     )
     if png:
-        from attnbench.report.pattern_plot import draw_pattern
+        from attnbench.report.plots.pattern import draw_pattern
 
         console.print(f"wrote {draw_pattern(p, block_size, png)}")

@@ -88,7 +88,7 @@ def speedup(
 
     run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
 
-    from attnbench.report.speedup_tables import write_speedup_tables
+    from attnbench.report.tables.speedup import write_speedup_tables
     from attnbench.results.environment import capture_env
     from attnbench.sweeps.kinds.speedup.runner import check_settings, order
     from attnbench.sweeps.runner import SweepRunner

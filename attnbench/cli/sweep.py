@@ -196,7 +196,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
 
-    from attnbench.report.sweep_files import write_sweep_tables
+    from attnbench.report.tables.sweep_files import write_sweep_tables
     from attnbench.results.environment import capture_env
     from attnbench.sweeps.runner import SweepRunner, resolve
 
@@ -223,7 +223,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
-        from attnbench.report.speedup_tables import write_speedup_tables
+        from attnbench.report.tables.speedup import write_speedup_tables
 
         for path in write_sweep_tables(out_dir) + write_speedup_tables(out_dir):
             console.print(f"wrote {path}")
@@ -242,7 +242,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
 
 def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
-    from attnbench.report.sweep_tables import max_seq_summary, max_seq_text
+    from attnbench.report.tables.sweep import max_seq_summary, max_seq_text
     from attnbench.results import load_rows
     from attnbench.units import format_bytes, format_tokens
 
@@ -268,7 +268,7 @@ def _print_summary(out_dir: Path) -> None:
 def _scaling_readout(out_dir: Path) -> None:
     """Sequence-parallel runs: efficiency against one device, written whole to scaling.md and
     shown in the few columns a terminal holds (ranks: GPUs, or processes on the CPU)."""
-    from attnbench.report.scaling import max_seq_scaling, scaling_markdown, time_scaling
+    from attnbench.report.tables.scaling import max_seq_scaling, scaling_markdown, time_scaling
     from attnbench.results import load_rows, write_text_atomic
     from attnbench.units import format_tokens
 

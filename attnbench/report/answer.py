@@ -41,7 +41,7 @@ ANSWER_HEADERS = (
 class Search:
     """One max-seq search as the answer shows it."""
 
-    summary: dict[str, Any]  # from sweep_tables.max_seq_summary, with its first trial as "head"
+    summary: dict[str, Any]  # from tables.sweep.max_seq_summary, with its first trial as "head"
     best: Trial | None  # the successful trial at its longest length
 
     @property

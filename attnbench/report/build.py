@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.report import answer as a
-from attnbench.report import plots as p
-from attnbench.report import seeds as sd
 from attnbench.report.data import SUPERSEDED_FILE, Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
+from attnbench.report.plots import figures as p
 from attnbench.report.sections import sections
-from attnbench.report.sweep_tables import max_seq_summary, trials_csv
-from attnbench.report.verdicts import verdicts
+from attnbench.report.seeds import page as sd
+from attnbench.report.seeds.verdicts import verdicts
+from attnbench.report.tables.sweep import max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, write_files_whole
 
 REPORT_FILE = "report.md"
@@ -152,7 +152,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
 
 def second_gpu(m: Machine) -> str:
     """A machine of several GPUs: its sequence-parallel and data-parallel answer, two short tables."""
-    from attnbench.report import second_gpu as sg
+    from attnbench.report.tables import second_gpu as sg
 
     if not m.several_gpus:
         return ""

@@ -10,7 +10,7 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.fit import capacities
 from attnbench.report.markdown import Table, heading_text
-from attnbench.report.multigpu import max_seq_by_series, speedup_cases
+from attnbench.report.tables.multigpu import max_seq_by_series, speedup_cases
 from attnbench.results.schema import Row, Trial
 from attnbench.units import (
     format_bytes,
@@ -120,7 +120,7 @@ class Doc:
     def figure(self, name: str, fig, alt: str) -> None:
         if fig is None:
             return
-        from attnbench.report.plots import png
+        from attnbench.report.plots.figures import png
 
         file = f"{name}-{self.machine_slug}.png"
         self.figures.append((file, png(fig, self.missing_glyphs)))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from attnbench.measure.capacity import MemoryFit, fit_memory, fitted_peak, measured_budget, memory_degree
 from attnbench.report.data import ok, trials, world_size
-from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
 from attnbench.units import brief
 

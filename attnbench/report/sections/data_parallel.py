@@ -8,7 +8,7 @@ from typing import Any
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, short_message
-from attnbench.report.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
+from attnbench.report.tables.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
 
 TITLE = "Data parallelism: speedup over one GPU"
 ORDER = 50
@@ -64,9 +64,9 @@ def speedup_notes(c: dict[str, Any]) -> str:
 def call_costs(doc: Doc, m: Machine) -> None:
     """Per kernel and strategy, the line through its times against one GPU's, and in words
     where DataParallel's fixed cost comes from (its rows beside the `thread` rows)."""
-    from attnbench.report.call_cost import call_costs as lines
-    from attnbench.report.call_cost import thread_share
-    from attnbench.report.second_gpu import kernel_name
+    from attnbench.report.tables.call_cost import call_costs as lines
+    from attnbench.report.tables.call_cost import thread_share
+    from attnbench.report.tables.second_gpu import kernel_name
 
     costs = lines(speedup_groups(m.speedups))
     if not costs:

@@ -10,7 +10,7 @@ ORDER = 80
 
 
 def render(doc: Doc, m: Machine) -> None:
-    from attnbench.report import plots as p
+    from attnbench.report.plots import figures as p
 
     before = len(doc.figures)
     doc.figure("memory", p.memory_plot(m.rows, m.name), "peak memory vs sequence length, with the memory floor dashed")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine
-from attnbench.report.sparsity import sparsity_table
-from attnbench.report.sweep_tables import series_groups, time_table
+from attnbench.report.tables.sparsity import sparsity_table
+from attnbench.report.tables.sweep import series_groups, time_table
 
 TITLE = "How fast: fixed-length measurements"
 ORDER = 20

@@ -6,8 +6,8 @@ from __future__ import annotations
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
-from attnbench.report.multigpu import memory_per_gpu_cells
-from attnbench.report.sweep_tables import max_seq_summary, memory_table, summary_table
+from attnbench.report.tables.multigpu import memory_per_gpu_cells
+from attnbench.report.tables.sweep import max_seq_summary, memory_table, summary_table
 
 TITLE = "How long: every max-seq search"
 ORDER = 10

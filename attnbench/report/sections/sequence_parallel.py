@@ -7,7 +7,7 @@ from __future__ import annotations
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
 from attnbench.report.markdown import Table
-from attnbench.report.multigpu import rank_breakdown, ring_pairs, scaling_families
+from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
 from attnbench.units import format_bytes
 
 TITLE = "Sequence parallelism: ring attention against one device"

@@ -4,7 +4,7 @@ peak over the training floor and its useful TFLOP/s (``report.training``)."""
 from __future__ import annotations
 
 from attnbench.report.document import Doc, Machine
-from attnbench.report.training import NOTE, training_records, training_table
+from attnbench.report.tables.training import NOTE, training_records, training_table
 
 TITLE = "Training: forward plus backward"
 ORDER = 30

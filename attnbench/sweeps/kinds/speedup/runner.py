@@ -5,7 +5,7 @@ fresh processes under ``attnbench.runtime.distributed.launch``, one row per (cas
 Per case, ``single`` runs first and leaves its output in a scratch directory; every other
 strategy's output is compared with it (relative L2 error within the dtype's tolerance, or
 the row fails). Speedup and scaling efficiency are not stored: tables compute them from the
-rows (``attnbench.report.speedup_tables``), matching each row to the single row of its run.
+rows (``attnbench.report.tables.speedup``), matching each row to the single row of its run.
 
 A speedup series is a plan's series of kind ``speedup`` (its settings: ``cases``,
 ``strategies``, ``module``, ``grad_compression``, ``gpus``); ``attnbench.sweeps.kinds.speedup.kind``

@@ -10,7 +10,7 @@ from typing import Any
 from attnbench.report.data import machine_of, short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
-from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row
 from attnbench.units import format_gib, format_tokens
 

@@ -8,9 +8,9 @@ import math
 import textwrap
 from typing import Any
 
-from attnbench.report import verdicts as v
-from attnbench.report.claims import LEGEND, value_text
 from attnbench.report.markdown import Table, inline
+from attnbench.report.seeds import verdicts as v
+from attnbench.report.seeds.claims import LEGEND, value_text
 
 SEEDS_FILE = "seeds.md"
 HARDWARE = "two NVIDIA GeForce GTX 1080 (Pascal, 8 GB each)"

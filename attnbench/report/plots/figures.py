@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report.data import describe, heads_text, is_superseded, ok, peak_per_gpu, row_date, world_size
-from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
 from attnbench.units import format_gib, short_tokens
 

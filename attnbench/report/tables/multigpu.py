@@ -24,7 +24,7 @@ from attnbench.report.data import (
     world_size,
 )
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
-from attnbench.report.sweep_tables import max_seq_summary, series_groups
+from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Speedup, Trial, Workload
 
 STRATEGY_NAMES = {

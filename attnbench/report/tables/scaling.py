@@ -2,7 +2,7 @@
 
 * ``time_scaling``: per (implementation, configuration, length, P): time, tokens/s, memory
   per GPU, speedup T1 / TP and efficiency T1 / (P x TP) against the equal-work baseline
-  (``report.multigpu.baselines``), the same-split efficiency beside it, bytes sent and
+  (``report.tables.multigpu.baselines``), the same-split efficiency beside it, bytes sent and
   achieved bandwidth, and where the slowest rank's time went (compute vs communication wait);
 * ``max_seq_scaling``: per (implementation, configuration, P): the largest length and its
   ratio to one GPU's.
@@ -37,7 +37,7 @@ def time_scaling(rows: list[Row]) -> list[dict[str, Any]]:
     """Each sequence-parallel time against the equal-work baseline (the single-device
     counterpart over the whole sequence, measured in the same results) where there is one,
     else against the same implementation on one rank; both efficiencies where both exist."""
-    from attnbench.report.multigpu import EQUAL_WORK, SAME_SPLIT, baselines
+    from attnbench.report.tables.multigpu import EQUAL_WORK, SAME_SPLIT, baselines
 
     points = ok(trials(rows))
     singles = [r for r in points if world_size(r) == 1]

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
 from attnbench.report.fit import fit_miss_cause
 from attnbench.report.intervals import time_interval
+from attnbench.report.seeds.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
 from attnbench.results.schema import Row, Trial
 from attnbench.units import format_gib
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.call_cost import CallCost, call_costs, family_kernel
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
-from attnbench.report.multigpu import EQUAL_WORK, speedup_groups
-from attnbench.report.scaling import max_seq_scaling, time_scaling
+from attnbench.report.tables.call_cost import CallCost, call_costs, family_kernel
+from attnbench.report.tables.multigpu import EQUAL_WORK, speedup_groups
+from attnbench.report.tables.scaling import max_seq_scaling, time_scaling
 from attnbench.units import format_bytes, short_tokens
 
 SEQUENCE_TEXT = (

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnbench.report.claims import HARDWARE_BOUND, Claim, load_claims, value_text
-from attnbench.report.measured import Measured, measure
+from attnbench.report.seeds.claims import HARDWARE_BOUND, Claim, load_claims, value_text
+from attnbench.report.seeds.measured import Measured, measure
 from attnbench.units import short_tokens
 
 TOLERANCE = 1.25  # a measured value within this factor of the seed's range agrees with it

@@ -9,8 +9,8 @@ import pandas as pd
 
 from attnbench.report.data import trials
 from attnbench.report.markdown import heading_text
-from attnbench.report.sparsity import sparsity_table
-from attnbench.report.sweep_tables import (
+from attnbench.report.tables.sparsity import sparsity_table
+from attnbench.report.tables.sweep import (
     max_seq_summary,
     memory_table,
     series_groups,
@@ -18,7 +18,7 @@ from attnbench.report.sweep_tables import (
     time_table,
     trials_csv,
 )
-from attnbench.report.training import training_markdown
+from attnbench.report.tables.training import training_markdown
 from attnbench.results import load_rows, write_text_atomic
 from attnbench.results.schema import Row
 
