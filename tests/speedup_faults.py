@@ -4,7 +4,8 @@ this module by name (the tests put tests/ on their PYTHONPATH)."""
 from dataclasses import replace
 
 from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.strategies import Strategy, _prepare_mp
+from attnbench.sweeps.kinds.speedup.strategies import Strategy
+from attnbench.sweeps.kinds.speedup.strategies.mp import _prepare_mp
 
 MP = strategies.get("mp")
 
@@ -25,7 +26,7 @@ def _swap_shards(ctx):
 
 
 for name, prepare in (("fail-rank-1", _fail_on_rank_1), ("swapped-shards", _swap_shards)):
-    if name not in strategies.STRATEGIES:
+    if name not in strategies.STRATEGIES.entries():
         strategies.register(
             Strategy(
                 name=name,

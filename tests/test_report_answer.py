@@ -6,6 +6,7 @@ says when."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -127,17 +128,20 @@ def test_the_committed_report_answers_every_machine_on_its_first_screen():
     assert (REPORT.parent / "seeds.md").exists() and "[seeds.md](seeds.md)" in "\n".join(lines[:60])
 
 
-def test_a_section_is_one_module(tmp_path, monkeypatch):
+def test_a_section_is_one_registered_module(tmp_path, monkeypatch, request):
     from attnbench.report import sections as package
     from attnbench.report.document import Machine
 
     (tmp_path / "zz_models.py").write_text(
-        'TITLE = "Models: one line per model"\nORDER = 35\n\n'
+        "from attnbench.report.sections import Section, register\n\n"
         "def render(doc, machine):\n"
-        '    doc.add(f"{len(machine.rows)} rows seen\\n")\n'
+        '    doc.add(f"{len(machine.rows)} rows seen\\n")\n\n'
+        'register(Section(35, "Models: one line per model", render))\n'
     )
-    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
-    monkeypatch.delitem(sys.modules, f"{package.__name__}.zz_models", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "zz_models", raising=False)
+    request.addfinalizer(lambda: package.SECTIONS.entries().pop("Models: one line per model", None))
+    importlib.import_module("zz_models")
     found = package.sections()
     orders = [s.order for s in found]
     assert orders == sorted(orders) and "Models: one line per model" in [s.title for s in found]

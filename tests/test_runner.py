@@ -81,7 +81,7 @@ def scan_kind():
 
     kinds.register(Scan())
     yield
-    kinds.KINDS.pop("scan")
+    kinds.KINDS.entries().pop("scan")
 
 
 def test_a_new_sweep_kind_is_one_registered_module(tmp_path, scan_kind):

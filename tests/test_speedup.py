@@ -203,7 +203,7 @@ def fault_strategies(monkeypatch):
 
     yield
     for name in ("fail-rank-1", "swapped-shards"):
-        strategies.STRATEGIES.pop(name, None)
+        strategies.STRATEGIES.entries().pop(name, None)
 
 
 @pytest.mark.slow

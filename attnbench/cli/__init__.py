@@ -1,15 +1,15 @@
 """The attnbench command line: each command is a thin call into the library.
 
-One module per command group registers its commands on ``base.app``: ``verify`` (list,
-verify), ``models`` (the model presets), ``sweep`` (max-seq, bench, run), ``report`` (report,
-predict), ``check``, ``speedup``, ``pattern``; ``progress`` holds the live progress reporters and ``options`` what several
-commands share. A command imports its machinery inside the function, so `attnbench report`
+One module per command group registers its commands on ``base.app`` with ``@app.command(...,
+order=N)`` (N its place in ``attnbench --help``): ``verify`` (list, verify), ``models`` (the
+model presets), ``sweep`` (max-seq, bench, run), ``report`` (report, predict), ``check``,
+``speedup``, ``pattern``; every module here is imported, so a new group is a new module.
+``progress`` holds the live progress reporters and ``options`` what several commands share. A command imports its machinery inside the function, so `attnbench report`
 and `attnbench check` never import torch.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
@@ -17,11 +17,10 @@ from rich.markup import escape
 
 from attnbench.cli.base import app, err_console, guard_streams
 from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_behind, interrupt_exit_code
+from attnbench.registry import import_all
 
-# Imported in this order, which is the order `attnbench --help` lists the commands in.
-COMMAND_MODULES = ("verify", "models", "sweep", "report", "check", "speedup", "pattern")
-for _module in COMMAND_MODULES:
-    importlib.import_module(f"{__name__}.{_module}")
+# every module of this package: each command group registers its commands on ``app``
+import_all(__name__)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -39,10 +40,24 @@ class _Group(TyperGroup):
 
 
 class _App(typer.Typer):
-    """Every command is a _Command."""
+    """Every command is a _Command; `attnbench --help` lists them by their ``order``."""
 
-    def command(self, *args, **kwargs):
-        return super().command(*args, cls=kwargs.pop("cls", None) or _Command, **kwargs)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.orders: dict[Callable, int] = {}
+
+    def command(self, *args, order: int, **kwargs):
+        """Register the decorated function as a command, ``order`` its place in `attnbench
+        --help` (in steps of 10, so a new command fits between two)."""
+        register = super().command(*args, cls=kwargs.pop("cls", None) or _Command, **kwargs)
+
+        def registered(f: Callable) -> Callable:
+            self.orders[f] = order
+            f = register(f)
+            self.registered_commands.sort(key=lambda c: self.orders[c.callback])
+            return f
+
+        return registered
 
 
 app = _App(

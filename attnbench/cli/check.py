@@ -14,7 +14,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.units import brief
 
 
-@app.command()
+@app.command(order=90)
 def check(
     baseline: Annotated[Path, typer.Option("--baseline", help="results directory or trials.jsonl before the change")],
     current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],

@@ -10,7 +10,7 @@ from rich.table import Table
 from attnbench.cli.base import app, console
 
 
-@app.command("models")
+@app.command("models", order=30)
 def list_models(
     profile: Annotated[
         Optional[str], typer.Option("--profile", help="also list this profile's own [models.NAME] tables")

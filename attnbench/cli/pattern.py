@@ -13,7 +13,7 @@ from attnbench.cli.options import CausalOpt, DilOpt, SegOpt, impl_params
 from attnbench.errors import AttnbenchError
 
 
-@app.command()
+@app.command(order=110)
 def pattern(
     seq_len: Annotated[str, typer.Option("--seq-len", help="sequence length, e.g. 16384 or 16M")],
     pattern_type: Annotated[

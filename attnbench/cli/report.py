@@ -11,7 +11,7 @@ from rich.markup import escape
 from attnbench.cli.base import app, console, err_console
 
 
-@app.command()
+@app.command(order=70)
 def report(
     results: Annotated[Path, typer.Argument(help="results directory (searched for trials.jsonl) or one trials.jsonl")],
     out: Annotated[
@@ -32,7 +32,7 @@ def report(
     console.print(f"report: {written.report}")
 
 
-@app.command()
+@app.command(order=80)
 def predict(
     impl: Annotated[str, typer.Option("--impl", help="implementation whose measured series to extrapolate")],
     gpu_memory: Annotated[str, typer.Option("--gpu-memory", help="device memory, e.g. 80GiB or 24GB")],

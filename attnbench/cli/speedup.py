@@ -23,7 +23,7 @@ from attnbench.cli.progress import SpeedupReporter
 from attnbench.errors import interrupt_exit_code
 
 
-@app.command()
+@app.command(order=100)
 def speedup(
     impl: Annotated[str, typer.Option("--impl", help="implementation; see `attnbench list`")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread over (on --device cpu: processes)")] = 2,

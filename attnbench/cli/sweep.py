@@ -44,7 +44,7 @@ from attnbench.cli.progress import RichReporter, SpeedupReporter
 from attnbench.errors import AttnbenchError, interrupt_exit_code
 
 
-@app.command("max-seq")
+@app.command("max-seq", order=40)
 def max_seq(
     impl: ImplOpt = None,
     model: ModelOpt = None,
@@ -109,7 +109,7 @@ def max_seq(
     )
 
 
-@app.command()
+@app.command(order=50)
 def bench(
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
     impl: ImplOpt = None,
@@ -162,7 +162,7 @@ def bench(
     )
 
 
-@app.command()
+@app.command(order=60)
 def run(
     profile: Annotated[
         str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")

@@ -14,7 +14,7 @@ from attnbench.cli.base import app, config_short, console, show
 from attnbench.cli.options import impl_params, resolve_device
 
 
-@app.command("list")
+@app.command("list", order=10)
 def list_impls() -> None:
     """Every registered implementation, its parameters with defaults, devices and dtypes."""
     from attnbench import impls  # here, not at the top: `report` and `check` must not import torch
@@ -47,7 +47,7 @@ def _wrapped(line: str, indent: int, width: int = 120) -> str:
     return textwrap.fill(line, width, subsequent_indent=" " * indent, break_on_hyphens=False)
 
 
-@app.command()
+@app.command(order=20)
 def verify(
     impl: Annotated[
         Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); default: all")

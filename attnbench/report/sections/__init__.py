@@ -1,19 +1,19 @@
 """The report's detailed sections, below the answer: one module each, named by the question it
-answers. A section module holds ``TITLE`` (its heading), ``ORDER`` (its place: sections appear
-by increasing ``ORDER``) and ``render(doc, machine)``, which writes one machine's part into a
-``Doc`` (``attnbench.report.document``) from that machine's rows alone. Adding a section is
-adding one module to this package: ``sections()`` finds every module in it.
+answers. A section module defines ``render(doc, machine)``, which writes one machine's part
+into a ``Doc`` (``attnbench.report.document``) from that machine's rows alone, and registers
+it: ``register(Section(ORDER, TITLE, render))``, its place (sections appear by increasing
+order, in steps of 10 so a new one fits between two) and its heading. Adding a section is
+adding one module to this package: ``sections()`` imports every module in it.
 
 A table whose rows are missing says which ``attnbench`` command produces them.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnbench.registry import Registry
 from attnbench.report.document import Doc, Machine
 
 
@@ -22,14 +22,20 @@ class Section:
     order: float
     title: str
     render: Callable[[Doc, Machine], None]
-    module: str
+
+    @property
+    def module(self) -> str:
+        return self.render.__module__
+
+
+# the sections, each registered by its module in this package
+SECTIONS: Registry[Section] = Registry("report section", __name__)
+
+
+def register(section: Section) -> Section:
+    return SECTIONS.register(section.title, section)
 
 
 def sections() -> list[Section]:
-    """Every section module of this package, in report order."""
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "render"):
-            found.append(Section(float(module.ORDER), module.TITLE, module.render, module.__name__))
-    return sorted(found, key=lambda s: (s.order, s.module))
+    """Every section of this package, in report order."""
+    return sorted(SECTIONS.entries().values(), key=lambda s: (s.order, s.module))

@@ -11,9 +11,7 @@ from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
 from attnbench.report.markdown import Table, inline
-
-TITLE = "Capacity: memory fits against the measured maximum"
-ORDER = 70
+from attnbench.report.sections import Section, register
 
 
 def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -106,3 +104,6 @@ def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
         )
     )
     doc.add("\nAssumption: " + "; ".join(distinct(c.budget_note for c in caps)) + ".\n")
+
+
+register(Section(70, "Capacity: memory fits against the measured maximum", render))

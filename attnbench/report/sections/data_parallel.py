@@ -8,10 +8,8 @@ from typing import Any
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, short_message
+from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
-
-TITLE = "Data parallelism: speedup over one GPU"
-ORDER = 50
 
 
 def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> None:
@@ -162,3 +160,6 @@ def render(doc: Doc, m: Machine) -> None:
         "`gpu` where both rows have GPU time (CUDA graph or back-to-back calls), else `eager` (one "
         "synchronised call, dispatch included).\n"
     )
+
+
+register(Section(50, "Data parallelism: speedup over one GPU", render))

@@ -8,10 +8,8 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
+from attnbench.report.sections import Section, register
 from attnbench.results.schema import Trial
-
-TITLE = "Dilation: dilated configurations on one device"
-ORDER = 40
 
 # LongNet dilated attention on one device or over ranks; block-sparse's dilated_sparse
 # pattern also takes dilation rates, but it is not what this table compares
@@ -89,3 +87,6 @@ def render(doc: Doc, m: Machine) -> None:
                 "\nDilation Impact needs a single-segment, dilation-1 configuration and a length every "
                 "configuration ran; this group has none.\n"
             )
+
+
+register(Section(40, "Dilation: dilated configurations on one device", render))

@@ -9,9 +9,7 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, distinct
 from attnbench.report.fit import GIB
 from attnbench.report.markdown import Table
-
-TITLE = "Environment and commands (appendix)"
-ORDER = 90
+from attnbench.report.sections import Section, register
 
 
 def command_text(command: str) -> str:
@@ -102,3 +100,6 @@ def render(doc: Doc, m: Machine) -> None:
                 {"Rel. Error": lambda v: f"{v:.1e}", "Tolerance": lambda v: f"{v:.0e}"},
             )
         )
+
+
+register(Section(90, "Environment and commands (appendix)", render))

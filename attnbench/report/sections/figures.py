@@ -4,9 +4,7 @@ implementation family, newest code version only) and the speedup bars."""
 from __future__ import annotations
 
 from attnbench.report.document import Doc, Machine
-
-TITLE = "Plots"
-ORDER = 80
+from attnbench.report.sections import Section, register
 
 
 def render(doc: Doc, m: Machine) -> None:
@@ -21,3 +19,6 @@ def render(doc: Doc, m: Machine) -> None:
         doc.missing("no successful trials to plot on this machine", "single")
     elif m.several_gpus and not any(c["speedup"] for c in m.speedups):
         doc.missing("no speedup bars (no speedup rows on this machine)", "speedup")
+
+
+register(Section(80, "Plots", render))

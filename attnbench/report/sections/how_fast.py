@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine
+from attnbench.report.sections import Section, register
 from attnbench.report.tables.sparsity import sparsity_table
 from attnbench.report.tables.sweep import series_groups, time_table
-
-TITLE = "How fast: fixed-length measurements"
-ORDER = 20
 
 
 def render(doc: Doc, m: Machine) -> None:
@@ -29,3 +27,6 @@ def render(doc: Doc, m: Machine) -> None:
     if sparse.strip():
         doc.heading(4, "Block-sparse against dense")
         doc.add(sparse)
+
+
+register(Section(20, "How fast: fixed-length measurements", render))

@@ -6,11 +6,9 @@ from __future__ import annotations
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
+from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import memory_per_gpu_cells
 from attnbench.report.tables.sweep import max_seq_summary, memory_table, summary_table
-
-TITLE = "How long: every max-seq search"
-ORDER = 10
 
 
 def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
@@ -108,3 +106,6 @@ def render(doc: Doc, m: Machine) -> None:
         doc.missing("no multi-GPU max-seq search on this machine", "ring-max-seq")
     doc.heading(4, "Memory at the longest sequence")
     _memory_at_longest(doc, m)
+
+
+register(Section(10, "How long: every max-seq search", render))

@@ -22,15 +22,12 @@ from attnbench.report.document import Doc, Machine
 from attnbench.report.fit import capacities
 from attnbench.report.intervals import tflops_interval
 from attnbench.report.markdown import Table
+from attnbench.report.sections import Section, register
 from attnbench.results.schema import Row
 from attnbench.units import format_gib, format_tokens, short_tokens
 
 COMPARE_AT = 32768  # the comparison length where the rows have it (the GPU profile's)
 MODES = (("fwd", "Fwd"), ("fwd_bwd", "Train"))
-
-
-TITLE = "Model shapes: model presets beside the seeds' shape"
-ORDER = 35
 
 
 def render(doc: Doc, machine: Machine) -> None:
@@ -209,3 +206,6 @@ def note(compare: int, cuda: bool) -> str:
         "memory limit it ran with; Predicted, Whole GPU: the length at which the series' fit of its peaks "
         "(reserved memory) reaches the device's memory less what the allocator cannot use. '-': not measured.\n"
     )
+
+
+register(Section(35, "Model shapes: model presets beside the seeds' shape", render))

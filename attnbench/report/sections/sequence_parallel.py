@@ -7,11 +7,9 @@ from __future__ import annotations
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
 from attnbench.report.markdown import Table
+from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
 from attnbench.units import format_bytes
-
-TITLE = "Sequence parallelism: ring attention against one device"
-ORDER = 60
 
 
 def _against_one_device(doc: Doc, m: Machine) -> None:
@@ -142,3 +140,6 @@ def render(doc: Doc, m: Machine) -> None:
     _against_one_device(doc, m)
     _per_rank(doc, m)
     _longest(doc, m)
+
+
+register(Section(60, "Sequence parallelism: ring attention against one device", render))

@@ -4,10 +4,8 @@ peak over the training floor and its useful TFLOP/s (``report.training``)."""
 from __future__ import annotations
 
 from attnbench.report.document import Doc, Machine
+from attnbench.report.sections import Section, register
 from attnbench.report.tables.training import NOTE, training_records, training_table
-
-TITLE = "Training: forward plus backward"
-ORDER = 30
 
 
 def render(doc: Doc, m: Machine) -> None:
@@ -17,3 +15,6 @@ def render(doc: Doc, m: Machine) -> None:
         return
     doc.table(training_table(records))
     doc.add("\n" + NOTE)
+
+
+register(Section(30, "Training: forward plus backward", render))

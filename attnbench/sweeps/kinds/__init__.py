@@ -16,7 +16,9 @@ verifies every series, then hands each to its kind. A kind is an object with:
 
 Trial-based kinds subclass ``kinds.base.TrialKind`` and write trial rows of an existing row
 kind (``points`` or ``max-seq``), so every reader understands them; adding one is one module
-that calls ``register``. ``max_seq``, ``points`` and ``speedup`` are the built-in ones.
+in this package that calls ``register`` (the package is imported whole when a kind is first
+looked up). ``max_seq``, ``points`` and ``speedup`` (a package: its kind, runner, rank job,
+strategies and rows) are the built-in ones.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from attnbench.errors import AttnbenchError
+from attnbench.registry import Registry
 from attnbench.units import brief
 
 
@@ -38,35 +41,25 @@ class SweepKind(Protocol):
     def unverified(self, series, runner, index: int, total: int) -> None: ...
 
 
-KINDS: dict[str, SweepKind] = {}
+# the kinds, each registered by its module under this package (``speedup`` is a package of its own)
+KINDS: Registry[SweepKind] = Registry("sweep kind", __name__)
 
 
 def register(kind: SweepKind) -> SweepKind:
-    if kind.name in KINDS and KINDS[kind.name] is not kind:
-        raise ValueError(f"sweep kind {kind.name!r} registered twice")
-    KINDS[kind.name] = kind
-    return kind
+    return KINDS.register(kind.name, kind)
 
 
 def get(name: str) -> SweepKind:
-    _load()
-    if name not in KINDS:
-        raise AttnbenchError(f"unknown kind {brief(name)}: choose from {', '.join(KINDS)}")
-    return KINDS[name]
+    kinds = KINDS.entries()
+    if name not in kinds:
+        raise AttnbenchError(f"unknown kind {brief(name)}: choose from {', '.join(kinds)}")
+    return kinds[name]
 
 
 def trial_kinds() -> set[str]:
     """Row kinds of trials a resumed run replays by (series, length)."""
-    _load()
-    return {k for kind in KINDS.values() for k in kind.row_kinds}
+    return {k for kind in KINDS.entries().values() for k in kind.row_kinds}
 
 
 def result_kinds() -> set[str]:
-    _load()
-    return {k for kind in KINDS.values() for k in kind.result_kinds}
-
-
-def _load() -> None:
-    """The built-in kinds register themselves when imported."""
-    from attnbench.sweeps.kinds import max_seq, points  # noqa: F401
-    from attnbench.sweeps.kinds.speedup import kind as speedup  # noqa: F401
+    return {k for kind in KINDS.entries().values() for k in kind.result_kinds}

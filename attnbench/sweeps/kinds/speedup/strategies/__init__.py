@@ -1,0 +1,106 @@
+"""How a speedup run spreads one workload over GPUs: a small registry of strategies, one
+module each (``single``, ``thread``, ``dp``, ``mp``), all running the module ``work`` builds.
+
+A strategy says how many processes to launch for P GPUs, which CUDA devices each rank
+uses, which part of the global batch and sequence each rank holds, and how the module is
+wrapped (plain, DataParallel, DistributedDataParallel). It never measures: one place does
+that for every strategy (``attnbench.sweeps.kinds.speedup.job.measure``), so times, memory and
+the output check mean the same thing in every row.
+
+A new strategy (sequence-parallel ``ring``, say) is one module here that calls
+``register(Strategy(...))`` (or such a module anywhere: the rank processes import a
+strategy's module by name before they look it up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnbench.errors import AttnbenchError
+from attnbench.registry import Registry
+from attnbench.trials.workload import Workload
+
+MODULES = ("attention", "multihead")
+# torch's built-in DDP gradient-compression hooks, by the dtype they send
+GRAD_COMPRESSION = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What one rank knows: the whole problem and its place in the world."""
+
+    workload: Workload  # global batch and sequence length
+    module: str  # attention | multihead
+    grad_compression: str | None
+    gpus: int  # GPUs of the run (processes on the CPU)
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    seed: int = 0
+
+    @property
+    def cuda(self) -> bool:
+        return self.workload.device == "cuda"
+
+    def device(self, index: int | None = None) -> torch.device:
+        if not self.cuda:
+            return torch.device("cpu")
+        return torch.device("cuda", self.local_rank if index is None else index)
+
+
+@dataclass
+class Prepared:
+    """A rank's share of the work, ready to run."""
+
+    step: Callable[[], None]  # one timed iteration (forward, or forward + backward)
+    output: Callable[[], torch.Tensor]  # this rank's output, (len(batch), tokens, ...) in global order
+    batch: range  # global batch indices this rank's output holds
+    tokens: slice = field(default_factory=lambda: slice(None))  # global tokens held (all unless sequence-parallel)
+    grads: Callable[[], torch.Tensor | None] = lambda: None  # flat parameter gradients after one step
+    backend: Callable[[], str | None] = lambda: None  # what the kernel really ran
+    facts: dict[str, Any] = field(default_factory=dict)  # observed while running, for the notes
+
+
+def _no_check(wl: Workload, gpus: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    summary: str
+    processes: Callable[[int], int]  # ranks to launch for P GPUs
+    devices: Callable[[RankContext], list[int]]  # CUDA devices a rank uses (allocator peaks read there)
+    prepare: Callable[[RankContext], Prepared]
+    world_size: Callable[[int], int] = lambda gpus: gpus  # the GPUs a row of this strategy names
+    check: Callable[[Workload, int], None] = _no_check  # bad input: raise AttnbenchError naming the fix
+    skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type
+    notes: Callable[[dict[str, Any]], list[str]] = lambda row: []  # what really happened, from the row
+    min_gpus: int = 2  # GPUs it needs to mean anything (1: it runs on a one-GPU machine too)
+    # whether its one process may also take GPU time: a CUDA graph or events on the caller's stream
+    # see only work launched there, not what other threads launch (DataParallel's replicas, thread)
+    gpu_timed: bool = True
+
+    @property
+    def module_name(self) -> str:
+        """Where the rank processes find it."""
+        return self.prepare.__module__
+
+
+# the strategies, each registered by its module in this package
+STRATEGIES: Registry[Strategy] = Registry("strategy", __name__)
+
+
+def register(strategy: Strategy) -> Strategy:
+    return STRATEGIES.register(strategy.name, strategy)
+
+
+def get(name: str) -> Strategy:
+    known = STRATEGIES.entries()
+    if name not in known:
+        raise AttnbenchError(f"unknown strategy {name!r}: choose from {', '.join(n for n in known if n != 'single')}")
+    return known[name]
