@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from attnbench.errors import ConfigError
+from attnbench.masks import PATTERN_TYPES
 from attnbench.masks.block_lists import expand_progressions
-from attnbench.masks.patterns import PATTERN_TYPES, build_pattern
+from attnbench.masks.patterns import build_pattern
 from attnbench.measure.memory import current_rss_bytes
 
 CAUSAL = [False, True]

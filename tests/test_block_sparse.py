@@ -12,7 +12,7 @@ from attnbench import impls
 from attnbench.impls import block_sparse as bs
 from attnbench.impls import block_sparse_flex as bsf
 from attnbench.impls import flex_kernel as fk
-from attnbench.masks.patterns import PATTERN_TYPES
+from attnbench.masks import PATTERN_TYPES
 from attnbench.trials.reference import TOLERANCE, VerifyCase, default_cases, run_case
 
 CASES = default_cases("block-sparse", "cpu", ["fp32"])

@@ -7,7 +7,7 @@ import torch
 
 from attnbench import impls
 from attnbench.impls import flex_kernel as fk
-from attnbench.masks.patterns import PATTERN_TYPES
+from attnbench.masks import PATTERN_TYPES
 from attnbench.trials.reference import VerifyCase, run_case
 
 from conftest import flex_per_head_row, flex_pieces_config

@@ -8,7 +8,7 @@ import torch
 
 from attnbench import impls
 from attnbench.impls.block_sparse_ring import BlockSparseSchedule
-from attnbench.masks.patterns import PATTERN_TYPES
+from attnbench.masks import PATTERN_TYPES
 from attnbench.results import read_rows
 
 from conftest import run_cli

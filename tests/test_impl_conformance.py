@@ -100,3 +100,16 @@ def test_attnbench_list_shows_it_with_its_parameters(name, listing):
     assert any(line.startswith(f"devices: {', '.join(spec.devices)}") for line in body)
     shown = [line.split()[1].split("=")[0] for line in body if line.startswith("--param ")]
     assert shown == [p.name for p in spec.params]
+
+
+def test_the_declared_sdpa_backends_are_the_ones_the_code_maps():
+    """The declarations name SDPA's kernels without torch; the code maps each name to torch's
+    backend, and the fused ones are the CUDA kernels."""
+    from torch.nn.attention import SDPBackend
+
+    from attnbench.impls import dense
+    from attnbench.impls.families import dense as declared
+
+    assert tuple(dense.SDPA_BACKENDS) == declared.SDPA_BACKENDS
+    assert dense.SDPA_BACKENDS["math"] is SDPBackend.MATH
+    assert declared.CUDA_KERNELS == tuple(n for n in declared.SDPA_BACKENDS if n != "math")

@@ -15,7 +15,7 @@ from attnbench import impls
 from attnbench.errors import ConfigError
 from attnbench.impls.sequence_parallel.engine import LseAccumulator, attend_with_lse
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
-from attnbench.masks.patterns import PATTERN_TYPES
+from attnbench.masks import PATTERN_TYPES
 from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
 from attnbench.trials.reference import TOLERANCE, default_cases, masked_reference, relative_error

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnbench import impls
-from attnbench.masks.patterns import PATTERN_TYPES
+from attnbench.masks import PATTERN_TYPES
 from attnbench.trials.reference import VerifyCase, run_case
 from attnbench.trials.workload import Workload
 

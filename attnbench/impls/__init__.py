@@ -1,9 +1,10 @@
 """Registry of attention implementations: a name maps to a factory and what it supports.
 
 ``build(name, **config)`` returns an :class:`AttentionImpl`; ``names()`` lists what is
-registered; ``spec(name)`` gives the entry (parameters, devices, dtypes). Importing the
-registry imports no torch (the implementations are imported on first use), so the command
-line checks its options before paying for torch.
+registered; ``spec(name)`` gives the entry (parameters, devices, dtypes). The built-in ones
+are declared in ``families/`` without torch, their code named by ``Lazy("module:function")``
+and imported when first built: the command line checks its options, ``attnbench list`` lists
+and the report reads them, none importing torch.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.registry import Registry
 from attnbench.units import brief
 
 if TYPE_CHECKING:
-    from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+    from attnbench.impls.base import AttentionImpl
+    from attnbench.impls.entry import ImplSpec, Param
 
-_REGISTRY: dict[str, ImplSpec] = {}
+# the built-in implementations, each family declared by its module in families/ (dense first)
+BUILT_IN: Registry[ImplSpec] = Registry("implementation", f"{__name__}.families", first="dense")
 _OUTSIDE: dict[str, ImplSpec] = {}  # import paths and entry points resolved so far
 # How outside code is reached: None imports it here (library use); the command line installs a
 # resolver of outside names and a builder of any configuration that runs outside code, neither
@@ -43,7 +47,7 @@ def names_outside_code(name: str, config: dict[str, Any] | None = None) -> bool:
     whose module is not attnbench's (flex's mask)."""
     if not is_builtin(name):
         return True
-    return any(p.names_code and _outside_path((config or {}).get(p.name)) for p in _REGISTRY[name].params)
+    return any(p.names_code and _outside_path((config or {}).get(p.name)) for p in BUILT_IN.entries()[name].params)
 
 
 def _outside_path(value: Any) -> bool:
@@ -57,23 +61,19 @@ def outside_code_elsewhere(name: str, config: dict[str, Any] | None = None) -> b
 
 
 def is_builtin(name: str) -> bool:
-    _load()
-    return name in _REGISTRY
+    return name in BUILT_IN.entries()
 
 
 def register(spec: ImplSpec) -> ImplSpec:
-    if spec.name in _REGISTRY:
-        raise ValueError(f"implementation {spec.name!r} registered twice")
-    _REGISTRY[spec.name] = spec
-    return spec
+    return BUILT_IN.register(spec.name, spec)
 
 
 def names() -> list[str]:
     """Built-in implementations, then installed ones (entry points; nothing imported)."""
-    from attnbench.impls import outside
+    from attnbench.impls.entry import entry_points
 
-    _load()
-    return list(_REGISTRY) + [n for n in outside.entry_points() if n not in _REGISTRY]
+    built_in = BUILT_IN.entries()
+    return list(built_in) + [n for n in entry_points() if n not in built_in]
 
 
 def spec(name: str) -> ImplSpec:
@@ -81,9 +81,8 @@ def spec(name: str) -> ImplSpec:
     point, imported on first use (the only way user code is imported)."""
     from attnbench.impls import outside
 
-    _load()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    if is_builtin(name):
+        return BUILT_IN.entries()[name]
     if name not in _OUTSIDE:
         found = (_outside_resolver or outside.find_spec)(name)
         if found is None:
@@ -145,8 +144,7 @@ def recorded_metadata(name: str) -> dict[str, Any]:
 def counterpart(name: str) -> str | None:
     """The single-device counterpart of a built-in sequence-parallel implementation (the
     report's baseline for it); None for others. Never imports user code."""
-    _load()
-    return _REGISTRY[name].counterpart if name in _REGISTRY else None
+    return BUILT_IN.entries()[name].counterpart if is_builtin(name) else None
 
 
 def memory_order(name: str, row: dict[str, Any] | None = None) -> int:
@@ -155,8 +153,7 @@ def memory_order(name: str, row: dict[str, Any] | None = None) -> int:
     recorded = (row or {}).get("impl_source") or {}
     if "memory_order" in recorded:
         return int(recorded["memory_order"])
-    _load()
-    return _REGISTRY[name].memory_order if name in _REGISTRY else 1
+    return BUILT_IN.entries()[name].memory_order if is_builtin(name) else 1
 
 
 _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -189,26 +186,14 @@ def _coerce(impl: str, p: Param, value: Any) -> Any:
     return value
 
 
-_loaded = False
-# Modules of accelerator kernels only (they register nothing): imported by their host where a
-# kernel launches, so the registry loads with a torch that has no Triton.
-KERNEL_MODULES = frozenset({"flash_kernels"})
+def import_code() -> None:
+    """Import every built-in implementation's code (and torch with it), as a spare worker does
+    before its trial so the trial does not wait for it."""
+    from attnbench.impls.entry import Lazy
 
-
-def _load() -> None:
-    """Import every module of this package once; each implementation family registers
-    itself, so a new built-in is one new file here. Listed in registration order: dense
-    first, then by module name."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    import importlib
-    import pkgutil
-
-    modules = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in KERNEL_MODULES)
-    for name in ["dense", *(m for m in modules if m != "dense")]:
-        importlib.import_module(f"{__name__}.{name}")
+    for entry in BUILT_IN.entries().values():
+        if isinstance(entry.factory, Lazy):
+            entry.factory.target()
 
 
 __all__ = [

@@ -14,8 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,45 +22,6 @@ from torch import nn
 
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
-
-
-@dataclass(frozen=True)
-class Param:
-    """One constructor parameter, as ``attnbench list`` and the CLI see it."""
-
-    name: str
-    default: Any
-    help: str
-    kind: str = "int"  # int | float | str | ints (comma-separated list of ints) | bool
-    choices: tuple[str, ...] | None = None
-    #: False for options added later and off by default: left out of a configuration while at
-    #: their default, so earlier rows and series keys stay the same
-    recorded_at_default: bool = True
-    #: the value names a function as pkg.module:function (flex's mask): code from outside
-    #: attnbench where the module is not attnbench's
-    names_code: bool = False
-
-
-@dataclass(frozen=True)
-class ImplSpec:
-    """A registry entry: how to build an implementation and what it supports."""
-
-    name: str
-    factory: Callable[..., AttentionImpl]
-    summary: str
-    params: tuple[Param, ...] = ()
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    # Configurations `attnbench verify` checks, each with the shapes it runs at.
-    verify_configs: tuple[dict[str, Any], ...] = ({},)
-    distributed: bool = False
-    #: 2 when peak memory grows with N^2 (N x N scores held), 1 when with N: the capacity fit's model
-    memory_order: int = 1
-    #: sequence-parallel implementations: the single-device one computing the same key sets
-    counterpart: str | None = None
-    #: where an outside implementation comes from: import_path, package, version (None: built in)
-    source: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class AttentionImpl(nn.Module):

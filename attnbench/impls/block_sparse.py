@@ -36,9 +36,10 @@ from typing import Any
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import flash, gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param
+from attnbench.impls import flash, gqa
+from attnbench.impls.base import AttentionImpl
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
+from attnbench.impls.families.block_sparse import COMPILE_MODES, INDEX_WIDTHS, KERNELS
 from attnbench.impls.flex_kernel import (
     flex_compile_mode,
     flex_options,
@@ -49,13 +50,11 @@ from attnbench.impls.pieces import (
     PiecewiseAttention,
     write_pieces,
 )
+from attnbench.masks import MULTISCALE, PATTERN_TYPES
 from attnbench.masks.block_lists import BlockPattern
-from attnbench.masks.patterns import MULTISCALE, PATTERN_TYPES, build_pattern, check_scales
+from attnbench.masks.patterns import build_pattern, check_scales
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-KERNELS = ("auto", "flex", "gather", "triton")
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-INDEX_WIDTHS = ("auto", "full", "compact")
 GATHER_BUDGET_BYTES = 256 << 20
 
 
@@ -313,7 +312,7 @@ def _dense_rows(q, k, v, causal: bool) -> torch.Tensor:
     return gqa.sdpa(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 
-def _block_sparse(
+def build_block_sparse(
     pattern_type="local_window",
     sparsity_ratio=0.05,
     block_size=128,
@@ -337,60 +336,3 @@ def _block_sparse(
         max_chunk_tokens,
         index_width,
     )
-
-
-def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
-    """Every pattern x two block sizes x two ratios (causal and not come from the cases).
-    On a GPU each shape compiles a kernel, so there one block size and one ratio."""
-    sizes, ratios = ((16, 32), (0.1, 0.25)) if device == "cpu" else ((32,), (0.1,))
-    return tuple(
-        {"pattern_type": t, "block_size": b, "sparsity_ratio": r} for t in PATTERN_TYPES for b in sizes for r in ratios
-    )
-
-
-register(
-    ImplSpec(
-        name="block-sparse",
-        factory=_block_sparse,
-        summary="block-sparse attention (local_window, dilated_sparse, global_local, hierarchical): FlexAttention on GPU",
-        params=(
-            Param("pattern_type", "local_window", "block pattern", kind="str", choices=PATTERN_TYPES),
-            Param("sparsity_ratio", 0.05, "kept fraction of block pairs (0.05 = 95% sparse)", kind="float"),
-            Param("block_size", 128, "tokens per block: 16, 32, 64, 128 or 256"),
-            Param(
-                "segment_lengths",
-                None,
-                "dilated_sparse/hierarchical: segment lengths in tokens (optional)",
-                kind="ints",
-            ),
-            Param(
-                "dilation_rates", None, "dilated_sparse/hierarchical: dilation rates in blocks (optional)", kind="ints"
-            ),
-            Param(
-                "kernel",
-                "auto",
-                "flex (compiled FlexAttention), gather, or triton (a Triton forward on CUDA in fp16/bf16, flex "
-                "under autograd); auto: flex on GPU",
-                kind="str",
-                choices=KERNELS,
-            ),
-            Param(
-                "kernel_options",
-                "",
-                "FlexAttention kernel options, e.g. BLOCK_M=128,BLOCK_N=64,num_warps=8",
-                kind="str",
-            ),
-            Param("compile_mode", "default", "torch.compile mode for flex", kind="str", choices=COMPILE_MODES),
-            Param("max_chunk_tokens", 1 << 20, "query tokens per kernel call (bounds temporary memory)"),
-            Param(
-                "index_width",
-                "auto",
-                "flex mask rows: one column per key block (full), as many as a row keeps "
-                "(compact, GPU only), auto: full while small",
-                kind="str",
-                choices=INDEX_WIDTHS,
-            ),
-        ),
-        verify_configs=_verify_configs,
-    )
-)

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import register, spec
-from attnbench.impls.base import ImplSpec, Param, lcm
+from attnbench.impls.base import lcm
 from attnbench.impls.block_sparse import GATHER_BUDGET_BYTES, BlockSparseAttention
 from attnbench.impls.block_sparse_flex import INDEX_BUDGET_BYTES, MASK_CACHE_BYTES
+from attnbench.impls.families.block_sparse import RING_PARAMS
 from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
@@ -38,23 +38,9 @@ from attnbench.masks.block_lists import (
     progression_lengths,
     progression_spans,
 )
-from attnbench.masks.patterns import PATTERN_TYPES
 
 # index elements one expansion of progressions may hold (the plan is made in such pieces)
 EXPAND_ELEMENTS = 1 << 24
-
-
-# block-sparse's parameters the ring takes (its constructor's), in its configuration's order
-RING_PARAMS = (
-    "pattern_type",
-    "sparsity_ratio",
-    "block_size",
-    "segment_lengths",
-    "dilation_rates",
-    "kernel",
-    "compile_mode",
-    "max_chunk_tokens",
-)
 
 
 class BlockSparseRingAttention(SequenceParallelAttention):
@@ -353,35 +339,3 @@ class BlockSparseSchedule(RingSchedule):
 
     def finish(self) -> torch.Tensor:
         return self.out.transpose(1, 2)
-
-
-def _params() -> tuple[Param, ...]:
-    """block-sparse's own parameters, less what the ring does not take."""
-    return tuple(p for p in spec("block-sparse").params if p.name in RING_PARAMS)
-
-
-def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
-    """Every pattern (causal and not come from the cases); chunked merges; a sparser
-    hierarchical whose far segments send only their coarse grid. On a GPU every shape and
-    ring step compiles a kernel: three patterns there."""
-    configs = tuple({"pattern_type": t, "block_size": 16, "sparsity_ratio": 0.25} for t in PATTERN_TYPES) + (
-        {"pattern_type": "local_window", "block_size": 16, "sparsity_ratio": 0.1, "max_chunk_tokens": 48},
-        {"pattern_type": "hierarchical", "block_size": 32, "sparsity_ratio": 0.1},
-    )
-    if device == "cpu":
-        return configs
-    return tuple({**c, "block_size": 32} for c in configs[:4] if c["pattern_type"] != "dilated_sparse")
-
-
-register(
-    ImplSpec(
-        name="block-sparse-ring",
-        factory=BlockSparseRingAttention,
-        summary="block-sparse attention over the split sequence: a rank receives only the K/V blocks its pattern keeps",
-        params=_params(),
-        verify_configs=_verify_configs,
-        distributed=True,
-        counterpart="block-sparse",
-        extra={"modes": ("fwd",)},
-    )
-)

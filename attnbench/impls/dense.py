@@ -14,8 +14,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.errors import ConfigError
-from attnbench.impls import gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs
+from attnbench.impls import gqa
+from attnbench.impls.base import AttentionImpl, dense_pairs
 from attnbench.units import brief
 
 # Dense kernels work in tiles of this many tokens; lengths off the tile measure padding.
@@ -151,35 +151,7 @@ class SDPAAttention(_Dense):
         return dense_pairs(seq_len, num_heads, causal and self.backend != "math")
 
 
-def _sdpa(backend: str = "auto", expand_kv: bool = False) -> SDPAAttention:
+def build_sdpa(backend: str = "auto", expand_kv: bool = False) -> SDPAAttention:
     if backend not in ("auto", *SDPA_BACKENDS):
         raise ConfigError(f"sdpa backend {brief(backend)} unknown: choose auto, {', '.join(SDPA_BACKENDS)}")
     return SDPAAttention(backend, expand_kv)
-
-
-register(
-    ImplSpec(
-        name="naive",
-        factory=NaiveAttention,
-        summary="standard attention: materialises N x N scores (O(N^2) memory)",
-        memory_order=2,
-    )
-)
-register(
-    ImplSpec(
-        name="sdpa",
-        factory=_sdpa,
-        summary="torch scaled_dot_product_attention; the row records the backend that ran",
-        params=(
-            Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *SDPA_BACKENDS)),
-            Param(
-                "expand_kv",
-                False,
-                "grouped heads: copy K and V to every query head first instead of sharing them (enable_gqa)",
-                kind="bool",
-                recorded_at_default=False,
-            ),
-        ),
-        verify_configs=({"backend": "auto"}, {"backend": "math"}),
-    )
-)

@@ -27,14 +27,13 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from attnbench.errors import ConfigError
-from attnbench.impls import flash, fused_sdpa, gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, lcm
+from attnbench.impls import flash, fused_sdpa, gqa
+from attnbench.impls.base import AttentionImpl, lcm
 from attnbench.impls.dense import SDPA_BACKENDS, backend_device_problem, sdpa_backend_in_use
+from attnbench.impls.families.dilated import KERNELS
 from attnbench.impls.pieces import training_chunk_tokens
 from attnbench.masks import hilbert as hilbert_curve
 from attnbench.units import brief
-
-KERNELS = ("auto", "sdpa")
 
 # Under autograd, chunks of at most a 16th of the sequence but no fewer tokens than this, so
 # short sequences do not pay for many small kernel launches
@@ -366,7 +365,7 @@ def _picked(q, k, g: HeadGroup, is_causal: bool) -> str:
     return sdpa_backend_in_use(*_one_segment(q, k, g), is_causal)
 
 
-def _dilated(
+def build_dilated(
     segment_lengths=(2048, 4096),
     dilation_rates=(1, 2),
     max_chunk_tokens=1 << 19,
@@ -376,54 +375,3 @@ def _dilated(
     kernel="auto",
 ):
     return DilatedAttention(segment_lengths, dilation_rates, max_chunk_tokens, hilbert, grid_width, backend, kernel)
-
-
-register(
-    ImplSpec(
-        name="dilated",
-        factory=_dilated,
-        summary="LongNet dilated attention: head groups x (segment, dilation), dense attention per segment (Triton, SDPA)",
-        params=(
-            Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
-            Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
-            Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch (bounds temporary memory)"),
-            Param(
-                "hilbert",
-                False,
-                "reorder the tokens (a 2-D grid, row-major) along a Hilbert curve first",
-                kind="bool",
-                recorded_at_default=False,
-            ),
-            Param(
-                "grid_width",
-                0,
-                "hilbert: grid width in tokens (0: automatic from the length)",
-                recorded_at_default=False,
-            ),
-            Param(
-                "backend",
-                "auto",
-                "SDPA backend of the segment attentions",
-                kind="str",
-                choices=("auto", *SDPA_BACKENDS),
-                recorded_at_default=False,
-            ),
-            Param(
-                "kernel",
-                "auto",
-                "forward without autograd: auto (a Triton kernel reading the dilation in place, on CUDA in fp16/bf16) or sdpa",
-                kind="str",
-                choices=KERNELS,
-                recorded_at_default=False,
-            ),
-        ),
-        verify_configs=(
-            {"segment_lengths": [16], "dilation_rates": [1]},
-            {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
-            {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
-            {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
-            {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "hilbert": True},
-            {"segment_lengths": [16, 32], "dilation_rates": [2, 4], "hilbert": True, "grid_width": 16},
-        ),
-    )
-)

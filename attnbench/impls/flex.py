@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import gqa, register
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, quiet_eager_flex
+from attnbench.impls import gqa
+from attnbench.impls.base import AttentionImpl, quiet_eager_flex
 from attnbench.masks import mask_mod as masks
 from attnbench.units import brief
 
@@ -151,38 +151,9 @@ class FlexAttention(AttentionImpl):
         return self._pairs[key]
 
 
-def _flex(mask: str | None = None, mask_args: str | None = None) -> FlexAttention:
+def build_flex(mask: str | None = None, mask_args: str | None = None) -> FlexAttention:
     if not mask:
         raise ConfigError(
             "flex needs a mask: --param mask=pkg.module:mask_fn (an attention-gym style mask_mod(b, h, q_idx, kv_idx))"
         )
     return FlexAttention(mask, mask_args)
-
-
-register(
-    ImplSpec(
-        name="flex",
-        factory=_flex,
-        summary="FlexAttention (compiled on CUDA) over any mask_mod(b, h, q_idx, kv_idx): --param mask=pkg.module:mask_fn",
-        params=(
-            Param(
-                "mask",
-                None,
-                "mask_mod as pkg.module:function (e.g. attnbench.masks:sliding_window)",
-                kind="str",
-                names_code=True,
-            ),
-            Param(
-                "mask_args",
-                None,
-                "keyword arguments for a function that returns the mask_mod, e.g. window_size=256",
-                kind="str",
-                recorded_at_default=False,
-            ),
-        ),
-        verify_configs=(
-            {"mask": "attnbench.masks:sliding_window", "mask_args": "window_size=48"},
-            {"mask": "attnbench.masks:document", "mask_args": "doc_len=80"},
-        ),
-    )
-)

@@ -24,10 +24,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.impls import gqa
+from attnbench.impls.families.dense import CUDA_KERNELS
 
 aten = torch.ops.aten
 
-CUDA_KERNELS = ("flash", "efficient", "cudnn")
 # kernels without a grouped-query variant: K and V are copied to every query head per call
 EXPANDS_KV = ("efficient",)
 

@@ -38,21 +38,12 @@ from torch import nn
 
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
-from attnbench.impls.base import AttentionImpl, ImplSpec, Param, dense_pairs, quiet_eager_flex
+from attnbench.impls.base import AttentionImpl, dense_pairs, quiet_eager_flex
+from attnbench.impls.entry import ImplSpec, Param, entry_points, is_import_path
 from attnbench.units import brief
 
-ENTRY_POINT_GROUP = "attnbench.implementations"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
-
-
-def is_import_path(name: str) -> bool:
-    return ":" in name
-
-
-def entry_points() -> dict[str, str]:
-    """Installed implementations: entry-point name -> import path (nothing is imported)."""
-    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def load_object(path: str, what: str = "factory") -> Any:

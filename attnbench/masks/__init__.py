@@ -10,6 +10,11 @@ bool tensor`` and functions that return one: ``--impl flex --param mask=attnbenc
 
 from __future__ import annotations
 
+# The block-sparse patterns ``patterns`` builds, by name: here, free of torch, where the
+# registry's declarations read them. The multi-scale ones take segment lengths and dilation rates.
+PATTERN_TYPES = ("local_window", "dilated_sparse", "global_local", "hierarchical")
+MULTISCALE = ("dilated_sparse", "hierarchical")
+
 
 def sliding_window(window_size: int):
     """Each query sees the keys at most ``window_size`` positions away (both sides)."""

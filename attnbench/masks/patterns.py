@@ -47,11 +47,10 @@ import numpy as np
 import torch
 
 from attnbench.errors import ConfigError
+from attnbench.masks import MULTISCALE, PATTERN_TYPES
 from attnbench.masks.block_lists import BlockPattern, allowed_blocks
 from attnbench.units import brief
 
-PATTERN_TYPES = ("local_window", "dilated_sparse", "global_local", "hierarchical")
-MULTISCALE = ("dilated_sparse", "hierarchical")
 # growth of segment length and dilation rate between scales when none are given
 DEFAULT_SCALE_FACTOR = {"dilated_sparse": 2, "hierarchical": 4}
 # the kept fraction must land within this relative distance of the ratio...

@@ -25,7 +25,7 @@ from attnbench.runtime.worker import run_in_child
 from attnbench.units import clip_text
 
 if TYPE_CHECKING:  # the implementations (and torch) are imported where a name is resolved, not here
-    from attnbench.impls.base import ImplSpec
+    from attnbench.impls.entry import ImplSpec
     from attnbench.impls.outside import DescribedImpl
 
 # The per-call limit outside code is held to while it is imported and built, unless the
@@ -54,9 +54,9 @@ def import_limit_s() -> float:
 def find_spec(name: str) -> ImplSpec | None:
     """The spec of an import path or installed entry point, read by a worker process (with
     the build at its defaults, the configuration most runs use); None for any other name."""
-    from attnbench.impls import outside
+    from attnbench.impls import entry, outside
 
-    if not outside.is_import_path(name) and name not in outside.entry_points():
+    if not entry.is_import_path(name) and name not in entry.entry_points():
         return None
     fields = _describe(name, None)
 

@@ -261,7 +261,7 @@ def preload() -> None:
     """What a spare worker does before its trial: every implementation module imported (the
     registry; FlexAttention's brings torch's compiler), no CUDA context, and the CPU's tensor
     count run once (its first use imports torch's compiler, tens of MiB no trial should count)."""
-    impls.names()
+    impls.import_code()
     tensor_peak_bytes(lambda: torch.ones(2) + 1)
 
 

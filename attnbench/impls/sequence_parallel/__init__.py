@@ -34,17 +34,6 @@ The package: ``engine`` (the ring: ``run_ring``, ``RingSchedule``, ``Selection``
 log-sum-exp merge and the step clock), ``layouts`` (which positions a rank holds), ``base``
 (``SequenceParallelAttention``, the base class, and the dense layout) and one module per
 implementation (``ring``, ``ring_dilated``, ``ring_dilated_hilbert``, ``context_parallel``),
-each registering itself. ``block-sparse-ring`` lives beside ``block-sparse`` in
-``attnbench/impls/block_sparse_ring.py`` and runs on this engine.
+each declared with its family in ``attnbench/impls/families/``. ``block-sparse-ring`` lives
+beside ``block-sparse`` in ``attnbench/impls/block_sparse_ring.py`` and runs on this engine.
 """
-
-import importlib
-
-# The single-device counterparts (sdpa in dense, dilated) register before the implementations
-# that split their work over ranks; these then register in the order below. Together that is
-# the order `attnbench list` shows.
-from attnbench.impls import dense, dilated  # noqa: F401
-
-IMPLEMENTATIONS = ("ring", "ring_dilated", "ring_dilated_hilbert", "context_parallel")
-for _module in IMPLEMENTATIONS:
-    importlib.import_module(f"{__name__}.{_module}")

@@ -10,9 +10,8 @@ import torch
 
 from attnbench.errors import ConfigError
 from attnbench.impls import build
-from attnbench.impls.base import AttentionImpl, Param
+from attnbench.impls.base import AttentionImpl
 from attnbench.impls.dense import DENSE_GRANULARITY
-from attnbench.impls.fused_sdpa import CUDA_KERNELS
 from attnbench.impls.sequence_parallel.engine import StepClock
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
 
@@ -119,13 +118,3 @@ class DenseSequenceParallel(SequenceParallelAttention):
     def shard_positions(self, seq_len, rank, causal):
         world = self.world()
         return zigzag_positions(seq_len, world, rank) if causal else contiguous_positions(seq_len, world, rank)
-
-
-KERNEL_PARAM = Param(
-    "backend",
-    "auto",
-    "fused kernel per block on CUDA (auto: the one SDPA picks); the CPU has one",
-    kind="str",
-    choices=("auto", *CUDA_KERNELS),
-)
-SEQPAR_EXTRA = {"modes": ("fwd",)}  # forward only: the ring has no backward pass yet

@@ -7,10 +7,9 @@ from __future__ import annotations
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import gqa, register
-from attnbench.impls.base import ImplSpec, Param
-from attnbench.impls.fused_sdpa import CUDA_KERNELS
-from attnbench.impls.sequence_parallel.base import SEQPAR_EXTRA, DenseSequenceParallel
+from attnbench.impls import gqa
+from attnbench.impls.families.dense import CUDA_KERNELS
+from attnbench.impls.sequence_parallel.base import DenseSequenceParallel
 
 
 def context_parallel_support() -> str:
@@ -101,21 +100,3 @@ class ContextParallelAttention(DenseSequenceParallel):
         self.last_backend = f"context-parallel/{self.rotate_method}/{kernel}"
         clock.mark("compute")  # its communication is inside PyTorch: booked as compute
         return out.to_local().transpose(1, 2)
-
-
-register(
-    ImplSpec(
-        name="context-parallel",
-        factory=ContextParallelAttention,
-        summary="PyTorch's context parallel (torch.distributed.tensor.experimental: its ring over the fused SDPA kernels), CUDA only",
-        params=(
-            Param("backend", "auto", "SDPA backend", kind="str", choices=("auto", *CUDA_KERNELS)),
-            Param("rotate_method", "allgather", "how PyTorch moves K/V", kind="str", choices=("allgather", "alltoall")),
-        ),
-        devices=("cuda",),
-        dtypes=("fp16", "bf16", "fp32"),
-        distributed=True,
-        counterpart="sdpa",
-        extra={**SEQPAR_EXTRA, "availability": context_parallel_availability},
-    )
-)

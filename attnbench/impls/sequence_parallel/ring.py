@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.impls import gqa, register
-from attnbench.impls.base import ImplSpec
+from attnbench.impls import gqa
 from attnbench.impls.fused_sdpa import shares_kv
-from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, DenseSequenceParallel
+from attnbench.impls.sequence_parallel.base import DenseSequenceParallel
 from attnbench.impls.sequence_parallel.engine import (
     LseAccumulator,
     RingSchedule,
@@ -70,17 +69,3 @@ class RingAttention(DenseSequenceParallel):
         self.last_backend = schedule.kernel
         self.last_kv_layout = gqa.layout(q, k, expanded=not shares_kv(schedule.kernel or ""))
         return schedule.finish()
-
-
-register(
-    ImplSpec(
-        name="ring",
-        factory=RingAttention,
-        summary="dense ring attention: K/V around the ranks, overlapped with compute, log-sum-exp merge (zigzag when causal)",
-        params=(KERNEL_PARAM,),
-        verify_configs=({},),
-        distributed=True,
-        counterpart="sdpa",
-        extra=SEQPAR_EXTRA,
-    )
-)

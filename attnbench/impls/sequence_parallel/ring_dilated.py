@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import gqa, register
-from attnbench.impls.base import ImplSpec, Param, lcm
+from attnbench.impls import gqa
+from attnbench.impls.base import lcm
 from attnbench.impls.dilated import HeadGroup, attend_group, head_groups, scale_segments, validate_pattern
 from attnbench.impls.fused_sdpa import shares_kv
-from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA, SequenceParallelAttention
+from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import (
     LseAccumulator,
     RingSchedule,
@@ -159,29 +159,3 @@ class RingDilatedAttention(SequenceParallelAttention):
         self.last_backend = schedule.kernel
         self.last_kv_layout = gqa.layout(q, k, expanded=not shares_kv(schedule.kernel or ""))
         return schedule.finish()
-
-
-SEGMENT_PARAMS = (
-    Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
-    Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
-    Param("max_chunk_tokens", 1 << 19, "tokens per kernel launch of the local segments (bounds temporary memory)"),
-)
-DILATED_VERIFY = (
-    {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
-    {"segment_lengths": [8, 16, 32], "dilation_rates": [1, 2, 4], "max_chunk_tokens": 16},
-    {"segment_lengths": [32, 32], "dilation_rates": [4, 2]},
-    {"segment_lengths": [16], "dilation_rates": [8]},  # some ranks keep no query of a segment
-)
-
-register(
-    ImplSpec(
-        name="ring-dilated",
-        factory=RingDilatedAttention,
-        summary="LongNet dilated attention over the split sequence: local segments stay local, spanning ones send kept K/V only",
-        params=(*SEGMENT_PARAMS, KERNEL_PARAM),
-        verify_configs=DILATED_VERIFY,
-        distributed=True,
-        counterpart="dilated",
-        extra=SEQPAR_EXTRA,
-    )
-)

@@ -6,11 +6,8 @@ from __future__ import annotations
 import torch
 
 from attnbench.errors import ConfigError
-from attnbench.impls import register
-from attnbench.impls.base import ImplSpec, Param
 from attnbench.impls.dilated import hilbert_twin
-from attnbench.impls.sequence_parallel.base import KERNEL_PARAM, SEQPAR_EXTRA
-from attnbench.impls.sequence_parallel.ring_dilated import DILATED_VERIFY, SEGMENT_PARAMS, RingDilatedAttention
+from attnbench.impls.sequence_parallel.ring_dilated import RingDilatedAttention
 from attnbench.masks import hilbert as hilbert_curve
 
 
@@ -50,22 +47,3 @@ class RingDilatedHilbertAttention(RingDilatedAttention):
     def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
         self.check_causal(causal)
         return super().key_mask(seq_len, num_heads, causal)
-
-
-register(
-    ImplSpec(
-        name="ring-dilated-hilbert",
-        factory=RingDilatedHilbertAttention,
-        summary="ring-dilated over a 2-D token grid in Hilbert-curve order (shards = curve runs); non-causal",
-        params=(
-            *SEGMENT_PARAMS,
-            Param("grid_width", 0, "grid width in tokens (0: automatic from the length)"),
-            KERNEL_PARAM,
-        ),
-        verify_configs=DILATED_VERIFY[:2]
-        + ({"segment_lengths": [16, 32], "dilation_rates": [2, 4], "grid_width": 16},),
-        distributed=True,
-        counterpart="dilated",
-        extra=SEQPAR_EXTRA,
-    )
-)

@@ -1,0 +1,81 @@
+"""What the registry holds of an implementation, free of torch: its parameters, what it
+supports and how to build it. Built-in implementations are declared in ``impls/families/``
+with their code named by ``Lazy("module:function")``, so the registry (the command line's
+checks, ``attnbench list``, the report) reads them without importing torch."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnbench.impls.base import AttentionImpl
+
+# installed packages name their implementations' factories in this entry-point group
+ENTRY_POINT_GROUP = "attnbench.implementations"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter, as ``attnbench list`` and the CLI see it."""
+
+    name: str
+    default: Any
+    help: str
+    kind: str = "int"  # int | float | str | ints (comma-separated list of ints) | bool
+    choices: tuple[str, ...] | None = None
+    #: False for options added later and off by default: left out of a configuration while at
+    #: their default, so earlier rows and series keys stay the same
+    recorded_at_default: bool = True
+    #: the value names a function as pkg.module:function (flex's mask): code from outside
+    #: attnbench where the module is not attnbench's
+    names_code: bool = False
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    """A registry entry: how to build an implementation and what it supports."""
+
+    name: str
+    factory: Callable[..., AttentionImpl]
+    summary: str
+    params: tuple[Param, ...] = ()
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    # Configurations `attnbench verify` checks, each with the shapes it runs at.
+    verify_configs: tuple[dict[str, Any], ...] | Callable[[str], tuple[dict[str, Any], ...]] = ({},)
+    distributed: bool = False
+    #: 2 when peak memory grows with N^2 (N x N scores held), 1 when with N: the capacity fit's model
+    memory_order: int = 1
+    #: sequence-parallel implementations: the single-device one computing the same key sets
+    counterpart: str | None = None
+    #: where an outside implementation comes from: import_path, package, version (None: built in)
+    source: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """The function or class ``ref`` names as ``"module:name"``, imported on its first call: a
+    declaration names an implementation's code without importing it (nor torch)."""
+
+    ref: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target()(*args, **kwargs)
+
+    def target(self) -> Callable[..., Any]:
+        module, _, name = self.ref.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def entry_points() -> dict[str, str]:
+    """Installed implementations: entry-point name -> import path (nothing is imported)."""
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
