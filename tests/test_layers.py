@@ -218,6 +218,20 @@ def test_read_only_commands_do_not_import_torch(command):
     assert loaded == [], f"`attnbench {' '.join(command)}` imported torch"
 
 
+def test_a_report_imports_no_torch(tmp_path):
+    """The report reads what it knows of each implementation (its family, label, baseline, memory
+    order) from the registry's declarations: over rows of rings and their single-device
+    counterparts it imports neither an implementation's code nor torch."""
+    code = (
+        "import sys; from attnbench.cli import app\n"
+        f"app(['report', 'results/2026-11-22-h200x2-ring-max-seq', '--out', {str(tmp_path)!r}], standalone_mode=False)\n"
+        "print(__import__('json').dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [] and (tmp_path / "report.md").is_file()
+
+
 # Calls that take a measurement's time or memory from the device: CUDA timing events and the
 # allocator's peak counters.
 MEASURING_CALLS = ("cuda.Event(", "max_memory_allocated(", "max_memory_reserved(", "reset_peak_memory_stats(")

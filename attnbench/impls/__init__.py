@@ -147,6 +147,27 @@ def counterpart(name: str) -> str | None:
     return BUILT_IN.entries()[name].counterpart if is_builtin(name) else None
 
 
+def family(name: str, source: dict[str, Any] | None = None) -> str | None:
+    """The family the report draws ``name`` with (``ImplSpec.family``): a built-in's declared
+    one, an outside implementation's the package its rows recorded (``source``: the row's
+    ``impl_source``); never imports its code."""
+    from attnbench.impls.entry import package_family
+
+    return BUILT_IN.entries()[name].family if is_builtin(name) else package_family((source or {}).get("package"))
+
+
+def short_name(name: str, config: dict[str, Any]) -> str:
+    """``name`` with ``config`` in a few characters, as the report's tables name it
+    (``ImplSpec.short_name``); an implementation that declares none, by its name."""
+    entry = BUILT_IN.entries().get(name)
+    return entry.short_name(config) if entry and entry.short_name else name
+
+
+def shown(name: str) -> tuple[str, ...]:
+    """The parameters ``short_name`` shows of ``name``'s configurations."""
+    return BUILT_IN.entries()[name].shown if is_builtin(name) else ()
+
+
 def memory_order(name: str, row: dict[str, Any] | None = None) -> int:
     """Memory order of a measured implementation: as recorded in its row (outside ones),
     else from the built-in's spec; never imports user code."""

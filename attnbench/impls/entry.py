@@ -51,10 +51,20 @@ class ImplSpec:
     #: 2 when peak memory grows with N^2 (N x N scores held), 1 when with N: the capacity fit's model
     memory_order: int = 1
     #: sequence-parallel implementations: the single-device one computing the same key sets
+    #: (the report's equal-work baseline)
     counterpart: str | None = None
     #: where an outside implementation comes from: import_path, package, version (None: built in)
     source: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the report knows of it, read without importing its code (nor torch):
+    #: the family it is drawn with, one panel of each figure per family (None: with the dense
+    #: ones and any other); the dilation section compares the ``dilated`` family
+    family: str | None = None
+    #: its configuration in a few characters, as tables name it (block-sparse's
+    #: 'bs:local_window 5%/128'); None: its name
+    short_name: Callable[[dict[str, Any]], str] | None = None
+    #: the parameters ``short_name`` shows, which a label then leaves out
+    shown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,13 @@ class Lazy:
     def target(self) -> Callable[..., Any]:
         module, _, name = self.ref.partition(":")
         return getattr(importlib.import_module(module), name)
+
+
+def package_family(package: str | None) -> str | None:
+    """The family an outside implementation is drawn with: the package it comes from, less the
+    ``attnbench-`` a plugin's name starts with ('attnbench-sliding-window': 'sliding window');
+    None where it comes from no installed package."""
+    return package.removeprefix("attnbench-").replace("-", " ") if package else None
 
 
 def is_import_path(name: str) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.results import load_rows, result_files
 from attnbench.results.schema import MaxSeqResult, Row, Speedup, Trial, Verify, Workload
@@ -280,7 +281,8 @@ def describe(row: Any) -> str:
 # A label the runner derived from the configuration, `impl(k=v, ...)`, ` xP` on P ranks and
 # ` for MODEL` with a model preset; a profile's own label is kept as written.
 _AUTO_LABEL = re.compile(r"^(?P<impl>[\w.-]+)(\((?P<args>.*)\))?(?P<ranks> x\d+)?(?P<model> for [\w.-]+)?$")
-_SHOWN_COMPACTLY = {"segment_lengths", "dilation_rates", "pattern_type", "sparsity_ratio", "block_size"}
+# what ``short_name`` appends to any implementation's name that has them
+SEGMENTS = ("segment_lengths", "dilation_rates")
 
 
 def heads_text(row: Any) -> str:
@@ -290,15 +292,11 @@ def heads_text(row: Any) -> str:
 
 
 def short_name(row: Any) -> str:
-    """An implementation and its configuration in a few characters: `dilated[2048,4096/1,2]`,
-    `bs:local_window 5%/128` (block-sparse keeping 5% of blocks of 128 tokens)."""
+    """An implementation and its configuration in a few characters: the name its spec gives
+    (``impls.short_name``: `bs:local_window 5%/128` is block-sparse keeping 5% of blocks of 128
+    tokens), its segment lengths and dilation rates after it (`dilated[2048,4096/1,2]`)."""
     cfg = _get(row, "config") or {}
-    impl = str(_get(row, "impl"))
-    name = impl
-    if impl.startswith("block-sparse"):
-        kept = f"{float(cfg.get('sparsity_ratio') or 0) * 100:g}%"
-        prefix = "bs" + impl[len("block-sparse") :]
-        name = f"{prefix}:{cfg.get('pattern_type', '?')} {kept}/{cfg.get('block_size', '?')}"
+    name = impls.short_name(str(_get(row, "impl")), cfg)
     if cfg.get("segment_lengths"):
         name += f"[{','.join(map(str, cfg['segment_lengths']))}/{','.join(map(str, cfg.get('dilation_rates') or []))}]"
     return name
@@ -314,7 +312,7 @@ def compact_label(row: Any, label: str | None = None) -> str:
     rest = [
         a
         for a in re.split(r", (?=\w+=)", m["args"] or "")
-        if a and a.split("=")[0] not in _SHOWN_COMPACTLY and a != "backend=auto"
+        if a and a.split("=")[0] not in (*SEGMENTS, *impls.shown(m["impl"])) and a != "backend=auto"
     ]
     return short_name(row) + (f"({', '.join(rest)})" if rest else "") + (m["ranks"] or "") + (m["model"] or "")
 

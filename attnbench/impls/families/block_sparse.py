@@ -4,6 +4,7 @@ rank receives only the key/value blocks its pattern keeps). Their code:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnbench.impls import register
@@ -24,6 +25,23 @@ RING_PARAMS = (
     "compile_mode",
     "max_chunk_tokens",
 )
+
+
+# the family the report draws these with
+BLOCK_SPARSE_FAMILY = "block-sparse"
+# what a short name shows of a configuration
+SHOWN = ("pattern_type", "sparsity_ratio", "block_size")
+
+
+def short_name(prefix: str) -> Callable[[dict[str, Any]], str]:
+    """A configuration as ``PREFIX:PATTERN S%/BLOCK``: 'bs:local_window 5%/128' keeps 5% of the
+    block pairs of blocks of 128 tokens."""
+
+    def name(config: dict[str, Any]) -> str:
+        kept = f"{float(config.get('sparsity_ratio') or 0) * 100:g}%"
+        return f"{prefix}:{config.get('pattern_type', '?')} {kept}/{config.get('block_size', '?')}"
+
+    return name
 
 
 def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
@@ -53,6 +71,9 @@ BLOCK_SPARSE = register(
         name="block-sparse",
         factory=Lazy("attnbench.impls.block_sparse:build_block_sparse"),
         summary="block-sparse attention (local_window, dilated_sparse, global_local, hierarchical): FlexAttention on GPU",
+        family=BLOCK_SPARSE_FAMILY,
+        short_name=short_name("bs"),
+        shown=SHOWN,
         params=(
             Param("pattern_type", "local_window", "block pattern", kind="str", choices=PATTERN_TYPES),
             Param("sparsity_ratio", 0.05, "kept fraction of block pairs (0.05 = 95% sparse)", kind="float"),
@@ -100,6 +121,9 @@ register(
         name="block-sparse-ring",
         factory=Lazy("attnbench.impls.block_sparse_ring:BlockSparseRingAttention"),
         summary="block-sparse attention over the split sequence: a rank receives only the K/V blocks its pattern keeps",
+        family=BLOCK_SPARSE_FAMILY,
+        short_name=short_name("bs-ring"),
+        shown=SHOWN,
         params=tuple(p for p in BLOCK_SPARSE.params if p.name in RING_PARAMS),
         verify_configs=_ring_verify_configs,
         distributed=True,

@@ -8,6 +8,8 @@ from attnbench.impls import register
 from attnbench.impls.entry import ImplSpec, Lazy, Param
 from attnbench.impls.families.dense import KERNEL_PARAM, SDPA_BACKENDS, SEQPAR_EXTRA
 
+# the family the report draws these with, and whose configurations its dilation section compares
+DILATED = "dilated"
 KERNELS = ("auto", "sdpa")
 SEGMENT_PARAMS = (
     Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
@@ -26,6 +28,7 @@ register(
         name="dilated",
         factory=Lazy("attnbench.impls.dilated:build_dilated"),
         summary="LongNet dilated attention: head groups x (segment, dilation), dense attention per segment (Triton, SDPA)",
+        family=DILATED,
         params=(
             Param("segment_lengths", [2048, 4096], "segment length per head group", kind="ints"),
             Param("dilation_rates", [1, 2], "dilation rate per head group (divides its segment)", kind="ints"),
@@ -80,6 +83,7 @@ register(
         verify_configs=DILATED_VERIFY,
         distributed=True,
         counterpart="dilated",
+        family=DILATED,
         extra=SEQPAR_EXTRA,
     )
 )
@@ -98,6 +102,7 @@ register(
         + ({"segment_lengths": [16, 32], "dilation_rates": [2, 4], "grid_width": 16},),
         distributed=True,
         counterpart="dilated",
+        family=DILATED,
         extra=SEQPAR_EXTRA,
     )
 )

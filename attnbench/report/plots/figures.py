@@ -16,6 +16,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench import impls
 from attnbench.report.data import describe, heads_text, is_superseded, ok, peak_per_gpu, row_date, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
@@ -49,15 +50,13 @@ class Line:
     stop: tuple[int, str] | None  # (first failed length, what stopped it)
 
 
-def family(impl: str) -> str:
-    """An implementation's family: the panel it is drawn in."""
-    if impl.startswith("block-sparse"):
-        return "block-sparse"
-    if "dilated" in impl:
-        return "dilated"
-    if impl.startswith("sliding-window"):
-        return "sliding window"
-    return "dense and others"
+# the panel of the implementations of no family of their own
+OTHERS = "dense and others"
+
+
+def family(head: Trial) -> str:
+    """The panel a series is drawn in: its implementation's family (``impls.family``)."""
+    return impls.family(head.impl, head.impl_source) or OTHERS
 
 
 def lines(rows: list[Row], value) -> list[Line]:
@@ -80,7 +79,7 @@ def lines(rows: list[Row], value) -> list[Line]:
         head = group[0]
         s = stops.get(head.series)
         stop = (s["first_failure"], s["stopped_by"]) if s and s["first_failure"] else None
-        out.append(Line(_label(head), family(head.impl), good, stop))
+        out.append(Line(_label(head), family(head), good, stop))
     out.sort(key=lambda line: (line.family, line.label))
     seen: dict[tuple[str, str], int] = {}
     for line in out:  # distinct labels within a family: a second run of one label is numbered

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnbench import impls
+from attnbench.impls.families.dilated import DILATED
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
 from attnbench.results.schema import Trial
 
-# LongNet dilated attention on one device or over ranks; block-sparse's dilated_sparse
-# pattern also takes dilation rates, but it is not what this table compares
-DILATED_IMPLS = ("dilated", "ring-dilated", "ring-dilated-hilbert")
-
 
 def is_dilated(head: Trial) -> bool:
-    return head.impl in DILATED_IMPLS
+    """Of the family this section compares: LongNet dilated attention on one device or over
+    ranks (block-sparse's dilated_sparse pattern also takes dilation rates, but is a family of
+    its own)."""
+    return impls.family(head.impl, head.impl_source) == DILATED
 
 
 def is_baseline(head: Trial) -> bool:
