@@ -1,5 +1,5 @@
 """Training: per configuration, the longest sequence a forward-plus-backward step ran, its
-peak over the training floor and its useful TFLOP/s (``report.training``)."""
+peak over the training floor and its useful TFLOP/s (``report.tables.training``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""What the rows of one machine measure of a seed claim (``report.claims``): the quantity with
+"""What the rows of one machine measure of a seed claim (``seeds.claims``): the quantity with
 its 95% interval and n, from the newest matching row (``pick = "best"``: the largest over the
 matching rows, for a claim about the best case), or the ratio of two such quantities.
 
 Each measurement also carries what its rows say about how it was measured (the device, the
 ranks, the allocator limit, the bytes a sequence-parallel row sent, whether the value is a fit's
-prediction or a lower bound), so the verdict rule (``report.verdicts``) can tell whether it is
+prediction or a lower bound), so the verdict rule (``seeds.verdicts``) can tell whether it is
 on the seed's terms from the rows alone, whichever directory they came from.
 """
 
