@@ -51,7 +51,7 @@ BAD = {
         ],
         "at least 3 heads",
     ),
-    "backend that cannot run here": (["max-seq", "--impl", "sdpa", "--backend", "cudnn", *CPU], "cannot run"),
+    "backend that cannot run here": (["max-seq", "--impl", "sdpa", "--backend", "cudnn", *CPU], "runs on CUDA only"),
     "unknown dtype": (["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp8"], "dtype"),
     "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),

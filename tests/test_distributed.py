@@ -62,3 +62,16 @@ def test_an_oom_on_any_rank_is_the_trial_status():
         {"status": "oom", "rank": 1, "message": "CUDA out of memory", "failed_at": 2.0},
     ]
     assert agreed_status(results) == ("oom", "rank 1: CUDA out of memory")
+
+
+def test_a_rank_torchrun_stopped_is_no_cause_beside_one_that_said_why():
+    """torchrun stops a failed rank's peers with SIGTERM: the rank that wrote its error is the
+    cause, whichever torchrun saw first; a rank killed by another signal stays the cause."""
+    stopped = {"status": "killed", "rank": 0, "signal": 15, "message": "SIGTERM"}
+    failed = {"status": "error", "rank": 1, "message": "asked to fail", "failed_at": 5.0}
+    assert agreed_status([stopped, failed]) == ("error", "rank 1: asked to fail")
+    killed = {"status": "killed", "rank": 1, "signal": 9, "message": "SIGKILL"}
+    broken = {"status": "error", "rank": 0, "message": "connection closed by peer", "failed_at": 6.0}
+    assert agreed_status([broken, killed]) == ("killed", "rank 1: SIGKILL")
+    # nobody wrote why: a signal other than torchrun's SIGTERM is the cause
+    assert agreed_status([stopped, {**killed, "rank": 1}])[1] == "rank 1: SIGKILL"

@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -152,10 +153,17 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
         return "ok", ""
     # the root cause is an OOM if any rank ran out, else a rank a signal ended (its peers then
     # fail on a broken connection), else the rank that failed first (the others then fail on a
-    # broken connection or are stopped by torchrun)
+    # broken connection or are stopped by torchrun). torchrun stops a failed rank's peers with
+    # SIGTERM: such a rank is no cause where another wrote why it failed, and any other signal
+    # comes before it
     ooms = [r for r in failed if r.get("status") in ("oom", "host-oom")]
-    signalled = [r for r in failed if r.get("signal")]
-    first = min(ooms or signalled or failed, key=lambda r: r.get("failed_at", float("inf")))
+    wrote_why = any("failed_at" in r for r in failed)
+    signalled = [r for r in failed if r.get("signal") and not (r["signal"] == signal.SIGTERM and wrote_why)]
+    signalled.sort(key=lambda r: r["signal"] == signal.SIGTERM)
+    if ooms or not signalled:
+        first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
+    else:
+        first = signalled[0]
     status = first["status"]
     if status == "killed" and not first.get("signal"):  # no rank said why: the deadline, the OOM killer, a crash
         status = first.get("outcome") if first.get("outcome") in ("time-limit", "host-oom", "killed") else "error"
