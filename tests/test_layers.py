@@ -218,6 +218,7 @@ def test_read_only_commands_do_not_import_torch(command):
     assert loaded == [], f"`attnbench {' '.join(command)}` imported torch"
 
 
+@pytest.mark.slow
 def test_a_report_imports_no_torch(tmp_path):
     """The report reads what it knows of each implementation (its family, label, baseline, memory
     order) from the registry's declarations: over rows of rings and their single-device

@@ -53,7 +53,10 @@ def render(results: Results) -> Doc:
     doc = Doc()
     runs = sorted({r.run for r in results.rows if r.run})
     doc.add("# attnbench report\n")
-    doc.add(f"Generated {now_utc()} by `attnbench report {inline(results.source)}`.\n")
+    doc.add(
+        f"Generated {now_utc()} by `attnbench report {inline(results.source)}`.\n"
+        f"The seed reports' claims, each held against these rows: [{sd.SEEDS_FILE}]({sd.SEEDS_FILE}).\n"
+    )
     answer(doc, machines)
     # the seeds ran on GPUs: after the answer where a GPU ran too, after the details for a CPU run
     gpu_ran = not all(m.on_cpu for m in machines)
@@ -122,10 +125,10 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
         f"{a.REFERENCE_TEXT}\nwhere a trial ran there; ±half the 95% interval (n). A column no row fills is left out.\n"
     )
     every = [a.configurations(m) for m in machines]
-    helps = [second_gpu(m) for m in machines]
+    helps = second_gpu(machines)
     used = len(doc.text().splitlines()) + 1  # and the blank line before the first machine
     framing = sum(3 if configs else 2 for configs in every)  # a heading, and a table's header and rule
-    framing += sum(len(text.splitlines()) for text in helps)
+    framing += len(helps.splitlines())
     shown = a.first_screen(every, FIRST_SCREEN_LINES - used - framing)
     for i, (m, configs, rows) in enumerate(zip(machines, every, shown)):
         # no blank line between tables: a heading ends the table above it, and the first screen stays short
@@ -145,22 +148,22 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
             )
         raw = [c.csv_record() for c in configs]
         doc.tables.append((f"answer-{m.slug}.csv", Table("answer", list(raw[0]), raw)))
-    for m, text in zip(machines, helps):
-        if text:
-            doc.add(f"\n#### Does a second GPU help? {inline(m.name)}\n{text}")
+    if helps:
+        doc.add(f"\n#### Does a second GPU help?\n{helps}")
 
 
-def second_gpu(m: Machine) -> str:
-    """A machine of several GPUs: its sequence-parallel and data-parallel answer, two short tables."""
+def second_gpu(machines: list[Machine]) -> str:
+    """The machines of several GPUs: their sequence-parallel and data-parallel answers, two short
+    tables with a row per machine and implementation, so machines read side by side."""
+    from attnbench.report.seeds.page import machine_short
     from attnbench.report.tables import second_gpu as sg
 
-    if not m.several_gpus:
-        return ""
+    several = [(machine_short(m.name), m) for m in machines if m.several_gpus]
     parts = []
-    seq = sg.sequence_parallel(m.rows, m.gpu_count)
+    seq = sg.merged([(name, sg.sequence_parallel(m.rows, m.gpu_count)) for name, m in several])
     if seq:
         parts.append(wrapped(sg.SEQUENCE_TEXT) + seq.markdown())
-    batch = sg.data_parallel(m.speedups)
+    batch = sg.merged([(name, sg.data_parallel(m.speedups)) for name, m in several])
     if batch:
         parts.append(wrapped(sg.BATCH_TEXT) + batch.markdown())
     return "".join(parts)

@@ -131,6 +131,16 @@ def data_parallel(speedups: list[dict[str, Any]]) -> Table | None:
     return Table("second-gpu-batch", list(BATCH_HEADERS), records, formats)
 
 
+def merged(tables: list[tuple[str, Table | None]]) -> Table | None:
+    """One table of several machines' tables of the same headers: a Machine column first."""
+    present = [(name, t) for name, t in tables if t is not None]
+    if not present:
+        return None
+    first = present[0][1]
+    records = [{"Machine": name, **r} for name, t in present for r in t.records]
+    return Table(first.name, ["Machine", *first.headers], records, first.formats)
+
+
 def kernel_name(row) -> str:
     """`sdpa (cudnn)`, `dilated[1024,2048/1,2] (triton)`: the configuration and the kernel that ran;
     a model around it and training named too."""
