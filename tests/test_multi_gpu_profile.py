@@ -97,7 +97,7 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     # each equal-work baseline right before the sequence-parallel series it serves
     i = names.index(("ring", 1))
     assert names[i - 1] == ("sdpa", 1)
-    crossing = next(s for s in plan.series if s.impl == "ring-dilated")
+    crossing = next(s for s in plan.series if s.impl == "ring-dilated" and s.settings.kind == "points")
     before = plan.series[plan.series.index(crossing) - 1]
     assert before.impl == "dilated" and before.config["segment_lengths"] == crossing.config["segment_lengths"]
     assert before.config["dilation_rates"] == crossing.config["dilation_rates"]
@@ -108,7 +108,7 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
 
 def test_a_part_runs_alone_and_parts_run_in_the_profile_order():
     whole = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
-    assert whole.parts[0] == "data-parallel-flash" and whole.parts[-1] == "seed-rings" and len(whole.parts) == 7
+    assert whole.parts[0] == "data-parallel-flash" and whole.parts[-1] == "seed-rings" and len(whole.parts) == 8
     order = [s.settings.part for s in whole.series]
     assert order == sorted(order, key=whole.parts.index)  # speedup tables first, as the parts say
     ring = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu", parts=["seed-rings"])

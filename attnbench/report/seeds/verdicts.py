@@ -186,7 +186,7 @@ def where_from(claim: Claim) -> str:
     where = claim.where
     if where == "two GPUs":
         if claim.metric == "max_seq_8gb":
-            return "needs two GPUs under an 8 GiB allocator limit"
+            return f"needs two GPUs under an 8 GiB allocator limit: `{SEEDS_TWO_GPU_COMMAND} --part seed-capacity`"
         return f"needs two GPUs: `{SEEDS_TWO_GPU_COMMAND}`"
     if claim.metric == "max_seq_8gb":
         return f"one GPU measures it under an 8 GiB allocator limit: `{SEEDS_8GIB_COMMAND}`"
