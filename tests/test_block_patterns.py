@@ -1,5 +1,5 @@
 """Block patterns: the compact lists against literal transcriptions of each rule, and the
-properties docs/semantics.md asks for (diagonal, kept fraction, determinism, causal, compactness)."""
+properties docs/design/semantics.md asks for (diagonal, kept fraction, determinism, causal, compactness)."""
 
 from pathlib import Path
 

@@ -67,7 +67,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
 
 
 def token_mask_by_rule(impl, n, causal):
-    """docs/semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
+    """docs/design/semantics.md: M(t) = union of key blocks j in P(t div b), with u <= t when causal."""
     p = impl.pattern(n, causal)
     b = impl.block_size
     mask = torch.zeros(n, n, dtype=torch.bool)

@@ -8,7 +8,7 @@ about their timings is made up. Each point is timed in three fresh processes (`-
 on a CPU shared with other work, processes of the same code land tens of percent apart, and
 the gate claims a change only beyond the noise measured between them and beyond the CPU's
 stated minimum factor (x1.8). One thread per process (OMP_NUM_THREADS=1), as
-docs/regression-gate.md asks of CPU timings on a shared machine: with two threads on a loaded
+docs/reference/regression-gate.md asks of CPU timings on a shared machine: with two threads on a loaded
 two-core machine, one thread's preemption stalls the other and processes differ several-fold.
 """
 

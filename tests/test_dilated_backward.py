@@ -20,7 +20,7 @@ CONFIGS = [
 
 
 def differentiable_reference(q, k, v, mask):
-    """docs/semantics.md's masked attention in float64, kept on the autograd tape: a softmax over
+    """docs/design/semantics.md's masked attention in float64, kept on the autograd tape: a softmax over
     each query's key set, zero rows for empty sets."""
     scores = torch.einsum("bthd,buhd->bhtu", q, k) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~mask[None], float("-inf"))

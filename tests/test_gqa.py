@@ -2,7 +2,7 @@
 heads than query heads, matches the float64 reference in which query head h reads key/value
 head h // (H / H_kv) (forward and, where it trains, dq, dk, dv), causal and not; says whether
 it shared or copied K and V; refuses shapes it would misread. The workload's floor, FLOPs and
-identity follow the key/value heads as docs/semantics.md counts them."""
+identity follow the key/value heads as docs/design/semantics.md counts them."""
 
 import pytest
 import torch

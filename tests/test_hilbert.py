@@ -1,6 +1,6 @@
 """The Hilbert order is a true permutation, round-trips, and has the Hilbert curve's defining
 properties (checked from the grid, not from the code's own output); the Hilbert variant of
-dilated attention has the key sets docs/semantics.md defines."""
+dilated attention has the key sets docs/design/semantics.md defines."""
 
 import pytest
 import torch
@@ -98,7 +98,7 @@ def test_a_grid_the_length_cannot_form_is_a_config_error():
 
 
 def test_hilbert_dilated_key_sets_follow_the_definition():
-    """docs/semantics.md, literally: u in M(t) iff pi(u) in M_pattern(pi(t))."""
+    """docs/design/semantics.md, literally: u in M(t) iff pi(u) in M_pattern(pi(t))."""
     n, heads = 64, 3
     plain = impls.build("dilated", segment_lengths=[8, 16], dilation_rates=[1, 2])
     curved = impls.build("dilated", segment_lengths=[8, 16], dilation_rates=[1, 2], hilbert=True)

@@ -15,11 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attnbench"
 
-ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ARCHITECTURE = ROOT / "docs" / "design" / "architecture.md"
 
 
 def doc_layers(text: str) -> list[tuple[str, list[str]]]:
-    """The layers of docs/architecture.md ("## Layers"), lowest first: (layer, module prefixes),
+    """The layers of docs/design/architecture.md ("## Layers"), lowest first: (layer, module prefixes),
     read from the names that start each numbered item: `attnbench` (the package root), `name`
     (the module attnbench.name) or `name/` (the folder attnbench/name/, every module under it)."""
     section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
@@ -32,7 +32,7 @@ def doc_layers(text: str) -> list[tuple[str, list[str]]]:
 
 
 # Lowest first: a module imports only from its own layer or those before it. The list in
-# docs/architecture.md is the rule; a new module is placed there (the test names any that is not).
+# docs/design/architecture.md is the rule; a new module is placed there (the test names any that is not).
 LAYERS = doc_layers(ARCHITECTURE.read_text())
 
 
@@ -102,11 +102,11 @@ def edges() -> dict[str, set[str]]:
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in modules() if layer_of(m) is None]
-    assert not unplaced, f"place these modules in the layer list of docs/architecture.md: {unplaced}"
+    assert not unplaced, f"place these modules in the layer list of docs/design/architecture.md: {unplaced}"
 
 
 def test_the_layer_list_names_only_modules_that_exist():
-    assert len(LAYERS) >= 10, "docs/architecture.md's layer list was not read"
+    assert len(LAYERS) >= 10, "docs/design/architecture.md's layer list was not read"
     named = [m for _, prefixes in LAYERS for m in prefixes]
     assert [m for m in named if m not in modules()] == []
     assert len(named) == len(set(named)), "a module is in two layers"

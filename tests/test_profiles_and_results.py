@@ -24,13 +24,13 @@ def test_every_committed_profile_builds(path):
 
 
 def test_every_profile_setting_is_in_the_profiles_doc():
-    """docs/profiles.md is where the README sends a profile's author: each setting a profile
+    """docs/reference/profiles.md is where the README sends a profile's author: each setting a profile
     accepts is named there."""
     import re
 
     from attnbench.plan import SETTING_PARSERS
 
-    named = set(re.findall(r"`([a-z_0-9]+)`", (PROFILE_DIR.parent / "docs" / "profiles.md").read_text()))
+    named = set(re.findall(r"`([a-z_0-9]+)`", (PROFILE_DIR.parent / "docs" / "reference" / "profiles.md").read_text()))
     assert [key for key in SETTING_PARSERS if key not in named] == []
 
 

@@ -1,5 +1,5 @@
 """Every implementation against the float64 masked reference, and the reference and the
-declared key sets against independent transcriptions of docs/semantics.md."""
+declared key sets against independent transcriptions of docs/design/semantics.md."""
 
 import math
 
@@ -36,7 +36,7 @@ def test_cases_cover_batches_causal_and_uneven_groups():
 
 
 def dilated_mask_by_definition(seq_len, num_heads, ws, rs):
-    """docs/semantics.md, literally: group i has floor(H/G) + (1 if i < H mod G) heads, offset i mod r_i."""
+    """docs/design/semantics.md, literally: group i has floor(H/G) + (1 if i < H mod G) heads, offset i mod r_i."""
     G = len(ws)
     mask = torch.zeros(num_heads, seq_len, seq_len, dtype=torch.bool)
     h = 0

@@ -1,5 +1,5 @@
 """The seed claims and the verdict rule: the claims file is complete and consistent, every verdict
-follows the one rule of docs/verdicts.md from rows whose values are worked out by hand here, and
+follows the one rule of docs/design/verdicts.md from rows whose values are worked out by hand here, and
 every command the report suggests for missing data runs."""
 
 from __future__ import annotations

@@ -169,12 +169,12 @@ def test_a_workload_identity_is_every_workload_field_but_the_length():
 
 
 def test_every_stored_field_of_every_row_kind_is_in_the_results_format_doc():
-    """The README promises that docs/results-format.md names every field of every row: a field
+    """The README promises that docs/reference/results-format.md names every field of every row: a field
     added to a row class without a word in that page fails here."""
     import dataclasses
     import re
 
-    named = set(re.findall(r"`([a-z_0-9]+)`", (ROOT / "docs" / "results-format.md").read_text()))
+    named = set(re.findall(r"`([a-z_0-9]+)`", (ROOT / "docs" / "reference" / "results-format.md").read_text()))
     missing = {
         cls.__name__: [
             f.name for f in dataclasses.fields(cls) if f.name not in named and f.name not in schema._NOT_STORED

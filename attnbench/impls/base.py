@@ -3,7 +3,7 @@
 An implementation is a ``torch.nn.Module`` whose ``forward(q, k, v, is_causal=False)`` takes
 ``(B, N, H, D)`` queries and ``(B, N, H_kv, D)`` keys and values (``H`` a multiple of ``H_kv``:
 grouped-query attention, ``attnbench.impls.gqa``) and returns ``(B, N, H, D)``, and which
-declares its key sets (docs/semantics.md): for each query head ``h`` and query ``t`` the keys
+declares its key sets (docs/design/semantics.md): for each query head ``h`` and query ``t`` the keys
 ``M_h(t)`` that one softmax runs over. The declaration is what the float64 reference checks
 against and what FLOPs and sparsity are counted from. Every call's shapes are checked before
 ``forward`` runs, so no implementation computes on shapes it would misread.

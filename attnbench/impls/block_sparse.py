@@ -1,4 +1,4 @@
-"""Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/semantics.md).
+"""Block-sparse attention: one softmax over the key blocks a pattern keeps (docs/design/semantics.md).
 
 The pattern (attnbench.masks.patterns) lists, for each query block, its kept key blocks as a few
 progressions. Three kernels run the same math:
@@ -14,7 +14,7 @@ progressions. Three kernels run the same math:
   ``attnbench.impls.flex_kernel``.
 - ``triton`` (GPU, no autograd, fp16/bf16; else ``flex``): a Triton forward (``attnbench.impls.flash``)
   over compressed-row block lists, all rows in one launch per chunk, longest first. On an H100
-  it runs at FlexAttention's pace, not beyond (docs/kernels.md), so ``auto`` stays ``flex``.
+  it runs at FlexAttention's pace, not beyond (docs/findings/kernels.md), so ``auto`` stays ``flex``.
 - ``gather`` (the CPU path): for a chunk of query blocks, gather their kept key blocks and
   run one masked softmax over all of them (SDPA with a boolean mask), chunked so the
   gathered keys stay under a fixed budget.

@@ -1,6 +1,6 @@
 """block-sparse-ring: block-sparse attention over a sequence split across ranks.
 
-The key sets are ``block-sparse``'s with the same configuration (docs/semantics.md): the pattern
+The key sets are ``block-sparse``'s with the same configuration (docs/design/semantics.md): the pattern
 is built for the whole sequence, and rank r holds its contiguous blocks ``[r m, (r+1) m)``
 (``m`` = blocks per rank). Contiguous also when causal: a causal pattern keeps no block above
 the diagonal, so later ranks do more of the work (the price of receiving only what the

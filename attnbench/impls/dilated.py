@@ -1,4 +1,4 @@
-"""LongNet dilated attention (arXiv 2307.02486), head-group layout, as docs/semantics.md defines it.
+"""LongNet dilated attention (arXiv 2307.02486), head-group layout, as docs/design/semantics.md defines it.
 
 Heads are split into G contiguous groups; group i uses segment length w_i and dilation r_i
 with offset o_i = i mod r_i. A query at position p of its segment attends only if

@@ -47,7 +47,7 @@ class Tiles:
     tma: bool = False
 
 
-# Chosen on one H100 (bf16, D=64; docs/kernels.md): dilated at 1M ran within 1% at (128, 64) and
+# Chosen on one H100 (bf16, D=64; docs/findings/kernels.md): dilated at 1M ran within 1% at (128, 64) and
 # (128, 128), 4 or 8 warps, 3 stages; two stages or 64-row tiles were slower. The block-sparse
 # loop is long like dense attention's, where (128, 128, 4 warps) was the fastest at 64K; its
 # 128-wide key tiles would take 224 KB of shared memory at head dim 128, so 64 there.

@@ -2,7 +2,7 @@
 
 ``curve_order(seq_len, grid_width)`` returns ``order``: ``order[i]`` is the row-major index
 of the i-th token along the curve, so ``x[:, order]`` is the sequence in curve order and
-``pi = inverse(order)`` maps an original position to its curve position (docs/semantics.md:
+``pi = inverse(order)`` maps an original position to its curve position (docs/design/semantics.md:
 ``M_h(t) = pi^-1(M_pattern(pi(t)))``).
 
 The grid is ``rows x cols``. A Hilbert curve fills a square whose side is a power of two, so

@@ -16,7 +16,7 @@ pattern may keep are all ``nb^2`` block pairs, or with ``causal`` the ``nb(nb+1)
 or below the diagonal: a causal pattern is sized for that triangle, and keeps no block above
 the diagonal (the upper triangle inside the diagonal block is masked by the kernels).
 
-The rules (docs/block-sparse.md, "Patterns", has pictures):
+The rules (docs/design/block-sparse.md, "Patterns", has pictures):
 
 - ``local_window``: row ``i`` keeps ``w`` consecutive blocks centred on ``i``, shifted inwards
   at the ends of the sequence (every row keeps exactly ``w``); causal: the ``w`` blocks

@@ -1,6 +1,6 @@
 """The float64 dense masked reference, and verification of any registered implementation.
 
-Every implementation is defined by its declared key sets (docs/semantics.md), so one reference
+Every implementation is defined by its declared key sets (docs/design/semantics.md), so one reference
 checks them all: build the boolean (H, N, N) mask at small N, run masked softmax attention in
 float64 on the CPU, and compare with ||out - ref|| / ||ref||. With grouped heads (fewer
 key/value heads than query heads) the reference reads, for query head h, key/value head

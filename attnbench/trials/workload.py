@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # checked before torch is imported.
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("fwd", "fwd_bwd")
-# Backward of attention costs 2.5x the forward (docs/semantics.md), so fwd+bwd is 3.5x.
+# Backward of attention costs 2.5x the forward (docs/design/semantics.md), so fwd+bwd is 3.5x.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd_bwd": 3.5}
 # Tensors the pass cannot avoid holding, as (query-shaped, key/value-shaped): q and out, k and v
 # (+ dout and dq, dk and dv for the backward). K and V have kv_heads heads, the others heads.
@@ -77,7 +77,7 @@ class Workload:
 
     @property
     def floor_bytes(self) -> int:
-        """The memory floor: inputs and outputs the pass must hold (docs/semantics.md)."""
+        """The memory floor: inputs and outputs the pass must hold (docs/design/semantics.md)."""
         query_like, kv_like = MODE_FLOOR_TENSORS[self.mode]
         return query_like * self.tensor_bytes + kv_like * self.kv_tensor_bytes
 

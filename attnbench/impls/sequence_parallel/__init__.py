@@ -1,6 +1,6 @@
 """Sequence-parallel attention: one sequence split over the ranks of a process group.
 
-Contract (docs/semantics.md, "Sequence-parallel variants"): inside an initialised process group of ``p``
+Contract (docs/design/semantics.md, "Sequence-parallel variants"): inside an initialised process group of ``p``
 ranks, ``forward(q, k, v, is_causal)`` takes the rank's shard ``(B, N/p, H, D)`` of q, k
 and v and returns the rank's shard of the output. Which global positions a rank holds, in
 which local order, is the implementation's declaration ``shard_positions(N, rank,

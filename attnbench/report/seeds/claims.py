@@ -3,7 +3,7 @@ which rows measure it, and how its numbers are written.
 
 A claim names one quantity (``metric``) and the rows that measure it (``match``), or the ratio
 of two quantities (``match`` over ``over``). ``seeds.measured`` gives the quantity on one
-machine; whether that confirms the seed is ``seeds.verdicts``'s rule (docs/verdicts.md).
+machine; whether that confirms the seed is ``seeds.verdicts``'s rule (docs/design/verdicts.md).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def summary(vs: list[v.Verdict]) -> str:
     """The report's "against the seeds" part: counts, the findings that matter most, the link."""
     lines = [
         f"Five seed reports measured on {HARDWARE}; each claim is held against these rows",
-        f"by one rule (docs/verdicts.md), claim by claim in [{SEEDS_FILE}]({SEEDS_FILE}).",
+        f"by one rule (docs/design/verdicts.md), claim by claim in [{SEEDS_FILE}]({SEEDS_FILE}).",
         tally(vs),
     ]
     furthest = findings(vs)
@@ -156,7 +156,7 @@ def seeds_markdown(vs: list[v.Verdict]) -> str:
         "# The seed reports against the measurements\n\n",
         f"Five seed reports measured dilated, block-sparse and ring attention on {HARDWARE}. Each number\n",
         "of their summaries and tables is one claim below, held against the rows that measure the same\n",
-        "quantity on the same workload, by one rule (docs/verdicts.md in the attnbench repository):\n\n",
+        "quantity on the same workload, by one rule (docs/design/verdicts.md in the attnbench repository):\n\n",
         f"- the seed's number stands for every value its printing rounds to it; the measurement (its 95%\n"
         f"  interval where it has one) agrees when it lies within a factor of {v.TOLERANCE:g} of that range;\n",
         "- a claim that also says on which side of a threshold the quantity lies (slower than one GPU:\n"

@@ -1,5 +1,5 @@
 """The verdict rule: one way to hold every seed claim against what was measured, with a short
-reason for each verdict. docs/verdicts.md says it in words; in order:
+reason for each verdict. docs/design/verdicts.md says it in words; in order:
 
 1. A claim that names nothing a row measures (the seed's arithmetic, a projection onto hardware
    not measured, another device's absolute speed) is *not comparable*; its note says why.
