@@ -18,10 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.measure.stats import plus_minus
 from attnbench.report.document import Doc, Machine
 from attnbench.report.fit import Capacity, capacities
-from attnbench.report.intervals import tflops_interval
+from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
 from attnbench.results.schema import Row
@@ -188,16 +187,11 @@ def models_table(records: list[ModelRecord], compare: int) -> Table:
         rows.append(row)
     formats = {"Note": lambda v: v}
     for _, name in MODES:
-        formats[f"{name} TFLOP/s at {at}"] = _tflops_cell
+        formats[f"{name} TFLOP/s at {at}"] = tflops_cell
         formats[f"{name} Bytes/Token (x Floor)"] = _bytes_cell
         formats[f"{name} Longest (Under)"] = _longest_cell
         formats[f"{name} Predicted, Whole GPU"] = lambda v: f"~{format_tokens(int(v))}"
     return Table("models", list(rows[0]), rows, formats)
-
-
-def _tflops_cell(iv) -> str:
-    """``581.2 ±0.7 (n=10)``; three significant digits below 10 (a CPU's 0.0123)."""
-    return plus_minus(iv, lambda x: f"{x:,.1f}" if x >= 10 else f"{x:.3g}") if iv else "-"
 
 
 def _bytes_cell(v) -> str:

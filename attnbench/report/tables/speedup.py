@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.measure.stats import Interval
-from attnbench.report.data import speedup_rows
+from attnbench.report.data import config_text, speedup_rows
 from attnbench.report.intervals import (
     DATA_PARALLEL_TIMER,
     divided,
@@ -158,11 +158,7 @@ def memory_table(rows: list[Speedup]) -> str:
 
 
 def _title(r: Speedup) -> str:
-    config = ", ".join(
-        f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in (r.config or {}).items()
-        if k != "max_chunk_tokens"
-    )
+    config = config_text(r.config)
     module = "multi-head module (q/k/v/out projections)" if r.module == "multihead" else "attention"
     return (
         f"{r.impl}{f' ({config})' if config else ''}: {module}, {r.dtype}, H={r.heads}, D={r.head_dim}, "
