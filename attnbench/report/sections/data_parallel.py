@@ -133,17 +133,7 @@ def render(doc: Doc, m: Machine) -> None:
         doc.table(
             Table(
                 f"speedup-{strategy}",
-                [
-                    "Sequence Length",
-                    "Batch Size",
-                    "Single GPU Time",
-                    "Multi-GPU Time",
-                    "Speedup",
-                    "Notes",
-                    "Efficiency",
-                    "Output Match",
-                    "Timer",
-                ],
+                list(records[0]),
                 records,
                 {
                     "Sequence Length": tokens_cell,

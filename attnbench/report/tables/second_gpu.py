@@ -28,24 +28,6 @@ BATCH_TEXT = (
     "fixed cost per call (±half its 95% interval, n cases); `New thread alone`: the same call on one GPU from a "
     "new thread, as DataParallel makes each replica's (section Data parallelism says why):"
 )
-SEQUENCE_HEADERS = (
-    "Implementation",
-    "Longest, 1 GPU → all",
-    "At",
-    "1 GPU (equal work)",
-    "All GPUs",
-    "Speedup",
-    "Efficiency",
-    "Sent per call",
-)
-BATCH_HEADERS = (
-    "Kernel",
-    "DataParallel: fixed cost per call",
-    "speedup at largest case",
-    "New thread alone",
-    "Multi-process: fixed cost per call",
-    "speedup at largest case ",
-)
 
 
 def sequence_parallel(rows: list, gpus: int) -> Table | None:
@@ -74,9 +56,7 @@ def sequence_parallel(rows: list, gpus: int) -> Table | None:
         }
         for t in chosen.values()
     ]
-    return Table(
-        "second-gpu-sequence", list(SEQUENCE_HEADERS), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell}
-    )
+    return Table("second-gpu-sequence", list(records[0]), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell})
 
 
 def _longest(rows: list) -> dict[str, str]:
@@ -128,7 +108,7 @@ def data_parallel(speedups: list[SpeedupCase]) -> Table | None:
     if not records:
         return None
     formats = {"speedup at largest case": _case_ratio, "speedup at largest case ": _case_ratio}
-    return Table("second-gpu-batch", list(BATCH_HEADERS), records, formats)
+    return Table("second-gpu-batch", list(records[0]), records, formats)
 
 
 def merged(tables: list[tuple[str, Table | None]]) -> Table | None:
