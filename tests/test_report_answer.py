@@ -83,7 +83,7 @@ def test_a_length_whose_confirmation_failed_is_not_the_answer(tmp_path):
     failed_confirm = typed_row(kind="max-seq", series="s", label="sdpa", seq_len=2048, status="oom", env=ENV)
     rows.insert(-1, failed_confirm)
     (summary,) = max_seq_summary(rows)
-    assert (summary["max_seq_len"], summary["first_failure"], summary["peak_bytes"]) == (1024, 2048, 4096 * 1024)
+    assert (summary.max_seq_len, summary.first_failure, summary.peak_bytes) == (1024, 2048, 4096 * 1024)
     md = render(load(write_rows(tmp_path / "run", rows))).text()
     answer = md.split("## The answer")[1].split("\n## ")[0]
     assert "| sdpa | bf16 H8 D64 | 1K – 2K | memory |" in answer
@@ -213,7 +213,7 @@ def test_a_forward_and_a_training_search_of_one_label_are_told_apart():
     forward = search("sdpa", [1024, 2048], 4096, series="f")
     training = [dataclasses.replace(r, mode="fwd_bwd") for r in search("sdpa", [1024], 2048, series="t")]
     summary = max_seq_summary(forward + training)
-    assert sorted((s["mode"], s["max_seq_len"]) for s in summary) == [("fwd", 2048), ("fwd_bwd", 1024)]
+    assert sorted((s.mode, s.max_seq_len) for s in summary) == [("fwd", 2048), ("fwd_bwd", 1024)]
     lines = summary_table(summary).splitlines()
     assert "Mode" in lines[0] and any("| sdpa | bf16 | fwd_bwd |" in line for line in lines)
 

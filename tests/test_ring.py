@@ -379,14 +379,14 @@ def test_scaling_readout_from_rows():
     from conftest import typed_row
 
     rows = [typed_row(**r) for r in rows]
-    two = [t for t in time_scaling(rows) if t["world_size"] == 2]
+    two = [t for t in time_scaling(rows) if t.world_size == 2]
     assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
     # against the equal-work baseline (sdpa over the whole sequence), the same split (ring x1) beside it
-    assert two[0]["baseline"] == "equal work: sdpa"
-    assert two[0]["speedup"] == pytest.approx(1.8) and two[0]["efficiency"] == pytest.approx(0.9)
-    assert two[0]["efficiency_same_split"] == pytest.approx(0.8)
-    assert two[0]["overhead"] == pytest.approx(1000 / 900 - 1) and two[0]["comm_wait_ms"] == 25.0  # the slowest rank's
-    assert [s["ratio"] for s in max_seq_scaling(rows)] == [1.0, 1.95]
+    assert two[0].baseline == "equal work: sdpa"
+    assert two[0].speedup == pytest.approx(1.8) and two[0].efficiency == pytest.approx(0.9)
+    assert two[0].efficiency_same_split == pytest.approx(0.8)
+    assert two[0].overhead == pytest.approx(1000 / 900 - 1) and two[0].comm_wait_ms == 25.0  # the slowest rank's
+    assert [s.ratio for s in max_seq_scaling(rows)] == [1.0, 1.95]
     # the time cell is the median with its interval and sample count (one sample: no interval)
     assert "| ring x2 | 1,048,576 (1M) | 2 | 500 ms (n=1) |" in scaling_markdown(rows)
 

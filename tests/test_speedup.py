@@ -660,8 +660,8 @@ def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_groupin
 
     rows = [row("single", 1, None, 10.0), row("single", 1, 2, 6.0), row("dp", 2, 2, 4.0)]
     assert len({r.key for r in rows}) == 3  # resume tells the two single rows apart
-    (multi,) = [rec for rec in speedup_records(rows) if rec["row"].strategy == "dp"]
-    assert multi["single"].kv_heads == 2 and multi["speedup"] == pytest.approx(1.5)
+    (multi,) = [rec for rec in speedup_records(rows) if rec.row.strategy == "dp"]
+    assert multi.single.kv_heads == 2 and multi.speedup == pytest.approx(1.5)
 
 
 # --- where a data-parallel call's time goes -------------------------------------------------------
@@ -704,7 +704,7 @@ def test_a_data_parallel_speedup_is_read_in_eager_time():
 
     rows = [row("single", 1, 10.0, 9.0), row("thread", 1, 60.0, 0.5)]
     (case,) = speedup_cases(rows)
-    assert case["timer"] == "eager" and case["speedup"] == pytest.approx(10 / 60)
+    assert case.timer == "eager" and case.speedup == pytest.approx(10 / 60)
 
 
 def test_strategies_that_launch_on_other_threads_take_no_gpu_time():

@@ -3,7 +3,7 @@ peak over the training floor and useful TFLOP/s there and at 64K, beside its for
 largest length; a configuration measured only at 64K has that column alone."""
 
 from attnbench.report.tables.sweep_files import sweep_markdown
-from attnbench.report.tables.training import training_records
+from attnbench.report.tables.training import TrainingRecord, training_records
 
 from conftest import typed_row
 
@@ -50,21 +50,23 @@ ROWS = [
 
 def test_records_hold_the_largest_training_and_forward_lengths():
     dilated, block = training_records(typed(ROWS))
-    at_max, at_64k = dilated.pop("tflops_at_max"), dilated.pop("tflops_compare")
-    assert dilated == {
-        "label": "dilated(a)",
-        "dtype": "bf16",
-        "machine": "GPU x1",
-        "max_seq_len": 1 << 23,
-        "memory_limit": 0,  # the whole GPU
-        "peak_over_floor": 1.03,
-        "fwd_max_seq_len": 1 << 25,
-        "fwd_peak_over_floor": 1.0,
-    }
+    at_max, at_64k = dilated.tflops_at_max, dilated.tflops_compare
+    assert dilated == TrainingRecord(
+        label="dilated(a)",
+        dtype="bf16",
+        machine="GPU x1",
+        max_seq_len=1 << 23,
+        memory_limit=0,  # the whole GPU
+        peak_over_floor=1.03,
+        tflops_at_max=at_max,
+        tflops_compare=at_64k,
+        fwd_max_seq_len=1 << 25,
+        fwd_peak_over_floor=1.0,
+    )
     assert (at_max.value, at_max.n, at_64k.value) == (280.0, 10, 250.0)
     # a rate is work over time: the slowest plausible median gives the low end
     assert 280.0 * 10.0 / 10.1 <= at_max.low < 280.0 < at_max.high <= 280.0 * 10.0 / 9.9
-    assert block["max_seq_len"] is None and block["tflops_compare"].value == 120.0 and block["fwd_max_seq_len"] is None
+    assert block.max_seq_len is None and block.tflops_compare.value == 120.0 and block.fwd_max_seq_len is None
 
 
 def test_sweep_markdown_has_the_training_table_only_with_training_rows():
@@ -89,8 +91,8 @@ def test_a_search_and_points_of_one_configuration_make_one_record():
         _trial("b-points", "block-sparse", "fwd_bwd", "points", 65536, peak=1.14, tflops=300.0),
     ]
     (record,) = training_records(typed(rows))
-    assert (record["max_seq_len"], record["peak_over_floor"], record["tflops_at_max"].value) == (1 << 20, 1.10, 270.0)
-    assert record["tflops_compare"].value == 300.0
+    assert (record.max_seq_len, record.peak_over_floor, record.tflops_at_max.value) == (1 << 20, 1.10, 270.0)
+    assert record.tflops_compare.value == 300.0
 
 
 def test_a_search_joins_the_points_of_its_own_code_version():
@@ -110,11 +112,11 @@ def test_a_search_joins_the_points_of_its_own_code_version():
         ),
         by("new", _trial("b-points@new", "bs", "fwd_bwd", "points", 65536, tflops=240.0), "bs @ new"),
     ]
-    new, old = sorted(training_records(typed(rows)), key=lambda r: r["label"])
-    assert (new["label"], new["max_seq_len"], new["tflops_compare"].value) == ("bs @ new", 1 << 21, 240.0)
-    assert new["memory_limit"] == 16 << 30 and old["memory_limit"] is None
+    new, old = sorted(training_records(typed(rows)), key=lambda r: r.label)
+    assert (new.label, new.max_seq_len, new.tflops_compare.value) == ("bs @ new", 1 << 21, 240.0)
+    assert new.memory_limit == 16 << 30 and old.memory_limit is None
     assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in sweep_markdown(typed(rows))
-    assert (old["label"], old["max_seq_len"], old["tflops_compare"].value) == (
+    assert (old.label, old.max_seq_len, old.tflops_compare.value) == (
         "bs @ old (superseded by new)",
         None,
         200.0,

@@ -18,6 +18,7 @@ from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.intervals import bracket, ms_cell, tflops_cell, tflops_interval, time_interval
+from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Trial
 from attnbench.units import format_bytes, format_gib, short_tokens
 
@@ -41,12 +42,12 @@ ANSWER_HEADERS = (
 class Search:
     """One max-seq search as the answer shows it."""
 
-    summary: dict[str, Any]  # from tables.sweep.max_seq_summary, with its first trial as "head"
+    summary: MaxSeqSummary
     best: Trial | None  # the successful trial at its longest length
 
     @property
     def head(self) -> Trial:
-        return self.summary["head"]
+        return self.summary.head
 
     @property
     def limit(self) -> int | None:
@@ -54,12 +55,12 @@ class Search:
 
     def length_text(self) -> str:
         s = self.summary
-        if not s["complete"]:
-            return f"≥ {short_tokens(s['max_seq_len'])}" if s["max_seq_len"] else "none yet"
-        return bracket(s["max_seq_len"], s["first_failure"], short_tokens)
+        if not s.complete:
+            return f"≥ {short_tokens(s.max_seq_len)}" if s.max_seq_len else "none yet"
+        return bracket(s.max_seq_len, s.first_failure, short_tokens)
 
     def stop_text(self) -> str:
-        stop = self.summary["stopped_by"]
+        stop = self.summary.stopped_by
         return f"{stop} ({format_gib(self.limit)} limit)" if self.limit else stop
 
 
@@ -83,7 +84,7 @@ class Configuration:
         if train:
             ratio = train.best.peak_over_floor if train.best else None
             # the limit is said once, beside the forward, where both ran under the same one
-            stop = train.summary["stopped_by"] if fwd and fwd.limit == train.limit else train.stop_text()
+            stop = train.summary.stopped_by if fwd and fwd.limit == train.limit else train.stop_text()
             train_text = f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
         return {
             "Configuration": self.label,
@@ -102,14 +103,14 @@ class Configuration:
         """The same numbers raw, for the CSV: lengths in tokens, memory in bytes."""
         out: dict[str, Any] = {"Configuration": self.label, "Settings": self.settings, "GPUs": self.world_size}
         for name, search in (("Forward", self.forward), ("Training", self.training)):
-            s = search.summary if search else {}
+            s = search.summary if search else None
             best = search.best if search else None
             out.update(
                 {
-                    f"{name} Longest": s.get("max_seq_len"),
-                    f"{name} First Failure": s.get("first_failure"),
-                    f"{name} Stopped By": s.get("stopped_by"),
-                    f"{name} Search Finished": s.get("complete"),
+                    f"{name} Longest": getattr(s, "max_seq_len", None),
+                    f"{name} First Failure": getattr(s, "first_failure", None),
+                    f"{name} Stopped By": getattr(s, "stopped_by", None),
+                    f"{name} Search Finished": getattr(s, "complete", None),
                     f"{name} Memory Limit": search.limit if search else None,
                     f"{name} Peak per GPU": d.peak_per_gpu(best),
                     f"{name} Peak / Floor": best.peak_over_floor if best else None,
@@ -196,7 +197,7 @@ def _newest_search(searches: list[Search]) -> Search | None:
     """The search that answers: on the whole device before one under a limit, then the newest."""
     if not searches:
         return None
-    return max(searches, key=lambda s: (s.limit is None, d.row_date(s.head), s.summary["series"]))
+    return max(searches, key=lambda s: (s.limit is None, d.row_date(s.head), s.summary.series))
 
 
 def _reference_tflops(trials: list[Trial], mode: str):
@@ -213,8 +214,8 @@ def configurations(machine) -> list[Configuration]:
         by_key.setdefault(configuration_key(r), []).append(r)
     searches: dict[str, dict[str, list[Search]]] = {}
     for s in machine.summaries:
-        mode = s["head"].mode or "fwd"
-        searches.setdefault(configuration_key(s["head"]), {}).setdefault(mode, []).append(Search(s, machine.at_max(s)))
+        mode = s.head.mode or "fwd"
+        searches.setdefault(configuration_key(s.head), {}).setdefault(mode, []).append(Search(s, machine.at_max(s)))
     out = []
     for key, modes in searches.items():
         fwd, train = _newest_search(modes.get("fwd", [])), _newest_search(modes.get("fwd_bwd", []))
@@ -234,7 +235,7 @@ def configurations(machine) -> list[Configuration]:
     common_speeds(out, by_key)
 
     def order(c: Configuration) -> tuple:
-        longest = c.forward.summary["max_seq_len"] if c.forward else 0
+        longest = c.forward.summary.max_seq_len if c.forward else 0
         return (c.world_size, -(longest or 0), c.label, c.settings)
 
     return sorted(out, key=order)

@@ -20,7 +20,7 @@ from attnbench.report.plots import figures as p
 from attnbench.report.sections import sections
 from attnbench.report.seeds import page as sd
 from attnbench.report.seeds.verdicts import verdicts
-from attnbench.report.tables.sweep import max_seq_summary, trials_csv
+from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, write_files_whole
 
 REPORT_FILE = "report.md"
@@ -225,9 +225,7 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
             files[f"{CSV_DIR}/trials-{slug(name)}.csv"] = trials_csv(rows)
         summary = max_seq_summary(rows)
         if summary:
-            import pandas as pd
-
-            files[f"{CSV_DIR}/max-seq-{slug(name)}.csv"] = pd.DataFrame(summary).to_csv(index=False)
+            files[f"{CSV_DIR}/max-seq-{slug(name)}.csv"] = max_seq_csv(summary)
     files.update(doc.files)
     files[REPORT_FILE] = doc.text()
     data = {name: text.encode("utf-8") for name, text in files.items()} | dict(doc.figures)

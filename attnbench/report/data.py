@@ -158,21 +158,9 @@ def world_size(row: Workload | None) -> int:
     return int((row.world_size if row is not None else None) or 1)
 
 
-def gpu_memory(row: Row | None) -> list[dict[str, Any]]:
-    """Per GPU: index, allocator peaks (max_memory_allocated, max_memory_reserved), NVML peak and growth."""
-    out = []
-    for g in getattr(row, "gpus", None) or []:
-        before, peak = g.nvml_used_before, g.nvml_used_peak
-        out.append(
-            {
-                "index": g.index,
-                "allocated": g.max_memory_allocated,
-                "reserved": g.max_memory_reserved,
-                "nvml_peak": peak,
-                "nvml_added": peak - before if peak is not None and before is not None else None,
-            }
-        )
-    return out
+def gpus(row: Row | None) -> list:
+    """Per GPU of a multi-GPU row: its allocator peaks and NVML peak (``schema.GpuMemory``)."""
+    return getattr(row, "gpus", None) or []
 
 
 def peak_per_gpu(row: Row | None) -> float | None:
@@ -180,7 +168,7 @@ def peak_per_gpu(row: Row | None) -> float | None:
     if row is None:
         return None
     if world_size(row) > 1:
-        peaks = [g["allocated"] for g in gpu_memory(row) if g["allocated"] is not None]
+        peaks = [g.max_memory_allocated for g in gpus(row) if g.max_memory_allocated is not None]
         if peaks:
             return max(peaks)
     return getattr(row, "peak_bytes", None)

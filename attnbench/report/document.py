@@ -10,7 +10,8 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.fit import capacities
 from attnbench.report.markdown import Table, heading_text
-from attnbench.report.tables.multigpu import max_seq_by_series, speedup_cases
+from attnbench.report.tables.multigpu import speedup_cases
+from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Trial
 from attnbench.units import (
     format_bytes,
@@ -138,7 +139,7 @@ class Machine:
         self.slug = d.slug(name)
         self.rows = rows
         self.trials = d.trials(rows)
-        self.summaries = max_seq_by_series(rows)
+        self.summaries = max_seq_summary(rows)
         self.capacities = capacities(rows)  # the max-seq-result rows say which searches finished
         self.speedups = speedup_cases(rows)
         self.gpu_count = max((len(r.env.gpus or []) for r in rows if r.env), default=0)
@@ -153,9 +154,9 @@ class Machine:
         """Whether multi-GPU data can come from this machine (a missing table is worth naming)."""
         return self.gpu_count > 1
 
-    def at_max(self, summary: dict[str, Any]) -> Trial | None:
+    def at_max(self, summary: MaxSeqSummary) -> Trial | None:
         """The successful trial at a max-seq series' largest length."""
         return next(
-            (r for r in d.ok(self.trials) if r.series == summary["series"] and r.seq_len == summary["max_seq_len"]),
+            (r for r in d.ok(self.trials) if r.series == summary.series and r.seq_len == summary.max_seq_len),
             None,
         )

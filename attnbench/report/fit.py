@@ -92,7 +92,7 @@ def fit_miss_cause(c: Capacity) -> str:
 
 def capacities(rows: list[Row]) -> list[Capacity]:
     """One capacity estimate per series (max-seq and points trials of one workload together)."""
-    stops = {s["series"]: s for s in max_seq_summary(rows)}
+    stops = {s.series: s for s in max_seq_summary(rows)}
     out = []
     for key, series_rows in series_groups(rows).items():
         head = series_rows[0]
@@ -118,16 +118,12 @@ def capacities(rows: list[Row]) -> list[Capacity]:
                 overhead=overhead,
                 budget=budget,
                 budget_note=note,
-                measured_max=stop["max_seq_len"] if stop else None,
-                stopped_by=stop["stopped_by"] if stop else None,
+                measured_max=stop.max_seq_len if stop else None,
+                stopped_by=stop.stopped_by if stop else None,
                 longest_ok=max((r.seq_len for r in good), default=None),
             )
         )
     return out
-
-
-def single_device_capacities(rows: list[Row]) -> list[Capacity]:
-    return [c for c in capacities(rows) if c.world_size == 1]
 
 
 # --- `attnbench predict` ---------------------------------------------------------------------------

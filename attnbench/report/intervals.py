@@ -36,15 +36,14 @@ def samples(row: Row, timer: str = "eager") -> list[float]:
 
 def time_interval(row: Any, timer: str = "eager") -> Interval | None:
     """The median time of ``row`` and its 95% interval, in ms (``row`` a timed row, or a
-    record with the same time fields)."""
+    record with the same time fields, such as a max-seq summary)."""
     if row is None:
         return None
-    get = row.get if isinstance(row, dict) else lambda name: _field(row, name)
     prefix = "gpu_time" if timer == "gpu" else "time"
-    value = get("gpu_time_ms" if timer == "gpu" else "time_ms")
-    if value is not None and get(f"{prefix}_ci_low") is not None:
-        return Interval(value, get(f"{prefix}_ci_low"), get(f"{prefix}_ci_high"), get(f"{prefix}_n"))
-    iv = None if isinstance(row, dict) else stats.median_interval(samples(row, timer))
+    value, low = _field(row, f"{prefix}_ms"), _field(row, f"{prefix}_ci_low")
+    if value is not None and low is not None:
+        return Interval(value, low, _field(row, f"{prefix}_ci_high"), _field(row, f"{prefix}_n"))
+    iv = stats.median_interval(samples(row, timer))
     if iv is None and value is not None:
         return Interval(value, value, value, 1)  # a median without its samples: no spread known
     return iv

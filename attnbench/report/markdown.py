@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # every character Python's str.splitlines() breaks a line at, and tabs
@@ -32,6 +33,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell_text(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record the report derives from rows; read by attribute. ``record["name"]`` remains
+    for the command line's readouts (attnbench/cli/sweep.py), which still read by key."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+def record_table(columns: dict[str, Any], records: Sequence[Any]) -> str:
+    """A markdown table of typed records: ``columns`` maps each header to its cell of a record."""
+    return table(list(columns), [[cell(r) for cell in columns.values()] for r in records])
 
 
 RESULT_TEXT = {
@@ -79,6 +94,11 @@ class Table:
         self.headers = list(headers)
         self.records = list(records)
         self.formats = formats or {}
+
+    @classmethod
+    def of(cls, name: str, columns: dict[str, str], records: Sequence[Any], formats: dict[str, Any] | None = None):
+        """A table of typed records: ``columns`` maps each header to the attribute it shows."""
+        return cls(name, list(columns), [{h: getattr(r, a) for h, a in columns.items()} for r in records], formats)
 
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:

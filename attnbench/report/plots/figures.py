@@ -14,13 +14,16 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnbench import impls
 from attnbench.report.data import describe, heads_text, is_superseded, ok, peak_per_gpu, row_date, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
 from attnbench.units import format_gib, short_tokens
+
+if TYPE_CHECKING:
+    from attnbench.report.tables.multigpu import SpeedupCase
 
 MAX_SERIES = 8
 COLUMNS = 2
@@ -62,7 +65,7 @@ def family(head: Trial) -> str:
 def lines(rows: list[Row], value) -> list[Line]:
     """One line per workload (identity without length, plus its memory limit): its newest
     series that is not superseded, with successful trials where ``value`` has a number."""
-    stops = {s["series"]: s for s in max_seq_summary(rows)}
+    stops = {s.series: s for s in max_seq_summary(rows)}
     newest: dict[str, list[Trial]] = {}
     for group in series_groups(rows).values():
         head = group[0]
@@ -78,7 +81,7 @@ def lines(rows: list[Row], value) -> list[Line]:
             continue
         head = group[0]
         s = stops.get(head.series)
-        stop = (s["first_failure"], s["stopped_by"]) if s and s["first_failure"] else None
+        stop = (s.first_failure, s.stopped_by) if s and s.first_failure else None
         out.append(Line(_label(head), family(head), good, stop))
     out.sort(key=lambda line: (line.family, line.label))
     seen: dict[tuple[str, str], int] = {}
@@ -217,15 +220,15 @@ def tflops_plot(rows: list[Row], machine: str):
     )
 
 
-def speedup_plot(cases: list[dict[str, Any]], machine: str):
+def speedup_plot(cases: list[SpeedupCase], machine: str):
     """Bars, log scale: speedup over one GPU per (length x batch) case and strategy. A speedup
     whose efficiency lies above 1 beyond its interval is an anomaly: hatched and marked."""
-    cases = [c for c in cases if c.get("speedup")]
+    cases = [c for c in cases if c.speedup]
     if not cases:
         return None
     plt = _pyplot()
-    labels = sorted({(c["seq_len"], c["batch"] or 1) for c in cases})
-    kinds = sorted({(c["strategy"], c["world_size"], c["impl"], c["row"].mode) for c in cases})[:MAX_SERIES]
+    labels = sorted({(c.seq_len, c.batch or 1) for c in cases})
+    kinds = sorted({(c.strategy, c.world_size, c.impl, c.row.mode) for c in cases})[:MAX_SERIES]
     fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(labels) * len(kinds) + 3), 4.6), layout="constrained")
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
@@ -234,14 +237,13 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
             hit = [
                 c
                 for c in cases
-                if (c["seq_len"], c["batch"] or 1) == case
-                and (c["strategy"], c["world_size"], c["impl"], c["row"].mode) == kind
+                if (c.seq_len, c.batch or 1) == case and (c.strategy, c.world_size, c.impl, c.row.mode) == kind
             ]
             if hit:
-                c = max(hit, key=lambda c: row_date(c["row"]))
+                c = max(hit, key=lambda c: row_date(c.row))
                 xs.append(i + j * width)
-                ys.append(c["speedup"])
-                anomalous.append(bool(c["efficiency_ci"] and c["efficiency_ci"].low > 1))
+                ys.append(c.speedup)
+                anomalous.append(bool(c.efficiency_ci and c.efficiency_ci.low > 1))
         strategy, p, impl, mode = kind
         # from 1 (as fast as one GPU): a slowdown hangs below the line, a speedup stands above it
         bars = ax.bar(xs, [y - 1 for y in ys], width, bottom=1, label=f"{impl} {mode}: {strategy}, {p} GPUs")
@@ -257,7 +259,7 @@ def speedup_plot(cases: list[dict[str, Any]], machine: str):
             )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
-    values = [c["speedup"] for c in cases]
+    values = [c.speedup for c in cases]
     ax.set_ylim(min(min(values), 1) / 3, max(max(values), 1) * 3)  # room for the labels
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], [f"N={n:,}\nB={b}" for n, b in labels], fontsize=7)
     ax.set(
@@ -289,23 +291,23 @@ def answer_plot(machines: list[tuple[str, list[Any]]]):
         f"Longest sequence per configuration (log scale)\n{STOP_NOTE}; hollow: search not finished", fontsize=10
     )
     searches = [s.summary for _, configs in shown for c in configs for s in (c.forward, c.training) if s]
-    lengths = [x for s in searches for x in (s["max_seq_len"], s["first_failure"]) if x]
+    lengths = [x for s in searches for x in (s.max_seq_len, s.first_failure) if x]
     span = (2 ** math.floor(math.log2(min(lengths))) / 2, 2 ** math.ceil(math.log2(max(lengths))) * 2)
     for ax, (name, configs) in zip(axes[:, 0], shown):
         ys = list(range(len(configs)))
         for offset, mode, color in ((-0.18, "forward", "tab:blue"), (0.18, "training", "tab:orange")):
             for y, c in zip(ys, configs):
                 search = c.forward if mode == "forward" else c.training
-                if not search or not search.summary["max_seq_len"]:
+                if not search or not search.summary.max_seq_len:
                     continue
                 s = search.summary
-                ax.barh(y + offset, s["max_seq_len"], 0.34, color=color, alpha=0.85 if s["complete"] else 0.35)
-                end = s["max_seq_len"]
-                marker = STOP_MARKERS.get(s["stopped_by"])
-                if marker and s["first_failure"]:
-                    ax.plot([s["first_failure"]], [y + offset], marker, color="black", ms=6)
-                    end = s["first_failure"]
-                ax.text(end * 1.25, y + offset, short_tokens(s["max_seq_len"]), va="center", fontsize=6)
+                ax.barh(y + offset, s.max_seq_len, 0.34, color=color, alpha=0.85 if s.complete else 0.35)
+                end = s.max_seq_len
+                marker = STOP_MARKERS.get(s.stopped_by)
+                if marker and s.first_failure:
+                    ax.plot([s.first_failure], [y + offset], marker, color="black", ms=6)
+                    end = s.first_failure
+                ax.text(end * 1.25, y + offset, short_tokens(s.max_seq_len), va="center", fontsize=6)
         ax.set_yticks(ys, [_answer_label(c) for c in configs], fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")

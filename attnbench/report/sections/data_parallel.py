@@ -3,18 +3,22 @@ process per GPU) at the same cases, with efficiency, output match and memory per
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, short_message
 from attnbench.report.sections import Section, register
-from attnbench.report.tables.multigpu import STRATEGY_NAMES, gpus_in, memory_per_gpu_cells, speedup_groups
+from attnbench.report.tables.multigpu import (
+    STRATEGY_NAMES,
+    SpeedupCase,
+    gpus_in,
+    memory_per_gpu_cells,
+    speedup_groups,
+)
 
 
-def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> None:
+def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
     """What each GPU held: allocator peak per GPU, then NVML device memory used at the peak."""
-    n = gpus_in([c["row"] for c in cases])
+    n = gpus_in([c.row for c in cases])
     headers = (
         ["Strategy", "Sequence Length", "Batch Size"]
         + [f"GPU {i} Memory" for i in range(n)]
@@ -22,10 +26,10 @@ def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> Non
     )
     records = [
         {
-            "Strategy": c["strategy"],
-            "Sequence Length": c["seq_len"],
-            "Batch Size": c["batch"],
-            **memory_per_gpu_cells(c["row"], n),
+            "Strategy": c.strategy,
+            "Sequence Length": c.seq_len,
+            "Batch Size": c.batch,
+            **memory_per_gpu_cells(c.row, n),
         }
         for c in cases
     ]
@@ -36,25 +40,25 @@ def memory_distribution(doc: Doc, cases: list[dict[str, Any]], name: str) -> Non
     doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: memory for h in headers[3:]}}))
 
 
-def speedup_anomalies(c: dict[str, Any]) -> list[str]:
+def speedup_anomalies(c: SpeedupCase) -> list[str]:
     """What makes a speedup suspect: an interval that includes 1, an efficiency above 1."""
-    iv, out = c["speedup_ci"], []
+    iv, out = c.speedup_ci, []
     if iv is not None and iv.n > 1 and iv.low <= 1 <= iv.high:
         out.append("anomaly: interval includes 1")
-    if c["efficiency"] and c["efficiency"] > 1:
-        out.append(f"anomaly: efficiency {c['efficiency']:.2f} above 1")
+    if c.efficiency and c.efficiency > 1:
+        out.append(f"anomaly: efficiency {c.efficiency:.2f} above 1")
     return out
 
 
-def speedup_notes(c: dict[str, Any]) -> str:
-    bits = speedup_anomalies(c) if c["speedup"] else []  # first: a cell is cut to one line
-    bits += [c["note"]] if c["note"] else []
-    r = c["row"]
+def speedup_notes(c: SpeedupCase) -> str:
+    bits = speedup_anomalies(c) if c.speedup else []  # first: a cell is cut to one line
+    bits += [c.note] if c.note else []
+    r = c.row
     if r.status != "ok":
         bits.append(r.message or "")
-    if c["single"] is None:
+    if c.single is None:
         bits.append("no single-GPU row for this case")
-    if c["output_match"] is False:
+    if c.output_match is False:
         bits.append("OUTPUT DIFFERS from single GPU")
     return "; ".join(b for b in bits if b)
 
@@ -114,32 +118,22 @@ def render(doc: Doc, m: Machine) -> None:
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
         records = [
             {
-                "Sequence Length": c["seq_len"],
-                "Batch Size": c["batch"],
-                "Single GPU Time": c["single_ms"],
-                "Multi-GPU Time": c["multi_ms"] if c["row"].status == "ok" else None,
-                "Speedup": c["speedup_ci"],
+                "Sequence Length": c.seq_len,
+                "Batch Size": c.batch,
+                "Single GPU Time": c.single_ms,
+                "Multi-GPU Time": c.multi_ms if c.row.status == "ok" else None,
+                "Speedup": c.speedup_ci,
                 "Notes": speedup_notes(c),
-                "Efficiency": c["efficiency_ci"],
-                "Output Match": c["output_match"],
-                "Timer": c["timer"],
+                "Efficiency": c.efficiency_ci,
+                "Output Match": c.output_match,
+                "Timer": c.timer,
             }
             for c in cases
         ]
         doc.table(
             Table(
                 f"speedup-{strategy}",
-                [
-                    "Sequence Length",
-                    "Batch Size",
-                    "Single GPU Time",
-                    "Multi-GPU Time",
-                    "Speedup",
-                    "Notes",
-                    "Efficiency",
-                    "Output Match",
-                    "Timer",
-                ],
+                list(records[0]),
                 records,
                 {
                     "Sequence Length": tokens_cell,

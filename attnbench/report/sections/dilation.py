@@ -11,6 +11,7 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
+from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Trial
 
 
@@ -27,44 +28,44 @@ def is_baseline(head: Trial) -> bool:
     return len(cfg.get("segment_lengths") or []) == 1 and all(r == 1 for r in cfg.get("dilation_rates") or [2])
 
 
-def dilation_records(m: Machine, group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int | None, str]:
+def dilation_records(m: Machine, group: list[MaxSeqSummary]) -> tuple[list[dict[str, Any]], int | None, str]:
     """Rows of the configuration table; Dilation Impact compares tokens/s with the baseline
     configuration at the longest length every configuration ran (equal work per token)."""
-    ok_rows = {s["series"]: {r.seq_len: r for r in d.ok(m.trials) if r.series == s["series"]} for s in group}
+    ok_rows = {s.series: {r.seq_len: r for r in d.ok(m.trials) if r.series == s.series} for s in group}
     common = set.intersection(*(set(v) for v in ok_rows.values())) if ok_rows else set()
     at = max(common) if common else None
-    base = next((s for s in group if is_baseline(s["head"])), None)
-    base_tps = ok_rows[base["series"]][at].tokens_per_s if base and at else None
+    base = next((s for s in group if is_baseline(s.head)), None)
+    base_tps = ok_rows[base.series][at].tokens_per_s if base and at else None
     records = []
     for s in group:
-        best = ok_rows[s["series"]].get(s["max_seq_len"])
+        best = ok_rows[s.series].get(s.max_seq_len)
         impact = None
         if base_tps and at:
-            mine = ok_rows[s["series"]][at].tokens_per_s
+            mine = ok_rows[s.series][at].tokens_per_s
             impact = mine / base_tps if mine else None
         records.append(
             {
-                "Configuration": s["label"],
-                "Max Tokens": s["max_seq_len"] or None,
+                "Configuration": s.label,
+                "Max Tokens": s.max_seq_len or None,
                 "Memory": best.peak_bytes if best else None,
                 "Throughput": best.tokens_per_s if best else None,
                 "Dilation Impact": impact,
-                "Stopped By": s["stopped_by"],
+                "Stopped By": s.stopped_by,
             }
         )
-    return records, at, base["label"] if base else ""
+    return records, at, base.label if base else ""
 
 
 def render(doc: Doc, m: Machine) -> None:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[MaxSeqSummary]] = {}
     for s in m.summaries:
-        if s["world_size"] == 1 and is_dilated(s["head"]):
-            groups.setdefault(d.settings_key(s["head"]), []).append(s)
+        if s.world_size == 1 and is_dilated(s.head):
+            groups.setdefault(d.settings_key(s.head), []).append(s)
     if not groups:
         doc.missing("no single-device max-seq search of a dilated configuration on this machine", "seed-003")
     for group in groups.values():
         records, at, base = dilation_records(m, group)
-        doc.heading(4, d.settings_text(group[0]["head"]))
+        doc.heading(4, d.settings_text(group[0].head))
         doc.table(
             Table(
                 "dilation-configurations",

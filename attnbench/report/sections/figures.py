@@ -17,7 +17,7 @@ def render(doc: Doc, m: Machine) -> None:
     doc.figure("speedup", p.speedup_plot(m.speedups, m.name), "speedup per strategy and GPU count")
     if len(doc.figures) == before:
         doc.missing("no successful trials to plot on this machine", "single")
-    elif m.several_gpus and not any(c["speedup"] for c in m.speedups):
+    elif m.several_gpus and not any(c.speedup for c in m.speedups):
         doc.missing("no speedup bars (no speedup rows on this machine)", "speedup")
 
 

@@ -13,11 +13,11 @@ from attnbench.report.tables.sweep import max_seq_summary, memory_table, summary
 
 def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
     for s in m.summaries:
-        if s["world_size"] == 1:
+        if s.world_size == 1:
             continue
-        rows = sorted((r for r in m.trials if r.series == s["series"]), key=lambda r: r.seq_len)
-        n = s["world_size"]
-        doc.heading(5, f"{s['label']}: {n} GPUs, {d.settings_text(s['head'])}")
+        rows = sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
+        n = s.world_size
+        doc.heading(5, f"{s.label}: {n} GPUs, {d.settings_text(s.head)}")
         headers = ["Sequence Length"] + [f"GPU{i} Memory" for i in range(n)] + ["Result", "Notes"]
         records = []
         for r in rows:
@@ -54,12 +54,12 @@ def _memory_at_longest(doc: Doc, m: Machine) -> None:
         peak = d.peak_per_gpu(best)
         records.append(
             {
-                "Implementation": s["label"],
-                "GPUs": s["world_size"],
+                "Implementation": s.label,
+                "GPUs": s.world_size,
                 "Sequence Length": best.seq_len,
                 "Input Tensors (QKV)": best.inputs_bytes,
                 "Peak Memory": peak,
-                "Memory per Token": peak / (d.tokens(best) / s["world_size"]) if peak else None,
+                "Memory per Token": peak / (d.tokens(best) / s.world_size) if peak else None,
                 "Peak / Floor": best.peak_over_floor,
             }
         )
@@ -83,7 +83,7 @@ def _memory_at_longest(doc: Doc, m: Machine) -> None:
 
 
 def render(doc: Doc, m: Machine) -> None:
-    single = [s for s in m.summaries if s["world_size"] == 1]
+    single = [s for s in m.summaries if s.world_size == 1]
     doc.heading(4, "One device")
     if single:
         single_rows = [r for r in m.trials if d.world_size(r) == 1]
@@ -93,12 +93,12 @@ def render(doc: Doc, m: Machine) -> None:
             "that failed; ≥ where the search did not finish. Every trial of each search:\n"
         )
         for s in single:
-            rows = sorted((r for r in single_rows if r.series == s["series"]), key=lambda r: r.seq_len)
-            doc.heading(5, f"{s['label']}: {d.settings_text(s['head'])}")
+            rows = sorted((r for r in single_rows if r.series == s.series), key=lambda r: r.seq_len)
+            doc.heading(5, f"{s.label}: {d.settings_text(s.head)}")
             doc.add(memory_table(rows))
     else:
         doc.missing("no single-device max-seq search on this machine", "single")
-    if any(s["world_size"] > 1 for s in m.summaries):
+    if any(s.world_size > 1 for s in m.summaries):
         doc.heading(4, "Several GPUs")
         _multi_gpu_tables(doc, m)
     elif m.several_gpus:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.measure.stats import plus_minus
 from attnbench.report.document import Doc, Machine
-from attnbench.report.fit import capacities
-from attnbench.report.intervals import tflops_interval
+from attnbench.report.fit import Capacity, capacities
+from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
 from attnbench.results.schema import Row
@@ -51,20 +51,50 @@ def compare_length(rows: list[Row]) -> int:
     return max(counts, key=lambda n: (counts[n], n))
 
 
-def model_records(rows: list[Row]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ModeSeries:
+    """One mode's series of a model record: its trials, its search's result and its fit."""
+
+    trials: list[Row]
+    result: Row | None
+    fit: Capacity | None
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A (model, implementation configuration, dtype), its series by mode (``fwd``, ``fwd_bwd``)."""
+
+    model: str
+    implementation: str
+    grouped: bool  # fewer key/value heads than query heads
+    modes: dict[str, ModeSeries] = field(default_factory=dict)
+
+    def trials(self) -> list[Row]:
+        return [r for m, _ in MODES if m in self.modes for r in self.modes[m].trials]
+
+
+@dataclass(frozen=True)
+class ModeCells:
+    """Raw values of one mode: longest, its limit, the predicted whole-device longest, bytes
+    per token and its floor, TFLOP/s at the comparison length."""
+
+    longest: int | None = None
+    limit: int | None = None
+    predicted: float | None = None
+    bytes: tuple[float | None, float | None] | None = None
+    tflops: Any = None  # Interval or None
+
+
+def model_records(rows: list[Row]) -> list[ModelRecord]:
     """One record per (model, implementation configuration, dtype), its modes' series inside."""
     fits = {c.series: c for c in capacities(rows)}
     results = {r.series: r for r in rows if getattr(r, "kind", None) == "max-seq-result"}
-    records: dict[tuple, dict[str, Any]] = {}
+    records: dict[tuple, ModelRecord] = {}
     for series, trials in _series(rows).items():
         head = trials[0]
         key = (head.model, head.impl, json.dumps(getattr(head, "config", None), sort_keys=True), head.dtype)
         rec = records.setdefault(key, _record(head))
-        rec[getattr(head, "mode", None) or "fwd"] = {
-            "trials": trials,
-            "result": results.get(series),
-            "fit": fits.get(series),
-        }
+        rec.modes[getattr(head, "mode", None) or "fwd"] = ModeSeries(trials, results.get(series), fits.get(series))
     return list(records.values())
 
 
@@ -80,16 +110,16 @@ def _series(rows: list[Row]) -> dict[str, list[Row]]:
     return out
 
 
-def _record(head: Row) -> dict[str, Any]:
+def _record(head: Row) -> ModelRecord:
     kv = getattr(head, "kv_heads", None) or head.heads
     mask = "causal" if getattr(head, "causal", None) else "no mask"
     label = getattr(head, "label", None) or head.impl
     suffix = f" for {head.model}"
-    return {
-        "model": f"{head.model} ({head.heads} / {kv} / {head.head_dim}, {mask})",
-        "implementation": label[: -len(suffix)] if label.endswith(suffix) else label,
-        "grouped": kv != head.heads,
-    }
+    return ModelRecord(
+        f"{head.model} ({head.heads} / {kv} / {head.head_dim}, {mask})",
+        label[: -len(suffix)] if label.endswith(suffix) else label,
+        kv != head.heads,
+    )
 
 
 def bytes_per_token(trials: list[Row]) -> tuple[float | None, float | None]:
@@ -111,75 +141,57 @@ def bytes_per_token(trials: list[Row]) -> tuple[float | None, float | None]:
     return slope, floor
 
 
-def _kv_cell(rec: dict[str, Any]) -> str:
-    if not rec["grouped"]:
+def _kv_cell(rec: ModelRecord) -> str:
+    if not rec.grouped:
         return "-"
-    layouts = {
-        getattr(r, "kv_layout", None)
-        for m, _ in MODES
-        for r in rec.get(m, {}).get("trials", [])
-        if getattr(r, "kv_layout", None)
-    }
+    layouts = {getattr(r, "kv_layout", None) for r in rec.trials() if getattr(r, "kv_layout", None)}
     if layouts:
         return " / ".join(sorted(layouts))
     return "unsupported" if _unsupported(rec) else "-"
 
 
-def _unsupported(rec: dict[str, Any]) -> str:
+def _unsupported(rec: ModelRecord) -> str:
     """The message of a configuration whose every trial the kernel refused ('' otherwise)."""
-    trials = [r for m, _ in MODES for r in rec.get(m, {}).get("trials", [])]
+    trials = rec.trials()
     if trials and all(getattr(r, "status", None) == "unsupported" for r in trials):
         return trials[0].message or "unsupported"
     return ""
 
 
-def _mode_cells(part: dict[str, Any] | None, compare: int, cuda: bool) -> dict[str, Any]:
-    """Raw values of one mode: longest, its limit, the predicted whole-device longest, bytes
-    per token and its floor, TFLOP/s at the comparison length."""
+def _mode_cells(part: ModeSeries | None, compare: int, cuda: bool) -> ModeCells:
     if not part:
-        return {}
-    trials, result, fit = part["trials"], part["result"], part["fit"]
+        return ModeCells()
+    trials, result, fit = part.trials, part.result, part.fit
     slope, floor = bytes_per_token(trials)
     at = next((r for r in trials if r.seq_len == compare and getattr(r, "status", None) == "ok"), None)
     predicted = fit.predict_for(fit.device_total) if cuda and fit and fit.fit and fit.device_total else None
-    return {
-        "longest": result.seq_len if result else None,
-        "limit": trials[0].memory_limit if result else None,
-        "predicted": predicted,
-        "bytes": (slope, floor),
-        "tflops": tflops_interval(at) if at else None,
-    }
+    longest = result.seq_len if result else None
+    limit = trials[0].memory_limit if result else None
+    return ModeCells(longest, limit, predicted, (slope, floor), tflops_interval(at) if at else None)
 
 
-def models_table(records: list[dict[str, Any]], compare: int) -> Table:
+def models_table(records: list[ModelRecord], compare: int) -> Table:
     at = short_tokens(compare)
     rows = []
     for rec in records:
-        cuda = any(getattr(r, "device", None) == "cuda" for m, _ in MODES for r in rec.get(m, {}).get("trials", []))
-        row = {"Model (H / H_kv / D)": rec["model"], "Implementation": rec["implementation"], "K, V": _kv_cell(rec)}
+        cuda = any(getattr(r, "device", None) == "cuda" for r in rec.trials())
+        row = {"Model (H / H_kv / D)": rec.model, "Implementation": rec.implementation, "K, V": _kv_cell(rec)}
         refused = _unsupported(rec)
         for mode, name in MODES:
-            cells = {} if refused else _mode_cells(rec.get(mode), compare, cuda)
-            row[f"{name} TFLOP/s at {at}"] = cells.get("tflops")
-            row[f"{name} Bytes/Token (x Floor)"] = cells.get("bytes")
-            row[f"{name} Longest (Under)"] = (
-                (cells.get("longest"), cells.get("limit")) if cells.get("longest") else None
-            )
-            row[f"{name} Predicted, Whole GPU"] = cells.get("predicted")
+            cells = ModeCells() if refused else _mode_cells(rec.modes.get(mode), compare, cuda)
+            row[f"{name} TFLOP/s at {at}"] = cells.tflops
+            row[f"{name} Bytes/Token (x Floor)"] = cells.bytes
+            row[f"{name} Longest (Under)"] = (cells.longest, cells.limit) if cells.longest else None
+            row[f"{name} Predicted, Whole GPU"] = cells.predicted
         row["Note"] = refused
         rows.append(row)
     formats = {"Note": lambda v: v}
     for _, name in MODES:
-        formats[f"{name} TFLOP/s at {at}"] = _tflops_cell
+        formats[f"{name} TFLOP/s at {at}"] = tflops_cell
         formats[f"{name} Bytes/Token (x Floor)"] = _bytes_cell
         formats[f"{name} Longest (Under)"] = _longest_cell
         formats[f"{name} Predicted, Whole GPU"] = lambda v: f"~{format_tokens(int(v))}"
     return Table("models", list(rows[0]), rows, formats)
-
-
-def _tflops_cell(iv) -> str:
-    """``581.2 ±0.7 (n=10)``; three significant digits below 10 (a CPU's 0.0123)."""
-    return plus_minus(iv, lambda x: f"{x:,.1f}" if x >= 10 else f"{x:.3g}") if iv else "-"
 
 
 def _bytes_cell(v) -> str:

@@ -20,7 +20,7 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
         return
     records = []
     for p in pairs:
-        r, s = p["row"], p["single"]
+        r, s = p.row, p.single
         mine, base = d.peak_per_gpu(r), d.peak_per_gpu(s)
         records.append(
             {
@@ -35,7 +35,7 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
                 "One-Device Memory": base,
                 "Memory per Rank": mine,
                 "Saved per Rank": base - mine if base and mine else None,
-                "Baseline": f"{p['baseline']}: {s.impl}" if s else None,
+                "Baseline": f"{p.baseline}: {s.impl}" if s else None,
                 "Sent per Call": getattr(r, "sent_bytes", None),
                 "algbw (GB/s)": getattr(r, "algbw_gbps", None),
                 "Link (GB/s)": getattr(r, "link_gbps", None),
@@ -84,11 +84,11 @@ def _per_rank(doc: Doc, m: Machine) -> None:
             ["Sequence Length", "Configuration", "Rank", "Compute (ms)", "Waiting on Communication (ms)"],
             [
                 {
-                    "Sequence Length": x["row"].seq_len,
-                    "Configuration": d.describe(x["row"]),
-                    "Rank": x["rank"],
-                    "Compute (ms)": x["compute_ms"],
-                    "Waiting on Communication (ms)": x["comm_wait_ms"],
+                    "Sequence Length": x.row.seq_len,
+                    "Configuration": d.describe(x.row),
+                    "Rank": x.rank,
+                    "Compute (ms)": x.compute_ms,
+                    "Waiting on Communication (ms)": x.comm_wait_ms,
                 }
                 for x in ranks
             ],
@@ -109,16 +109,16 @@ def _longest(doc: Doc, m: Machine) -> None:
     if not families:
         doc.missing("no multi-GPU max-seq search on this machine", "ring-max-seq")
     for fam in families:
-        single = fam["single"]
-        doc.heading(5, f"{d.describe(fam['head'])}: {d.settings_text(fam['head'])}")
-        one = single["max_seq_len"] if single else None
+        single = fam.single
+        doc.heading(5, f"{d.describe(fam.head)}: {d.settings_text(fam.head)}")
+        one = single.max_seq_len if single else None
         records = [{"GPUs": 1, "Perfect Split": one, "Measured": one}] if single else []
-        for s in fam["multi"]:
+        for s in fam.multi:
             records.append(
                 {
-                    "GPUs": s["world_size"],
-                    "Perfect Split": one * s["world_size"] if one else None,
-                    "Measured": s["max_seq_len"] or None,
+                    "GPUs": s.world_size,
+                    "Perfect Split": one * s.world_size if one else None,
+                    "Measured": s.max_seq_len or None,
                 }
             )
         doc.table(

@@ -40,20 +40,7 @@ HARDWARE_BOUND = ("time_ms", "tokens_per_s")  # the speed of one device: never c
 BYTES = ("peak_bytes", "peak_per_gpu", "inputs_bytes", "added_bytes", "gpu0_bytes", "gpu1_bytes")
 TOKENS = ("max_seq", "max_seq_8gb")
 UNIT_SCALE = {"GB": 1e9, "MB": 1e6, "KB": 1e3, "%": 0.01}  # seed units to the rows' (bytes, ratios); others as is
-ROW_KEYS = (
-    "kind",
-    "impl",
-    "strategy",
-    "seq_len",
-    "batch",
-    "world_size",
-    "dtype",
-    "heads",
-    "head_dim",
-    "mode",
-    "device",
-    "memory_limit",
-)
+ROW_KEYS = tuple("kind impl strategy seq_len batch world_size dtype heads head_dim mode device memory_limit".split())
 SETTLES = ("one GPU", "two GPUs")
 EIGHT_GIB = 8 * GIB  # the seeds' GTX 1080
 SEED_GPUS = {1: "one GTX 1080 (8 GB)", 2: "two GTX 1080s (8 GB each)"}  # what the seeds ran on

@@ -17,6 +17,7 @@ from attnbench.report import data as d
 from attnbench.report.fit import fit_miss_cause
 from attnbench.report.intervals import time_interval
 from attnbench.report.seeds.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
+from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Row, Trial
 from attnbench.units import format_gib
 
@@ -81,33 +82,31 @@ def _chosen(rows: list[Any], value, pick: str) -> tuple[Any, int]:
 
 def _row(item: Any) -> Row:
     """The row an item stands for: a speedup case's row, a search's first trial, or the row itself."""
-    if isinstance(item, dict):
-        return item.get("row") or item["head"]
-    return item
+    return getattr(item, "row", None) or getattr(item, "head", item)
 
 
 def _speedup(m, match, pick: str, per_gpu: bool) -> Measured | None:
-    cases = [c for c in m.speedups if c["speedup"] and matches(c["row"], match)]
+    cases = [c for c in m.speedups if c.speedup and matches(c.row, match)]
     if pick == "best":  # an efficiency above 1 beyond its interval is an anomaly, never the best case
-        cases = [c for c in cases if not (c["efficiency_ci"] and c["efficiency_ci"].low > 1)]
-    c, others = _chosen(cases, lambda c: c["efficiency" if per_gpu else "speedup"], pick)
+        cases = [c for c in cases if not (c.efficiency_ci and c.efficiency_ci.low > 1)]
+    c, others = _chosen(cases, lambda c: c.efficiency if per_gpu else c.speedup, pick)
     if c is None:
         return None
-    iv = c["efficiency_ci"] if per_gpu else c["speedup_ci"]
-    row = c["row"]
+    iv = c.efficiency_ci if per_gpu else c.speedup_ci
+    row = c.row
     out = Measured(
         iv.value,
         iv.low if iv.n > 1 else None,
         iv.high if iv.n > 1 else None,
-        f"{_n(c['single'])}/{_n(row)}",
+        f"{_n(c.single)}/{_n(row)}",
         m.name,
         short_label(row),
         d.row_date(row),
-        **_facts([c["single"], row]),
+        **_facts([c.single, row]),
     )
     out.notes += replica_notes(row)
-    if c["efficiency_ci"] and c["efficiency_ci"].low > 1:
-        out.notes.append(f"efficiency {c['efficiency']:.2f} is above 1: unequal work, not super-linear scaling")
+    if c.efficiency_ci and c.efficiency_ci.low > 1:
+        out.notes.append(f"efficiency {c.efficiency:.2f} is above 1: unequal work, not super-linear scaling")
     if others:
         out.notes.append(f"the {'best' if pick == 'best' else 'newest'} of {others + 1} matching cases")
     return out
@@ -135,9 +134,9 @@ def _row_value(metric: str, row: Row) -> float | None:
         peak = d.peak_per_gpu(row)
         return peak / (d.tokens(row) / d.world_size(row)) if peak else None
     if metric in ("gpu0_bytes", "gpu1_bytes"):
-        gpus = d.gpu_memory(row)
+        gpus = d.gpus(row)
         i = int(metric[3])
-        return gpus[i]["allocated"] if len(gpus) > i else None
+        return gpus[i].max_memory_allocated if len(gpus) > i else None
     return get(metric)
 
 
@@ -165,29 +164,29 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
     return out
 
 
-def _searches(m, match: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+def _searches(m, match: dict[str, Any], limit: int | None = None) -> list[MaxSeqSummary]:
     """The max-seq searches of the matching workload that ran something (under ``limit`` where given)."""
     return [
         s
         for s in m.summaries
-        if s["max_seq_len"] and matches(s["head"], match) and (limit is None or s["head"].memory_limit == limit)
+        if s.max_seq_len and matches(s.head, match) and (limit is None or s.head.memory_limit == limit)
     ]
 
 
 def _max_seq(m, match: dict[str, Any], pick: str) -> Measured | None:
     found = _searches(m, match)
-    return _search_answer(m, _chosen(found, lambda s: s["max_seq_len"], pick)[0]) if found else None
+    return _search_answer(m, _chosen(found, lambda s: s.max_seq_len, pick)[0]) if found else None
 
 
-def _search_answer(m, s: dict[str, Any]) -> Measured:
+def _search_answer(m, s: MaxSeqSummary) -> Measured:
     """A search's longest length, as one measured value: exact where memory stopped it, else
     (time, its cap, an interrupted search) a lower bound."""
-    head, best = s["head"], m.at_max(s)
-    bound = s["stopped_by"] not in EXACT_STOPS
+    head, best = s.head, m.at_max(s)
+    bound = s.stopped_by not in EXACT_STOPS
     where = f"a search under an allocator limit of {format_gib(head.memory_limit)}" if head.memory_limit else "a search"
-    note = f"{where}, stopped by {s['stopped_by']}" + (": a lower bound" if bound else "")
+    note = f"{where}, stopped by {s.stopped_by}" + (": a lower bound" if bound else "")
     return Measured(
-        s["max_seq_len"],
+        s.max_seq_len,
         None,
         None,
         "1 search",
@@ -206,7 +205,7 @@ def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
     aside for the CUDA context), marked as the prediction it is."""
     limited = _searches(m, match, EIGHT_GIB)
     if limited:
-        return _search_answer(m, _chosen(limited, lambda s: s["max_seq_len"], pick)[0])
+        return _search_answer(m, _chosen(limited, lambda s: s.max_seq_len, pick)[0])
     found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(EIGHT_GIB)]
     if not found:
         return None

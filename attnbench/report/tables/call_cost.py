@@ -15,9 +15,12 @@ a 95% interval from the residuals (Student's t with cases - 2 degrees of freedom
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnbench.measure.stats import Interval
+
+if TYPE_CHECKING:
+    from attnbench.report.tables.multigpu import SpeedupCase
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's)
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -87,21 +90,19 @@ class CallCost:
         return next((c for c, one, multi in sorted(self.cases, key=lambda t: t[1]) if multi < one), None)
 
 
-def call_costs(groups: dict[tuple, list[dict[str, Any]]]) -> list[CallCost]:
+def call_costs(groups: dict[tuple, list[SpeedupCase]]) -> list[CallCost]:
     """A line per (strategy, family) of ``multigpu.speedup_groups``, from its successful cases
     (medians of the same timer on both sides); families with fewer than three cases have none."""
     out = []
     for (strategy, family), cases in groups.items():
         measured = tuple(
-            (c["row"].case or f"{c['seq_len']}x{c['batch']}", c["single_ms"].value, c["multi_ms"].value)
+            (c.row.case or f"{c.seq_len}x{c.batch}", c.single_ms.value, c.multi_ms.value)
             for c in cases
-            if c["speedup_ci"] is not None and c["single_ms"] and c["multi_ms"]
+            if c.speedup_ci is not None and c.single_ms and c.multi_ms
         )
         line = fit_line([(one, multi) for _, one, multi in measured])
         if line is not None:
-            out.append(
-                CallCost(strategy, family, line, measured, next((c["single"] for c in cases if c["single"]), None))
-            )
+            out.append(CallCost(strategy, family, line, measured, next((c.single for c in cases if c.single), None)))
     return out
 
 

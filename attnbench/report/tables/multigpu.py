@@ -10,13 +10,15 @@ memory, ``ranks`` with ``compute_ms`` and ``comm_wait_ms``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from attnbench.measure.stats import Interval
 from attnbench.report.data import (
     config_id,
     config_text,
     configs_agree,
-    gpu_memory,
+    gpus,
     ok,
     settings_key,
     speedup_rows,
@@ -24,7 +26,8 @@ from attnbench.report.data import (
     world_size,
 )
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
-from attnbench.report.tables.sweep import max_seq_summary, series_groups
+from attnbench.report.markdown import Record
+from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Speedup, Trial, Workload
 
 STRATEGY_NAMES = {
@@ -48,10 +51,32 @@ def _pick(candidates: list[Any], row: Row) -> Any:
 
 
 def _run_of(c: Any) -> str | None:
-    return c.run if isinstance(c, Row) else c["head"].run
+    return c.run if isinstance(c, Row) else c.head.run
 
 
-def speedup_cases(rows: list[Row]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SpeedupCase(Record):
+    """A multi-GPU speedup row against its single-GPU baseline (None where not measured)."""
+
+    row: Speedup
+    single: Speedup | None
+    strategy: str
+    world_size: int
+    impl: str
+    seq_len: int
+    batch: int | None
+    timer: str
+    single_ms: Interval | None
+    multi_ms: Interval | None
+    speedup: float | None
+    speedup_ci: Interval | None
+    efficiency: float | None
+    efficiency_ci: Interval | None
+    output_match: bool | None
+    note: str
+
+
+def speedup_cases(rows: list[Row]) -> list[SpeedupCase]:
     """Each multi-GPU speedup row with its single-GPU baseline (same case, same machine)."""
     found = speedup_rows(rows)
     singles: dict[tuple, list[Speedup]] = {}
@@ -68,24 +93,24 @@ def speedup_cases(rows: list[Row]) -> list[dict[str, Any]]:
         speedup_ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
         efficiency_ci = divided(speedup_ci, world_size(r))
         cases.append(
-            {
-                "row": r,
-                "single": base,
-                "strategy": r.strategy,
-                "world_size": world_size(r),
-                "impl": r.impl,
-                "seq_len": r.seq_len,
-                "batch": r.batch,
-                "timer": timer,
-                "single_ms": time_interval(base, timer),
-                "multi_ms": time_interval(r, timer),
-                "speedup": speedup_ci.value if speedup_ci else None,
-                "speedup_ci": speedup_ci,
-                "efficiency": efficiency_ci.value if efficiency_ci else None,
-                "efficiency_ci": efficiency_ci,
-                "output_match": r.output_match,
-                "note": r.note or "",
-            }
+            SpeedupCase(
+                row=r,
+                single=base,
+                strategy=r.strategy,
+                world_size=world_size(r),
+                impl=r.impl,
+                seq_len=r.seq_len,
+                batch=r.batch,
+                timer=timer,
+                single_ms=time_interval(base, timer),
+                multi_ms=time_interval(r, timer),
+                speedup=speedup_ci.value if speedup_ci else None,
+                speedup_ci=speedup_ci,
+                efficiency=efficiency_ci.value if efficiency_ci else None,
+                efficiency_ci=efficiency_ci,
+                output_match=r.output_match,
+                note=r.note or "",
+            )
         )
     return cases
 
@@ -95,14 +120,14 @@ def group_label(r: Speedup) -> str:
     return f"{r.impl}{f'({cfg})' if cfg else ''}, {r.module or 'attention'}, {r.mode}, {r.dtype}, {world_size(r)} GPUs"
 
 
-def speedup_groups(cases: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
     """Cases by strategy, then by everything but the (length, batch) case."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[SpeedupCase]] = {}
     for c in cases:
-        groups.setdefault((c["strategy"], group_label(c["row"])), []).append(c)
+        groups.setdefault((c.strategy, group_label(c.row)), []).append(c)
     order = list(STRATEGY_NAMES)
     return {
-        k: sorted(v, key=lambda c: (c["seq_len"], c["batch"] or 0))
+        k: sorted(v, key=lambda c: (c.seq_len, c.batch or 0))
         for k, v in sorted(
             groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])
         )
@@ -166,88 +191,99 @@ def single_match(row: Workload, candidates: list[Trial]) -> tuple[Trial | None, 
     return None, None
 
 
-def ring_pairs(rows: list[Row]) -> list[dict[str, Any]]:
-    """Successful multi-GPU ring measurements, each with its single-GPU baseline (or None) and
-    which baseline that is (``EQUAL_WORK`` or ``SAME_SPLIT``)."""
+@dataclass(frozen=True)
+class RingPair(Record):
+    """A multi-GPU ring measurement, its single-GPU baseline and which baseline that is
+    (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured)."""
+
+    row: Workload
+    single: Workload | None
+    baseline: str | None
+
+
+@dataclass(frozen=True)
+class RankTime(Record):
+    """One rank of a ring measurement: its compute time and its wait on communication."""
+
+    row: Workload
+    rank: int
+    compute_ms: float | None
+    comm_wait_ms: float | None
+
+
+def ring_pairs(rows: list[Row]) -> list[RingPair]:
+    """Successful multi-GPU ring measurements, each with its single-GPU baseline."""
     pairs = []
     singles = [r for r in ok(trials(rows)) if world_size(r) == 1]
     for r in ok(trials(rows)):
         if is_ring_trial(r):
-            single, kind = single_match(r, singles)
-            pairs.append({"row": r, "single": single, "baseline": kind})
+            pairs.append(RingPair(r, *single_match(r, singles)))
     for c in speedup_cases(rows):
-        if c["strategy"] == "ring" and c["row"].status == "ok":
-            pairs.append({"row": c["row"], "single": c["single"], "baseline": SAME_SPLIT if c["single"] else None})
-    return sorted(pairs, key=lambda p: (p["row"].impl, p["row"].seq_len, world_size(p["row"])))
+        if c.strategy == "ring" and c.row.status == "ok":
+            pairs.append(RingPair(c.row, c.single, SAME_SPLIT if c.single else None))
+    return sorted(pairs, key=lambda p: (p.row.impl, p.row.seq_len, world_size(p.row)))
 
 
-def rank_breakdown(rows: list[Row]) -> list[dict[str, Any]]:
+def rank_breakdown(rows: list[Row]) -> list[RankTime]:
     """Per rank: compute time and time spent waiting on communication, where rows record it."""
-    out = []
-    for p in ring_pairs(rows):
-        for i, rank in enumerate(p["row"].ranks or []):
-            out.append(
-                {
-                    "row": p["row"],
-                    "rank": rank.get("rank", i),
-                    "compute_ms": rank.get("compute_ms"),
-                    "comm_wait_ms": rank.get("comm_wait_ms"),
-                }
-            )
-    return out
+    return [
+        RankTime(p.row, rank.get("rank", i), rank.get("compute_ms"), rank.get("comm_wait_ms"))
+        for p in ring_pairs(rows)
+        for i, rank in enumerate(p.row.ranks or [])
+    ]
 
 
 # --- max-seq per GPU count ------------------------------------------------------------------
 
 
-def max_seq_by_series(rows: list[Row]) -> list[dict[str, Any]]:
-    """max_seq_summary with each series' first trial (its settings and world size)."""
-    groups = series_groups(rows)
-    return [
-        {**s, "head": groups[s["series"]][0], "world_size": world_size(groups[s["series"]][0])}
-        for s in max_seq_summary(rows)
-    ]  # with the max-seq-result rows: which searches finished
+@dataclass
+class ScalingFamily:
+    """Max-seq searches of one configuration over several GPUs, by GPU count, and the
+    single-GPU search they are compared with (None where not measured)."""
+
+    head: Trial
+    multi: list[MaxSeqSummary] = field(default_factory=list)
+    single: MaxSeqSummary | None = None
 
 
-def scaling_families(rows: list[Row]) -> list[dict[str, Any]]:
+def scaling_families(rows: list[Row]) -> list[ScalingFamily]:
     """Each multi-GPU max-seq series with the single-GPU max-seq series it is compared with."""
-    summaries = max_seq_by_series(rows)
-    singles = [s for s in summaries if s["world_size"] == 1]
-    families: dict[tuple, dict[str, Any]] = {}
+    summaries = max_seq_summary(rows)
+    singles = [s for s in summaries if s.world_size == 1]
+    families: dict[tuple, ScalingFamily] = {}
     for s in summaries:
-        if s["world_size"] == 1:
+        if s.world_size == 1:
             continue
-        head = s["head"]
+        head = s.head
         key = (head.impl, config_id(head.config), settings_key(head))
-        fam = families.setdefault(key, {"head": head, "multi": [], "single": None})
-        fam["multi"].append(s)
-        if fam["single"] is None:
+        fam = families.setdefault(key, ScalingFamily(head))
+        fam.multi.append(s)
+        if fam.single is None:
             for impl in counterparts(head.impl):
                 found = [
                     x
                     for x in singles
-                    if x["head"].impl == impl
-                    and settings_key(x["head"]) == settings_key(head)
-                    and configs_agree(x["head"].config, head.config)
+                    if x.head.impl == impl
+                    and settings_key(x.head) == settings_key(head)
+                    and configs_agree(x.head.config, head.config)
                 ]
                 if found:
-                    fam["single"] = _pick(found, head)
+                    fam.single = _pick(found, head)
                     break
     for fam in families.values():
-        fam["multi"].sort(key=lambda s: s["world_size"])
+        fam.multi.sort(key=lambda s: s.world_size)
     return list(families.values())
 
 
 def memory_per_gpu_cells(row: Row, n_gpus: int) -> dict[str, Any]:
     """GPU i Memory (allocator peak) and NVML GPU i (device memory used at peak), raw bytes."""
     cells: dict[str, Any] = {}
-    mem = {g["index"]: g for g in gpu_memory(row)}
+    mem = {g.index: g for g in gpus(row)}
     for i in range(n_gpus):
-        g = mem.get(i, {})
-        cells[f"GPU {i} Memory"] = g.get("allocated")
-        cells[f"NVML GPU {i}"] = g.get("nvml_peak")
+        cells[f"GPU {i} Memory"] = getattr(mem.get(i), "max_memory_allocated", None)
+        cells[f"NVML GPU {i}"] = getattr(mem.get(i), "nvml_used_peak", None)
     return cells
 
 
 def gpus_in(rows: list[Row]) -> int:
-    return max((max(world_size(r), len(getattr(r, "gpus", None) or [])) for r in rows), default=1)
+    return max((max(world_size(r), len(gpus(r))) for r in rows), default=1)

@@ -15,8 +15,8 @@ from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
 from attnbench.report.tables.call_cost import CallCost, call_costs, family_kernel
-from attnbench.report.tables.multigpu import EQUAL_WORK, speedup_groups
-from attnbench.report.tables.scaling import max_seq_scaling, time_scaling
+from attnbench.report.tables.multigpu import EQUAL_WORK, SpeedupCase, speedup_groups
+from attnbench.report.tables.scaling import TimeScaling, max_seq_scaling, time_scaling
 from attnbench.units import format_bytes, short_tokens
 
 SEQUENCE_TEXT = (
@@ -28,63 +28,43 @@ BATCH_TEXT = (
     "fixed cost per call (±half its 95% interval, n cases); `New thread alone`: the same call on one GPU from a "
     "new thread, as DataParallel makes each replica's (section Data parallelism says why):"
 )
-SEQUENCE_HEADERS = (
-    "Implementation",
-    "Longest, 1 GPU → all",
-    "At",
-    "1 GPU (equal work)",
-    "All GPUs",
-    "Speedup",
-    "Efficiency",
-    "Sent per call",
-)
-BATCH_HEADERS = (
-    "Kernel",
-    "DataParallel: fixed cost per call",
-    "speedup at largest case",
-    "New thread alone",
-    "Multi-process: fixed cost per call",
-    "speedup at largest case ",
-)
 
 
 def sequence_parallel(rows: list, gpus: int) -> Table | None:
     """Per sequence-parallel implementation: the equal-work comparison at its longest length on
     the most GPUs, and its longest sequence on one GPU and on all of them."""
-    chosen: dict[str, dict[str, Any]] = {}
+    chosen: dict[str, TimeScaling] = {}
     for t in time_scaling(rows):
-        if t["world_size"] != gpus or not (t["baseline"] or "").startswith(EQUAL_WORK):
+        if t.world_size != gpus or not (t.baseline or "").startswith(EQUAL_WORK):
             continue
-        best = chosen.get(t["impl"])
-        if best is None or (t["seq_len"], t["time_ms"] or 0) > (best["seq_len"], best["time_ms"] or 0):
-            chosen[t["impl"]] = t
+        best = chosen.get(t.impl)
+        if best is None or (t.seq_len, t.time_ms or 0) > (best.seq_len, best.time_ms or 0):
+            chosen[t.impl] = t
     if not chosen:
         return None
     longest = _longest(rows)
     records = [
         {
-            "Implementation": t["impl"],
-            "Longest, 1 GPU → all": longest.get(t["impl"]),
-            "At": short_tokens(t["seq_len"]),
-            "1 GPU (equal work)": f"{t['baseline'].split(': ')[-1]} {ms_cell(t['base_ci'])}",
-            "All GPUs": ms_cell(t["time_ci"]),
-            "Speedup": t["speedup_ci"],
-            "Efficiency": t["efficiency_ci"],
+            "Implementation": t.impl,
+            "Longest, 1 GPU → all": longest.get(t.impl),
+            "At": short_tokens(t.seq_len),
+            "1 GPU (equal work)": f"{t.baseline.split(': ')[-1]} {ms_cell(t.base_ci)}",
+            "All GPUs": ms_cell(t.time_ci),
+            "Speedup": t.speedup_ci,
+            "Efficiency": t.efficiency_ci,
             "Sent per call": _sent(t),
         }
         for t in chosen.values()
     ]
-    return Table(
-        "second-gpu-sequence", list(SEQUENCE_HEADERS), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell}
-    )
+    return Table("second-gpu-sequence", list(records[0]), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell})
 
 
 def _longest(rows: list) -> dict[str, str]:
     """impl -> "32M → 64M": its searches' longest on one rank and on the most ranks."""
     found: dict[str, dict[int, int]] = {}
     for s in max_seq_scaling(rows):
-        if s["max_seq_len"]:
-            found.setdefault(s["impl"], {})[s["world_size"]] = s["max_seq_len"]
+        if s.max_seq_len:
+            found.setdefault(s.impl, {})[s.world_size] = s.max_seq_len
     return {
         impl: f"{short_tokens(by[1])} → {short_tokens(by[max(by)])}"
         for impl, by in found.items()
@@ -92,15 +72,15 @@ def _longest(rows: list) -> dict[str, str]:
     }
 
 
-def _sent(t: dict[str, Any]) -> str:
-    if not t["sent_bytes"]:
+def _sent(t: TimeScaling) -> str:
+    if not t.sent_bytes:
         return "0 B (each shard holds its keys)"
-    link = t.get("link_gbps")
-    share = f", {100 * t['algbw_gbps'] / link:.2g}% of the link's rate" if link and t.get("algbw_gbps") else ""
-    return f"{format_bytes(t['sent_bytes'])}{share}"
+    link = t.link_gbps
+    share = f", {100 * t.algbw_gbps / link:.2g}% of the link's rate" if link and t.algbw_gbps else ""
+    return f"{format_bytes(t.sent_bytes)}{share}"
 
 
-def data_parallel(speedups: list[dict[str, Any]]) -> Table | None:
+def data_parallel(speedups: list[SpeedupCase]) -> Table | None:
     """Per kernel: DataParallel's and multi-process's fixed cost per call and their speedup at
     the largest case, beside what the same call costs on one GPU from a new thread."""
     costs = call_costs(speedup_groups(speedups))
@@ -128,7 +108,7 @@ def data_parallel(speedups: list[dict[str, Any]]) -> Table | None:
     if not records:
         return None
     formats = {"speedup at largest case": _case_ratio, "speedup at largest case ": _case_ratio}
-    return Table("second-gpu-batch", list(BATCH_HEADERS), records, formats)
+    return Table("second-gpu-batch", list(records[0]), records, formats)
 
 
 def merged(tables: list[tuple[str, Table | None]]) -> Table | None:
@@ -154,16 +134,16 @@ def _fixed(c: CallCost | None) -> str | None:
     return ms_cell(c.line.fixed) if c else None
 
 
-def _largest_case(speedups: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[str, Any]]:
+def _largest_case(speedups: list[SpeedupCase]) -> dict[tuple[str, str], tuple[str, Any]]:
     """(kernel, strategy) -> (case, speedup interval) at the case with the longest one-GPU time."""
     out: dict[tuple[str, str], tuple[str, Any, float]] = {}
     for (strategy, family), cases in speedup_groups(speedups).items():
         for c in cases:
-            if c["speedup_ci"] is None or not c["single_ms"]:
+            if c.speedup_ci is None or not c.single_ms:
                 continue
             key = (family_kernel(family), strategy)
-            if key not in out or c["single_ms"].value > out[key][2]:
-                out[key] = (c["row"].case, c["speedup_ci"], c["single_ms"].value)
+            if key not in out or c.single_ms.value > out[key][2]:
+                out[key] = (c.row.case, c.speedup_ci, c.single_ms.value)
     return {k: v[:2] for k, v in out.items()}
 
 

@@ -11,12 +11,13 @@ workload; scaling efficiency is speedup / GPUs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from attnbench.report.data import speedup_rows
+from attnbench.measure.stats import Interval
+from attnbench.report.data import config_text, speedup_rows
 from attnbench.report.intervals import (
     DATA_PARALLEL_TIMER,
     divided,
@@ -30,57 +31,16 @@ from attnbench.results import load_rows, write_text_atomic
 from attnbench.results.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
 
-CSV_COLUMNS = [
-    "run",
-    "machine",
-    "impl",
-    "config",
-    "module",
-    "grad_compression",
-    "strategy",
-    "world_size",
-    "seq_len",
-    "batch",
-    "heads",
-    "head_dim",
-    "dtype",
-    "device",
-    "mode",
-    "causal",
-    "status",
-    "time_ms",
-    "time_iqr_ms",
-    "time_min_ms",
-    "time_max_ms",
-    "samples",
-    "single_time_ms",
-    "speedup",
-    "speedup_ci_low",
-    "speedup_ci_high",
-    "timer",
-    "efficiency",
-    "output_match",
-    "output_rel_err",
-    "grad_rel_err",
-    "backend",
-    "note",
-    "message",
-]
-MEMORY_COLUMNS = [
-    "run",
-    "machine",
-    "impl",
-    "strategy",
-    "world_size",
-    "seq_len",
-    "batch",
-    "gpu",
-    "nvml_index",
-    "nvml_used_before",
-    "nvml_used_peak",
-    "max_memory_allocated",
-    "max_memory_reserved",
-]
+CSV_COLUMNS = (
+    "run machine impl config module grad_compression strategy world_size seq_len batch heads head_dim "
+    "dtype device mode causal status time_ms time_iqr_ms time_min_ms time_max_ms samples single_time_ms "
+    "speedup speedup_ci_low speedup_ci_high timer efficiency output_match output_rel_err grad_rel_err "
+    "backend note message"
+).split()
+MEMORY_COLUMNS = (
+    "run machine impl strategy world_size seq_len batch gpu nvml_index nvml_used_before nvml_used_peak "
+    "max_memory_allocated max_memory_reserved"
+).split()
 
 
 def _ident(row: Speedup, *but: str) -> str:
@@ -94,9 +54,27 @@ def _ident(row: Speedup, *but: str) -> str:
     return json.dumps(ident, sort_keys=True, default=str)
 
 
-def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
-    """Speedup rows, the last of each trial key kept, each as a record: the ``row``, its
-    ``single`` baseline, ``speedup`` and ``efficiency`` (None where either side has no time)."""
+@dataclass(frozen=True)
+class SpeedupRecord:
+    """A speedup row (a single one too) against the single row of its run and workload: None
+    where either side has no time."""
+
+    row: Speedup
+    single: Speedup | None
+    speedup_ci: Interval | None
+    timer: str
+
+    @property
+    def speedup(self) -> float | None:
+        return self.speedup_ci.value if self.speedup_ci else None
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.speedup / self.row.world_size if self.speedup and self.row.world_size else None
+
+
+def speedup_records(rows: list[Row]) -> list[SpeedupRecord]:
+    """Speedup rows, the last of each trial key kept, each with its single-GPU baseline."""
     latest: dict[str, Speedup] = {}
     for r in speedup_rows(rows):
         latest[r.key or str(len(latest))] = r
@@ -108,40 +86,29 @@ def speedup_records(rows: list[Row]) -> list[dict[str, Any]]:
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager; the interval resamples both sides
         ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
-        speedup = ci.value if ci else None
-        out.append(
-            {
-                "row": r,
-                "single": base if ran else None,
-                "single_time_ms": base.time_ms if ran else None,
-                "speedup": speedup,
-                "speedup_ci": ci,
-                "efficiency": speedup / r.world_size if speedup and r.world_size else None,
-                "timer": timer,
-            }
-        )
+        out.append(SpeedupRecord(r, base if ran else None, ci, timer))
     return out
 
 
-def groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def groups(records: list[SpeedupRecord]) -> dict[str, list[SpeedupRecord]]:
     """Records of one run and one workload family (everything but the case), in run order."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[SpeedupRecord]] = {}
     for rec in records:
-        out.setdefault(_ident(rec["row"], "batch", "seq_len"), []).append(rec)
+        out.setdefault(_ident(rec.row, "batch", "seq_len"), []).append(rec)
     return out
 
 
-def strategy_table(records: list[dict[str, Any]], strategy: str) -> str:
+def strategy_table(records: list[SpeedupRecord], strategy: str) -> str:
     """Report 001's table for one strategy (records from ``speedup_records`` of one group)."""
     body = []
     for rec in records:
-        r = rec["row"]
+        r = rec.row
         if r.strategy != strategy:
             continue
         notes = []
-        if r.status == "ok" and rec["efficiency"]:
-            eff = ratio_cell(divided(rec["speedup_ci"], r.world_size), anomaly_above_one=True)
-            notes.append(f"efficiency {eff} on {_units(r, r.world_size)}; {rec['timer']} time")
+        if r.status == "ok" and rec.efficiency:
+            eff = ratio_cell(divided(rec.speedup_ci, r.world_size), anomaly_above_one=True)
+            notes.append(f"efficiency {eff} on {_units(r, r.world_size)}; {rec.timer} time")
         elif r.status != "ok":
             notes.append(f"{result_text(r.status)}: {r.message or ''}".strip())
         if r.dispatch_share is not None:
@@ -152,9 +119,9 @@ def strategy_table(records: list[dict[str, Any]], strategy: str) -> str:
             [
                 f"{r.seq_len:,} tokens",
                 r.batch,
-                ms_cell(time_interval(rec["single"], rec["timer"])),
-                ms_cell(time_interval(r, rec["timer"])) if r.status == "ok" else result_text(r.status),
-                ratio_cell(rec["speedup_ci"]),
+                ms_cell(time_interval(rec.single, rec.timer)),
+                ms_cell(time_interval(r, rec.timer)) if r.status == "ok" else result_text(r.status),
+                ratio_cell(rec.speedup_ci),
                 "; ".join(notes),
             ]
         )
@@ -191,11 +158,7 @@ def memory_table(rows: list[Speedup]) -> str:
 
 
 def _title(r: Speedup) -> str:
-    config = ", ".join(
-        f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in (r.config or {}).items()
-        if k != "max_chunk_tokens"
-    )
+    config = config_text(r.config)
     module = "multi-head module (q/k/v/out projections)" if r.module == "multihead" else "attention"
     return (
         f"{r.impl}{f' ({config})' if config else ''}: {module}, {r.dtype}, H={r.heads}, D={r.head_dim}, "
@@ -223,10 +186,10 @@ def _environment(r: Speedup) -> str:
 def speedup_markdown(rows: list[Row]) -> str:
     parts = []
     for members in groups(speedup_records(rows)).values():
-        head = members[0]["row"]
+        head = members[0].row
         parts.append(f"\n## {_title(head)}\n\nRun `{head.run}`: {_environment(head)}\n")
-        for strategy in dict.fromkeys(m["row"].strategy for m in members if m["row"].strategy != "single"):
-            mine = [m["row"] for m in members if m["row"].strategy == strategy]
+        for strategy in dict.fromkeys(m.row.strategy for m in members if m.row.strategy != "single"):
+            mine = [m.row for m in members if m.row.strategy == strategy]
             worlds = sorted({r.world_size for r in mine})
             compression = {r.grad_compression for r in mine} - {None}
             extra = f", gradient compression {', '.join(sorted(compression))}" if compression else ""
@@ -234,7 +197,7 @@ def speedup_markdown(rows: list[Row]) -> str:
                 f"\n### {strategy} on {_units(head, ', '.join(map(str, worlds)))}{extra}\n\n",
                 strategy_table(members, strategy),
             ]
-        mem = memory_table([m["row"] for m in members])
+        mem = memory_table([m.row for m in members])
         if mem:
             parts += ["\n### Memory per GPU\n\n", mem]
     if parts:
@@ -251,16 +214,16 @@ def speedup_markdown(rows: list[Row]) -> str:
 def speedup_csv(rows: list[Row]) -> str:
     flat = []
     for rec in speedup_records(rows):
-        r = rec["row"]
+        r = rec.row
         computed = {
             "machine": r.env.machine if r.env else None,
             "samples": len(r.times_ms or []),
-            "single_time_ms": rec["single_time_ms"],
-            "speedup": rec["speedup"],
-            "speedup_ci_low": rec["speedup_ci"].low if rec["speedup_ci"] else None,
-            "speedup_ci_high": rec["speedup_ci"].high if rec["speedup_ci"] else None,
-            "timer": rec["timer"],
-            "efficiency": rec["efficiency"],
+            "single_time_ms": rec.single.time_ms if rec.single else None,
+            "speedup": rec.speedup,
+            "speedup_ci_low": getattr(rec.speedup_ci, "low", None),
+            "speedup_ci_high": getattr(rec.speedup_ci, "high", None),
+            "timer": rec.timer,
+            "efficiency": rec.efficiency,
         }
         flat.append({c: computed[c] if c in computed else getattr(r, c) for c in CSV_COLUMNS})
     return pd.DataFrame(flat, columns=CSV_COLUMNS).to_csv(index=False)
@@ -269,7 +232,7 @@ def speedup_csv(rows: list[Row]) -> str:
 def memory_csv(rows: list[Row]) -> str:
     flat = []
     for rec in speedup_records(rows):
-        r = rec["row"]
+        r = rec.row
         for g in r.gpus or []:
             flat.append(
                 {

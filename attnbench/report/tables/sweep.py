@@ -8,66 +8,28 @@ plus a summary of each series' largest length and what stopped it. Reads rows on
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
 from attnbench.report.data import trials as trials_of
+from attnbench.report.data import world_size
 from attnbench.report.intervals import bracket, ms_cell, time_interval
-from attnbench.report.markdown import result_text, short_message, table
+from attnbench.report.markdown import Record, result_text, short_message, table
 from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
 TRIAL_KINDS = ("max-seq", "points")
 INTERRUPTED = "search interrupted"
-CSV_COLUMNS = [
-    "run",
-    "label",
-    "impl",
-    "kind",
-    "phase",
-    "seq_len",
-    "status",
-    "message",
-    "batch",
-    "heads",
-    "head_dim",
-    "dtype",
-    "device",
-    "mode",
-    "causal",
-    "time_ms",
-    "time_iqr_ms",
-    "time_min_ms",
-    "time_max_ms",
-    "time_ci_low",
-    "time_ci_high",
-    "time_n",
-    "gpu_time_ms",
-    "gpu_time_ci_low",
-    "gpu_time_ci_high",
-    "gpu_timer",
-    "host_bound",
-    "dispatch_share",
-    "warmup_calls",
-    "warmup_s",
-    "clocks_moved",
-    "process",
-    "tokens_per_s",
-    "tflops_executed",
-    "tflops_useful",
-    "kept_fraction",
-    "inputs_bytes",
-    "peak_bytes",
-    "peak_counter",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "floor_bytes",
-    "peak_over_floor",
-    "backend",
-    "machine",
-]
+CSV_COLUMNS = (
+    "run label impl kind phase seq_len status message batch heads head_dim dtype device mode causal "
+    "time_ms time_iqr_ms time_min_ms time_max_ms time_ci_low time_ci_high time_n gpu_time_ms "
+    "gpu_time_ci_low gpu_time_ci_high gpu_timer host_bound dispatch_share warmup_calls warmup_s "
+    "clocks_moved process tokens_per_s tflops_executed tflops_useful kept_fraction inputs_bytes "
+    "peak_bytes peak_counter max_memory_allocated max_memory_reserved floor_bytes peak_over_floor backend "
+    "machine"
+).split()
 
 
 def series_groups(rows: list[Row]) -> dict[str, list[Trial]]:
@@ -78,7 +40,44 @@ def series_groups(rows: list[Row]) -> dict[str, list[Trial]]:
     return {k: sorted(v, key=lambda r: r.seq_len) for k, v in groups.items()}
 
 
-def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MaxSeqSummary(Record):
+    """A max-seq series' answer: its largest length, what stopped the next, the trial at the largest."""
+
+    series: str
+    label: str
+    impl: str
+    dtype: str
+    mode: str
+    device: str
+    machine: str | None
+    max_seq_len: int
+    first_failure: int | None
+    stopped_by: str
+    stop_message: str | None
+    complete: bool
+    peak_bytes: int | None
+    peak_over_floor: float | None
+    time_ms: float | None
+    time_ci_low: float | None
+    time_ci_high: float | None
+    time_n: int | None
+    tokens_per_s: float | None
+    trials: int
+    head: Trial = field(repr=False)  # the series' first trial: its settings and world size
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.head)
+
+
+def max_seq_csv(summary: list[MaxSeqSummary]) -> str:
+    """The summaries' fields as columns, but the first trial (its fields are in trials.csv)."""
+    names = [f.name for f in fields(MaxSeqSummary) if f.name != "head"]
+    return pd.DataFrame([[getattr(s, n) for n in names] for s in summary], columns=names).to_csv(index=False)
+
+
+def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
     """Per max-seq series: the search's answer and what stopped the next length. An
     interrupted sweep (no result row) still has a summary from its trials: the largest length
     that ran, a lower bound. A finished search's answer is its result row's, which is below a
@@ -95,29 +94,33 @@ def max_seq_summary(rows: list[Row]) -> list[dict[str, Any]]:
         failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
         stop = min(failures, key=lambda r: r.seq_len) if failures else None
         best_row = next((r for r in ok if r.seq_len == best), None)
+        ci = time_interval(best_row)
         out.append(
-            {
-                "series": key,
-                "label": head.label,
-                "impl": head.impl,
-                "dtype": head.dtype,
-                "mode": head.mode or "fwd",  # a forward and a training search share a label
-                "device": head.device,
-                "machine": head.env.machine if head.env else None,
-                "max_seq_len": best,
-                "first_failure": stop.seq_len if stop else None,
+            MaxSeqSummary(
+                series=key,
+                label=head.label,
+                impl=head.impl,
+                dtype=head.dtype,
+                mode=head.mode or "fwd",  # a forward and a training search share a label
+                device=head.device,
+                machine=head.env.machine if head.env else None,
+                max_seq_len=best,
+                first_failure=stop.seq_len if stop else None,
                 # without its max-seq-result row the search never finished: a lower bound only
-                "stopped_by": _stopped_by(done, stop),
-                "stop_message": stop.message if stop else "",
+                stopped_by=_stopped_by(done, stop),
+                stop_message=stop.message if stop else "",
                 # a search its time budget stopped is a lower bound, as an interrupted one is
-                "complete": done is not None and done.stop_status != BUDGET,
-                "peak_bytes": best_row.peak_bytes if best_row else None,
-                "peak_over_floor": best_row.peak_over_floor if best_row else None,
-                "time_ms": best_row.time_ms if best_row else None,
-                **_time_ci(best_row),
-                "tokens_per_s": best_row.tokens_per_s if best_row else None,
-                "trials": len(trials),
-            }
+                complete=done is not None and done.stop_status != BUDGET,
+                peak_bytes=best_row.peak_bytes if best_row else None,
+                peak_over_floor=best_row.peak_over_floor if best_row else None,
+                time_ms=best_row.time_ms if best_row else None,
+                time_ci_low=ci.low if ci else None,
+                time_ci_high=ci.high if ci else None,
+                time_n=ci.n if ci else None,
+                tokens_per_s=best_row.tokens_per_s if best_row else None,
+                trials=len(trials),
+                head=head,
+            )
         )
     return out
 
@@ -139,11 +142,6 @@ def _gpu_cell(r: Trial) -> str:
     if r.host_bound:
         cell += f"; host-bound, dispatch {r.dispatch_share:.0%}"
     return cell
-
-
-def _time_ci(row: Trial | None) -> dict[str, Any]:
-    iv = time_interval(row)
-    return iv.to_row("time") if iv else {"time_ci_low": None, "time_ci_high": None, "time_n": None}
 
 
 def _notes(r: Trial) -> str:
@@ -197,14 +195,14 @@ def time_table(trials: list[Trial]) -> str:
     )
 
 
-def max_seq_text(s: dict[str, Any]) -> str:
+def max_seq_text(s: MaxSeqSummary) -> str:
     """The largest length of a summary; an unfinished search gives only a lower bound."""
-    if not s["max_seq_len"]:
-        return "none" if s["complete"] else "none yet"
-    return format_tokens(s["max_seq_len"]) if s["complete"] else f"≥ {format_tokens(s['max_seq_len'])}"
+    if not s.max_seq_len:
+        return "none" if s.complete else "none yet"
+    return format_tokens(s.max_seq_len) if s.complete else f"≥ {format_tokens(s.max_seq_len)}"
 
 
-def summary_table(summary: list[dict[str, Any]]) -> str:
+def summary_table(summary: list[MaxSeqSummary]) -> str:
     return table(
         [
             "Implementation",
@@ -219,15 +217,15 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
         ],
         [
             [
-                s["label"],
-                s["dtype"],
-                s["mode"],
-                s["machine"] or s["device"],
-                bracket(s["max_seq_len"], s["first_failure"], format_tokens) if s["complete"] else max_seq_text(s),
-                s["stopped_by"],
-                format_bytes(s["peak_bytes"]),
-                f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
-                ms_cell(time_interval(s)) if s["time_ms"] else "-",
+                s.label,
+                s.dtype,
+                s.mode,
+                s.machine or s.device,
+                bracket(s.max_seq_len, s.first_failure, format_tokens) if s.complete else max_seq_text(s),
+                s.stopped_by,
+                format_bytes(s.peak_bytes),
+                f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
+                ms_cell(time_interval(s)) if s.time_ms else "-",
             ]
             for s in summary
         ],

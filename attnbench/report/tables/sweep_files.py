@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from attnbench.report.data import trials
 from attnbench.report.markdown import heading_text
 from attnbench.report.tables.sparsity import sparsity_table
 from attnbench.report.tables.sweep import (
+    max_seq_csv,
     max_seq_summary,
     memory_table,
     series_groups,
@@ -61,6 +60,6 @@ def write_sweep_tables(out_dir: Path) -> list[Path]:
         written += [out_dir / "sweep.md", out_dir / "trials.csv"]
     summary = max_seq_summary(rows)
     if summary:
-        write_text_atomic(out_dir / "max_seq.csv", pd.DataFrame(summary).to_csv(index=False))
+        write_text_atomic(out_dir / "max_seq.csv", max_seq_csv(summary))
         written.append(out_dir / "max_seq.csv")
     return written

@@ -5,19 +5,36 @@ configuration's forward-only largest sequence when the rows hold one. Reads rows
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report.data import machine_of, short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
-from attnbench.report.tables.sweep import max_seq_summary, series_groups
+from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary, series_groups
 from attnbench.results.schema import Row
 from attnbench.units import format_gib, format_tokens
 
 COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's
 
 
-def training_records(rows: list[Row]) -> list[dict[str, Any]]:
+@dataclass
+class TrainingRecord:
+    """A configuration's training capacity and throughput, beside its forward capacity."""
+
+    label: str
+    dtype: str
+    machine: str
+    max_seq_len: int | None = None
+    memory_limit: int | None = None
+    peak_over_floor: float | None = None
+    tflops_at_max: Any = None  # Interval or None
+    tflops_compare: Any = None
+    fwd_max_seq_len: int | None = None
+    fwd_peak_over_floor: float | None = None
+
+
+def training_records(rows: list[Row]) -> list[TrainingRecord]:
     """One record per (configuration, code version, dtype, machine) with a training max-seq
     search or a training trial at 64K. A search and 64K points of one configuration are two
     series; where the points were also measured by other code, only theirs carry the commit in
@@ -26,51 +43,34 @@ def training_records(rows: list[Row]) -> list[dict[str, Any]]:
     summaries = max_seq_summary(rows)
     # a configuration may run as several series (a search, and points at 64K): the training
     # search belongs to its own series; the forward one is found by configuration
-    searches = {s["series"]: s for s in summaries}
-    largest = {(s["label"], s["dtype"], s["machine"] or s["device"], _mode(s, rows)): s for s in summaries}
-    records: dict[tuple, dict[str, Any]] = {}
+    searches = {s.series: s for s in summaries}
+    largest = {(s.label, s.dtype, s.machine or s.device, _mode(s, rows)): s for s in summaries}
+    records: dict[tuple, TrainingRecord] = {}
     for trials in series_groups(rows).values():
         head = trials[0]
         if head.mode != "fwd_bwd":
             continue
         where = (head.label, head.dtype, machine_of(head) if head.env else head.device)
-        rec = records.setdefault(
-            (head.label.split(" @ ")[0], short_commit(head), *where[1:]),
-            {
-                "label": where[0],
-                "dtype": where[1],
-                "machine": where[2],
-                "max_seq_len": None,
-                "memory_limit": None,
-                "peak_over_floor": None,
-                "tflops_at_max": None,
-                "tflops_compare": None,
-                "fwd_max_seq_len": None,
-                "fwd_peak_over_floor": None,
-            },
-        )
+        rec = records.setdefault((head.label.split(" @ ")[0], short_commit(head), *where[1:]), TrainingRecord(*where))
         if " @ " in where[0]:
-            rec["label"] = where[0]
+            rec.label = where[0]
         compare = next((r for r in trials if r.seq_len == COMPARE_AT and r.status == "ok"), None)
         if compare and compare.tflops_useful:
-            rec["tflops_compare"] = tflops_interval(compare)
+            rec.tflops_compare = tflops_interval(compare)
         train = searches.get(head.series)
-        if train and train["max_seq_len"]:
-            best = next(r for r in trials if r.seq_len == train["max_seq_len"] and r.status == "ok")
-            rec.update(
-                max_seq_len=train["max_seq_len"],
-                memory_limit=best.memory_limit or 0,  # 0: the whole GPU
-                peak_over_floor=train["peak_over_floor"],
-                tflops_at_max=tflops_interval(best),
-            )
+        if train and train.max_seq_len:
+            best = next(r for r in trials if r.seq_len == train.max_seq_len and r.status == "ok")
+            rec.max_seq_len, rec.peak_over_floor = train.max_seq_len, train.peak_over_floor
+            rec.memory_limit = best.memory_limit or 0  # 0: the whole GPU
+            rec.tflops_at_max = tflops_interval(best)
         fwd = largest.get((*where, "fwd"))
-        if fwd and fwd["max_seq_len"]:
-            rec.update(fwd_max_seq_len=fwd["max_seq_len"], fwd_peak_over_floor=fwd["peak_over_floor"])
-    return [r for r in records.values() if r["max_seq_len"] or r["tflops_compare"]]  # else nothing to show
+        if fwd and fwd.max_seq_len:
+            rec.fwd_max_seq_len, rec.fwd_peak_over_floor = fwd.max_seq_len, fwd.peak_over_floor
+    return [r for r in records.values() if r.max_seq_len or r.tflops_compare]  # else nothing to show
 
 
-def _mode(summary: dict[str, Any], rows: list[Row]) -> str:
-    return next((r.mode or "fwd" for r in rows if getattr(r, "series", None) == summary["series"]), "fwd")
+def _mode(summary: MaxSeqSummary, rows: list[Row]) -> str:
+    return next((r.mode or "fwd" for r in rows if getattr(r, "series", None) == summary.series), "fwd")
 
 
 HEADERS = {  # column: record field
@@ -93,7 +93,7 @@ NOTE = (
 )
 
 
-def training_table(records: list[dict[str, Any]]) -> Table:
+def training_table(records: list[TrainingRecord]) -> Table:
     def tokens(v):
         return format_tokens(v) if v else "-"
 
@@ -109,7 +109,7 @@ def training_table(records: list[dict[str, Any]]) -> Table:
         "Training TFLOP/s at Largest": tflops_cell,
         f"Training TFLOP/s at {COMPARE_LABEL}": tflops_cell,
     }
-    return Table("training", list(HEADERS), [{h: r[f] for h, f in HEADERS.items()} for r in records], formats)
+    return Table.of("training", HEADERS, records, formats)
 
 
 def training_markdown(rows: list[Row]) -> str:
