@@ -254,13 +254,13 @@ def _print_summary(out_dir: Path) -> None:
         t.add_column(col)
     for s in summary:
         t.add_row(
-            s["label"],
-            s["dtype"],
-            s["mode"],
+            s.label,
+            s.dtype,
+            s.mode,
             max_seq_text(s),
-            s["stopped_by"] + (f" at {format_tokens(s['first_failure'])}" if s["first_failure"] else ""),
-            format_bytes(s["peak_bytes"]),
-            f"{s['peak_over_floor']:.2f}x" if s["peak_over_floor"] else "-",
+            s.stopped_by + (f" at {format_tokens(s.first_failure)}" if s.first_failure else ""),
+            format_bytes(s.peak_bytes),
+            f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
         )
     console.print(t)
 
@@ -284,12 +284,12 @@ def _scaling_readout(out_dir: Path) -> None:
             t.add_column(col, overflow="fold")
         for r in times:
             t.add_row(
-                escape(r["label"]),
-                format_tokens(r["seq_len"]),
-                str(r["world_size"]),
-                f"{r['time_ms']:,.2f}" if r["time_ms"] else "-",
-                f"{r['speedup']:.2f}x" if r["speedup"] else "-",
-                f"{r['efficiency']:.2f}" if r["efficiency"] else "-",
+                escape(r.label),
+                format_tokens(r.seq_len),
+                str(r.world_size),
+                f"{r.time_ms:,.2f}" if r.time_ms else "-",
+                f"{r.speedup:.2f}x" if r.speedup else "-",
+                f"{r.efficiency:.2f}" if r.efficiency else "-",
             )
         console.print(t)
     sizes = max_seq_scaling(rows)
@@ -299,11 +299,11 @@ def _scaling_readout(out_dir: Path) -> None:
             t.add_column(col, overflow="fold")
         for s in sizes:
             t.add_row(
-                escape(s["label"]),
-                str(s["world_size"]),
-                format_tokens(s["max_seq_len"]) if s["max_seq_len"] else "none",
-                s["stopped_by"],
-                f"{s['ratio']:.2f}" if s["ratio"] else "-",
+                escape(s.label),
+                str(s.world_size),
+                format_tokens(s.max_seq_len) if s.max_seq_len else "none",
+                s.stopped_by,
+                f"{s.ratio:.2f}" if s.ratio else "-",
             )
         console.print(t)
     console.print(f"wrote {out_dir / 'scaling.md'} (every column: bandwidth, compute and wait, memory per rank)")

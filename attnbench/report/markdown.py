@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 # every character Python's str.splitlines() breaks a line at, and tabs
@@ -33,15 +32,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell_text(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True)
-class Record:
-    """A record the report derives from rows; read by attribute. ``record["name"]`` remains
-    for the command line's readouts (attnbench/cli/sweep.py), which still read by key."""
-
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
 
 
 def record_table(columns: dict[str, Any], records: Sequence[Any]) -> str:

@@ -26,7 +26,6 @@ from attnbench.report.data import (
     world_size,
 )
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
-from attnbench.report.markdown import Record
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Speedup, Trial, Workload
 
@@ -55,7 +54,7 @@ def _run_of(c: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class SpeedupCase(Record):
+class SpeedupCase:
     """A multi-GPU speedup row against its single-GPU baseline (None where not measured)."""
 
     row: Speedup
@@ -192,7 +191,7 @@ def single_match(row: Workload, candidates: list[Trial]) -> tuple[Trial | None, 
 
 
 @dataclass(frozen=True)
-class RingPair(Record):
+class RingPair:
     """A multi-GPU ring measurement, its single-GPU baseline and which baseline that is
     (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured)."""
 
@@ -202,7 +201,7 @@ class RingPair(Record):
 
 
 @dataclass(frozen=True)
-class RankTime(Record):
+class RankTime:
     """One rank of a ring measurement: its compute time and its wait on communication."""
 
     row: Workload

@@ -19,7 +19,7 @@ from typing import Any
 from attnbench.measure.stats import Interval
 from attnbench.report.data import ok, trials, world_size
 from attnbench.report.intervals import divided, ms_cell, ratio_cell, speedup_interval, time_interval
-from attnbench.report.markdown import Record, record_table
+from attnbench.report.markdown import record_table
 from attnbench.results.schema import MaxSeqResult, Row, Workload
 from attnbench.units import format_bytes, format_tokens
 
@@ -36,7 +36,7 @@ def _ranked(rows: list[Row]) -> list[Row]:
 
 
 @dataclass(frozen=True)
-class TimeScaling(Record):
+class TimeScaling:
     """One sequence-parallel time against one GPU: ``baseline`` names which (``equal work: sdpa``)."""
 
     impl: str
@@ -67,7 +67,7 @@ class TimeScaling(Record):
 
 
 @dataclass(frozen=True)
-class MaxSeqScaling(Record):
+class MaxSeqScaling:
     """A sequence-parallel search's largest length and its ratio to one GPU's."""
 
     impl: str

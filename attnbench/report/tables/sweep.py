@@ -15,7 +15,7 @@ import pandas as pd
 from attnbench.report.data import trials as trials_of
 from attnbench.report.data import world_size
 from attnbench.report.intervals import bracket, ms_cell, time_interval
-from attnbench.report.markdown import Record, result_text, short_message, table
+from attnbench.report.markdown import result_text, short_message, table
 from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
@@ -41,7 +41,7 @@ def series_groups(rows: list[Row]) -> dict[str, list[Trial]]:
 
 
 @dataclass(frozen=True)
-class MaxSeqSummary(Record):
+class MaxSeqSummary:
     """A max-seq series' answer: its largest length, what stopped the next, the trial at the largest."""
 
     series: str
