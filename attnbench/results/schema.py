@@ -32,6 +32,7 @@ from attnbench.errors import AttnbenchError
 
 SCHEMA_VERSION = 1
 R = TypeVar("R", bound="Row")
+Fields = dict[str, Any]  # a row's fields by name, as a writer assembles them for ``build``
 
 
 class SchemaError(AttnbenchError):

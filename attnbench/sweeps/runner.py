@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from attnbench.plan import Plan, Series
 from attnbench.results import ResultsLock, clean_floats, now_utc, series_key
-from attnbench.results.schema import Row, Trial, Verify, build
+from attnbench.results.schema import Fields, Row, Trial, Verify, build
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
 from attnbench.sweeps import kinds
@@ -82,8 +82,6 @@ def verify_cases(plan: Plan) -> list[VerifyCase]:
     return list(unique.values())
 
 
-# a row's fields by name, before they make a row
-Fields = dict[str, Any]
 # check-row fields left out where they hold their default
 UNWRITTEN = {"mode": "fwd", "twin_scale": 1}
 

@@ -10,13 +10,11 @@ was; a length not run because its call was predicted over the time limit is a ro
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured_budget
 from attnbench.plan import Series
-from attnbench.results.schema import MaxSeqResult, Trial, build
+from attnbench.results.schema import Fields, MaxSeqResult, Trial, build
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import TrialKind, parallelism
 from attnbench.sweeps.search import (
@@ -118,7 +116,7 @@ def search_budget_s(st) -> float:
     return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
-def prediction_fields(p: Prediction | None) -> dict[str, Any]:
+def prediction_fields(p: Prediction | None) -> Fields:
     """What the model said of a trial before it ran, as row fields (none before there is a model)."""
     if p is None:
         return {}

@@ -29,7 +29,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import clean_floats, now_utc
-from attnbench.results.schema import Speedup, build
+from attnbench.results.schema import Fields, Speedup, build
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.kinds.speedup import strategies
@@ -156,7 +156,7 @@ def _check_compression(s: Series) -> None:
         )
 
 
-def trial_key(row: dict[str, Any]) -> str:
+def trial_key(row: Fields) -> str:
     key = {k: row.get(k) for k in KEY_FIELDS}
     if row.get("kv_heads") not in (None, row.get("heads")):  # grouped heads: another call (rows without keep their key)
         key["kv_heads"] = row["kv_heads"]
@@ -278,7 +278,7 @@ class SpeedupRunner:
             phase_limit_s=s.settings.max_trial_seconds,
         )
 
-    def _fields(self, case: Case, strategy: Strategy) -> dict[str, Any]:
+    def _fields(self, case: Case, strategy: Strategy) -> Fields:
         s = self.s
         return {
             "kind": KIND,
@@ -292,7 +292,7 @@ class SpeedupRunner:
             "max_trial_seconds": s.settings.max_trial_seconds,
         }
 
-    def _finish(self, fields: dict[str, Any], t0: float, started: str) -> None:
+    def _finish(self, fields: Fields, t0: float, started: str) -> None:
         """The trial's row from its fields and when it ran: appended, and done for a resumed run."""
         when = {"trial": uuid.uuid4().hex[:12], "started_at": started, "duration_s": round(time.monotonic() - t0, 3)}
         row = build(Speedup, **clean_floats({**fields, **when, "env": self.session.env}))
