@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
-from attnbench.results.schema import Row, Verify, build, row_from_json
+from attnbench.results.schema import Row, Verify, build
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
 
@@ -37,7 +37,7 @@ class RunSession:
 
     def resumed_rows(self) -> list[Row]:
         """The rows a resumed run continues from; refuses a used directory without --resume."""
-        return [row_from_json(r) for r in rows_to_resume(self.out_dir, self.resume, self.env["machine"])]
+        return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
     def run_checks(
         self,
