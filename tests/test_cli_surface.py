@@ -9,6 +9,8 @@ from attnbench import __version__
 from attnbench.errors import AttnbenchError
 from attnbench.units import clip_text, parse_bytes
 
+from conftest import typed_row
+
 
 @pytest.mark.parametrize(
     "text, expected",
@@ -105,7 +107,7 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     series = SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10))
     reporter = RichReporter()
     for r in (ok, row, {**row, "attempt": 2}, {**ok, "phase": "confirm", "attempt": 2}):
-        reporter.trial_done(series, r, replayed=False)
+        reporter.trial_done(series, typed_row("max-seq", **r), replayed=False)
     grow, first, second, confirm = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert "retry" not in first and "bracket (retry)" in second
     assert "retry" not in confirm  # the confirmation runs a length that succeeded: not a retry
@@ -153,7 +155,7 @@ def test_a_failed_trials_line_fits_the_console_with_at_least_40_characters_of_me
 
     monkeypatch.setattr(base.console, "width", width)
     message = "RuntimeError: [enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: not enough memory: " * 3
-    row = {"phase": "bracket", "seq_len": 4096, "status": "oom", "message": message, "peak_bytes": 3 * 10**9}
+    row = typed_row(phase="bracket", seq_len=4096, status="oom", message=message, peak_bytes=3 * 10**9)
     RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
     line = capsys.readouterr().out.rstrip("\n")
     assert "\n" not in line and (len(line) <= width or width < 100), line  # 60: the 40-character floor
@@ -167,7 +169,7 @@ def test_a_failed_speedup_trials_line_fits_the_console_too(capsys, monkeypatch, 
 
     monkeypatch.setattr(base.console, "width", width)
     message = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity " * 4
-    row = {"case": "ring 64K", "strategy": "ring", "status": "oom", "message": message}
+    row = typed_row("speedup", case="ring 64K", strategy="ring", status="oom", message=message)
     SpeedupReporter().trial_done(row, replayed=True)
     line = capsys.readouterr().out.rstrip("\n")
     assert "\n" not in line and len(line) <= width, line
@@ -180,7 +182,7 @@ def test_a_trials_rate_reads_in_gflops_under_one_tflops(capsys, tflops, shown):
 
     from attnbench.cli.progress import RichReporter
 
-    row = {"phase": "grow", "seq_len": 2048, "status": "ok", "tflops_executed": tflops}
+    row = typed_row(phase="grow", seq_len=2048, status="ok", tflops_executed=tflops)
     RichReporter().trial_done(SimpleNamespace(settings=SimpleNamespace(max_trial_seconds=10)), row, replayed=False)
     assert shown in capsys.readouterr().out
 

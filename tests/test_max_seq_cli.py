@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.results import read_rows
+from attnbench.results.schema import Trial
 from attnbench.runtime.supervise import PAUSE_AFTER_TRIALS_ENV
 from attnbench.sweeps.kinds.max_seq import outcome
 from attnbench.sweeps.search import Limits, grow_then_bisect, predicted_search
@@ -184,7 +185,7 @@ def replay_search(rows, limits):
     seen = []
 
     def probe(n, phase, attempt, prediction):
-        seen.append(recorded[(n, attempt)])
+        seen.append(Trial.from_json(recorded[(n, attempt)]))
         return outcome(seen[-1], seen)
 
     return predicted_search(probe, limits)

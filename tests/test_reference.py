@@ -211,10 +211,12 @@ def test_a_ring_twin_is_checked_across_two_ranks():
 
 def test_a_failed_twin_fails_the_series_it_stands_for(tmp_path, monkeypatch):
     """The runner maps a twin's check row to the series of the configuration it stands for."""
+    from attnbench.results.schema import Verify, build
     from attnbench.sweeps import runner as sweep_runner
 
     plan, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
-    failing = {**run_case(case), "status": "fail", "message": "injected"}
+    checked = {**run_case(case), "status": "fail", "message": "injected"}
+    failing = build(Verify, **checked, run="out", env={"machine": "cpu: test"})
     monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, *args, **kw: [failing])
     r = sweep_runner.SweepRunner(plan, tmp_path / "out", {"machine": "cpu: test"})
     (outcome,) = r.run()

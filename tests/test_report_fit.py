@@ -114,8 +114,6 @@ def test_gpu_budget_sets_aside_what_nvml_sees_beyond_the_allocator():
     assert measured_budget(typed(limited))[2] == 8 * GIB
     no_nvml = [{**r, "gpus": []} for r in rows]
     assert measured_budget(typed(no_nvml))[1:3] == (0.0, total)
-    # the search reads the rows it is writing (dicts): the same answer
-    assert measured_budget(sorted(rows, key=lambda r: r["seq_len"]))[:3] == (device, overhead, budget)
 
 
 def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_trials():
@@ -164,4 +162,3 @@ def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_pe
     assert fitted_peak(typed_row(**gpu)) == 1000
     assert fitted_peak(typed_row(**{**gpu, "max_memory_reserved": None})) == 900
     assert fitted_peak(typed_row(device="cpu", peak_bytes=700, world_size=1)) == 700
-    assert fitted_peak(gpu) == 1000  # a row a run is writing

@@ -77,7 +77,7 @@ def scan_kind():
             return out
 
         def trials(self, s, runner):
-            return [runner.trial(s, n, "scan")["status"] for n in self.lengths(s)]
+            return [runner.trial(s, n, "scan").status for n in self.lengths(s)]
 
     kinds.register(Scan())
     yield

@@ -20,16 +20,12 @@ class RichReporter:
 
     def verify_done(self, rows) -> None:
         for r in rows:
-            mark = "[green]pass[/]" if r["status"] == "pass" else f"[red]{r['status'].upper()}[/]"
-            twin = (
-                f" (reduced twin of {config_short(r['twin_of'])}, lengths / {r['twin_scale']})"
-                if r.get("twin_of")
-                else ""
-            )
-            took = f" {r['elapsed_s']:.1f} s" if r.get("elapsed_s") is not None else ""
+            mark = "[green]pass[/]" if r.status == "pass" else f"[red]{r.status.upper()}[/]"
+            twin = f" (reduced twin of {config_short(r.twin_of)}, lengths / {r.twin_scale})" if r.twin_of else ""
+            took = f" {r.elapsed_s:.1f} s" if r.elapsed_s is not None else ""
             console.print(
-                f"  reference check {r['impl']} {config_short(r['config'])} {r['dtype']} N={r['seq_len']}{escape(twin)}: "
-                f"rel. error {r['rel_err'] if r['rel_err'] is None else format(r['rel_err'], '.1e')} {mark}{took}"
+                f"  reference check {r.impl} {config_short(r.config)} {r.dtype} N={r.seq_len}{escape(twin)}: "
+                f"rel. error {r.rel_err if r.rel_err is None else format(r.rel_err, '.1e')} {mark}{took}"
             )
 
     def note(self, text) -> None:
@@ -63,23 +59,23 @@ class RichReporter:
             self._status.stop()
             self._status = None
         # a retry runs a length again right after it failed (a confirmation runs one that succeeded)
-        here = (id(series), row["seq_len"])
-        phase = row.get("phase", "") + (" (retry)" if here == self._failed and not replayed else "")
-        self._failed = here if row["status"] != "ok" else None
-        bits = [f"  {phase:9} {format_tokens(row['seq_len']):>24}  {result_text(row['status'])}"]
-        if row.get("time_ms"):
-            bits.append(f"{row['time_ms']:,.2f} ms")
-        if row.get("peak_bytes"):
+        here = (id(series), row.seq_len)
+        phase = (row.phase or "") + (" (retry)" if here == self._failed and not replayed else "")
+        self._failed = here if row.status != "ok" else None
+        bits = [f"  {phase:9} {format_tokens(row.seq_len):>24}  {result_text(row.status)}"]
+        if row.time_ms:
+            bits.append(f"{row.time_ms:,.2f} ms")
+        if row.peak_bytes:
             bits.append(
-                f"peak {format_bytes(row['peak_bytes'])}"
-                + (f" ({row['peak_over_floor']:.2f}x floor)" if row.get("peak_over_floor") else "")
+                f"peak {format_bytes(row.peak_bytes)}"
+                + (f" ({row.peak_over_floor:.2f}x floor)" if row.peak_over_floor else "")
             )
-        if row.get("tflops_executed"):
-            bits.append(flop_rate(row["tflops_executed"]))
+        if row.tflops_executed:
+            bits.append(flop_rate(row.tflops_executed))
         if replayed:
             bits.append("(from earlier run)")
-        if row["status"] != "ok" and row.get("message"):
-            bits.append(fitted_message(bits, row["message"]))
+        if row.status != "ok" and row.message:
+            bits.append(fitted_message(bits, row.message))
         console.print("  ".join(bits))
 
     def series_done(self, series, result) -> None:
@@ -121,19 +117,19 @@ class SpeedupReporter:
         if self._status:
             self._status.stop()
             self._status = None
-        bits = [f"  {row['case']:>14}  {row['strategy']:6}  {result_text(row['status'])}"]
-        if row.get("time_ms"):
-            bits.append(f"{row['time_ms']:,.3f} ms")
-            if row["strategy"] == "single" and row["status"] == "ok":
-                self._single[row["case"]] = row["time_ms"]
-            elif row["case"] in self._single:
-                bits.append(f"{self._single[row['case']] / row['time_ms']:.2f}x")
+        bits = [f"  {row.case:>14}  {row.strategy:6}  {result_text(row.status)}"]
+        if row.time_ms:
+            bits.append(f"{row.time_ms:,.3f} ms")
+            if row.strategy == "single" and row.status == "ok":
+                self._single[row.case] = row.time_ms
+            elif row.case in self._single:
+                bits.append(f"{self._single[row.case] / row.time_ms:.2f}x")
         if replayed:
             bits.append("(from earlier run)")
-        if row["status"] != "ok" and row.get("message"):
-            bits.append(fitted_message(bits, row["message"]))
-        elif row.get("note"):
-            bits.append(fitted_message(bits, row["note"]))
+        if row.status != "ok" and row.message:
+            bits.append(fitted_message(bits, row.message))
+        elif row.note:
+            bits.append(fitted_message(bits, row.note))
         console.print("  ".join(bits))
 
 

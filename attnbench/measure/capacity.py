@@ -20,24 +20,22 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+# A trial row, ``attnbench.results.schema.Trial`` (read by attribute); not imported: results/
+# is a layer above measure/.
+Trial = Any
+
 # Backends that hold N x N scores whatever the implementation declares (sdpa's math).
 QUADRATIC_BACKENDS = {"math"}
 # Trials nearest the limit say most about what is not the allocator's near the limit.
 OVERHEAD_TRIALS = 3
 
 
-def field(obj: Any, key: str) -> Any:
-    """A field of a row or of its per-GPU entry, whether a dict (the rows a run is writing) or a
-    schema object (rows read back): the model serves the search and the report alike."""
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def memory_degree(impl: str, backend: str | None = None, row: Any = None) -> int:
+def memory_degree(impl: str, backend: str | None = None, row: Trial | None = None) -> int:
     """The fit's degree: the implementation's declared memory order (``ImplSpec.memory_order``,
     recorded in the rows of outside implementations), 2 when a quadratic backend ran."""
     from attnbench import impls
 
-    recorded = {"impl_source": field(row, "impl_source")} if row is not None else None
+    recorded = {"impl_source": row.impl_source} if row is not None else None
     return 2 if impls.memory_order(impl, recorded) == 2 or backend in QUADRATIC_BACKENDS else 1
 
 
@@ -119,12 +117,12 @@ def least_squares(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
     return tuple(float(m[i][k] / m[i][i]) for i in range(k))
 
 
-def measured_budget(rows: list[Any]) -> tuple[float | None, float | None, float | None, str]:
+def measured_budget(rows: list[Trial]) -> tuple[float | None, float | None, float | None, str]:
     """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
-    good = sorted((r for r in rows if field(r, "status") == "ok"), key=lambda r: field(r, "seq_len"))
+    good = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.seq_len)
     head = rows[0]
-    limit = field(head, "memory_limit")
-    if field(head, "device") != "cuda":
+    limit = head.memory_limit
+    if head.device != "cuda":
         if not limit:
             return None, None, None, "CPU run without --memory-limit: no memory bound was measured"
         return (
@@ -136,19 +134,19 @@ def measured_budget(rows: list[Any]) -> tuple[float | None, float | None, float 
                 "its resident-memory peak; indicative only"
             ),
         )
-    totals = [field(r, "device_total_bytes") for r in rows if field(r, "device_total_bytes")]
+    totals = [r.device_total_bytes for r in rows if r.device_total_bytes]
     if not totals:
-        env = field(head, "env")
-        totals = [g.get("memory_total_bytes") for g in ((field(env, "gpus") if env else None) or [])[:1]]
+        env = head.env
+        totals = [g.get("memory_total_bytes") for g in ((env.gpus if env else None) or [])[:1]]
     total = float(totals[0]) if totals and totals[0] else None
     if total is None:
         return None, None, None, "the device's total memory is not in the rows"
     extra = []
     for r in good[-OVERHEAD_TRIALS:]:
         per_gpu = [
-            field(g, "nvml_used_peak") - field(g, "max_memory_reserved")
-            for g in field(r, "gpus") or []
-            if field(g, "nvml_used_peak") is not None and field(g, "max_memory_reserved") is not None
+            g.nvml_used_peak - g.max_memory_reserved
+            for g in r.gpus or []
+            if g.nvml_used_peak is not None and g.max_memory_reserved is not None
         ]
         if per_gpu:
             extra.append(max(per_gpu))
@@ -169,20 +167,16 @@ def measured_budget(rows: list[Any]) -> tuple[float | None, float | None, float 
     return total, overhead, budget, note
 
 
-def fitted_peak(row: Any) -> float | None:
+def fitted_peak(row: Trial) -> float | None:
     """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
     rank's), elsewhere ``peak_bytes``."""
-    if field(row, "device") == "cuda" and field(row, "max_memory_reserved"):
-        return field(row, "max_memory_reserved")
-    if int(field(row, "world_size") or 1) > 1:
-        peaks = [
-            field(g, "max_memory_allocated")
-            for g in field(row, "gpus") or []
-            if field(g, "max_memory_allocated") is not None
-        ]
+    if row.device == "cuda" and row.max_memory_reserved:
+        return row.max_memory_reserved
+    if int(row.world_size or 1) > 1:
+        peaks = [g.max_memory_allocated for g in row.gpus or [] if g.max_memory_allocated is not None]
         if peaks:
             return max(peaks)
-    return field(row, "peak_bytes")
+    return row.peak_bytes
 
 
 def fit_leading(seq_lens: list[int], peaks: list[float], degree: int) -> MemoryFit | None:

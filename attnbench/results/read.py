@@ -135,8 +135,8 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
     return row, ""
 
 
-def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, Any]]:
-    """The rows a run may continue from, those measured on ``machine`` only (a row of another
+def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[Row]:
+    """The rows a run may continue from, typed, those measured on ``machine`` only (a row of another
     machine is never replayed as this one's); refuses to overwrite a results directory
     without ``resume``, and to mix machines in one directory."""
     trials = Path(out_dir) / TRIALS_FILE
@@ -149,7 +149,7 @@ def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[dict[str, 
             f"{trials} is a symbolic link: attnbench does not write through links; "
             "replace it with the file or choose another --out"
         )
-    return [r for r in check_same_machine(out_dir, machine) if _machine_of(r) == machine]
+    return [row_from_json(r) for r in check_same_machine(out_dir, machine) if _machine_of(r) == machine]
 
 
 def _machine_of(row: dict[str, Any]) -> str | None:

@@ -9,13 +9,10 @@ Version policy. ``schema`` is an integer that changes only when a key changes me
 disappears; a row of another version is refused. Keys added later without a version change
 (a newer attnbench's new metric) are not an error: they are kept in ``extra``, written back
 by ``to_json`` and ignored by the report and the check. Optional fields a row lacks (or holds
-as null) are ``None``: not measured, or not applicable to that row; ``to_json`` leaves them out.
-
+as null) are ``None``: not measured, or not applicable to that row; ``to_json`` leaves them out,
+but a row a writer built (``build``) goes out key for key as it was given, nulls included.
 Nested objects stay plain where a reader needs nothing more than a key (``config``, the
 entries of ``ranks`` and ``env.gpus``); per-GPU memory and the environment are typed.
-
-Over 400 lines because every field of every kind of row is declared here with its comment:
-the schema is read in one place, not assembled from several.
 
 Over 400 lines because the schema is one place: a dataclass per row kind with a comment per
 field, and the conversion that checks them.
@@ -29,11 +26,13 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 from attnbench.errors import AttnbenchError
 
 SCHEMA_VERSION = 1
+R = TypeVar("R", bound="Row")
+Fields = dict[str, Any]  # a row's fields by name, as a writer assembles them for ``build``
 
 
 class SchemaError(AttnbenchError):
@@ -70,6 +69,7 @@ class Environment:
     pytorch_cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the run saw it
     clipped: list[str] | None = None  # parts of a profile dropped for want of GPUs, in words
     extra: dict[str, Any] = field(default_factory=dict)
+    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
 
 @dataclass(kw_only=True)
@@ -85,6 +85,7 @@ class GpuMemory:
     cuda_device: int | None = None  # CUDA device index of that rank
     nvml_index: int | None = None  # NVML index of the same GPU
     extra: dict[str, Any] = field(default_factory=dict)
+    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
 
 @dataclass(kw_only=True)
@@ -98,6 +99,7 @@ class Row:
     env: Environment | None = None  # where it ran (absent only in rows built by hand)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this schema version does not know
     source: str | None = field(default=None, compare=False)  # the file a reader found it in; not stored
+    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
@@ -134,11 +136,10 @@ class Workload(Row):
     model: str | None = None  # the model preset the shape came from (attnbench models)
 
     def identity(self, seq_len: bool = True) -> dict[str, Any]:
-        """What makes two rows the same attention call: every workload field (derived from
-        this class, so a new workload field joins it), one device meaning world size 1 and
-        strategy "single"; ``kv_heads`` only where fewer than the heads (so a row from before
-        grouped heads and one without grouping are the same call, with the same key);
-        ``seq_len=False`` for a series (the call but its length)."""
+        """What makes two rows the same attention call: every workload field (derived from this
+        class, so a new workload field joins it), one device meaning world size 1 and strategy
+        "single"; ``kv_heads`` only where fewer than the heads (a row from before grouped heads and
+        one without grouping are the same call); ``seq_len=False`` for a series (the call but its length)."""
         ident = {name: getattr(self, name) for name in _workload_field_names()}
         ident["world_size"] = ident["world_size"] or 1
         ident["strategy"] = ident["strategy"] or "single"
@@ -236,9 +237,7 @@ class Trial(Workload, Timing):
     predicted_time_ms: float | None = None  # max-seq: the warm call the model predicted before it ran
     predicted_max_seq: int | None = None  # max-seq: the largest length the model predicted before it ran
     predicted_only: bool | None = None  # not run: the model put its call over the time limit (status time-limit)
-    phase_s: dict[str, float] | None = (
-        None  # seconds per phase of its process: start (python, imports), setup, device, inputs, ..., exit
-    )
+    phase_s: dict[str, float] | None = None  # seconds per phase of its process: start, setup, ..., exit
 
 
 @dataclass(kw_only=True)
@@ -332,6 +331,11 @@ def row_from_json(d: Any) -> Row:
     return KINDS[d["kind"]].from_json(d)
 
 
+def build(cls: type[R], **fields: Any) -> R:
+    """A row a writer makes, checked as a reader would; its numbers and ``layout`` (keys, order, nulls) as given."""
+    return _from_json(cls, {"schema": SCHEMA_VERSION, **fields}, f"{fields.get('kind')} row", built=True)
+
+
 def validate(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` unchanged when it is a valid row; a SchemaError otherwise."""
     row_from_json(d)
@@ -353,12 +357,15 @@ def _check_version(d: dict[str, Any]) -> None:
         )
 
 
+_NOT_STORED = ("extra", "source", "layout")
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _from_json(cls: type, d: dict[str, Any], what: str) -> Any:
+def _from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -369,13 +376,11 @@ def _from_json(cls: type, d: dict[str, Any], what: str) -> Any:
             if required:
                 raise SchemaError(f"{what}: missing field {f.name!r}")
             continue  # the default stands for "not recorded"
-        kwargs[f.name] = _convert(d[f.name], hints[f.name], f"{what}: field {f.name!r}")
+        kwargs[f.name] = _convert(d[f.name], hints[f.name], f"{what}: field {f.name!r}", built)
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs["extra"] = {k: v for k, v in d.items() if k not in known or k in _NOT_STORED}
+    kwargs["layout"] = tuple(d) if built else ()
     return cls(**kwargs)
-
-
-_NOT_STORED = ("extra", "source")
 
 
 def _optional(tp: Any) -> bool:
@@ -386,7 +391,7 @@ def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
+def _convert(value: Any, tp: Any, where: str, built: bool = False) -> Any:
     if _is_union(tp):
         if value is None and type(None) in typing.get_args(tp):
             return None
@@ -394,17 +399,17 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise SchemaError(f"{where} is {_json_type(value)}, expected an object")
-        return _from_json(tp, value, where)
+        return _from_json(tp, value, where, built)
     origin = typing.get_origin(tp) or tp
     if origin is list:
         if not isinstance(value, list):
             raise SchemaError(f"{where} is {_json_type(value)}, expected a list")
         (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_convert(v, item, f"{where}[{i}]", built) for i, v in enumerate(value)]
     if value is None and tp is not Any:
         raise SchemaError(f"{where} is null, expected {_NAMES.get(origin, getattr(origin, '__name__', origin))}")
     if tp is Any or _matches(value, origin):
-        return float(value) if origin is float else value
+        return float(value) if origin is float and not built else value
     raise SchemaError(f"{where} is {_json_type(value)} {_short(value)}, expected {_NAMES.get(origin, origin.__name__)}")
 
 
@@ -419,16 +424,11 @@ def _matches(value: Any, tp: type) -> bool:
     return isinstance(value, tp)
 
 
+_JSON_TYPES = {**_NAMES, bool: "a boolean", list: "a list"}
+
+
 def _json_type(value: Any) -> str:
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
+    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _short(value: Any) -> str:
@@ -438,10 +438,10 @@ def _short(value: Any) -> str:
 
 def _to_json(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        out: dict[str, Any] = {}
+        out = {k: _to_json(obj.extra[k] if k in obj.extra else getattr(obj, k)) for k in obj.layout}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name not in _NOT_STORED and value is not None:
+            if f.name not in _NOT_STORED and f.name not in out and value is not None:
                 out[f.name] = _to_json(value)
         out.update(obj.extra)
         return out

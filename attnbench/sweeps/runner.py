@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.plan import Plan, Series
-from attnbench.results import ResultsLock, now_utc, series_key
+from attnbench.results import ResultsLock, clean_floats, now_utc, series_key
+from attnbench.results.schema import Fields, Row, Trial, Verify, build
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
 from attnbench.sweeps import kinds
@@ -39,7 +40,7 @@ from attnbench.trials.trial import TrialSpec, execute, run_isolated
 class Reporter(BaseReporter, Protocol):
     def series_started(self, series: Series, index: int, total: int) -> None: ...
     def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
-    def trial_done(self, series: Series, row: dict[str, Any], replayed: bool) -> None: ...
+    def trial_done(self, series: Series, row: Trial, replayed: bool) -> None: ...
     def series_done(self, series: Series, result: Any) -> None: ...
     def note(self, text: str) -> None: ...
 
@@ -110,9 +111,9 @@ class SweepRunner(RunSession):
         super().__init__(out_dir, env, resume, reporter)
         self.plan = plan
         self.speedup_reporter = speedup_reporter
-        self.done: dict[tuple[str, int, int], dict[str, Any]] = {}  # (series key, seq_len, attempt) -> latest row
-        self.kept: list[dict[str, Any]] = []  # verify and result rows already written
-        self.resumed: list[dict[str, Any]] = []  # every row a resumed run continues from
+        self.done: dict[tuple[str, int, int], Trial] = {}  # (series key, seq_len, attempt) -> latest row
+        self.kept: list[Row] = []  # verify and result rows already written
+        self.resumed: list[Row] = []  # every row a resumed run continues from
         self._remeasured = 0
 
     # --- before anything is written ------------------------------------------------------
@@ -121,12 +122,12 @@ class SweepRunner(RunSession):
         self.done, self.kept = {}, []
         self.resumed = self.resumed_rows()
         for r in self.resumed:
-            if r.get("kind") in kinds.trial_kinds() and "series" in r and "seq_len" in r:
-                self.done[(r["series"], r["seq_len"], r.get("attempt") or 1)] = r
-            elif r.get("kind") == "verify" or r.get("kind") in kinds.result_kinds():
+            if isinstance(r, Trial) and r.kind in kinds.trial_kinds():
+                self.done[(r.series, r.seq_len, r.attempt or 1)] = r
+            elif r.kind == "verify" or r.kind in kinds.result_kinds():
                 self.kept.append(r)
 
-    def reference_checks(self) -> list[dict[str, Any]]:
+    def reference_checks(self) -> list[Verify]:
         """Each configuration against the float64 reference, in a child under the trials'
         memory limit like a trial (in this process only when every series runs in-process).
         A check whose row a resumed run already holds is not run again."""
@@ -141,11 +142,11 @@ class SweepRunner(RunSession):
         call_limit = max(s.settings.max_trial_seconds for s in self.plan.series)
         return self.run_checks(cases, isolate, limit, warm, call_limit) if cases else []
 
-    def _kept_check(self, case: VerifyCase) -> dict[str, Any] | None:
+    def _kept_check(self, case: VerifyCase) -> Verify | None:
         # a forward-only check row names no mode (only fwd_bwd is written), a direct one no twin scale
         want = asdict(case)
         for r in self.kept:
-            if r.get("kind") == "verify" and all(r.get(k, UNWRITTEN.get(k)) == v for k, v in want.items()):
+            if isinstance(r, Verify) and all(_or_unwritten(r, k) == v for k, v in want.items()):
                 return r
         return None
 
@@ -165,14 +166,14 @@ class SweepRunner(RunSession):
         with ResultsLock(self.out_dir):  # one run per directory
             self.prepare()  # again under the lock: what a run that just ended wrote counts
             for row in verify_rows:
-                self.append_once({**row, "run": self.run_id, "env": self.env}, VERIFY_IDENTITY)
+                self.append_once(row, VERIFY_IDENTITY)
             self.reporter.verify_done(verify_rows)
             checks = verify_rows + [r for r in kept if r is not None]
             # an unsupported shape is not a wrong output: its series runs and its trials say so
             failed = {
-                check_key(r["impl"], r.get("twin_of") or r["config"], r.get("world_size"))
+                check_key(r.impl, r.twin_of or r.config, r.world_size)
                 for r in checks
-                if r["status"] not in ("pass", "unsupported")
+                if r.status not in ("pass", "unsupported")
             }
             outcomes = []
             for i, s in enumerate(self.plan.series):
@@ -193,9 +194,7 @@ class SweepRunner(RunSession):
     def series_key(self, s: Series) -> str:
         return series_key(s.workload(0).to_dict(), kind=s.settings.kind, **parallelism(s))
 
-    def trial(
-        self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, **fields: Any
-    ) -> dict[str, Any]:
+    def trial(self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, **fields: Any) -> Trial:
         """Attempt ``attempt`` of a trial of ``s`` at ``seq_len`` (``processes`` fresh processes
         for a timed point, stopping at the first failure), or the row a resumed run already holds
         for it; ``fields`` join the row (what a model predicted for it, say)."""
@@ -207,13 +206,11 @@ class SweepRunner(RunSession):
         pause_after_trials(len(self.done))
         for process in range(processes):
             row = self._measure(s, spec, seq_len, phase, key, attempt, process if processes > 1 else None, fields)
-            if row["status"] != "ok":
+            if row.status != "ok":
                 break
         return row
 
-    def not_run(
-        self, s: Series, seq_len: int, attempt: int, status: str, message: str, **fields: Any
-    ) -> dict[str, Any]:
+    def not_run(self, s: Series, seq_len: int, attempt: int, status: str, message: str, **fields: Any) -> Trial:
         """A trial decided without running it (a call predicted far over the time limit): a row
         marked ``predicted_only``, or the one a resumed run already holds."""
         key = (self.series_key(s), seq_len)
@@ -221,39 +218,39 @@ class SweepRunner(RunSession):
         earlier = self.replayed(s, key, attempt, spec)
         if earlier is not None:
             return earlier
-        row = {
-            **self._row_head(s, spec, seq_len, "predicted", key, attempt),
-            **fields,
-            "predicted_only": True,
-            "status": status,
-            "message": message,
-            "times_ms": [],
-            "floor_bytes": s.workload(seq_len).floor_bytes // s.world_size,
-            "started_at": now_utc(),
-            "duration_s": 0.0,
-            "env": self.env,
-        }
+        row = self._trial_row(
+            self._row_head(s, spec, seq_len, "predicted", key, attempt),
+            fields,
+            predicted_only=True,
+            status=status,
+            message=message,
+            times_ms=[],
+            floor_bytes=s.workload(seq_len).floor_bytes // s.world_size,
+            started_at=now_utc(),
+            duration_s=0.0,
+        )
         self.record(row, key)
         self.reporter.trial_done(s, row, False)
         return row
 
-    def replayed(self, s: Series, key: tuple[str, int], attempt: int, spec: TrialSpec) -> dict[str, Any] | None:
+    def replayed(self, s: Series, key: tuple[str, int], attempt: int, spec: TrialSpec) -> Trial | None:
         """The row a resumed run holds for this attempt, when measured under this run's limits."""
         earlier = self.done.get((*key, attempt))
         if earlier is None:
             return None
-        if trial_identity(earlier) == trial_identity(spec_fields(spec, s)):
+        if trial_identity(earlier) == spec_fields(spec, s):
             self.reporter.trial_done(s, earlier, True)
             return earlier
         self._remeasured += 1
         self.reporter.note(
             f"{s.name} at {key[1]:,}: the earlier trial ran under "
-            f"{_identity_text(earlier)}, this run uses {_identity_text(spec_fields(spec, s))}: "
+            f"{_identity_text(trial_identity(earlier))}, this run uses {_identity_text(spec_fields(spec, s))}: "
             "measuring again"
         )
         return None
 
-    def _row_head(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int) -> dict[str, Any]:
+    def _row_head(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int) -> Fields:
+        """What a trial's row says before its trial runs."""
         row_kind = kinds.get(s.settings.kind).row_kind
         return {
             "kind": row_kind,
@@ -271,7 +268,7 @@ class SweepRunner(RunSession):
 
     def _measure(
         self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None, fields
-    ) -> dict[str, Any]:
+    ) -> Trial:
         self.reporter.trial_started(s, seq_len, phase)
         started, t0 = now_utc(), time.monotonic()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
@@ -280,23 +277,25 @@ class SweepRunner(RunSession):
             measured = seqpar.run_trial(spec, s.world_size)
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
-        row = {
-            **self._row_head(s, spec, seq_len, phase, key, attempt),
-            **({"process": process} if process is not None else {}),
-            **fields,
-            **measured,
-            "started_at": started,
-            "duration_s": round(time.monotonic() - t0, 3),
-            "env": self.env,
-        }
+        head = self._row_head(s, spec, seq_len, phase, key, attempt)
+        row = self._trial_row(
+            {**head, **({"process": process} if process is not None else {})},
+            {**fields, **measured},
+            started_at=started,
+            duration_s=round(time.monotonic() - t0, 3),
+        )
         self.record(row, key)
         self.reporter.trial_done(s, row, False)
         return row
 
-    def record(self, row: dict[str, Any], key: tuple[str, int]) -> None:
+    def _trial_row(self, head: Fields, fields: Fields, **outcome: Any) -> Trial:
+        # head, then what the trial gave, then how it ended: a later key wins, as it always has
+        return build(Trial, **clean_floats({**head, **fields, **outcome, "env": self.env}))
+
+    def record(self, row: Trial, key: tuple[str, int]) -> None:
         """Append a trial row (measured, or decided without running) as the latest of its attempt."""
         self.append(row)
-        self.done[(*key, row["attempt"])] = row
+        self.done[(*key, row.attempt)] = row
 
     def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
@@ -316,10 +315,10 @@ class SweepRunner(RunSession):
             seed=seq_len,
         )
 
-    def append_once(self, row: dict[str, Any], identity: tuple[str, ...]) -> None:
+    def append_once(self, row: Row, identity: tuple[str, ...]) -> None:
         """A resumed run does not repeat a reference check or a series' result it already has."""
-        ident = {k: row.get(k) for k in identity}
-        if any(r.get("kind") == row["kind"] and {k: r.get(k) for k in identity} == ident for r in self.kept):
+        ident = _values(row, identity)
+        if any(r.kind == row.kind and _values(r, identity) == ident for r in self.kept):
             return
         self.kept.append(row)
         self.append(row)
@@ -345,7 +344,8 @@ VERIFY_IDENTITY = (
 TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
 
 
-def spec_fields(spec: TrialSpec, s: Series) -> dict[str, Any]:
+def spec_fields(spec: TrialSpec, s: Series) -> Fields:
+    """The trial settings of a row (``TRIAL_SETTINGS``) as this run sets them."""
     return {
         "max_trial_seconds": spec.max_trial_seconds,
         "memory_limit": spec.memory_limit,
@@ -354,11 +354,20 @@ def spec_fields(spec: TrialSpec, s: Series) -> dict[str, Any]:
     }
 
 
-def trial_identity(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in TRIAL_SETTINGS}
+def trial_identity(row: Trial) -> Fields:
+    return _values(row, TRIAL_SETTINGS)
 
 
-def _identity_text(fields: dict[str, Any]) -> str:
+def _values(row: Row, names: tuple[str, ...]) -> Fields:
+    return {k: getattr(row, k, None) for k in names}
+
+
+def _or_unwritten(row: Verify, name: str) -> Any:
+    value = getattr(row, name)
+    return UNWRITTEN.get(name) if value is None else value
+
+
+def _identity_text(fields: Fields) -> str:
     from attnbench.units import format_bytes
 
     limit = fields.get("memory_limit")

@@ -25,6 +25,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.accounting import accounting
+from attnbench.results.schema import Fields
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.reference import TOLERANCE, VerifyCase
@@ -80,7 +81,7 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict[str, Any]:
+def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Fields:
     """One trial on ``world`` ranks; the row fields (status, times, memory per GPU, ranks)."""
     from attnbench.trials.workload import Workload
 
@@ -92,12 +93,12 @@ def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> dict
     return combine(results, wl, world)
 
 
-def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
+def combine(results: list[dict[str, Any]], wl, world: int) -> Fields:
     """One row from the ranks' results: each call's time is the slowest rank's."""
     from attnbench.measure.timing import sample_statistics
 
     status, message = agreed_status(results)
-    row: dict[str, Any] = {"status": status, "message": message, "times_ms": []}
+    row: Fields = {"status": status, "message": message, "times_ms": []}
     samples = [r.get("times_ms") or [] for r in results]
     if status == "ok" and all(samples):
         row["times_ms"] = [max(call) for call in zip(*samples)]
@@ -141,7 +142,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> dict[str, Any]:
     return row
 
 
-def traffic(ranks: list[dict[str, Any]], time_ms: float | None) -> dict[str, Any]:
+def traffic(ranks: list[dict[str, Any]], time_ms: float | None) -> Fields:
     """Bytes the busiest rank sends per call and its achieved bandwidth over the whole call,
     nccl-tests' algbw (bytes / time, GB/s = 1e9 B/s): what the ring really moved, comparable
     with the link's measured bandwidth. One rank sends nothing: 0 bytes, no bandwidth."""
@@ -177,12 +178,12 @@ def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[dict[str, Any]]:
+def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[Fields]:
     """Run the cases, one launch per (world size, device); verify rows in case order."""
     groups: dict[tuple[int, str], list[VerifyCase]] = {}
     for c in cases:
         groups.setdefault((c.world_size, c.device), []).append(c)
-    rows: list[dict[str, Any]] = []
+    rows: list[Fields] = []
     for (world, device), group in groups.items():
         check_world(device, world)
         payload = {
@@ -207,7 +208,7 @@ def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[dict[s
     return rows
 
 
-def case_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
+def case_row(case: dict[str, Any], seed: int) -> Fields:
     return {
         "kind": "verify",
         "impl": case["impl"],

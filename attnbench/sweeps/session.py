@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
+from attnbench.results.schema import Row, Verify, build
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
 
@@ -15,7 +16,7 @@ from attnbench.trials.reference import VerifyCase
 class Reporter(Protocol):
     """Progress of a run; each runner's reporter adds its own trial events to this."""
 
-    def verify_done(self, rows: list[dict[str, Any]]) -> None: ...
+    def verify_done(self, rows: list[Verify]) -> None: ...
 
 
 class SilentReporter:
@@ -34,7 +35,7 @@ class RunSession:
         self.writer = ResultsWriter(self.out_dir)
         self.run_id = self.out_dir.name
 
-    def resumed_rows(self) -> list[dict[str, Any]]:
+    def resumed_rows(self) -> list[Row]:
         """The rows a resumed run continues from; refuses a used directory without --resume."""
         return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
 
@@ -45,25 +46,25 @@ class RunSession:
         memory_limit: int | None = None,
         warm: bool = False,
         call_limit_s: float | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Verify]:
         """Run the reference check and refuse a case that cannot run; writes nothing, so a
         run with several parts can check all of them before its first row."""
-        rows = run_reference_checks(cases, isolate, memory_limit, warm, call_limit_s)
-        refuse_unrunnable(rows)
-        return rows
+        checked = run_reference_checks(cases, isolate, memory_limit, warm, call_limit_s)
+        refuse_unrunnable(checked)
+        return [build(Verify, **clean_floats(c), run=self.run_id, env=self.env) for c in checked]
 
-    def record_checks(self, rows: list[dict[str, Any]]) -> bool:
+    def record_checks(self, rows: list[Verify]) -> bool:
         """Append the check rows and report them; True when every case passed."""
         for row in rows:
-            self.append({**row, "run": self.run_id, "env": self.env})
+            self.append(row)
         self.reporter.verify_done(rows)
-        return all(r["status"] == "pass" for r in rows)
+        return all(r.status == "pass" for r in rows)
 
-    def check_against_reference(self, cases: list[VerifyCase]) -> list[dict[str, Any]]:
+    def check_against_reference(self, cases: list[VerifyCase]) -> list[Verify]:
         """Run the reference check, refuse a case that cannot run, record the rows."""
         rows = self.run_checks(cases)
         self.record_checks(rows)
         return rows
 
-    def append(self, row: dict[str, Any]) -> None:
-        self.writer.append(clean_floats(row))
+    def append(self, row: Row) -> None:
+        self.writer.append(clean_floats(row.to_json()))

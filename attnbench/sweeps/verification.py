@@ -13,6 +13,7 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
+from attnbench.results.schema import Fields
 from attnbench.trials.reference import VerifyCase, run_case
 from attnbench.trials.trial import run_verify_isolated
 
@@ -23,7 +24,7 @@ def run_reference_checks(
     memory_limit: int | None = None,
     warm: bool = False,
     call_limit_s: float | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Fields]:
     """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
     a child under ``memory_limit`` like a trial (always on the GPU, and for outside code, which
     never runs here), each call under a cold call's share of ``call_limit_s``; ``warm``: trials
@@ -47,7 +48,7 @@ def config_text(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
-def refuse_unrunnable(rows: list[dict[str, Any]]) -> None:
+def refuse_unrunnable(rows: list[Fields]) -> None:
     """A case that cannot run at all (a dtype a backend lacks, say) is bad input, not a failed check."""
     for row in rows:
         if row["status"] == "error":

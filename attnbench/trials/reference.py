@@ -19,6 +19,7 @@ import torch
 
 from attnbench import impls
 from attnbench.measure.oom import classify
+from attnbench.results.schema import Fields
 from attnbench.trials.workload import torch_dtype
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
@@ -119,7 +120,7 @@ class VerifyCase:
     twin_of: dict[str, Any] | None = None  # a reduced twin: the configuration it stands for
     twin_scale: int = 1  # a reduced twin: lengths are those of ``twin_of`` divided by this
 
-    def twin_fields(self) -> dict[str, Any]:
+    def twin_fields(self) -> Fields:
         """What a check row says of a reduced twin: the configuration it stands for and the scale."""
         return {"twin_of": self.twin_of, "twin_scale": self.twin_scale} if self.twin_of is not None else {}
 
@@ -178,7 +179,7 @@ def _no_phase(name: str) -> None:
     pass
 
 
-def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> dict[str, Any]:
+def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> Fields:
     """Run one case on fresh random inputs; returns a verify result row (without env), with the
     seconds it took. ``phase`` hears "verify-call" before the implementation is built and called
     (its code: a supervising worker holds it to a call's limit) and "reference" before the
@@ -188,7 +189,7 @@ def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], N
     return {**row, "elapsed_s": round(time.monotonic() - started, 3)}
 
 
-def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]) -> dict[str, Any]:
+def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]) -> Fields:
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
     row: dict[str, Any] = {
         "kind": "verify",
@@ -246,18 +247,18 @@ def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]
     }
 
 
-def _failed(exc: BaseException) -> dict[str, Any]:
+def _failed(exc: BaseException) -> Fields:
     """A case that raised: ``unsupported`` where the kernel has no such shape (not a wrong
     output), else ``error``; the message's first line."""
     status = "unsupported" if classify(exc) == "unsupported" else "error"
     return {"status": status, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
-def _kv_layout(impl) -> dict[str, Any]:
+def _kv_layout(impl) -> Fields:
     return {"kv_layout": impl.last_kv_layout} if getattr(impl, "last_kv_layout", None) else {}
 
 
-def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phase=_no_phase) -> dict[str, Any]:
+def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phase=_no_phase) -> Fields:
     """Forward and backward on the device against the float64 reference's output and its
     dq, dk, dv for one random output gradient (rounded to the dtype, like the inputs)."""
     grad_out = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(q.dtype)

@@ -23,6 +23,7 @@ from attnbench.measure.accounting import accounting
 from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
+from attnbench.results.schema import Fields
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
 from attnbench.trials.reference import VerifyCase, reference_bytes, run_case
@@ -48,11 +49,11 @@ class TrialSpec:
 # ---------------------------------------------------------------------------------------
 
 
-def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> dict[str, Any]:
+def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> Fields:
     """Run one trial here; never raises for a failing trial, returns its row fields."""
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
-    row: dict[str, Any] = {"status": "error", "message": "", "times_ms": []}
+    row: Fields = {"status": "error", "message": "", "times_ms": []}
     phase("setup")
     nvml, nvml_note = open_nvml() if cuda else (None, "")
     if nvml_note:
@@ -126,7 +127,7 @@ def _step(impl, wl, q, k, v) -> Callable[[], None]:
     return forward_backward
 
 
-def _tflops_interval(row: dict[str, Any]) -> dict[str, Any]:
+def _tflops_interval(row: Fields) -> Fields:
     """Executed TFLOP/s over the eager time interval (the bounds swap: slower is fewer)."""
     from attnbench.measure.stats import Interval, scaled
 
@@ -137,7 +138,7 @@ def _tflops_interval(row: dict[str, Any]) -> dict[str, Any]:
     return {"tflops_executed_ci_low": iv.low, "tflops_executed_ci_high": iv.high} if iv else {}
 
 
-def _per_gpu(sampler, mem: MemoryProbe) -> list[dict[str, Any]]:
+def _per_gpu(sampler, mem: MemoryProbe) -> list[Fields]:
     gpus = sampler.per_gpu()
     peaks = mem.peaks() if mem.cuda else {}
     for g in gpus:
@@ -163,7 +164,7 @@ CPU_HELD_PHASES = ("warm-call", "timing")
 GPU_SPARES = 2
 
 
-def run_isolated(spec: TrialSpec) -> dict[str, Any]:
+def run_isolated(spec: TrialSpec) -> Fields:
     """Run the trial in a worker process of its own, started while the previous trial ran;
     returns its row fields (with ``phase_s``), classifying a kill or crash."""
     cpu = Workload(**spec.workload).device == "cpu"
@@ -187,7 +188,7 @@ def run_verify_isolated(
     memory_limit: int | None = None,
     call_limit_s: float | None = None,
     warm: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Fields]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
     never live in the calling process (nor CUDA), and the trial's memory and time limits apply
     (each case's build and call: a cold call's limit, COLD_CALL_FACTOR x ``call_limit_s``).

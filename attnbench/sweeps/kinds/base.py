@@ -11,6 +11,7 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Series
+from attnbench.results.schema import Fields
 from attnbench.trials.reference import VerifyCase
 from attnbench.trials.workload import check_heads
 
@@ -133,7 +134,7 @@ def check_trial_series(s: Series) -> None:
         )
 
 
-def parallelism(s: Series) -> dict[str, Any]:
+def parallelism(s: Series) -> Fields:
     """How the work is spread: a sequence-parallel implementation's ranks, or one device."""
     if s.distributed:
         from attnbench.sweeps.seqpar import STRATEGY

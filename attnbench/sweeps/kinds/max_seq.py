@@ -10,12 +10,11 @@ was; a length not run because its call was predicted over the time limit is a ro
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured_budget
 from attnbench.plan import Series
+from attnbench.results.schema import Fields, MaxSeqResult, Trial, build
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import TrialKind, parallelism
 from attnbench.sweeps.search import (
@@ -50,7 +49,7 @@ class MaxSeq(TrialKind):
         return [s.start()]
 
     def trials(self, s: Series, runner) -> SearchResult:
-        rows: list[dict[str, Any]] = []  # this search's trials: what the budget is measured from
+        rows: list[Trial] = []  # this search's trials: what the budget is measured from
 
         def probe(n: int, phase: str, attempt: int, prediction: Prediction | None) -> Outcome:
             fields = prediction_fields(prediction)
@@ -84,8 +83,9 @@ class MaxSeq(TrialKind):
         return predicted_search(probe, limits)
 
     def summarise(self, s: Series, result: SearchResult, runner) -> None:
-        runner.append_once(
-            {
+        row = build(
+            MaxSeqResult,
+            **{
                 "kind": "max-seq-result",
                 "run": runner.run_id,
                 "series": runner.series_key(s),
@@ -107,8 +107,8 @@ class MaxSeq(TrialKind):
                 "predicted_max_seq": result.predicted_max,
                 "env": runner.env,
             },
-            RESULT_IDENTITY,
         )
+        runner.append_once(row, RESULT_IDENTITY)
 
 
 def search_budget_s(st) -> float:
@@ -116,7 +116,7 @@ def search_budget_s(st) -> float:
     return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
-def prediction_fields(p: Prediction | None) -> dict[str, Any]:
+def prediction_fields(p: Prediction | None) -> Fields:
     """What the model said of a trial before it ran, as row fields (none before there is a model)."""
     if p is None:
         return {}
@@ -124,20 +124,20 @@ def prediction_fields(p: Prediction | None) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def outcome(row: dict[str, Any], rows: list[dict[str, Any]]) -> Outcome:
+def outcome(row: Trial, rows: list[Trial]) -> Outcome:
     """What the search learns from a trial: its status; for a success the peak the memory model
     fits, the time of a warm call (the median timed call), its FLOPs, the budget measured so far."""
-    if row["status"] != "ok":
-        return Outcome(row["status"])
+    if row.status != "ok":
+        return Outcome(row.status)
     budget = measured_budget(rows)[2]
     return Outcome(
         "ok",
         peak_bytes=fitted_peak(row),
-        time_ms=row.get("time_ms") or row.get("warm_call_ms"),  # the timed calls: warm, and taken alone
-        flops=row.get("flops_executed"),
+        time_ms=row.time_ms or row.warm_call_ms,  # the timed calls: warm, and taken alone
+        flops=row.flops_executed,
         budget=budget,
-        degree=2 if row.get("backend") in QUADRATIC_BACKENDS else None,
-        floor_bytes=row.get("floor_bytes"),
+        degree=2 if row.backend in QUADRATIC_BACKENDS else None,
+        floor_bytes=row.floor_bytes,
     )
 
 

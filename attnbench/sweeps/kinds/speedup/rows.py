@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from attnbench.plan import Case, Series
+from attnbench.results.schema import Fields
 from attnbench.sweeps.kinds.speedup.strategies import Strategy
 from attnbench.trials.reference import TOLERANCE
 
@@ -24,9 +25,7 @@ def slowest_per_iteration(per_rank: list[list[float]]) -> list[float]:
     return [max(column) for column in zip(*per_rank)]
 
 
-def gpu_rows(
-    count: int, nvml: list[dict[str, int]] | None, allocator: dict[str, dict[str, int]]
-) -> list[dict[str, Any]]:
+def gpu_rows(count: int, nvml: list[dict[str, int]] | None, allocator: dict[str, dict[str, int]]) -> list[Fields]:
     """One row per GPU of the run (CUDA index): NVML used memory before and at peak (the
     sampler numbers GPUs as CUDA does), and the allocator peaks of the process that used it
     (None where none did)."""
@@ -58,13 +57,13 @@ def relative_error(parts: list[dict[str, Any] | None]) -> tuple[float | None, in
     return (math.sqrt(err / ref) if ref > 0 else math.sqrt(err)), sum(p["elements"] for p in parts)
 
 
-def merge_ranks(results: list[dict[str, Any]], s: Series, case: Case, strategy: Strategy) -> dict[str, Any]:
+def merge_ranks(results: list[dict[str, Any]], s: Series, case: Case, strategy: Strategy) -> Fields:
     """The row fields of one trial from its ranks' results (pure: tests feed it by hand)."""
     from attnbench.measure.timing import sample_statistics, summarize
     from attnbench.runtime.distributed import agreed_status
 
     status, message = agreed_status(results)
-    row: dict[str, Any] = {"status": status, "message": message, "processes": len(results)}
+    row: Fields = {"status": status, "message": message, "processes": len(results)}
     ok = status == "ok"
     row["times_ms"] = slowest_per_iteration([r["times_ms"] for r in results]) if ok else []
     lead = results[0]
@@ -91,9 +90,9 @@ def merge_ranks(results: list[dict[str, Any]], s: Series, case: Case, strategy: 
     return row
 
 
-def _output_check(results, s: Series, case: Case, strategy: Strategy, ok: bool) -> dict[str, Any]:
+def _output_check(results, s: Series, case: Case, strategy: Strategy, ok: bool) -> Fields:
     tol = TOLERANCE[s.settings.dtype]
-    out: dict[str, Any] = {"output_match": None, "output_rel_err": None, "tolerance": tol}
+    out: Fields = {"output_match": None, "output_rel_err": None, "tolerance": tol}
     if strategy.name == "single" or not ok:
         return out
     rel, elements = relative_error([r.get("compare") for r in results])
@@ -131,7 +130,7 @@ def _output_check(results, s: Series, case: Case, strategy: Strategy, ok: bool) 
     return out
 
 
-def notes_for(row: dict[str, Any], strategy: Strategy) -> str:
+def notes_for(row: Fields, strategy: Strategy) -> str:
     """What really happened, in words, from the row itself."""
     notes = list(strategy.notes(row)) if row["status"] == "ok" else []
     if row.get("output_match") is True:

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
-from attnbench.results import now_utc
+from attnbench.results import clean_floats, now_utc
+from attnbench.results.schema import Fields, Speedup, build
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.kinds.speedup import strategies
@@ -155,7 +156,7 @@ def _check_compression(s: Series) -> None:
         )
 
 
-def trial_key(row: dict[str, Any]) -> str:
+def trial_key(row: Fields) -> str:
     key = {k: row.get(k) for k in KEY_FIELDS}
     if row.get("kv_heads") not in (None, row.get("heads")):  # grouped heads: another call (rows without keep their key)
         key["kv_heads"] = row["kv_heads"]
@@ -170,7 +171,7 @@ def trial_key(row: dict[str, Any]) -> str:
 
 class Reporter(BaseReporter, Protocol):
     def trial_started(self, case: Case, strategy: str) -> None: ...
-    def trial_done(self, row: dict[str, Any], replayed: bool) -> None: ...
+    def trial_done(self, row: Speedup, replayed: bool) -> None: ...
 
 
 Launcher = Callable[..., list[dict[str, Any]]]
@@ -193,8 +194,8 @@ class SpeedupRunner:
         self.reporter = reporter or SilentReporter()
         self.launch = launcher or launch
         rows = session.resumed
-        self.done = {r["key"]: r for r in rows if r.get("kind") == KIND and "key" in r}
-        self.run_id = next((r["run"] for r in rows if r.get("kind") == KIND and r.get("run")), session.run_id)
+        self.done: dict[str, Speedup] = {r.key: r for r in rows if isinstance(r, Speedup)}
+        self.run_id = next((r.run for r in rows if isinstance(r, Speedup)), session.run_id)
 
     def run_cases(self) -> None:
         for case in self.s.settings.cases:
@@ -237,9 +238,9 @@ class SpeedupRunner:
             if name == "single":
                 have_reference = row["status"] == "ok"
             elif not have_reference and row["status"] == "ok":
-                single = self.done.get(trial_key(self._fields(case, strategies.get("single"))), {})
+                single = self.done.get(trial_key(self._fields(case, strategies.get("single"))))
                 row["output_message"] = (
-                    f"no single-GPU output to compare with (single: {single.get('status', 'not run')})"
+                    f"no single-GPU output to compare with (single: {single.status if single else 'not run'})"
                 )
             row["note"] = notes_for(row, strategy)
             self._finish(row, t0, started)
@@ -249,7 +250,7 @@ class SpeedupRunner:
         (untimed) if the single trial succeeded."""
         single = strategies.get("single")
         row = self.done.get(trial_key(self._fields(case, single)))
-        if not row or row.get("status") != "ok":
+        if not row or row.status != "ok":
             return False
         results = self._launch(case, single, reference, "reference-only")
         return all(r.get("status") == "ok" for r in results)
@@ -277,7 +278,7 @@ class SpeedupRunner:
             phase_limit_s=s.settings.max_trial_seconds,
         )
 
-    def _fields(self, case: Case, strategy: Strategy) -> dict[str, Any]:
+    def _fields(self, case: Case, strategy: Strategy) -> Fields:
         s = self.s
         return {
             "kind": KIND,
@@ -291,13 +292,10 @@ class SpeedupRunner:
             "max_trial_seconds": s.settings.max_trial_seconds,
         }
 
-    def _finish(self, row: dict[str, Any], t0: float, started: str) -> None:
-        row.update(
-            trial=uuid.uuid4().hex[:12],
-            started_at=started,
-            duration_s=round(time.monotonic() - t0, 3),
-            env=self.session.env,
-        )
+    def _finish(self, fields: Fields, t0: float, started: str) -> None:
+        """The trial's row from its fields and when it ran: appended, and done for a resumed run."""
+        when = {"trial": uuid.uuid4().hex[:12], "started_at": started, "duration_s": round(time.monotonic() - t0, 3)}
+        row = build(Speedup, **clean_floats({**fields, **when, "env": self.session.env}))
         self.session.append(row)
-        self.done[row["key"]] = row
+        self.done[row.key] = row
         self.reporter.trial_done(row, False)
