@@ -727,3 +727,19 @@ def test_a_trials_notes_give_its_rate_in_the_unit_it_reads_in(tflops, shown):
 
     row = typed_row(kind="max-seq", seq_len=2048, peak_over_floor=2.0, tflops_executed=tflops)
     assert f"peak 2.00x floor; {shown}" in memory_table([row])
+
+
+def test_a_search_lists_each_length_once_and_says_which_a_fresh_process_confirmed():
+    """A confirmation re-runs the longest length that ran: the table marks that row instead of
+    repeating it; a confirmation that failed is a row of its own."""
+    from attnbench.report.tables.sweep import memory_table
+
+    def step(n, phase, status="ok"):
+        return typed_row(kind="max-seq", seq_len=n, phase=phase, status=status, peak_bytes=n)
+
+    ran = [step(1024, "grow"), step(3072, "predict"), step(4096, "bracket", "oom"), step(3072, "confirm")]
+    lines = [line for line in memory_table(ran).splitlines() if line.startswith("| ")][1:]
+    assert [line.split(" | ")[0] for line in lines] == ["| 1,024 (1K)", "| 3,072 (3K)", "| 4,096 (4K)"]
+    assert "confirmed in a fresh process" in lines[1] and "confirmed" not in lines[0]
+    failed = [step(1024, "grow"), step(3072, "predict"), step(3072, "confirm", "oom")]
+    assert len([line for line in memory_table(failed).splitlines() if line.startswith("| 3,072")]) == 2

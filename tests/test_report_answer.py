@@ -339,3 +339,24 @@ def test_where_searches_started_apart_the_speed_is_at_the_length_most_rows_ran(t
     ]
     assert cells[0][-1] == "Fwd time at 2K"
     assert {c[0]: c[-1] for c in cells[1:]} == {"flex": "-", "naive": "1 ms ±0 (n=3)", "sdpa": "1 ms ±0 (n=3)"}
+
+
+def test_a_case_measured_by_two_runs_names_each_rows_run(tmp_path):
+    """The same case measured again by a later run is a row of its own, and the table says whose;
+    a table of one run has no Run column."""
+    again = [typed_row(**{**r.to_json(), "run": "later"}) for r in data_parallel_rows()]
+    write_rows(tmp_path / "one", data_parallel_rows())
+    alone = render(load(tmp_path)).text()
+    write_rows(tmp_path / "two", again)
+    both = render(load(tmp_path)).text()
+    assert "| Run |" not in _first_table(alone, "#### DataParallel:")[0]
+    header, *rows = _first_table(both, "#### DataParallel:")
+    assert "| Run |" in header
+    assert [r.split(" | ")[2] for r in rows] == ["r", "later"] * 3  # by length, each run's row
+
+
+def _first_table(md: str, heading: str) -> list[str]:
+    """The header and body lines of the first table under ``heading``."""
+    lines = md.split(heading)[1].split("\n")[1:]
+    table = lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]
+    return [table[0], *table[2:]]

@@ -578,3 +578,9 @@ def test_batch_one_data_parallel_on_one_gpu_holds_what_one_gpu_holds(tmp_path):
     assert dp["status"] == "ok" and dp["output_match"] is True and dp["replica_batches"] == [[0, 1]]
     held = [r["gpus"][0]["max_memory_allocated"] for r in (single, dp)]
     assert abs(held[1] - held[0]) <= 0.05 * held[0], held
+
+
+@pytest.mark.parametrize("value,text", [(22.4, "22.4x"), (0.248, "0.248x"), (1025.5, "1,026x"), (45000.0, "45,000x")])
+def test_ratios_read_as_plain_numbers(value, text):
+    """A thousandfold ratio reads 1,026x, never 1.03e+03x."""
+    assert cl.value_text("peak_ratio", value) == text

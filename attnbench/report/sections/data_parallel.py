@@ -16,11 +16,16 @@ from attnbench.report.tables.multigpu import (
 )
 
 
+def run_cell(c: SpeedupCase, cases: list[SpeedupCase]) -> dict[str, str]:
+    """The run a row came from, where its table mixes runs (the same case measured twice)."""
+    return {"Run": c.row.run} if len({o.row.run for o in cases}) > 1 else {}
+
+
 def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
     """What each GPU held: allocator peak per GPU, then NVML device memory used at the peak."""
     n = gpus_in([c.row for c in cases])
     headers = (
-        ["Strategy", "Sequence Length", "Batch Size"]
+        ["Strategy", "Sequence Length", "Batch Size", *run_cell(cases[0], cases)]
         + [f"GPU {i} Memory" for i in range(n)]
         + [f"NVML GPU {i}" for i in range(n)]
     )
@@ -29,6 +34,7 @@ def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
             "Strategy": c.strategy,
             "Sequence Length": c.seq_len,
             "Batch Size": c.batch,
+            **run_cell(c, cases),
             **memory_per_gpu_cells(c.row, n),
         }
         for c in cases
@@ -37,7 +43,9 @@ def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
         "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
         "(includes the CUDA context).\n"
     )
-    doc.table(Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: memory for h in headers[3:]}}))
+    doc.table(
+        Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: memory for h in headers if "GPU" in h}})
+    )
 
 
 def speedup_anomalies(c: SpeedupCase) -> list[str]:
@@ -120,6 +128,7 @@ def render(doc: Doc, m: Machine) -> None:
             {
                 "Sequence Length": c.seq_len,
                 "Batch Size": c.batch,
+                **run_cell(c, cases),
                 "Single GPU Time": c.single_ms,
                 "Multi-GPU Time": c.multi_ms if c.row.status == "ok" else None,
                 "Speedup": c.speedup_ci,

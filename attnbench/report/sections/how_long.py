@@ -8,14 +8,16 @@ from attnbench.report.document import Doc, Machine, memory, per_token, times, to
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import memory_per_gpu_cells
-from attnbench.report.tables.sweep import max_seq_summary, memory_table, summary_table
+from attnbench.report.tables.sweep import CONFIRMED, each_length_once, max_seq_summary, memory_table, summary_table
 
 
 def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
     for s in m.summaries:
         if s.world_size == 1:
             continue
-        rows = sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
+        rows, confirmed = each_length_once(
+            sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
+        )
         n = s.world_size
         doc.heading(5, f"{s.label}: {n} GPUs, {d.settings_text(s.head)}")
         headers = ["Sequence Length"] + [f"GPU{i} Memory" for i in range(n)] + ["Result", "Notes"]
@@ -27,7 +29,7 @@ def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
                     "Sequence Length": r.seq_len,
                     **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
                     "Result": r.status,
-                    "Notes": r.message or "",
+                    "Notes": CONFIRMED if r.seq_len in confirmed and r.status == "ok" else r.message or "",
                 }
             )
         doc.table(

@@ -214,4 +214,4 @@ def value_text(metric: str, v: float) -> str:
         return f"{v:,.0f} tok/s" if v >= 1000 else f"{v:.3g} tok/s"
     if metric == "efficiency":
         return f"{v * 100:.3g}%"
-    return f"{v:.3g}x"
+    return f"{v:.3g}x" if abs(v) < 1000 else f"{v:,.0f}x"  # never 1e+03x

@@ -144,10 +144,22 @@ def _gpu_cell(r: Trial) -> str:
     return cell
 
 
-def _notes(r: Trial) -> str:
+def each_length_once(trials: list[Trial]) -> tuple[list[Trial], set[int]]:
+    """A search's trials without repeats, and the lengths a second fresh process confirmed: a
+    confirmation that ran is the same point again, so it marks its length's row instead of
+    repeating it (a failed one stays, a row of its own)."""
+    ran = {r.seq_len for r in trials if r.status == "ok" and r.phase != "confirm"}
+    repeats = [r for r in trials if r.phase == "confirm" and r.status == "ok" and r.seq_len in ran]
+    return [r for r in trials if r not in repeats], {r.seq_len for r in repeats}
+
+
+CONFIRMED = "confirmed in a fresh process"
+
+
+def _notes(r: Trial, confirmed: bool = False) -> str:
     if r.status != "ok":
         return short_message(r.message)
-    bits = []
+    bits = [CONFIRMED] if confirmed else []
     if r.peak_over_floor:
         bits.append(f"peak {r.peak_over_floor:.2f}x floor")
     if r.tflops_executed:
@@ -158,6 +170,7 @@ def _notes(r: Trial) -> str:
 
 
 def memory_table(trials: list[Trial]) -> str:
+    trials, confirmed = each_length_once(trials)
     return table(
         ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
         [
@@ -170,7 +183,7 @@ def memory_table(trials: list[Trial]) -> str:
                 if r.peak_bytes
                 else "-",
                 result_text(r.status),
-                _notes(r),
+                _notes(r, r.seq_len in confirmed),
             ]
             for r in trials
         ],
