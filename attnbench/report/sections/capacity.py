@@ -5,48 +5,43 @@ allocator, context or kernels."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
-from attnbench.report.markdown import Table, inline
+from attnbench.report.markdown import inline
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 
 
-def capacity_records(caps: list[Capacity]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(fit, prediction on the measured device) records per fitted series."""
-    fits, here = [], []
-    for c in caps:
-        ranks = "GPUs" if c.device == "cuda" else "processes"
-        name = c.label + (
-            f" ({c.world_size} {ranks})" if c.world_size > 1 and f" x{c.world_size}" not in c.label else ""
-        )
-        fits.append(
-            {
-                "Implementation": name,
-                "Dtype": c.head.dtype,
-                "Model": ("quadratic" if c.fit.degree == 2 else "linear") + f": peak ≈ {c.fit.formula()}",
-                "Successful Trials": c.successful,
-                "Max Fit Error": c.fit.max_error,
-                "Fit Error at Largest N": c.fit.error_at_largest,
-            }
-        )
-        here.append(
-            {
-                "Implementation": name,
-                "Device Memory": c.device_total,
-                "Set Aside": c.overhead,
-                "Budget": c.budget,
-                "Predicted Max": c.predicted,
-                "Measured Max": c.measured_max,
-                "Stopped By": c.stopped_by,
-                "Prediction Error": c.error,
-                "Within 5%": (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
-                "Note": fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
-            }
-        )
-    return fits, here
+def _name(c: Capacity) -> str:
+    ranks = "GPUs" if c.device == "cuda" else "processes"
+    return c.label + (f" ({c.world_size} {ranks})" if c.world_size > 1 and f" x{c.world_size}" not in c.label else "")
+
+
+FIT_COLUMNS = {
+    "Implementation": _name,
+    "Dtype": lambda c: c.head.dtype,
+    "Model": lambda c: ("quadratic" if c.fit.degree == 2 else "linear") + f": peak ≈ {c.fit.formula()}",
+    "Successful Trials": lambda c: c.successful,
+    "Max Fit Error": (lambda c: c.fit.max_error, lambda v: f"{v * 100:.1f}%"),
+    "Fit Error at Largest N": (lambda c: c.fit.error_at_largest, pct),
+}
+# the prediction on the device the fit was measured on
+MEASURED_COLUMNS = {
+    "Implementation": _name,
+    "Device Memory": (lambda c: c.device_total, memory),
+    "Set Aside": (lambda c: c.overhead, memory),
+    "Budget": (lambda c: c.budget, memory),
+    "Predicted Max": (lambda c: c.predicted, tokens_cell),
+    "Measured Max": (lambda c: c.measured_max, tokens_cell),
+    "Stopped By": lambda c: c.stopped_by,
+    "Prediction Error": (lambda c: c.error, pct),
+    "Within 5%": (
+        lambda c: (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
+        yes_no,
+    ),
+    "Note": lambda c: fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
+}
 
 
 def render(doc: Doc, m: Machine) -> None:
@@ -64,7 +59,6 @@ def render(doc: Doc, m: Machine) -> None:
 
 
 def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
-    fits, here = capacity_records(caps)
     doc.add(
         "Peak memory of one device (`max_memory_reserved` on a GPU, the allocator's whole footprint,\n"
         "fragmentation included; resident-set growth on a CPU) fitted against sequence length over each\n"
@@ -73,36 +67,14 @@ def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
         "dominate, weigh most); Fit Error at Largest N: its error at the longest measured length. Series a\n"
         "newer version of the code measured again are left out (their trials are in `csv/trials-*.csv`).\n"
     )
-    doc.table(
-        Table(
-            "capacity-fit",
-            list(fits[0]),
-            fits,
-            {"Max Fit Error": lambda v: f"{v * 100:.1f}%", "Fit Error at Largest N": pct},
-        )
-    )
+    doc.table(build("capacity-fit", FIT_COLUMNS, caps))
     doc.add(
         "\nOn the measured device: Predicted Max solves the fit for Budget, the memory the allocator can use "
         "(Device Memory minus Set Aside); Prediction Error compares it with the measured max-seq where memory "
         f"stopped the search. Target: within {ACCURACY_TARGET:.0%} for every GPU series with at least "
         f"{MIN_TRIALS_FOR_TARGET} successful trials.\n"
     )
-    doc.table(
-        Table(
-            "capacity-measured",
-            list(here[0]),
-            here,
-            {
-                "Device Memory": memory,
-                "Set Aside": memory,
-                "Budget": memory,
-                "Predicted Max": tokens_cell,
-                "Measured Max": tokens_cell,
-                "Prediction Error": pct,
-                "Within 5%": yes_no,
-            },
-        )
-    )
+    doc.table(build("capacity-measured", MEASURED_COLUMNS, caps))
     doc.add("\nAssumption: " + "; ".join(distinct(c.budget_note for c in caps)) + ".\n")
 
 

@@ -3,10 +3,13 @@ process per GPU) at the same cases, with efficiency, output match and memory per
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
-from attnbench.report.markdown import Table, short_message
+from attnbench.report.markdown import short_message
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import (
     STRATEGY_NAMES,
     SpeedupCase,
@@ -16,36 +19,27 @@ from attnbench.report.tables.multigpu import (
 )
 
 
-def run_cell(c: SpeedupCase, cases: list[SpeedupCase]) -> dict[str, str]:
+def run_column(cases: list[SpeedupCase]) -> dict[str, Any]:
     """The run a row came from, where its table mixes runs (the same case measured twice)."""
-    return {"Run": c.row.run} if len({o.row.run for o in cases}) > 1 else {}
+    return {"Run": lambda c: c.row.run} if len({o.row.run for o in cases}) > 1 else {}
 
 
 def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
     """What each GPU held: allocator peak per GPU, then NVML device memory used at the peak."""
     n = gpus_in([c.row for c in cases])
-    headers = (
-        ["Strategy", "Sequence Length", "Batch Size", *run_cell(cases[0], cases)]
-        + [f"GPU {i} Memory" for i in range(n)]
-        + [f"NVML GPU {i}" for i in range(n)]
-    )
-    records = [
-        {
-            "Strategy": c.strategy,
-            "Sequence Length": c.seq_len,
-            "Batch Size": c.batch,
-            **run_cell(c, cases),
-            **memory_per_gpu_cells(c.row, n),
-        }
-        for c in cases
-    ]
+    columns = {
+        "Strategy": lambda c: c.strategy,
+        "Sequence Length": (lambda c: c.seq_len, tokens_cell),
+        "Batch Size": lambda c: c.batch,
+        **run_column(cases),
+    }
+    for key in [f"GPU {i} Memory" for i in range(n)] + [f"NVML GPU {i}" for i in range(n)]:
+        columns[key] = (lambda c, key=key: memory_per_gpu_cells(c.row, n)[key], memory)
     doc.add(
         "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
         "(includes the CUDA context).\n"
     )
-    doc.table(
-        Table(name, headers, records, {"Sequence Length": tokens_cell, **{h: memory for h in headers if "GPU" in h}})
-    )
+    doc.table(build(name, columns, cases))
 
 
 def speedup_anomalies(c: SpeedupCase) -> list[str]:
@@ -88,19 +82,18 @@ def call_costs(doc: Doc, m: Machine) -> None:
         "(1/GPUs at best; 1 for `thread`, which runs on one GPU), and the one-GPU call time from which the "
         "strategy is faster than one GPU. ±: half the 95% interval from the line's residuals, n cases.\n"
     )
-    records = [
-        {
-            "Kernel": kernel_name(c.single) if c.single else c.family,
-            "Strategy": STRATEGY_NAMES.get(c.strategy, c.strategy),
-            "Fixed cost per call": ms_cell(c.line.fixed),
-            "Per ms of one GPU's work": ratio_cell(c.line.per_work),
-            "Faster than one GPU from": None if c.strategy == "thread" else c.line.break_even_ms,
-            "First faster case": c.first_faster_case,
-        }
-        for c in costs
-    ]
-    formats = {"Faster than one GPU from": lambda v: f"{v:,.3g} ms calls"}
-    doc.table(Table("call-costs", list(records[0]), records, formats))
+    columns = {
+        "Kernel": lambda c: kernel_name(c.single) if c.single else c.family,
+        "Strategy": lambda c: STRATEGY_NAMES.get(c.strategy, c.strategy),
+        "Fixed cost per call": lambda c: ms_cell(c.line.fixed),
+        "Per ms of one GPU's work": lambda c: ratio_cell(c.line.per_work),
+        "Faster than one GPU from": (
+            lambda c: None if c.strategy == "thread" else c.line.break_even_ms,
+            lambda v: f"{v:,.3g} ms calls",
+        ),
+        "First faster case": lambda c: c.first_faster_case,
+    }
+    doc.table(build("call-costs", columns, costs))
     pairs = list(thread_share(costs).values())
     if pairs:
         doc.add(
@@ -124,37 +117,19 @@ def render(doc: Doc, m: Machine) -> None:
     call_costs(doc, m)
     for (strategy, label), cases in speedup_groups(m.speedups).items():
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
-        records = [
-            {
-                "Sequence Length": c.seq_len,
-                "Batch Size": c.batch,
-                **run_cell(c, cases),
-                "Single GPU Time": c.single_ms,
-                "Multi-GPU Time": c.multi_ms if c.row.status == "ok" else None,
-                "Speedup": c.speedup_ci,
-                "Notes": speedup_notes(c),
-                "Efficiency": c.efficiency_ci,
-                "Output Match": c.output_match,
-                "Timer": c.timer,
-            }
-            for c in cases
-        ]
-        doc.table(
-            Table(
-                f"speedup-{strategy}",
-                list(records[0]),
-                records,
-                {
-                    "Sequence Length": tokens_cell,
-                    "Single GPU Time": ms_cell,
-                    "Multi-GPU Time": ms_cell,
-                    "Speedup": ratio_cell,
-                    "Efficiency": lambda v: ratio_cell(v, anomaly_above_one=True),
-                    "Output Match": yes_no,
-                    "Notes": short_message,
-                },
-            )
-        )
+        columns = {
+            "Sequence Length": (lambda c: c.seq_len, tokens_cell),
+            "Batch Size": lambda c: c.batch,
+            **run_column(cases),
+            "Single GPU Time": (lambda c: c.single_ms, ms_cell),
+            "Multi-GPU Time": (lambda c: c.multi_ms if c.row.status == "ok" else None, ms_cell),
+            "Speedup": (lambda c: c.speedup_ci, ratio_cell),
+            "Notes": (speedup_notes, short_message),
+            "Efficiency": (lambda c: c.efficiency_ci, lambda v: ratio_cell(v, anomaly_above_one=True)),
+            "Output Match": (lambda c: c.output_match, yes_no),
+            "Timer": lambda c: c.timer,
+        }
+        doc.table(build(f"speedup-{strategy}", columns, cases))
         memory_distribution(doc, cases, f"speedup-{strategy}-memory")
     doc.add(
         "\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "

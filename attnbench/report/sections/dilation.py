@@ -11,6 +11,7 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Trial
 
@@ -28,32 +29,31 @@ def is_baseline(head: Trial) -> bool:
     return len(cfg.get("segment_lengths") or []) == 1 and all(r == 1 for r in cfg.get("dilation_rates") or [2])
 
 
-def dilation_records(m: Machine, group: list[MaxSeqSummary]) -> tuple[list[dict[str, Any]], int | None, str]:
-    """Rows of the configuration table; Dilation Impact compares tokens/s with the baseline
+def dilation_table(m: Machine, group: list[MaxSeqSummary]) -> tuple[Table, int | None, str]:
+    """The configuration table; Dilation Impact compares tokens/s with the baseline
     configuration at the longest length every configuration ran (equal work per token)."""
     ok_rows = {s.series: {r.seq_len: r for r in d.ok(m.trials) if r.series == s.series} for s in group}
     common = set.intersection(*(set(v) for v in ok_rows.values())) if ok_rows else set()
     at = max(common) if common else None
     base = next((s for s in group if is_baseline(s.head)), None)
     base_tps = ok_rows[base.series][at].tokens_per_s if base and at else None
-    records = []
-    for s in group:
-        best = ok_rows[s.series].get(s.max_seq_len)
-        impact = None
-        if base_tps and at:
-            mine = ok_rows[s.series][at].tokens_per_s
-            impact = mine / base_tps if mine else None
-        records.append(
-            {
-                "Configuration": s.label,
-                "Max Tokens": s.max_seq_len or None,
-                "Memory": best.peak_bytes if best else None,
-                "Throughput": best.tokens_per_s if best else None,
-                "Dilation Impact": impact,
-                "Stopped By": s.stopped_by,
-            }
-        )
-    return records, at, base.label if base else ""
+
+    def impact(s: MaxSeqSummary) -> float | None:
+        mine = ok_rows[s.series][at].tokens_per_s if base_tps and at else None
+        return mine / base_tps if mine else None
+
+    def at_max(s: MaxSeqSummary, attr: str) -> Any:
+        return getattr(ok_rows[s.series].get(s.max_seq_len), attr, None)
+
+    columns = {
+        "Configuration": lambda s: s.label,
+        "Max Tokens": (lambda s: s.max_seq_len or None, tokens_cell),
+        "Memory": (lambda s: at_max(s, "peak_bytes"), memory),
+        "Throughput": (lambda s: at_max(s, "tokens_per_s"), tok_s),
+        "Dilation Impact": (impact, lambda v: f"{v:.2f}x"),
+        "Stopped By": lambda s: s.stopped_by,
+    }
+    return build("dilation-configurations", columns, group), at, base.label if base else ""
 
 
 def render(doc: Doc, m: Machine) -> None:
@@ -64,21 +64,9 @@ def render(doc: Doc, m: Machine) -> None:
     if not groups:
         doc.missing("no single-device max-seq search of a dilated configuration on this machine", "seed-003")
     for group in groups.values():
-        records, at, base = dilation_records(m, group)
+        table, at, base = dilation_table(m, group)
         doc.heading(4, d.settings_text(group[0].head))
-        doc.table(
-            Table(
-                "dilation-configurations",
-                ["Configuration", "Max Tokens", "Memory", "Throughput", "Dilation Impact", "Stopped By"],
-                records,
-                {
-                    "Max Tokens": tokens_cell,
-                    "Memory": memory,
-                    "Throughput": tok_s,
-                    "Dilation Impact": lambda v: f"{v:.2f}x",
-                },
-            )
-        )
+        doc.table(table)
         if base and at:
             doc.add(
                 f"\nMemory and Throughput at each configuration's Max Tokens. Dilation Impact: tokens/s relative to "

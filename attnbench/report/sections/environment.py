@@ -8,8 +8,8 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, distinct
 from attnbench.report.fit import GIB
-from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 
 
 def command_text(command: str) -> str:
@@ -55,11 +55,7 @@ def render(doc: Doc, m: Machine) -> None:
         ("Host", distinct(e.get("hostname") for e in envs)),
     ]
     doc.table(
-        Table(
-            "environment",
-            ["Item", "Value"],
-            [{"Item": k, "Value": "; ".join(map(str, v)) if v else None} for k, v in items],
-        )
+        build("environment", {"Item": lambda i: i[0], "Value": lambda i: "; ".join(map(str, i[1])) or None}, items)
     )
     runs: dict[tuple, int] = {}
     for r in m.rows:
@@ -69,37 +65,27 @@ def render(doc: Doc, m: Machine) -> None:
         "\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "
         "commit that ran them:\n"
     )
-    doc.table(
-        Table(
-            "commands",
-            ["Run", "Commit", "Command", "Rows"],
-            [{"Run": run, "Commit": commit, "Command": cmd, "Rows": n} for (run, commit, cmd), n in runs.items()],
-            {"Command": lambda c: f"`{c}`"},
-        )
-    )
+    columns = {
+        "Run": lambda r: r[0][0],
+        "Commit": lambda r: r[0][1],
+        "Command": (lambda r: r[0][2], lambda c: f"`{c}`"),
+        "Rows": lambda r: r[1],
+    }
+    doc.table(build("commands", columns, runs.items()))
     verify = d.verifications(m.rows)
     if verify:
         doc.add("\nReference checks against the float64 masked reference (relative error ‖out − ref‖ / ‖ref‖):\n")
-        doc.table(
-            Table(
-                "reference-checks",
-                ["Implementation", "Config", "Dtype", "Device", "N", "Rel. Error", "Tolerance", "Result"],
-                [
-                    {
-                        "Implementation": r.impl,
-                        "Config": d.config_text(r.config) or None,
-                        "Dtype": r.dtype,
-                        "Device": r.device,
-                        "N": r.seq_len,
-                        "Rel. Error": r.rel_err,
-                        "Tolerance": r.tolerance,
-                        "Result": r.status,
-                    }
-                    for r in verify
-                ],
-                {"Rel. Error": lambda v: f"{v:.1e}", "Tolerance": lambda v: f"{v:.0e}"},
-            )
-        )
+        columns = {
+            "Implementation": lambda r: r.impl,
+            "Config": lambda r: d.config_text(r.config) or None,
+            "Dtype": lambda r: r.dtype,
+            "Device": lambda r: r.device,
+            "N": lambda r: r.seq_len,
+            "Rel. Error": (lambda r: r.rel_err, lambda v: f"{v:.1e}"),
+            "Tolerance": (lambda r: r.tolerance, lambda v: f"{v:.0e}"),
+            "Result": lambda r: r.status,
+        }
+        doc.table(build("reference-checks", columns, verify))
 
 
 register(Section(90, "Environment and commands (appendix)", render))

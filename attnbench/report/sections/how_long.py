@@ -7,81 +7,48 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import memory_per_gpu_cells
 from attnbench.report.tables.sweep import CONFIRMED, each_length_once, max_seq_summary, memory_table, summary_table
 
 
 def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
     for s in m.summaries:
-        if s.world_size == 1:
-            continue
-        rows, confirmed = each_length_once(
-            sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
-        )
-        n = s.world_size
-        doc.heading(5, f"{s.label}: {n} GPUs, {d.settings_text(s.head)}")
-        headers = ["Sequence Length"] + [f"GPU{i} Memory" for i in range(n)] + ["Result", "Notes"]
-        records = []
-        for r in rows:
-            cells = memory_per_gpu_cells(r, n)
-            records.append(
-                {
-                    "Sequence Length": r.seq_len,
-                    **{f"GPU{i} Memory": cells[f"GPU {i} Memory"] for i in range(n)},
-                    "Result": r.status,
-                    "Notes": CONFIRMED if r.seq_len in confirmed and r.status == "ok" else r.message or "",
-                }
-            )
-        doc.table(
-            Table(
-                "multi-gpu-max",
-                headers,
-                records,
-                {
-                    "Sequence Length": tokens_cell,
-                    "Result": result_text,
-                    "Notes": short_message,
-                    **{f"GPU{i} Memory": memory for i in range(n)},
-                },
-            )
-        )
+        if s.world_size > 1:
+            doc.heading(5, f"{s.label}: {s.world_size} GPUs, {d.settings_text(s.head)}")
+            trials = sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
+            doc.table(_multi_gpu_table(trials, s.world_size))
+
+
+def _multi_gpu_table(trials: list, n: int) -> Table:
+    rows, confirmed = each_length_once(trials)
+    columns = {"Sequence Length": (lambda r: r.seq_len, tokens_cell)}
+    for i in range(n):
+        columns[f"GPU{i} Memory"] = (lambda r, i=i: memory_per_gpu_cells(r, n)[f"GPU {i} Memory"], memory)
+    columns["Result"] = (lambda r: r.status, result_text)
+    columns["Notes"] = (
+        lambda r: CONFIRMED if r.seq_len in confirmed and r.status == "ok" else r.message or "",
+        short_message,
+    )
+    return build("multi-gpu-max", columns, rows)
 
 
 def _memory_at_longest(doc: Doc, m: Machine) -> None:
-    records = []
-    for s in m.summaries:
-        best = m.at_max(s)
-        if not best:
-            continue
-        peak = d.peak_per_gpu(best)
-        records.append(
-            {
-                "Implementation": s.label,
-                "GPUs": s.world_size,
-                "Sequence Length": best.seq_len,
-                "Input Tensors (QKV)": best.inputs_bytes,
-                "Peak Memory": peak,
-                "Memory per Token": peak / (d.tokens(best) / s.world_size) if peak else None,
-                "Peak / Floor": best.peak_over_floor,
-            }
-        )
-    if not records:
+    # (summary, its trial at the longest length, that trial's peak per GPU)
+    found = [(s, best, d.peak_per_gpu(best)) for s in m.summaries if (best := m.at_max(s))]
+    if not found:
         doc.missing("no successful max-seq trial on this machine", "single")
         return
-    doc.table(
-        Table(
-            "memory-at-longest",
-            list(records[0]),
-            records,
-            {
-                "Sequence Length": tokens_cell,
-                "Input Tensors (QKV)": memory,
-                "Peak Memory": memory,
-                "Memory per Token": per_token,
-                "Peak / Floor": times,
-            },
-        )
-    )
+    columns = {
+        "Implementation": lambda x: x[0].label,
+        "GPUs": lambda x: x[0].world_size,
+        "Sequence Length": (lambda x: x[1].seq_len, tokens_cell),
+        "Input Tensors (QKV)": (lambda x: x[1].inputs_bytes, memory),
+        "Peak Memory": (lambda x: x[2], memory),
+        "Memory per Token": (lambda x: x[2] / (d.tokens(x[1]) / x[0].world_size) if x[2] else None, per_token),
+        "Peak / Floor": (lambda x: x[1].peak_over_floor, times),
+    }
+    doc.table(build("memory-at-longest", columns, found))
 
 
 def render(doc: Doc, m: Machine) -> None:

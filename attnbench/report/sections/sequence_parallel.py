@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
-from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
+from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
 from attnbench.units import format_bytes
 
@@ -18,49 +18,43 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
         if m.several_gpus:
             doc.missing("no multi-GPU ring rows on this machine", "ring-points")
         return
-    records = []
-    for p in pairs:
+
+    def peaks(p):  # (one device's memory, the fullest rank's)
+        return d.peak_per_gpu(p.single), d.peak_per_gpu(p.row)
+
+    def overhead(p):
         r, s = p.row, p.single
-        mine, base = d.peak_per_gpu(r), d.peak_per_gpu(s)
-        records.append(
-            {
-                "Sequence Length": r.seq_len,
-                "Configuration": d.describe(r),
-                "Ranks": d.world_size(r),
-                "One-Device Time": s.time_ms if s else None,
-                "Ring Time": r.time_ms,
-                "Overhead": r.time_ms / s.time_ms if s and s.time_ms and r.time_ms else None,
-                "One-Device Tokens/s": s.tokens_per_s if s else None,
-                "Ring Tokens/s": r.tokens_per_s or (d.tokens(r) / (r.time_ms / 1e3) if r.time_ms else None),
-                "One-Device Memory": base,
-                "Memory per Rank": mine,
-                "Saved per Rank": base - mine if base and mine else None,
-                "Baseline": f"{p.baseline}: {s.impl}" if s else None,
-                "Sent per Call": getattr(r, "sent_bytes", None),
-                "algbw (GB/s)": getattr(r, "algbw_gbps", None),
-                "Link (GB/s)": getattr(r, "link_gbps", None),
-            }
-        )
-    doc.table(
-        Table(
-            "ring-vs-one-device",
-            list(records[0]),
-            records,
-            {
-                "Sequence Length": tokens_cell,
-                "One-Device Time": ms,
-                "Ring Time": ms,
-                "Overhead": times,
-                "One-Device Tokens/s": tok_s,
-                "Ring Tokens/s": tok_s,
-                "One-Device Memory": memory,
-                "Memory per Rank": memory,
-                "Saved per Rank": memory,
-                "Sent per Call": format_bytes,
-                "algbw (GB/s)": lambda v: f"{v:,.2f}",
-            },
-        )
-    )
+        return r.time_ms / s.time_ms if s and s.time_ms and r.time_ms else None
+
+    def ring_tok_s(p):
+        r = p.row
+        return r.tokens_per_s or (d.tokens(r) / (r.time_ms / 1e3) if r.time_ms else None)
+
+    def saved(p):
+        base, mine = peaks(p)
+        return base - mine if base and mine else None
+
+    def single(attr):
+        return lambda p: getattr(p.single, attr) if p.single else None
+
+    columns = {
+        "Sequence Length": (lambda p: p.row.seq_len, tokens_cell),
+        "Configuration": lambda p: d.describe(p.row),
+        "Ranks": lambda p: d.world_size(p.row),
+        "One-Device Time": (single("time_ms"), ms),
+        "Ring Time": (lambda p: p.row.time_ms, ms),
+        "Overhead": (overhead, times),
+        "One-Device Tokens/s": (single("tokens_per_s"), tok_s),
+        "Ring Tokens/s": (ring_tok_s, tok_s),
+        "One-Device Memory": (lambda p: peaks(p)[0], memory),
+        "Memory per Rank": (lambda p: peaks(p)[1], memory),
+        "Saved per Rank": (saved, memory),
+        "Baseline": lambda p: f"{p.baseline}: {p.single.impl}" if p.single else None,
+        "Sent per Call": (lambda p: getattr(p.row, "sent_bytes", None), format_bytes),
+        "algbw (GB/s)": (lambda p: getattr(p.row, "algbw_gbps", None), lambda v: f"{v:,.2f}"),
+        "Link (GB/s)": lambda p: getattr(p.row, "link_gbps", None),
+    }
+    doc.table(build("ring-vs-one-device", columns, pairs))
     cpu = m.on_cpu
     doc.add(
         f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Overhead = ring time / one device's "
@@ -78,27 +72,14 @@ def _per_rank(doc: Doc, m: Machine) -> None:
     if not ranks:
         return
     doc.heading(4, "Where the time goes, per rank")
-    doc.table(
-        Table(
-            "ring-ranks",
-            ["Sequence Length", "Configuration", "Rank", "Compute (ms)", "Waiting on Communication (ms)"],
-            [
-                {
-                    "Sequence Length": x.row.seq_len,
-                    "Configuration": d.describe(x.row),
-                    "Rank": x.rank,
-                    "Compute (ms)": x.compute_ms,
-                    "Waiting on Communication (ms)": x.comm_wait_ms,
-                }
-                for x in ranks
-            ],
-            {
-                "Sequence Length": tokens_cell,
-                "Compute (ms)": lambda v: f"{v:,.2f}",
-                "Waiting on Communication (ms)": lambda v: f"{v:,.2f}",
-            },
-        )
-    )
+    columns = {
+        "Sequence Length": (lambda x: x.row.seq_len, tokens_cell),
+        "Configuration": lambda x: d.describe(x.row),
+        "Rank": lambda x: x.rank,
+        "Compute (ms)": (lambda x: x.compute_ms, lambda v: f"{v:,.2f}"),
+        "Waiting on Communication (ms)": (lambda x: x.comm_wait_ms, lambda v: f"{v:,.2f}"),
+    }
+    doc.table(build("ring-ranks", columns, ranks))
 
 
 def _longest(doc: Doc, m: Machine) -> None:
@@ -112,23 +93,14 @@ def _longest(doc: Doc, m: Machine) -> None:
         single = fam.single
         doc.heading(5, f"{d.describe(fam.head)}: {d.settings_text(fam.head)}")
         one = single.max_seq_len if single else None
-        records = [{"GPUs": 1, "Perfect Split": one, "Measured": one}] if single else []
-        for s in fam.multi:
-            records.append(
-                {
-                    "GPUs": s.world_size,
-                    "Perfect Split": one * s.world_size if one else None,
-                    "Measured": s.max_seq_len or None,
-                }
-            )
-        doc.table(
-            Table(
-                "ring-longest",
-                ["GPUs", "Perfect Split", "Measured"],
-                records,
-                {"Perfect Split": tokens_cell, "Measured": tokens_cell},
-            )
-        )
+        counts = [(1, one)] if single else []
+        counts += [(s.world_size, s.max_seq_len or None) for s in fam.multi]
+        columns = {
+            "GPUs": lambda c: c[0],
+            "Perfect Split": (lambda c: c[0] * c[2] if c[2] else None, tokens_cell),
+            "Measured": (lambda c: c[1], tokens_cell),
+        }
+        doc.table(build("ring-longest", columns, [(*c, one) for c in counts]))
         doc.add(
             "\nPerfect Split: GPUs × the measured one-GPU maximum (memory split evenly, N/P per GPU)"
             + ("" if single else "; no one-GPU search of this configuration was measured here")

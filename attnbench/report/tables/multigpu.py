@@ -136,10 +136,6 @@ def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
 # --- ring runs against one GPU --------------------------------------------------------------
 
 
-def is_ring_trial(r: Row) -> bool:
-    return isinstance(r, Trial) and world_size(r) > 1
-
-
 def counterparts(impl: str) -> tuple[str, ...]:
     """Single-device implementations that compute what ``impl`` computes, preferred first."""
     from attnbench import impls
@@ -180,14 +176,11 @@ def baselines(row: Workload, candidates: list[Trial]) -> dict[str, Trial | None]
     }
 
 
-def single_match(row: Workload, candidates: list[Trial]) -> tuple[Trial | None, str | None]:
-    """The single-GPU row a ring row is compared with, and which baseline it is: the equal-work
-    one where measured, else the same implementation on one rank."""
-    found = baselines(row, candidates)
-    for kind in (EQUAL_WORK, SAME_SPLIT):
-        if found[kind]:
-            return found[kind], kind
-    return None, None
+def preferred(found: dict[str, Trial | None]) -> tuple[Trial | None, str | None]:
+    """Of ``baselines``' rows, the one a ring row is compared with, and which baseline it is:
+    the equal-work one where measured, else the same implementation on one rank."""
+    kind = EQUAL_WORK if found[EQUAL_WORK] else SAME_SPLIT if found[SAME_SPLIT] else None
+    return (found[kind] if kind else None), kind
 
 
 @dataclass(frozen=True)
@@ -215,8 +208,8 @@ def ring_pairs(rows: list[Row]) -> list[RingPair]:
     pairs = []
     singles = [r for r in ok(trials(rows)) if world_size(r) == 1]
     for r in ok(trials(rows)):
-        if is_ring_trial(r):
-            pairs.append(RingPair(r, *single_match(r, singles)))
+        if world_size(r) > 1:
+            pairs.append(RingPair(r, *preferred(baselines(r, singles))))
     for c in speedup_cases(rows):
         if c.strategy == "ring" and c.row.status == "ok":
             pairs.append(RingPair(c.row, c.single, SAME_SPLIT if c.single else None))

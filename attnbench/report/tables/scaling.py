@@ -83,15 +83,14 @@ def time_scaling(rows: list[Row]) -> list[TimeScaling]:
     """Each sequence-parallel time against the equal-work baseline (the single-device
     counterpart over the whole sequence, measured in the same results) where there is one,
     else against the same implementation on one rank; both efficiencies where both exist."""
-    from attnbench.report.tables.multigpu import EQUAL_WORK, SAME_SPLIT, baselines
+    from attnbench.report.tables.multigpu import SAME_SPLIT, baselines, preferred
 
     points = ok(trials(rows))
     singles = [r for r in points if world_size(r) == 1]
     out = []
     for r in sorted(_ranked(points), key=lambda r: (r.impl, _ident(r), r.seq_len, world_size(r))):
         found = baselines(r, singles)
-        kind = EQUAL_WORK if found[EQUAL_WORK] else SAME_SPLIT if found[SAME_SPLIT] else None
-        base = found[kind] if kind else None
+        base, kind = preferred(found)
         p = world_size(r)
         slowest = max(r.ranks or [{}], key=lambda x: x.get("time_ms") or 0)
         speedup_ci, timer = speedup_interval(base, r)

@@ -14,6 +14,7 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
+from attnbench.report.tables import build
 from attnbench.report.tables.call_cost import CallCost, call_costs, family_kernel
 from attnbench.report.tables.multigpu import EQUAL_WORK, SpeedupCase, speedup_groups
 from attnbench.report.tables.scaling import TimeScaling, max_seq_scaling, time_scaling
@@ -43,20 +44,17 @@ def sequence_parallel(rows: list, gpus: int) -> Table | None:
     if not chosen:
         return None
     longest = _longest(rows)
-    records = [
-        {
-            "Implementation": t.impl,
-            "Longest, 1 GPU → all": longest.get(t.impl),
-            "At": short_tokens(t.seq_len),
-            "1 GPU (equal work)": f"{t.baseline.split(': ')[-1]} {ms_cell(t.base_ci)}",
-            "All GPUs": ms_cell(t.time_ci),
-            "Speedup": t.speedup_ci,
-            "Efficiency": t.efficiency_ci,
-            "Sent per call": _sent(t),
-        }
-        for t in chosen.values()
-    ]
-    return Table("second-gpu-sequence", list(records[0]), records, {"Speedup": ratio_cell, "Efficiency": ratio_cell})
+    columns = {
+        "Implementation": lambda t: t.impl,
+        "Longest, 1 GPU → all": lambda t: longest.get(t.impl),
+        "At": lambda t: short_tokens(t.seq_len),
+        "1 GPU (equal work)": lambda t: f"{t.baseline.split(': ')[-1]} {ms_cell(t.base_ci)}",
+        "All GPUs": lambda t: ms_cell(t.time_ci),
+        "Speedup": (lambda t: t.speedup_ci, ratio_cell),
+        "Efficiency": (lambda t: t.efficiency_ci, ratio_cell),
+        "Sent per call": _sent,
+    }
+    return build("second-gpu-sequence", columns, chosen.values())
 
 
 def _longest(rows: list) -> dict[str, str]:
@@ -91,24 +89,19 @@ def data_parallel(speedups: list[SpeedupCase]) -> Table | None:
         if c.single is not None:
             names[family_kernel(c.family)] = kernel_name(c.single)
     largest = _largest_case(speedups)
-    records = []
-    for kernel, by in by_kernel.items():
-        if "dp" not in by and "mp" not in by:
-            continue
-        records.append(
-            {
-                "Kernel": names.get(kernel, kernel),
-                "DataParallel: fixed cost per call": _fixed(by.get("dp")),
-                "speedup at largest case": largest.get((kernel, "dp")),
-                "New thread alone": _fixed(by.get("thread")),
-                "Multi-process: fixed cost per call": _fixed(by.get("mp")),
-                "speedup at largest case ": largest.get((kernel, "mp")),
-            }
-        )
-    if not records:
+    # (kernel, its lines by strategy)
+    kernels = [(k, by) for k, by in by_kernel.items() if "dp" in by or "mp" in by]
+    if not kernels:
         return None
-    formats = {"speedup at largest case": _case_ratio, "speedup at largest case ": _case_ratio}
-    return Table("second-gpu-batch", list(records[0]), records, formats)
+    columns = {
+        "Kernel": lambda k: names.get(k[0], k[0]),
+        "DataParallel: fixed cost per call": lambda k: _fixed(k[1].get("dp")),
+        "speedup at largest case": (lambda k: largest.get((k[0], "dp")), _case_ratio),
+        "New thread alone": lambda k: _fixed(k[1].get("thread")),
+        "Multi-process: fixed cost per call": lambda k: _fixed(k[1].get("mp")),
+        "speedup at largest case ": (lambda k: largest.get((k[0], "mp")), _case_ratio),
+    }
+    return build("second-gpu-batch", columns, kernels)
 
 
 def merged(tables: list[tuple[str, Table | None]]) -> Table | None:

@@ -10,28 +10,16 @@ executed TFLOP/s, and FlexAttention's compile time (first call), apart from the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnbench.report.data import machine_of, trials
-from attnbench.report.markdown import result_text, table
+from attnbench.report.markdown import record_table, result_text
 from attnbench.results.schema import Row, Trial
 from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"
 DENSE = "sdpa"
-HEADERS = [
-    "Sequence Length",
-    "Time (ms)",
-    "Memory (MB)",
-    "Result",
-    "Sparsity",
-    "Pattern",
-    "Block",
-    "Kept (achieved)",
-    "Speedup vs Dense",
-    "TFLOP/s (executed)",
-    "Compile (s)",
-]
 
 
 def _workload(r: Trial) -> tuple:
@@ -73,7 +61,7 @@ def sparsity_table(rows: list[Row], level: int = 5) -> str:
             f"\n{'#' * level} {dtype}, B={batch}, H={heads}, D={head_dim}, {mode}{', causal' if causal else ''}, "
             f"{machine or device}\n\n"
         )
-        parts.append(table(HEADERS, [_row(r, _fastest_dense(group, r.seq_len)) for r in _ordered(group)]))
+        parts.append(record_table(_columns(group), _ordered(group)))
     if parts:
         parts.append(
             "\nSparsity: the configured `sparsity_ratio` (kept fraction of block pairs). Kept (achieved): the share "
@@ -107,25 +95,31 @@ def _fastest_dense(group: list[Trial], seq_len: int) -> Trial | None:
     return min(dense, key=lambda r: r.time_ms, default=None)
 
 
-def _row(r: Trial, dense: Trial | None) -> list[Any]:
-    c = r.config or {}
-    ok = r.status == "ok" and r.time_ms
-    sparse = r.impl == SPARSE
-    kept = achieved_kept(r)
-    if sparse:
-        pattern, block, sparsity = c.get("pattern_type"), c.get("block_size"), _configured_sparsity(c)
-    else:
-        pattern, block, sparsity = f"dense sdpa ({r.backend or c.get('backend')})", "-", "Dense"
-    return [
-        format_tokens(r.seq_len),
-        f"{r.time_ms:,.2f}" if ok else "-",
-        f"{r.peak_bytes / 1e6:,.1f}" if ok and r.peak_bytes else "-",
-        result_text(r.status),
-        sparsity,
-        pattern,
-        block,
-        f"{kept:.2%}" if kept is not None else "-",
-        f"{dense.time_ms / r.time_ms:.2f}x" if ok and dense else "-",
-        f"{r.tflops_executed:.1f}" if ok and r.tflops_executed else "-",
-        f"{r.compile_ms / 1e3:.1f}" if r.compile_ms else "-",
-    ]
+def _columns(group: list[Trial]) -> dict[str, Any]:
+    """The table's cells of a trial; Speedup vs Dense against the fastest dense row of ``group``."""
+
+    def ok(r: Trial) -> bool:
+        return bool(r.status == "ok" and r.time_ms)
+
+    def speedup(r: Trial) -> str:
+        dense = _fastest_dense(group, r.seq_len)
+        return f"{dense.time_ms / r.time_ms:.2f}x" if ok(r) and dense else "-"
+
+    def dense_or(sparse: Callable[[dict], Any], dense: Callable[[Trial], Any]) -> Callable[[Trial], Any]:
+        return lambda r: sparse(r.config or {}) if r.impl == SPARSE else dense(r)
+
+    return {
+        "Sequence Length": lambda r: format_tokens(r.seq_len),
+        "Time (ms)": lambda r: f"{r.time_ms:,.2f}" if ok(r) else "-",
+        "Memory (MB)": lambda r: f"{r.peak_bytes / 1e6:,.1f}" if ok(r) and r.peak_bytes else "-",
+        "Result": lambda r: result_text(r.status),
+        "Sparsity": dense_or(_configured_sparsity, lambda r: "Dense"),
+        "Pattern": dense_or(
+            lambda c: c.get("pattern_type"), lambda r: f"dense sdpa ({r.backend or (r.config or {}).get('backend')})"
+        ),
+        "Block": dense_or(lambda c: c.get("block_size"), lambda r: "-"),
+        "Kept (achieved)": lambda r: "-" if achieved_kept(r) is None else f"{achieved_kept(r):.2%}",
+        "Speedup vs Dense": speedup,
+        "TFLOP/s (executed)": lambda r: f"{r.tflops_executed:.1f}" if ok(r) and r.tflops_executed else "-",
+        "Compile (s)": lambda r: f"{r.compile_ms / 1e3:.1f}" if r.compile_ms else "-",
+    }

@@ -26,7 +26,7 @@ from attnbench.report.intervals import (
     speedup_interval,
     time_interval,
 )
-from attnbench.report.markdown import result_text, table
+from attnbench.report.markdown import record_table, result_text
 from attnbench.results import load_rows, write_text_atomic
 from attnbench.results.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
@@ -98,34 +98,35 @@ def groups(records: list[SpeedupRecord]) -> dict[str, list[SpeedupRecord]]:
     return out
 
 
+def _strategy_notes(rec: SpeedupRecord) -> str:
+    r, notes = rec.row, []
+    if r.status == "ok" and rec.efficiency:
+        eff = ratio_cell(divided(rec.speedup_ci, r.world_size), anomaly_above_one=True)
+        notes.append(f"efficiency {eff} on {_units(r, r.world_size)}; {rec.timer} time")
+    elif r.status != "ok":
+        notes.append(f"{result_text(r.status)}: {r.message or ''}".strip())
+    if r.dispatch_share is not None:
+        notes.append(f"dispatch {r.dispatch_share:.0%} of eager time{' (host-bound)' if r.host_bound else ''}")
+    if r.note and r.status != "skipped":
+        notes.append(r.note)
+    return "; ".join(notes)
+
+
+STRATEGY_COLUMNS = {
+    "Sequence Length": lambda rec: f"{rec.row.seq_len:,} tokens",
+    "Batch Size": lambda rec: rec.row.batch,
+    "Single GPU Time": lambda rec: ms_cell(time_interval(rec.single, rec.timer)),
+    "Multi-GPU Time": lambda rec: (
+        ms_cell(time_interval(rec.row, rec.timer)) if rec.row.status == "ok" else result_text(rec.row.status)
+    ),
+    "Speedup": lambda rec: ratio_cell(rec.speedup_ci),
+    "Notes": _strategy_notes,
+}
+
+
 def strategy_table(records: list[SpeedupRecord], strategy: str) -> str:
     """Report 001's table for one strategy (records from ``speedup_records`` of one group)."""
-    body = []
-    for rec in records:
-        r = rec.row
-        if r.strategy != strategy:
-            continue
-        notes = []
-        if r.status == "ok" and rec.efficiency:
-            eff = ratio_cell(divided(rec.speedup_ci, r.world_size), anomaly_above_one=True)
-            notes.append(f"efficiency {eff} on {_units(r, r.world_size)}; {rec.timer} time")
-        elif r.status != "ok":
-            notes.append(f"{result_text(r.status)}: {r.message or ''}".strip())
-        if r.dispatch_share is not None:
-            notes.append(f"dispatch {r.dispatch_share:.0%} of eager time{' (host-bound)' if r.host_bound else ''}")
-        if r.note and r.status != "skipped":
-            notes.append(r.note)
-        body.append(
-            [
-                f"{r.seq_len:,} tokens",
-                r.batch,
-                ms_cell(time_interval(rec.single, rec.timer)),
-                ms_cell(time_interval(r, rec.timer)) if r.status == "ok" else result_text(r.status),
-                ratio_cell(rec.speedup_ci),
-                "; ".join(notes),
-            ]
-        )
-    return table(["Sequence Length", "Batch Size", "Single GPU Time", "Multi-GPU Time", "Speedup", "Notes"], body)
+    return record_table(STRATEGY_COLUMNS, [rec for rec in records if rec.row.strategy == strategy])
 
 
 def _units(row: Speedup, count) -> str:
@@ -147,14 +148,15 @@ def memory_table(rows: list[Speedup]) -> str:
     width = max((len(r.gpus or []) for r in rows), default=0)
     if width == 0:
         return ""
-    body = []
-    for r in rows:
-        if not r.gpus:
-            continue
-        cells = [_gpu_cell(g) for g in r.gpus] + ["-"] * (width - len(r.gpus))
-        body.append([f"{r.seq_len:,} tokens", r.batch, r.strategy, result_text(r.status), *cells])
-    headers = ["Sequence Length", "Batch Size", "Strategy", "Result", *[f"GPU {i} Memory" for i in range(width)]]
-    return table(headers, body)
+    columns = {
+        "Sequence Length": lambda r: f"{r.seq_len:,} tokens",
+        "Batch Size": lambda r: r.batch,
+        "Strategy": lambda r: r.strategy,
+        "Result": lambda r: result_text(r.status),
+    }
+    for i in range(width):
+        columns[f"GPU {i} Memory"] = lambda r, i=i: _gpu_cell(r.gpus[i]) if i < len(r.gpus) else "-"
+    return record_table(columns, [r for r in rows if r.gpus])
 
 
 def _title(r: Speedup) -> str:

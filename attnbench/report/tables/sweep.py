@@ -15,7 +15,7 @@ import pandas as pd
 from attnbench.report.data import trials as trials_of
 from attnbench.report.data import world_size
 from attnbench.report.intervals import bracket, ms_cell, time_interval
-from attnbench.report.markdown import result_text, short_message, table
+from attnbench.report.markdown import record_table, result_text, short_message
 from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
@@ -169,43 +169,37 @@ def _notes(r: Trial, confirmed: bool = False) -> str:
     return "; ".join(bits)
 
 
+def _peak_cell(r: Trial) -> str:
+    if r.status == "ok":
+        return format_bytes(r.peak_bytes)
+    return format_bytes(r.peak_bytes) + " at failure" if r.peak_bytes else "-"
+
+
 def memory_table(trials: list[Trial]) -> str:
     trials, confirmed = each_length_once(trials)
-    return table(
-        ["Sequence Length", "Memory After QKV", "Peak Memory", "Result", "Notes"],
-        [
-            [
-                format_tokens(r.seq_len),
-                format_bytes(r.inputs_bytes),
-                format_bytes(r.peak_bytes)
-                if r.status == "ok"
-                else format_bytes(r.peak_bytes) + " at failure"
-                if r.peak_bytes
-                else "-",
-                result_text(r.status),
-                _notes(r, r.seq_len in confirmed),
-            ]
-            for r in trials
-        ],
-    )
+    columns = {
+        "Sequence Length": lambda r: format_tokens(r.seq_len),
+        "Memory After QKV": lambda r: format_bytes(r.inputs_bytes),
+        "Peak Memory": _peak_cell,
+        "Result": lambda r: result_text(r.status),
+        "Notes": lambda r: _notes(r, r.seq_len in confirmed),
+    }
+    return record_table(columns, trials)
+
+
+# eager time (every row has it) and GPU time where the row has one, each ±95% interval
+TIME_COLUMNS = {
+    "Sequence Length": lambda r: format_tokens(r.seq_len),
+    "Eager Time": lambda r: ms_cell(time_interval(r)) if r.time_ms else "-",
+    "GPU Time": _gpu_cell,
+    "Peak Memory": lambda r: format_bytes(r.peak_bytes) if r.peak_bytes and r.status == "ok" else "-",
+    "Result": lambda r: result_text(r.status),
+    "Sparsity": lambda r: format_sparsity(r.kept_fraction, r.causal),
+}
 
 
 def time_table(trials: list[Trial]) -> str:
-    """Eager time (every row has it) and GPU time where the row has one, each ±95% interval."""
-    return table(
-        ["Sequence Length", "Eager Time", "GPU Time", "Peak Memory", "Result", "Sparsity"],
-        [
-            [
-                format_tokens(r.seq_len),
-                ms_cell(time_interval(r)) if r.time_ms else "-",
-                _gpu_cell(r),
-                format_bytes(r.peak_bytes) if r.peak_bytes and r.status == "ok" else "-",
-                result_text(r.status),
-                format_sparsity(r.kept_fraction, r.causal),
-            ]
-            for r in trials
-        ],
-    )
+    return record_table(TIME_COLUMNS, trials)
 
 
 def max_seq_text(s: MaxSeqSummary) -> str:
@@ -215,34 +209,23 @@ def max_seq_text(s: MaxSeqSummary) -> str:
     return format_tokens(s.max_seq_len) if s.complete else f"≥ {format_tokens(s.max_seq_len)}"
 
 
+SUMMARY_COLUMNS = {
+    "Implementation": lambda s: s.label,
+    "Dtype": lambda s: s.dtype,
+    "Mode": lambda s: s.mode,
+    "Device": lambda s: s.machine or s.device,
+    "Max Sequence (ran – failed)": lambda s: (
+        bracket(s.max_seq_len, s.first_failure, format_tokens) if s.complete else max_seq_text(s)
+    ),
+    "Stopped By": lambda s: s.stopped_by,
+    "Peak at Max": lambda s: format_bytes(s.peak_bytes),
+    "Peak / Floor": lambda s: f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
+    "Eager Time at Max": lambda s: ms_cell(time_interval(s)) if s.time_ms else "-",
+}
+
+
 def summary_table(summary: list[MaxSeqSummary]) -> str:
-    return table(
-        [
-            "Implementation",
-            "Dtype",
-            "Mode",
-            "Device",
-            "Max Sequence (ran – failed)",
-            "Stopped By",
-            "Peak at Max",
-            "Peak / Floor",
-            "Eager Time at Max",
-        ],
-        [
-            [
-                s.label,
-                s.dtype,
-                s.mode,
-                s.machine or s.device,
-                bracket(s.max_seq_len, s.first_failure, format_tokens) if s.complete else max_seq_text(s),
-                s.stopped_by,
-                format_bytes(s.peak_bytes),
-                f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
-                ms_cell(time_interval(s)) if s.time_ms else "-",
-            ]
-            for s in summary
-        ],
-    )
+    return record_table(SUMMARY_COLUMNS, summary)
 
 
 def trials_csv(rows: list[Row]) -> str:
