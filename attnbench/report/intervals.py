@@ -14,10 +14,6 @@ from attnbench.measure.stats import Interval
 from attnbench.results.schema import Row
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
-TIMER_NAMES = {
-    "gpu": "GPU time (CUDA graph or back-to-back calls)",
-    "eager": "eager time (one synchronised call, dispatch included)",
-}
 
 
 def _field(row: Any, name: str) -> Any:

@@ -56,8 +56,6 @@ def result_text(status: str) -> str:
 
 def short_message(message: str | None, limit: int = 90) -> str:
     """A failure in a table cell: the allocation that failed, or the message's start."""
-    import re
-
     if not message:
         return ""
     alloc = re.search(r"[Tt]ried to allocate ([0-9.]+ ?[KMGT]i?B)", message)

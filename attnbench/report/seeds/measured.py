@@ -54,16 +54,26 @@ class Measured:
         return text + (f" under an allocator limit of {format_gib(self.limit)}" if self.limit else "")
 
 
-def _facts(rows: list[Any]) -> dict[str, Any]:
-    """How the rows behind a measurement were measured, as ``Measured`` records it."""
+def _measured(
+    m, row: Row, rows: list[Any], value: float, n: str, low: float | None = None, high: float | None = None, **more: Any
+) -> Measured:
+    """What ``m``'s ``row`` measures, with how the ``rows`` behind it were measured."""
     rows = [r for r in rows if r is not None]
-    return {
-        "device": "cpu" if any(r.device == "cpu" for r in rows) else "cuda",
-        "ranks": max((d.world_size(r) for r in rows), default=1),
-        "limit": next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
-        "sent": [r.sent_bytes for r in rows if _sequence_parallel(r)],
-        "sources": [r.source for r in rows if r.source],
-    }
+    return Measured(
+        value,
+        low,
+        high,
+        n,
+        m.name,
+        short_label(row),
+        d.row_date(row),
+        device="cpu" if any(r.device == "cpu" for r in rows) else "cuda",
+        ranks=max((d.world_size(r) for r in rows), default=1),
+        limit=next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
+        sent=[r.sent_bytes for r in rows if _sequence_parallel(r)],
+        sources=[r.source for r in rows if r.source],
+        **more,
+    )
 
 
 def _sequence_parallel(row: Row) -> bool:
@@ -94,16 +104,8 @@ def _speedup(m, match, pick: str, per_gpu: bool) -> Measured | None:
         return None
     iv = c.efficiency_ci if per_gpu else c.speedup_ci
     row = c.row
-    out = Measured(
-        iv.value,
-        iv.low if iv.n > 1 else None,
-        iv.high if iv.n > 1 else None,
-        f"{_n(c.single)}/{_n(row)}",
-        m.name,
-        short_label(row),
-        d.row_date(row),
-        **_facts([c.single, row]),
-    )
+    spread = (iv.low, iv.high) if iv.n > 1 else (None, None)
+    out = _measured(m, row, [c.single, row], iv.value, f"{_n(c.single)}/{_n(row)}", *spread)
     out.notes += replica_notes(row)
     if c.efficiency_ci and c.efficiency_ci.low > 1:
         out.notes.append(f"efficiency {c.efficiency:.2f} is above 1: unequal work, not super-linear scaling")
@@ -154,9 +156,7 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
         low, high = iv.low, iv.high
     elif timed:  # a rate: the bounds swap
         low, high = value * row.time_ms / iv.high, value * row.time_ms / iv.low
-    out = Measured(
-        value, low, high, str(iv.n if timed else 1), m.name, short_label(row), d.row_date(row), **_facts([row])
-    )
+    out = _measured(m, row, [row], value, str(iv.n if timed else 1), low=low, high=high)
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
     if others and pick == "newest":
@@ -185,18 +185,7 @@ def _search_answer(m, s: MaxSeqSummary) -> Measured:
     bound = s.stopped_by not in EXACT_STOPS
     where = f"a search under an allocator limit of {format_gib(head.memory_limit)}" if head.memory_limit else "a search"
     note = f"{where}, stopped by {s.stopped_by}" + (": a lower bound" if bound else "")
-    return Measured(
-        s.max_seq_len,
-        None,
-        None,
-        "1 search",
-        m.name,
-        short_label(head),
-        d.row_date(head),
-        [note],
-        bound=bound,
-        **_facts([head, best]),
-    )
+    return _measured(m, head, [head, best], s.max_seq_len, "1 search", notes=[note], bound=bound)
 
 
 def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
@@ -213,18 +202,7 @@ def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
     notes = [f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials solved for 8 GiB"]
     if c.error is not None and abs(c.error) > 0.05:
         notes.append(f"it misses this GPU's measured maximum by {c.error * 100:+.0f}% ({fit_miss_cause(c)})")
-    return Measured(
-        c.predict_for(EIGHT_GIB),
-        None,
-        None,
-        f"{c.successful} trials",
-        m.name,
-        short_label(c.head),
-        d.row_date(c.head),
-        notes,
-        fitted=True,
-        **_facts([c.head]),
-    )
+    return _measured(m, c.head, [c.head], c.predict_for(EIGHT_GIB), f"{c.successful} trials", notes=notes, fitted=True)
 
 
 def measure_one(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
