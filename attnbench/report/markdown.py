@@ -84,9 +84,11 @@ class Table:
         self.formats = formats or {}
 
     @classmethod
-    def of(cls, name: str, columns: dict[str, str], records: Sequence[Any], formats: dict[str, Any] | None = None):
-        """A table of typed records: ``columns`` maps each header to the attribute it shows."""
-        return cls(name, list(columns), [{h: getattr(r, a) for h, a in columns.items()} for r in records], formats)
+    def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any], formats: dict[str, Any] | None = None):
+        """A table of typed records: ``columns`` maps each header to the attribute it shows, or
+        to a function of the record that gives its raw value."""
+        cells = [{h: a(r) if callable(a) else getattr(r, a) for h, a in columns.items()} for r in records]
+        return cls(name, list(columns), cells, formats)
 
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:
