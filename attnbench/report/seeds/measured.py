@@ -164,18 +164,27 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
     return out
 
 
-def _searches(m, match: dict[str, Any], limit: int | None = None) -> list[MaxSeqSummary]:
-    """The max-seq searches of the matching workload that ran something (under ``limit`` where given)."""
-    return [
+def _max_seq(m, match: dict[str, Any], pick: str, limit: int | None = None) -> Measured | None:
+    """The longest sequence of the matching workload's max-seq searches. Under an allocator
+    ``limit`` (8 GiB: the seeds' GPU), a search under that limit; where none ran, the series'
+    memory fit solved for it (the allocator's share, with what this device sets aside for the
+    CUDA context), marked as the prediction it is."""
+    found = [
         s
         for s in m.summaries
         if s.max_seq_len and matches(s.head, match) and (limit is None or s.head.memory_limit == limit)
     ]
-
-
-def _max_seq(m, match: dict[str, Any], pick: str) -> Measured | None:
-    found = _searches(m, match)
-    return _search_answer(m, _chosen(found, lambda s: s.max_seq_len, pick)[0]) if found else None
+    if found:
+        return _search_answer(m, _chosen(found, lambda s: s.max_seq_len, pick)[0])
+    fitted = [c for c in m.capacities if limit and c.fit and matches(c.head, match) and c.predict_for(limit)]
+    if not fitted:
+        return None
+    c = max(fitted, key=lambda c: (c.successful, d.row_date(c.head)))
+    fit = f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials"
+    notes = [f"{fit} solved for {format_gib(limit)}"]
+    if c.error is not None and abs(c.error) > 0.05:
+        notes.append(f"it misses this GPU's measured maximum by {c.error * 100:+.0f}% ({fit_miss_cause(c)})")
+    return _measured(m, c.head, [c.head], c.predict_for(limit), f"{c.successful} trials", notes=notes, fitted=True)
 
 
 def _search_answer(m, s: MaxSeqSummary) -> Measured:
@@ -188,30 +197,11 @@ def _search_answer(m, s: MaxSeqSummary) -> Measured:
     return _measured(m, head, [head, best], s.max_seq_len, "1 search", notes=[note], bound=bound)
 
 
-def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
-    """The longest sequence in 8 GiB: a search under an 8 GiB allocator limit. Where none ran,
-    the series' memory fit solved for 8 GiB (the allocator's share, with what this device sets
-    aside for the CUDA context), marked as the prediction it is."""
-    limited = _searches(m, match, EIGHT_GIB)
-    if limited:
-        return _search_answer(m, _chosen(limited, lambda s: s.max_seq_len, pick)[0])
-    found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(EIGHT_GIB)]
-    if not found:
-        return None
-    c = max(found, key=lambda c: (c.successful, d.row_date(c.head)))
-    notes = [f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials solved for 8 GiB"]
-    if c.error is not None and abs(c.error) > 0.05:
-        notes.append(f"it misses this GPU's measured maximum by {c.error * 100:+.0f}% ({fit_miss_cause(c)})")
-    return _measured(m, c.head, [c.head], c.predict_for(EIGHT_GIB), f"{c.successful} trials", notes=notes, fitted=True)
-
-
 def measure_one(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
     if claim.metric in ("speedup", "efficiency"):
         return _speedup(m, match, claim.pick, claim.metric == "efficiency")
-    if claim.metric == "max_seq":
-        return _max_seq(m, match, claim.pick)
-    if claim.metric == "max_seq_8gb":
-        return _max_seq_8gb(m, match, claim.pick)
+    if claim.metric in ("max_seq", "max_seq_8gb"):
+        return _max_seq(m, match, claim.pick, EIGHT_GIB if claim.metric == "max_seq_8gb" else None)
     return _row_metric(m, claim.metric, match, claim.pick)
 
 
