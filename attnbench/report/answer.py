@@ -13,29 +13,32 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.intervals import bracket, ms_cell, tflops_cell, tflops_interval, time_interval
+from attnbench.report.markdown import Table
 from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Trial
 from attnbench.units import format_bytes, format_gib, short_tokens
 
 REFERENCE_LEN, REFERENCE_TEXT = 65536, "64K"  # where throughput is compared across configurations
-SPEED_HEADER = "Fwd time at {length}"  # a length every configuration of the machine ran
-ANSWER_HEADERS = (
-    "Configuration",
-    "Settings",
-    "Longest forward",
-    "Stopped by",
-    "Per token",
-    "Peak/floor",
-    SPEED_HEADER,
-    f"Fwd TFLOP/s at {REFERENCE_TEXT}",
-    "Longest training",
-    f"Train TFLOP/s at {REFERENCE_TEXT}",
-)
+# The answer's columns, each a configuration's cell (None: nothing to show).
+ANSWER_COLUMNS: dict[str, Callable[[Configuration], Any]] = {
+    "Configuration": lambda c: c.label,
+    "Settings": lambda c: c.settings,
+    "Longest forward": lambda c: c.forward.length_text() if c.forward else None,
+    "Stopped by": lambda c: c.forward.stop_text() if c.forward else None,
+    "Per token": lambda c: c.per_token_text(),
+    "Peak/floor": lambda c: f"{c.forward_ratio:.2f}x" if c.forward_ratio else None,
+    # at a length every configuration of the machine ran (``common_speeds``)
+    "Fwd time at {length}": lambda c: ms_cell(time_interval(c.speed)) if c.speed else None,
+    f"Fwd TFLOP/s at {REFERENCE_TEXT}": lambda c: tflops_cell(c.forward_tflops) if c.forward_tflops else None,
+    "Longest training": lambda c: c.training_text(),
+    f"Train TFLOP/s at {REFERENCE_TEXT}": lambda c: tflops_cell(c.training_tflops) if c.training_tflops else None,
+}
 
 
 @dataclass
@@ -76,28 +79,24 @@ class Configuration:
     key: str = ""  # configuration_key: its trials
     speed: Trial | None = None  # its forward trial at the machine's common length (common_speeds)
 
-    def record(self) -> dict[str, Any]:
+    @property
+    def forward_ratio(self) -> float | None:
+        """Peak over the floor at the longest forward length."""
+        return self.forward.best.peak_over_floor if self.forward and self.forward.best else None
+
+    def per_token_text(self) -> str | None:
+        best = self.forward.best if self.forward else None
+        peak = d.peak_per_gpu(best) if best else None
+        return format_bytes(peak / (d.tokens(best) / self.world_size)) if peak else None
+
+    def training_text(self) -> str | None:
         fwd, train = self.forward, self.training
-        peak = d.peak_per_gpu(fwd.best) if fwd and fwd.best else None
-        held = d.tokens(fwd.best) / self.world_size if fwd and fwd.best else None
-        train_text = None
-        if train:
-            ratio = train.best.peak_over_floor if train.best else None
-            # the limit is said once, beside the forward, where both ran under the same one
-            stop = train.summary.stopped_by if fwd and fwd.limit == train.limit else train.stop_text()
-            train_text = f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
-        return {
-            "Configuration": self.label,
-            "Settings": self.settings,
-            "Longest forward": fwd.length_text() if fwd else None,
-            "Stopped by": fwd.stop_text() if fwd else None,
-            "Per token": format_bytes(peak / held) if peak and held else None,
-            "Peak/floor": f"{fwd.best.peak_over_floor:.2f}x" if fwd and fwd.best and fwd.best.peak_over_floor else None,
-            SPEED_HEADER: ms_cell(time_interval(self.speed)) if self.speed else None,
-            f"Fwd TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.forward_tflops) if self.forward_tflops else None,
-            "Longest training": train_text,
-            f"Train TFLOP/s at {REFERENCE_TEXT}": tflops_cell(self.training_tflops) if self.training_tflops else None,
-        }
+        if not train:
+            return None
+        ratio = train.best.peak_over_floor if train.best else None
+        # the limit is said once, beside the forward, where both ran under the same one
+        stop = train.summary.stopped_by if fwd and fwd.limit == train.limit else train.stop_text()
+        return f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
 
     def csv_record(self) -> dict[str, Any]:
         """The same numbers raw, for the CSV: lengths in tokens, memory in bytes."""
@@ -128,26 +127,19 @@ class Configuration:
         return out
 
 
-def filled_headers(configs: list[Configuration]) -> list[str]:
-    """The answer's columns that hold a value for some configuration of a machine (a CPU run
-    that never reaches the reference length gets no TFLOP/s column of dashes); the first three
-    always, so a table still names what it is about."""
-    records = [c.record() for c in configs]
-    return [h for i, h in enumerate(ANSWER_HEADERS) if i < 3 or any(r.get(h) is not None for r in records)]
-
-
-def shown_headers(configs: list[Configuration]) -> list[str]:
-    """``filled_headers`` as the table names them: the common length in the speed column's."""
+def answer_table(configs: list[Configuration], shown: list[Configuration]) -> Table:
+    """The ``shown`` rows of a machine's answer, in the columns that hold a value for some of
+    its ``configs`` (a CPU run that never reaches the reference length gets no TFLOP/s column of
+    dashes); the first three always, so a table still names what it is about. The speed
+    column's header names the length its times are at."""
     speed = next((c.speed for c in configs if c.speed), None)
     length = short_tokens(speed.seq_len) if speed else ""
-    return [SPEED_HEADER.format(length=length) if h == SPEED_HEADER else h for h in filled_headers(configs)]
-
-
-def shown_record(c: Configuration) -> dict[str, Any]:
-    record = c.record()
-    if c.speed:
-        record[SPEED_HEADER.format(length=short_tokens(c.speed.seq_len))] = record.pop(SPEED_HEADER)
-    return record
+    columns = {
+        header.format(length=length): cell
+        for i, (header, cell) in enumerate(ANSWER_COLUMNS.items())
+        if i < 3 or any(cell(c) is not None for c in configs)
+    }
+    return Table.of("answer", columns, shown)
 
 
 def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) -> None:

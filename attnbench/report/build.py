@@ -138,8 +138,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
                 f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
             )
             continue
-        table = Table("answer", a.shown_headers(configs), [a.shown_record(c) for c in rows])
-        doc.add(table.markdown())
+        doc.add(a.answer_table(configs, rows).markdown())
         if len(rows) < len(configs):
             more = len(configs) - len(rows)
             doc.add(

@@ -57,11 +57,7 @@ CPU_PRODUCERS = {
 # --- formatting -----------------------------------------------------------------------------
 
 
-def memory(v: float) -> str:
-    return format_bytes(v)
-
-
-ms, times, tok_s, per_token = format_ms, format_ratio, format_tokens_per_s, format_bytes_per_token
+memory, ms, times, tok_s, per_token = format_bytes, format_ms, format_ratio, format_tokens_per_s, format_bytes_per_token
 
 
 def pct(v: float) -> str:

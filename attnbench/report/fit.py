@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnbench import impls
+from attnbench.errors import AttnbenchError
 from attnbench.measure.capacity import MemoryFit, fit_memory, fitted_peak, measured_budget, memory_degree
-from attnbench.report.data import ok, trials, world_size
+from attnbench.report.data import load, ok, trials, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
-from attnbench.units import brief
+from attnbench.units import brief, format_bytes, format_tokens, parse_bytes
 
 GIB = 2**30
 FAR_BEYOND = 16  # a prediction this many times the longest fitted length is flagged
@@ -132,10 +134,6 @@ def capacities(rows: list[Row]) -> list[Capacity]:
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
     """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``,
     followed by a line starting 'warning: ' where the prediction stands on weak ground."""
-    from attnbench.errors import AttnbenchError
-    from attnbench.report.data import load
-    from attnbench.units import parse_bytes
-
     device_bytes = parse_bytes(gpu_memory)
     results = load(source)
     _check_known(impl, results.rows)
@@ -160,9 +158,6 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
 
 
 def _check_known(impl: str, rows: list[Row]) -> None:
-    from attnbench import impls
-    from attnbench.errors import AttnbenchError
-
     measured = sorted({r.impl for r in trials(rows)})
     if impl not in measured and impl not in impls.names():
         raise AttnbenchError(
@@ -184,8 +179,6 @@ def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> st
 
 def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str) -> str:
     """``c``'s longest sequence ``n`` on a device of ``gpu_memory`` (None: nothing fits)."""
-    from attnbench.units import format_bytes, format_tokens
-
     where = (
         f"{c.label} [{machine}, {c.head.dtype}, B={c.head.batch}, H={c.head.heads}, "
         f"D={c.head.head_dim}, {c.head.mode}" + (f", {c.world_size} GPUs" if c.world_size > 1 else "") + "]"
@@ -206,8 +199,6 @@ def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str
 def _prediction_warning(c: Capacity, n: float | None) -> list[str]:
     """A CPU fit (resident memory) solved for a GPU, or a length ``n`` far past the measured
     ones: the number is still printed, the ground it stands on is said."""
-    from attnbench.units import format_tokens
-
     if n is None or not c.longest_ok:
         return []
     why = []

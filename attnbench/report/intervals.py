@@ -14,24 +14,16 @@ from attnbench.measure.stats import Interval
 from attnbench.results.schema import Row
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
-TIMER_NAMES = {
-    "gpu": "GPU time (CUDA graph or back-to-back calls)",
-    "eager": "eager time (one synchronised call, dispatch included)",
-}
-
-
-def _field(row: Any, name: str) -> Any:
-    return getattr(row, name, None)
 
 
 def timer_for(*rows: Row | None) -> str:
     """GPU time where every row has it, else eager time: a ratio compares like with like."""
     present = [r for r in rows if r is not None]
-    return "gpu" if present and all(_field(r, "gpu_times_ms") for r in present) else "eager"
+    return "gpu" if present and all(getattr(r, "gpu_times_ms", None) for r in present) else "eager"
 
 
 def samples(row: Row, timer: str = "eager") -> list[float]:
-    return [float(x) for x in _field(row, TIMERS[timer]) or []]
+    return [float(x) for x in getattr(row, TIMERS[timer], None) or []]
 
 
 def time_interval(row: Any, timer: str = "eager") -> Interval | None:
@@ -40,9 +32,9 @@ def time_interval(row: Any, timer: str = "eager") -> Interval | None:
     if row is None:
         return None
     prefix = "gpu_time" if timer == "gpu" else "time"
-    value, low = _field(row, f"{prefix}_ms"), _field(row, f"{prefix}_ci_low")
+    value, low = getattr(row, f"{prefix}_ms", None), getattr(row, f"{prefix}_ci_low", None)
     if value is not None and low is not None:
-        return Interval(value, low, _field(row, f"{prefix}_ci_high"), _field(row, f"{prefix}_n"))
+        return Interval(value, low, getattr(row, f"{prefix}_ci_high", None), getattr(row, f"{prefix}_n", None))
     iv = stats.median_interval(samples(row, timer))
     if iv is None and value is not None:
         return Interval(value, value, value, 1)  # a median without its samples: no spread known
@@ -64,7 +56,7 @@ def speedup_interval(base: Row | None, row: Row | None, timer: str | None = None
     b, r = samples(base, timer), samples(row, timer)
     if b and r:
         return stats.ratio_interval(b, r), timer
-    if _field(base, "time_ms") and _field(row, "time_ms"):
+    if getattr(base, "time_ms", None) and getattr(row, "time_ms", None):
         v = base.time_ms / row.time_ms
         return Interval(v, v, v, 1), timer
     return None, timer
@@ -77,7 +69,7 @@ def divided(iv: Interval | None, by: float) -> Interval | None:
 
 def tflops_interval(row: Row) -> Interval | None:
     """A row's useful TFLOP/s with the 95% interval of its median (eager) time: rate = work / time."""
-    value = _field(row, "tflops_useful")
+    value = getattr(row, "tflops_useful", None)
     if not value:
         return None
     iv = stats.scaled(time_interval(row), value * row.time_ms) if row.time_ms else None

@@ -56,8 +56,6 @@ def result_text(status: str) -> str:
 
 def short_message(message: str | None, limit: int = 90) -> str:
     """A failure in a table cell: the allocation that failed, or the message's start."""
-    import re
-
     if not message:
         return ""
     alloc = re.search(r"[Tt]ried to allocate ([0-9.]+ ?[KMGT]i?B)", message)
@@ -86,9 +84,11 @@ class Table:
         self.formats = formats or {}
 
     @classmethod
-    def of(cls, name: str, columns: dict[str, str], records: Sequence[Any], formats: dict[str, Any] | None = None):
-        """A table of typed records: ``columns`` maps each header to the attribute it shows."""
-        return cls(name, list(columns), [{h: getattr(r, a) for h, a in columns.items()} for r in records], formats)
+    def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any], formats: dict[str, Any] | None = None):
+        """A table of typed records: ``columns`` maps each header to the attribute it shows, or
+        to a function of the record that gives its raw value."""
+        cells = [{h: a(r) if callable(a) else getattr(r, a) for h, a in columns.items()} for r in records]
+        return cls(name, list(columns), cells, formats)
 
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:

@@ -34,7 +34,7 @@ STOP_MARKERS = {"memory": "X", "host memory": "X", "time": "^", "killed": "v", "
 STOP_NOTE = "X: out of memory, ^: time limit, at the first length that failed"
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,7 +127,7 @@ def panels(found: list[Line]) -> list[tuple[str, list[Line]]]:
 
 
 def _grid(n: int, title: str):
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(COLUMNS, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(
@@ -226,7 +226,7 @@ def speedup_plot(cases: list[SpeedupCase], machine: str):
     cases = [c for c in cases if c.speedup]
     if not cases:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     labels = sorted({(c.seq_len, c.batch or 1) for c in cases})
     kinds = sorted({(c.strategy, c.world_size, c.impl, c.row.mode) for c in cases})[:MAX_SERIES]
     fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(labels) * len(kinds) + 3), 4.6), layout="constrained")
@@ -277,7 +277,7 @@ def answer_plot(machines: list[tuple[str, list[Any]]]):
     shown = [(name, configs) for name, configs in machines if configs]
     if not shown:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     heights = [max(1.2, 0.32 * len(configs) + 0.9) for _, configs in shown]
     fig, axes = plt.subplots(
         len(shown),
@@ -342,7 +342,7 @@ def png(fig, missing_glyphs: set[str] | None = None) -> bytes:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fig.savefig(buf, format="png", dpi=DPI)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     for w in caught:
         glyph = re.match(r"Glyph (\d+) .*missing from font", str(w.message))
         if glyph is None:

@@ -29,13 +29,11 @@ def pattern_image(p: BlockPattern, pixels: int = MAX_PIXELS) -> torch.Tensor:
 
 
 def draw_pattern(p: BlockPattern, block_size: int, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from attnbench.report.plots.figures import png, pyplot
+    from attnbench.results import write_bytes_atomic
 
     n = p.num_blocks * block_size
-    fig, ax = plt.subplots(figsize=(5.6, 5.8), dpi=100)
+    fig, ax = pyplot().subplots(figsize=(5.6, 5.8), dpi=100)
     ax.imshow(pattern_image(p).numpy(), cmap="Greys", vmin=0, vmax=1, interpolation="nearest", extent=(0, n, n, 0))
     sampled = "" if p.num_blocks <= MAX_PIXELS else f", one row in {p.num_blocks // MAX_PIXELS} drawn"
     ax.set_title(
@@ -48,13 +46,6 @@ def draw_pattern(p: BlockPattern, block_size: int, path: Path) -> Path:
     ax.set_ylabel("query position (tokens)", fontsize=8)
     ax.tick_params(labelsize=7)
     fig.tight_layout()
-    import io
-
-    from attnbench.results import write_bytes_atomic
-
     path = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    write_bytes_atomic(path, buf.getvalue())
-    plt.close(fig)
+    write_bytes_atomic(path, png(fig))
     return path

@@ -54,16 +54,26 @@ class Measured:
         return text + (f" under an allocator limit of {format_gib(self.limit)}" if self.limit else "")
 
 
-def _facts(rows: list[Any]) -> dict[str, Any]:
-    """How the rows behind a measurement were measured, as ``Measured`` records it."""
+def _measured(
+    m, row: Row, rows: list[Any], value: float, n: str, low: float | None = None, high: float | None = None, **more: Any
+) -> Measured:
+    """What ``m``'s ``row`` measures, with how the ``rows`` behind it were measured."""
     rows = [r for r in rows if r is not None]
-    return {
-        "device": "cpu" if any(r.device == "cpu" for r in rows) else "cuda",
-        "ranks": max((d.world_size(r) for r in rows), default=1),
-        "limit": next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
-        "sent": [r.sent_bytes for r in rows if _sequence_parallel(r)],
-        "sources": [r.source for r in rows if r.source],
-    }
+    return Measured(
+        value,
+        low,
+        high,
+        n,
+        m.name,
+        short_label(row),
+        d.row_date(row),
+        device="cpu" if any(r.device == "cpu" for r in rows) else "cuda",
+        ranks=max((d.world_size(r) for r in rows), default=1),
+        limit=next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
+        sent=[r.sent_bytes for r in rows if _sequence_parallel(r)],
+        sources=[r.source for r in rows if r.source],
+        **more,
+    )
 
 
 def _sequence_parallel(row: Row) -> bool:
@@ -94,16 +104,8 @@ def _speedup(m, match, pick: str, per_gpu: bool) -> Measured | None:
         return None
     iv = c.efficiency_ci if per_gpu else c.speedup_ci
     row = c.row
-    out = Measured(
-        iv.value,
-        iv.low if iv.n > 1 else None,
-        iv.high if iv.n > 1 else None,
-        f"{_n(c.single)}/{_n(row)}",
-        m.name,
-        short_label(row),
-        d.row_date(row),
-        **_facts([c.single, row]),
-    )
+    spread = (iv.low, iv.high) if iv.n > 1 else (None, None)
+    out = _measured(m, row, [c.single, row], iv.value, f"{_n(c.single)}/{_n(row)}", *spread)
     out.notes += replica_notes(row)
     if c.efficiency_ci and c.efficiency_ci.low > 1:
         out.notes.append(f"efficiency {c.efficiency:.2f} is above 1: unequal work, not super-linear scaling")
@@ -154,9 +156,7 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
         low, high = iv.low, iv.high
     elif timed:  # a rate: the bounds swap
         low, high = value * row.time_ms / iv.high, value * row.time_ms / iv.low
-    out = Measured(
-        value, low, high, str(iv.n if timed else 1), m.name, short_label(row), d.row_date(row), **_facts([row])
-    )
+    out = _measured(m, row, [row], value, str(iv.n if timed else 1), low=low, high=high)
     if metric in ("gpu0_bytes", "gpu1_bytes"):
         out.notes += replica_notes(row)
     if others and pick == "newest":
@@ -164,18 +164,27 @@ def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | 
     return out
 
 
-def _searches(m, match: dict[str, Any], limit: int | None = None) -> list[MaxSeqSummary]:
-    """The max-seq searches of the matching workload that ran something (under ``limit`` where given)."""
-    return [
+def _max_seq(m, match: dict[str, Any], pick: str, limit: int | None = None) -> Measured | None:
+    """The longest sequence of the matching workload's max-seq searches. Under an allocator
+    ``limit`` (8 GiB: the seeds' GPU), a search under that limit; where none ran, the series'
+    memory fit solved for it (the allocator's share, with what this device sets aside for the
+    CUDA context), marked as the prediction it is."""
+    found = [
         s
         for s in m.summaries
         if s.max_seq_len and matches(s.head, match) and (limit is None or s.head.memory_limit == limit)
     ]
-
-
-def _max_seq(m, match: dict[str, Any], pick: str) -> Measured | None:
-    found = _searches(m, match)
-    return _search_answer(m, _chosen(found, lambda s: s.max_seq_len, pick)[0]) if found else None
+    if found:
+        return _search_answer(m, _chosen(found, lambda s: s.max_seq_len, pick)[0])
+    fitted = [c for c in m.capacities if limit and c.fit and matches(c.head, match) and c.predict_for(limit)]
+    if not fitted:
+        return None
+    c = max(fitted, key=lambda c: (c.successful, d.row_date(c.head)))
+    fit = f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials"
+    notes = [f"{fit} solved for {format_gib(limit)}"]
+    if c.error is not None and abs(c.error) > 0.05:
+        notes.append(f"it misses this GPU's measured maximum by {c.error * 100:+.0f}% ({fit_miss_cause(c)})")
+    return _measured(m, c.head, [c.head], c.predict_for(limit), f"{c.successful} trials", notes=notes, fitted=True)
 
 
 def _search_answer(m, s: MaxSeqSummary) -> Measured:
@@ -185,55 +194,14 @@ def _search_answer(m, s: MaxSeqSummary) -> Measured:
     bound = s.stopped_by not in EXACT_STOPS
     where = f"a search under an allocator limit of {format_gib(head.memory_limit)}" if head.memory_limit else "a search"
     note = f"{where}, stopped by {s.stopped_by}" + (": a lower bound" if bound else "")
-    return Measured(
-        s.max_seq_len,
-        None,
-        None,
-        "1 search",
-        m.name,
-        short_label(head),
-        d.row_date(head),
-        [note],
-        bound=bound,
-        **_facts([head, best]),
-    )
-
-
-def _max_seq_8gb(m, match: dict[str, Any], pick: str) -> Measured | None:
-    """The longest sequence in 8 GiB: a search under an 8 GiB allocator limit. Where none ran,
-    the series' memory fit solved for 8 GiB (the allocator's share, with what this device sets
-    aside for the CUDA context), marked as the prediction it is."""
-    limited = _searches(m, match, EIGHT_GIB)
-    if limited:
-        return _search_answer(m, _chosen(limited, lambda s: s.max_seq_len, pick)[0])
-    found = [c for c in m.capacities if c.fit and matches(c.head, match) and c.predict_for(EIGHT_GIB)]
-    if not found:
-        return None
-    c = max(found, key=lambda c: (c.successful, d.row_date(c.head)))
-    notes = [f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials solved for 8 GiB"]
-    if c.error is not None and abs(c.error) > 0.05:
-        notes.append(f"it misses this GPU's measured maximum by {c.error * 100:+.0f}% ({fit_miss_cause(c)})")
-    return Measured(
-        c.predict_for(EIGHT_GIB),
-        None,
-        None,
-        f"{c.successful} trials",
-        m.name,
-        short_label(c.head),
-        d.row_date(c.head),
-        notes,
-        fitted=True,
-        **_facts([c.head]),
-    )
+    return _measured(m, head, [head, best], s.max_seq_len, "1 search", notes=[note], bound=bound)
 
 
 def measure_one(claim: Claim, m, match: dict[str, Any]) -> Measured | None:
     if claim.metric in ("speedup", "efficiency"):
         return _speedup(m, match, claim.pick, claim.metric == "efficiency")
-    if claim.metric == "max_seq":
-        return _max_seq(m, match, claim.pick)
-    if claim.metric == "max_seq_8gb":
-        return _max_seq_8gb(m, match, claim.pick)
+    if claim.metric in ("max_seq", "max_seq_8gb"):
+        return _max_seq(m, match, claim.pick, EIGHT_GIB if claim.metric == "max_seq_8gb" else None)
     return _row_metric(m, claim.metric, match, claim.pick)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from attnbench.report.markdown import Table, inline
@@ -54,29 +55,26 @@ def why_text(verdict: v.Verdict) -> str:
     return "; ".join(b for b in bits if b)
 
 
-def records(vs: list[v.Verdict]) -> list[dict[str, Any]]:
-    return [
-        {
-            "Id": x.claim.id,
-            "Seed": x.claim.seed,
-            "Claim": x.claim.says,
-            "Seed Says": x.claim.seed_text,
-            "Measured": measured_text(x),
-            "On": f"{machine_short(x.measured.machine)}: {x.measured.workload}" if x.measured else None,
-            "Verdict": x.verdict,
-            "Why": why_text(x),
-            "Measured Value": x.measured.value if x.measured else None,
-            "Seed Value": x.claim.seed_value,
-            "Seed Workload": x.claim.workload,
-            "Rows": " ".join(s for s in (x.measured.sources if x.measured else []) if s) or None,
-        }
-        for x in vs
-    ]
+# The CSV's columns, each a verdict's cell; seeds.md shows PAGE_COLUMNS of them.
+COLUMNS: dict[str, Callable[[v.Verdict], Any]] = {
+    "Id": lambda x: x.claim.id,
+    "Seed": lambda x: x.claim.seed,
+    "Claim": lambda x: x.claim.says,
+    "Seed Says": lambda x: x.claim.seed_text,
+    "Measured": measured_text,
+    "On": lambda x: f"{machine_short(x.measured.machine)}: {x.measured.workload}" if x.measured else None,
+    "Verdict": lambda x: x.verdict,
+    "Why": why_text,
+    "Measured Value": lambda x: x.measured.value if x.measured else None,
+    "Seed Value": lambda x: x.claim.seed_value,
+    "Seed Workload": lambda x: x.claim.workload,
+    "Rows": lambda x: " ".join(s for s in (x.measured.sources if x.measured else []) if s) or None,
+}
+PAGE_COLUMNS = ("Claim", "Seed Says", "Measured", "On", "Verdict", "Why")
 
 
 def csv_table(vs: list[v.Verdict]) -> Table:
-    recs = records(vs)
-    return Table("seed-claims", list(recs[0]) if recs else ["Id"], recs)
+    return Table.of("seed-claims", COLUMNS, vs)
 
 
 def counts(vs: list[v.Verdict]) -> dict[str, int]:
@@ -174,11 +172,10 @@ def seeds_markdown(vs: list[v.Verdict]) -> str:
         "memory in GB = 10^9 bytes. The CSV `csv/seed-claims.csv` adds each claim's id, the seed's "
         "workload and the rows (FILE:LINE) behind the measurement.\n",
     ]
-    headers = ["Claim", "Seed Says", "Measured", "On", "Verdict", "Why"]
     for seed, title in SEED_TITLES.items():
         mine = [x for x in vs if x.claim.seed == seed]
         if not mine:
             continue
         out.append(f"\n## {seed}: {title}\n\n{tally(mine)}\n\n")
-        out.append(Table("seeds", headers, records(mine)).markdown())
+        out.append(Table.of("seeds", {h: COLUMNS[h] for h in PAGE_COLUMNS}, mine).markdown())
     return "".join(out)
