@@ -35,8 +35,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def record_table(columns: dict[str, Any], records: Sequence[Any]) -> str:
-    """A markdown table of typed records: ``columns`` maps each header to its cell of a record."""
-    return table(list(columns), [[cell(r) for cell in columns.values()] for r in records])
+    """The markdown alone of ``Table.of`` (a results directory's files keep no CSV per table)."""
+    return Table.of("", columns, records).markdown()
 
 
 RESULT_TEXT = {
@@ -85,10 +85,13 @@ class Table:
 
     @classmethod
     def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any], formats: dict[str, Any] | None = None):
-        """A table of typed records: ``columns`` maps each header to the attribute it shows, or
-        to a function of the record that gives its raw value."""
-        cells = [{h: a(r) if callable(a) else getattr(r, a) for h, a in columns.items()} for r in records]
-        return cls(name, list(columns), cells, formats)
+        """The one table builder: ``columns`` maps each header to what a record shows there, an
+        attribute's name or a function of the record (the raw value the CSV holds), or to a pair
+        (that, its markdown cell), so a column is named once, not again in ``formats``."""
+        get = {h: c[0] if isinstance(c, tuple) else c for h, c in columns.items()}
+        cells = [{h: a(r) if callable(a) else getattr(r, a) for h, a in get.items()} for r in records]
+        pairs = {h: c[1] for h, c in columns.items() if isinstance(c, tuple)}
+        return cls(name, list(columns), cells, {**(formats or {}), **pairs})
 
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:

@@ -8,9 +8,8 @@ from __future__ import annotations
 from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
-from attnbench.report.markdown import inline
+from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 
 
 def _name(c: Capacity) -> str:
@@ -67,14 +66,14 @@ def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
         "dominate, weigh most); Fit Error at Largest N: its error at the longest measured length. Series a\n"
         "newer version of the code measured again are left out (their trials are in `csv/trials-*.csv`).\n"
     )
-    doc.table(build("capacity-fit", FIT_COLUMNS, caps))
+    doc.table(Table.of("capacity-fit", FIT_COLUMNS, caps))
     doc.add(
         "\nOn the measured device: Predicted Max solves the fit for Budget, the memory the allocator can use "
         "(Device Memory minus Set Aside); Prediction Error compares it with the measured max-seq where memory "
         f"stopped the search. Target: within {ACCURACY_TARGET:.0%} for every GPU series with at least "
         f"{MIN_TRIALS_FOR_TARGET} successful trials.\n"
     )
-    doc.table(build("capacity-measured", MEASURED_COLUMNS, caps))
+    doc.table(Table.of("capacity-measured", MEASURED_COLUMNS, caps))
     doc.add("\nAssumption: " + "; ".join(distinct(c.budget_note for c in caps)) + ".\n")
 
 

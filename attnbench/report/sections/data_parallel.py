@@ -7,9 +7,8 @@ from typing import Any
 
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
-from attnbench.report.markdown import short_message
+from attnbench.report.markdown import Table, short_message
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import (
     STRATEGY_NAMES,
     SpeedupCase,
@@ -39,7 +38,7 @@ def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
         "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
         "(includes the CUDA context).\n"
     )
-    doc.table(build(name, columns, cases))
+    doc.table(Table.of(name, columns, cases))
 
 
 def speedup_anomalies(c: SpeedupCase) -> list[str]:
@@ -93,7 +92,7 @@ def call_costs(doc: Doc, m: Machine) -> None:
         ),
         "First faster case": lambda c: c.first_faster_case,
     }
-    doc.table(build("call-costs", columns, costs))
+    doc.table(Table.of("call-costs", columns, costs))
     pairs = list(thread_share(costs).values())
     if pairs:
         doc.add(
@@ -129,7 +128,7 @@ def render(doc: Doc, m: Machine) -> None:
             "Output Match": (lambda c: c.output_match, yes_no),
             "Timer": lambda c: c.timer,
         }
-        doc.table(build(f"speedup-{strategy}", columns, cases))
+        doc.table(Table.of(f"speedup-{strategy}", columns, cases))
         memory_distribution(doc, cases, f"speedup-{strategy}-memory")
     doc.add(
         "\nSpeedup = single-GPU time / multi-GPU time for the same implementation, configuration, length, "

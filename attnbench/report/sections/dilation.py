@@ -11,7 +11,6 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Trial
 
@@ -53,7 +52,7 @@ def dilation_table(m: Machine, group: list[MaxSeqSummary]) -> tuple[Table, int |
         "Dilation Impact": (impact, lambda v: f"{v:.2f}x"),
         "Stopped By": lambda s: s.stopped_by,
     }
-    return build("dilation-configurations", columns, group), at, base.label if base else ""
+    return Table.of("dilation-configurations", columns, group), at, base.label if base else ""
 
 
 def render(doc: Doc, m: Machine) -> None:

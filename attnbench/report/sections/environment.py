@@ -8,8 +8,8 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, distinct
 from attnbench.report.fit import GIB
+from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 
 
 def command_text(command: str) -> str:
@@ -55,7 +55,7 @@ def render(doc: Doc, m: Machine) -> None:
         ("Host", distinct(e.get("hostname") for e in envs)),
     ]
     doc.table(
-        build("environment", {"Item": lambda i: i[0], "Value": lambda i: "; ".join(map(str, i[1])) or None}, items)
+        Table.of("environment", {"Item": lambda i: i[0], "Value": lambda i: "; ".join(map(str, i[1])) or None}, items)
     )
     runs: dict[tuple, int] = {}
     for r in m.rows:
@@ -71,7 +71,7 @@ def render(doc: Doc, m: Machine) -> None:
         "Command": (lambda r: r[0][2], lambda c: f"`{c}`"),
         "Rows": lambda r: r[1],
     }
-    doc.table(build("commands", columns, runs.items()))
+    doc.table(Table.of("commands", columns, runs.items()))
     verify = d.verifications(m.rows)
     if verify:
         doc.add("\nReference checks against the float64 masked reference (relative error ‖out − ref‖ / ‖ref‖):\n")
@@ -85,7 +85,7 @@ def render(doc: Doc, m: Machine) -> None:
             "Tolerance": (lambda r: r.tolerance, lambda v: f"{v:.0e}"),
             "Result": lambda r: r.status,
         }
-        doc.table(build("reference-checks", columns, verify))
+        doc.table(Table.of("reference-checks", columns, verify))
 
 
 register(Section(90, "Environment and commands (appendix)", render))

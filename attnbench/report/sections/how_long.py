@@ -7,7 +7,6 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import memory_per_gpu_cells
 from attnbench.report.tables.sweep import CONFIRMED, each_length_once, max_seq_summary, memory_table, summary_table
 
@@ -30,7 +29,7 @@ def _multi_gpu_table(trials: list, n: int) -> Table:
         lambda r: CONFIRMED if r.seq_len in confirmed and r.status == "ok" else r.message or "",
         short_message,
     )
-    return build("multi-gpu-max", columns, rows)
+    return Table.of("multi-gpu-max", columns, rows)
 
 
 def _memory_at_longest(doc: Doc, m: Machine) -> None:
@@ -48,7 +47,7 @@ def _memory_at_longest(doc: Doc, m: Machine) -> None:
         "Memory per Token": (lambda x: x[2] / (d.tokens(x[1]) / x[0].world_size) if x[2] else None, per_token),
         "Peak / Floor": (lambda x: x[1].peak_over_floor, times),
     }
-    doc.table(build("memory-at-longest", columns, found))
+    doc.table(Table.of("memory-at-longest", columns, found))
 
 
 def render(doc: Doc, m: Machine) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
+from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
-from attnbench.report.tables import build
 from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
 from attnbench.units import format_bytes
 
@@ -54,7 +54,7 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
         "algbw (GB/s)": (lambda p: getattr(p.row, "algbw_gbps", None), lambda v: f"{v:,.2f}"),
         "Link (GB/s)": lambda p: getattr(p.row, "link_gbps", None),
     }
-    doc.table(build("ring-vs-one-device", columns, pairs))
+    doc.table(Table.of("ring-vs-one-device", columns, pairs))
     cpu = m.on_cpu
     doc.add(
         f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Overhead = ring time / one device's "
@@ -79,7 +79,7 @@ def _per_rank(doc: Doc, m: Machine) -> None:
         "Compute (ms)": (lambda x: x.compute_ms, lambda v: f"{v:,.2f}"),
         "Waiting on Communication (ms)": (lambda x: x.comm_wait_ms, lambda v: f"{v:,.2f}"),
     }
-    doc.table(build("ring-ranks", columns, ranks))
+    doc.table(Table.of("ring-ranks", columns, ranks))
 
 
 def _longest(doc: Doc, m: Machine) -> None:
@@ -100,7 +100,7 @@ def _longest(doc: Doc, m: Machine) -> None:
             "Perfect Split": (lambda c: c[0] * c[2] if c[2] else None, tokens_cell),
             "Measured": (lambda c: c[1], tokens_cell),
         }
-        doc.table(build("ring-longest", columns, [(*c, one) for c in counts]))
+        doc.table(Table.of("ring-longest", columns, [(*c, one) for c in counts]))
         doc.add(
             "\nPerfect Split: GPUs × the measured one-GPU maximum (memory split evenly, N/P per GPU)"
             + ("" if single else "; no one-GPU search of this configuration was measured here")

@@ -14,7 +14,6 @@ from typing import Any
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
-from attnbench.report.tables import build
 from attnbench.report.tables.call_cost import CallCost, call_costs, family_kernel
 from attnbench.report.tables.multigpu import EQUAL_WORK, SpeedupCase, speedup_groups
 from attnbench.report.tables.scaling import TimeScaling, max_seq_scaling, time_scaling
@@ -54,7 +53,7 @@ def sequence_parallel(rows: list, gpus: int) -> Table | None:
         "Efficiency": (lambda t: t.efficiency_ci, ratio_cell),
         "Sent per call": _sent,
     }
-    return build("second-gpu-sequence", columns, chosen.values())
+    return Table.of("second-gpu-sequence", columns, chosen.values())
 
 
 def _longest(rows: list) -> dict[str, str]:
@@ -101,7 +100,7 @@ def data_parallel(speedups: list[SpeedupCase]) -> Table | None:
         "Multi-process: fixed cost per call": lambda k: _fixed(k[1].get("mp")),
         "speedup at largest case ": (lambda k: largest.get((k[0], "mp")), _case_ratio),
     }
-    return build("second-gpu-batch", columns, kernels)
+    return Table.of("second-gpu-batch", columns, kernels)
 
 
 def merged(tables: list[tuple[str, Table | None]]) -> Table | None:
