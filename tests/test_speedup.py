@@ -710,3 +710,25 @@ def test_a_data_parallel_speedup_is_read_in_eager_time():
 def test_strategies_that_launch_on_other_threads_take_no_gpu_time():
     assert not strategies.get("dp").gpu_timed and not strategies.get("thread").gpu_timed
     assert strategies.get("single").gpu_timed
+
+
+def test_a_results_directorys_table_and_the_report_pick_one_baseline():
+    """A run whose single-GPU row is missing is compared with the latest run's, in the per-run
+    tables as in the report: one rule, never two answers to one question."""
+    from attnbench.report.tables.multigpu import speedup_cases
+    from attnbench.report.tables.speedup import speedup_records
+    from attnbench.sweeps.kinds.speedup.runner import trial_key
+
+    def row(run, strategy, ms):
+        fields = dict(strategy=strategy, world_size=1 if strategy == "single" else 2, seq_len=2048, batch=2)
+        fields.update(impl="sdpa", config={})
+        return typed_row("speedup", key=trial_key(fields), run=run, time_ms=ms, times_ms=[ms] * 5, **fields)
+
+    rows = [row("a", "single", 10.0), row("b", "dp", 5.0)]
+    (record,) = [rec for rec in speedup_records(rows) if rec.row.strategy == "dp"]
+    assert record.single.run == "a" and record.speedup == pytest.approx(2.0)
+    (case,) = speedup_cases(rows)
+    assert case.single.run == "a" and case.speedup == pytest.approx(2.0)
+    # a run with its own single-GPU row is compared with it, not with a later run's
+    own = [row("a", "single", 10.0), row("b", "single", 4.0), row("b", "dp", 5.0)]
+    assert [rec.speedup for rec in speedup_records(own) if rec.row.strategy == "dp"] == [pytest.approx(0.8)]

@@ -41,6 +41,21 @@ def _case_key(r: Speedup) -> tuple:
     return (r.impl, config_id(r.config), r.seq_len, r.module or "attention", settings_key(r))
 
 
+def single_runs(found: list[Speedup]) -> dict[tuple, list[Speedup]]:
+    """The single-GPU rows by case: what ``baseline`` picks from."""
+    singles: dict[tuple, list[Speedup]] = {}
+    for r in found:
+        if r.strategy == "single":
+            singles.setdefault(_case_key(r), []).append(r)
+    return singles
+
+
+def baseline(row: Speedup, singles: dict[tuple, list[Speedup]]) -> Speedup | None:
+    """A speedup row's single-GPU baseline, by the one rule (``_pick``) the report's and a
+    results directory's tables share."""
+    return _pick(singles.get(_case_key(row), []), row)
+
+
 def _pick(candidates: list[Any], row: Row) -> Any:
     """The baseline for ``row``: one from the same run if there is one, else the latest; never an average."""
     if not candidates:
@@ -78,15 +93,12 @@ class SpeedupCase:
 def speedup_cases(rows: list[Row]) -> list[SpeedupCase]:
     """Each multi-GPU speedup row with its single-GPU baseline (same case, same machine)."""
     found = speedup_rows(rows)
-    singles: dict[tuple, list[Speedup]] = {}
-    for r in found:
-        if r.strategy == "single":
-            singles.setdefault(_case_key(r), []).append(r)
+    singles = single_runs(found)
     cases = []
     for r in found:
         if r.strategy == "single":
             continue
-        base = _pick(singles.get(_case_key(r), []), r)
+        base = baseline(r, singles)
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager time; the interval from both sample sets
         speedup_ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)

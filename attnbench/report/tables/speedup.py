@@ -27,6 +27,7 @@ from attnbench.report.intervals import (
     time_interval,
 )
 from attnbench.report.markdown import record_table, result_text
+from attnbench.report.tables.multigpu import baseline, single_runs
 from attnbench.results import load_rows, write_text_atomic
 from attnbench.results.schema import GpuMemory, Row, Speedup
 from attnbench.units import format_bytes
@@ -74,15 +75,16 @@ class SpeedupRecord:
 
 
 def speedup_records(rows: list[Row]) -> list[SpeedupRecord]:
-    """Speedup rows, the last of each trial key kept, each with its single-GPU baseline."""
+    """Speedup rows, the last of each trial key kept, each with its single-GPU baseline (the
+    report's rule, ``multigpu.baseline``)."""
     latest: dict[str, Speedup] = {}
     for r in speedup_rows(rows):
         latest[r.key or str(len(latest))] = r
     found = list(latest.values())
-    single = {_ident(r): r for r in found if r.strategy == "single"}
+    singles = single_runs(found)
     out = []
     for r in found:
-        base = single.get(_ident(r))
+        base = baseline(r, singles)
         ran = base is not None and base.status == "ok" and r.status == "ok"
         # GPU time where both sides have it, else eager; the interval resamples both sides
         ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
