@@ -5,6 +5,8 @@ allocator, context or kernels."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
@@ -49,12 +51,20 @@ def render(doc: Doc, m: Machine) -> None:
         doc.missing("no series with enough successful trials to fit (2 lengths, 3 for a quadratic model)", "single")
     else:
         capacity_tables(doc, caps)
-    for c in m.capacities:
-        if not c.fit and not is_superseded(c.label):
-            doc.add(
-                f"\nNot fitted: {inline(c.label)} ({c.successful_lengths} successful lengths; a "
-                f"{'quadratic' if c.degree == 2 else 'linear'} model needs {c.degree + 1}).\n"
+    # one line for all: a series of one length is common (a speed point) and no news
+    unfitted = Counter(
+        (inline(c.label), c.successful_lengths, c.degree + 1)
+        for c in m.capacities
+        if not c.fit and not is_superseded(c.label)
+    )
+    if unfitted:
+        doc.add(
+            "\nNot fitted (successful lengths of those a linear model needs, 2, or a quadratic, 3): "
+            + "; ".join(
+                f"{lab} ({k} of {need}{f', {n} series' if n > 1 else ''})" for (lab, k, need), n in unfitted.items()
             )
+            + ".\n"
+        )
 
 
 def capacity_tables(doc: Doc, caps: list[Capacity]) -> None:
