@@ -179,5 +179,5 @@ def test_sparsity_table_from_a_real_run(tmp_path):
         assert cells[7] == f"{kept:.2%}"
     dense_cells = [line for line in lines if "dense sdpa" in line]
     assert len(dense_cells) == 2 and all("| Dense |" in line for line in dense_cells)
-    assert "Block-sparse vs dense" in (out / "sweep.md").read_text()
+    assert "Block-sparse against dense" in (out / "sweep.md").read_text()
     assert sparsity_table([r for r in typed if getattr(r, "impl", None) != "block-sparse"]) == ""

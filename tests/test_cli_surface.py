@@ -114,12 +114,13 @@ def test_a_retried_trial_says_it_is_a_retry(capsys):
     assert "Including non-PyTorch mem" not in first and first.endswith(". …")  # cut after a sentence
 
 
-def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in_scaling_md(tmp_path, capsys):
+def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in_sweep_md(tmp_path, capsys):
     """Two ring points (1 and 2 ranks): the console shows six columns, unabridged names;
-    scaling.md holds the whole table."""
+    sweep.md holds the whole table."""
     import json
 
     from attnbench.cli.sweep import _scaling_readout
+    from attnbench.report.run_files import write_run_files
 
     from conftest import typed_row
 
@@ -139,11 +140,12 @@ def test_the_sequence_parallel_readout_fits_a_terminal_and_keeps_every_column_in
         for p, ms in ((1, 4.0), (2, 2.5))
     ]
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    write_run_files(tmp_path)
     _scaling_readout(tmp_path)
     out = capsys.readouterr().out
-    assert "ring(backend=auto) x2" in out and "1.60x" in out and "0.80" in out
+    assert "ring(backend=auto) x2" in out and "1.60x vs ring" in out and "0.80" in out
     assert max(len(line) for line in out.splitlines() if "│" in line) <= 120  # the table's rows
-    assert "Comm Wait (ms)" in (tmp_path / "scaling.md").read_text()
+    assert "| Efficiency (same split) |" in (tmp_path / "sweep.md").read_text()
 
 
 @pytest.mark.parametrize("width", [60, 100, 160, 220])

@@ -15,7 +15,7 @@ import pytest
 
 from attnbench.errors import AttnbenchError
 from attnbench.plan import PROFILE_DIR, build_plan
-from attnbench.report.tables.scaling import time_scaling
+from attnbench.report.tables.multigpu import ring_pairs
 from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import traffic
 
@@ -240,14 +240,14 @@ def test_efficiency_is_against_equal_work_with_same_split_beside_it():
         _row("ring", 1, 15.0, {"backend": "auto"}),
         _row("ring", 2, 10.0, {"backend": "auto"}, sent_bytes=4_000_000, algbw_gbps=0.4),
     ]
-    two = next(t for t in time_scaling(rows) if t.world_size == 2)
-    assert two.baseline == "equal work: sdpa"
-    assert two.efficiency == pytest.approx(12.0 / (2 * 10.0))
+    two = next(p for p in ring_pairs(rows) if p.world_size == 2)
+    assert two.baseline_text == "equal work: sdpa"
+    assert two.efficiency_ci.value == pytest.approx(12.0 / (2 * 10.0))
     assert two.efficiency_same_split == pytest.approx(15.0 / (2 * 10.0))
-    assert two.sent_bytes == 4_000_000 and two.algbw_gbps == 0.4
+    assert two.sent_bytes == 4_000_000 and two.row.algbw_gbps == 0.4
     # without the sdpa row, the same split is the baseline and says so
-    alone = next(t for t in time_scaling(rows[1:]) if t.world_size == 2)
-    assert alone.baseline == "same split: ring" and alone.efficiency == pytest.approx(0.75)
+    alone = next(p for p in ring_pairs(rows[1:]) if p.world_size == 2)
+    assert alone.baseline_text == "same split: ring" and alone.efficiency_ci.value == pytest.approx(0.75)
 
 
 def test_dilated_baseline_matches_the_dilation_rates():
@@ -256,8 +256,8 @@ def test_dilated_baseline_matches_the_dilation_rates():
         {"segment_lengths": [64, 128], "dilation_rates": [1, 1]},
     )
     rows = [_row("dilated", 1, 8.0, on), _row("dilated", 1, 6.0, off), _row("ring-dilated", 2, 5.0, off)]
-    (t,) = time_scaling(rows)
-    assert t.baseline == "equal work: dilated" and t.efficiency == pytest.approx(6.0 / 10.0)
+    (p,) = ring_pairs(rows)
+    assert p.baseline_text == "equal work: dilated" and p.efficiency_ci.value == pytest.approx(6.0 / 10.0)
 
 
 # --- the whole CPU profile: gloo, two processes, interrupted, resumed, reported --------------------

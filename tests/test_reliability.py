@@ -191,7 +191,7 @@ def test_a_torn_last_line_is_kept_apart_and_the_next_row_starts_its_own_line(tmp
 def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, capsys):
     from attnbench.cli.sweep import _print_summary
     from attnbench.report.build import write_report
-    from attnbench.report.tables.sweep_files import write_sweep_tables
+    from attnbench.report.run_files import write_run_files
 
     def status(n, attempt):
         if n == 384:
@@ -202,7 +202,7 @@ def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, cap
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         sweep(out, max_seq_len=4096)
-    write_sweep_tables(out)
+    write_run_files(out)
     md = (out / "sweep.md").read_text()
     assert "≥ 256" in md and "search interrupted" in md and "memory" not in md.split("## naive")[0]
     _print_summary(out)

@@ -79,8 +79,8 @@ def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "report"
     assert main_in_process("report", tmp_path, "--out", out) == 0
-    from attnbench.report.tables.sweep_files import write_sweep_tables
+    from attnbench.report.run_files import write_run_files
 
-    for md in [*out.glob("*.md"), *(p for p in write_sweep_tables(tmp_path) if p.suffix == ".md")]:
+    for md in [*out.glob("*.md"), *(p for p in write_run_files(tmp_path) if p.suffix == ".md")]:
         lines = md.read_text().splitlines()
         assert not [line for line in lines if line.startswith(("# Injected", "| a |"))], md

@@ -357,38 +357,31 @@ def test_scaling_readout_from_rows():
             ],
         },
         {**base, "impl": "sdpa", "strategy": "single", "world_size": 1, "seq_len": 1 << 20, "time_ms": 900.0},
-        {
-            **base,
-            "kind": "max-seq-result",
-            "label": "ring x1",
-            "world_size": 1,
-            "seq_len": 1000,
-            "stopped_by": "memory",
-        },
-        {
-            **base,
-            "kind": "max-seq-result",
-            "label": "ring x2",
-            "world_size": 2,
-            "seq_len": 1950,
-            "stopped_by": "memory",
-        },
     ]
-    from attnbench.report.tables.scaling import max_seq_scaling, scaling_markdown, time_scaling
+    for p, longest in ((1, 1000), (2, 1950)):  # a search per rank count: its trials, then its answer
+        search = {**base, "label": f"ring x{p}", "series": f"search x{p}", "world_size": p}
+        rows += [
+            {**search, "kind": "max-seq", "seq_len": longest, "time_ms": 1.0},
+            {**search, "kind": "max-seq", "seq_len": 2 * longest, "status": "oom"},
+            {**search, "kind": "max-seq-result", "seq_len": longest, "stopped_by": "memory"},
+        ]
+    from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
 
     from conftest import typed_row
 
     rows = [typed_row(**r) for r in rows]
-    two = [t for t in time_scaling(rows) if t.world_size == 2]
-    assert len(two) == 1 and len(time_scaling(rows)) == 2  # single-device rows are not sequence-parallel
+    at_1m = [p for p in ring_pairs(rows) if p.row.seq_len == 1 << 20]
+    two = [p for p in at_1m if p.world_size == 2]
+    assert len(two) == 1 and len(at_1m) == 2  # ring x1 is a pair too; sdpa on one device is a baseline
     # against the equal-work baseline (sdpa over the whole sequence), the same split (ring x1) beside it
-    assert two[0].baseline == "equal work: sdpa"
-    assert two[0].speedup == pytest.approx(1.8) and two[0].efficiency == pytest.approx(0.9)
+    assert two[0].baseline_text == "equal work: sdpa"
+    assert two[0].speedup_ci.value == pytest.approx(1.8) and two[0].efficiency_ci.value == pytest.approx(0.9)
     assert two[0].efficiency_same_split == pytest.approx(0.8)
-    assert two[0].overhead == pytest.approx(1000 / 900 - 1) and two[0].comm_wait_ms == 25.0  # the slowest rank's
-    assert [s.ratio for s in max_seq_scaling(rows)] == [1.0, 1.95]
+    assert max(r.comm_wait_ms for r in rank_breakdown(rows)) == 25.0  # the slowest rank's wait
+    (family,) = scaling_families(rows)
+    assert family.single.max_seq_len == 1000 and [s.max_seq_len for s in family.multi] == [1950]
     # the time cell is the median with its interval and sample count (one sample: no interval)
-    assert "| ring x2 | 1,048,576 (1M) | 2 | 500 ms (n=1) |" in scaling_markdown(rows)
+    assert two[0].time_ci.value == 500 and two[0].time_ci.n == 1
 
 
 @pytest.mark.parametrize(

@@ -88,18 +88,19 @@ def test_tables_have_report_001s_layout_with_speedups_from_the_rows(cpu_run):
 
     out, _ = cpu_run
     rows = speedup_rows(out)
-    md = (out / "speedup.md").read_text()
-    header = "| Sequence Length | Batch Size | Single GPU Time | Multi-GPU Time | Speedup | Notes |"
-    mp_section = md.split("### mp on 2 CPU processes")[1]
-    assert mp_section.splitlines()[2] == header
-    dp_section = md.split("### dp on 2 CPU processes")[1].split("###")[0]
+    md = (out / "sweep.md").read_text()
+    header = "| Sequence Length | Batch Size | Single GPU Time | Multi-GPU Time | Speedup | Notes | Efficiency |"
+    mp_section = md.split("#### Multi-process data parallel (DDP): dilated")[1].split("####")[0]
+    assert mp_section.splitlines()[1].startswith(header) and ", 2 CPU processes" in mp_section.splitlines()[0]
+    dp_section = md.split("#### DataParallel: dilated")[1].split("####")[0]
     for case in CASES.split(","):
         n, b = case.split("x")
         ratio = rows[(case, "single")]["time_ms"] / rows[(case, "mp")]["time_ms"]
-        line = next(line for line in mp_section.splitlines() if line.startswith(f"| {int(n):,} tokens | {b} |"))
+        line = next(line for line in mp_section.splitlines() if line.startswith(f"| {int(n):,} | {b} |"))
         # the ratio of the medians ± its interval, and efficiency the same / GPUs
-        assert f"| {ratio_text(ratio)} ±" in line and f"efficiency {ratio_text(ratio / 2)} ±" in line
-        assert f"| {int(n):,} tokens | {b} |" in dp_section and "skipped" in dp_section
+        cells = [c.strip() for c in line.split("|")]
+        assert cells[5].startswith(f"{ratio_text(ratio)} ±") and cells[7].startswith(f"{ratio_text(ratio / 2)} ±")
+        assert f"| {int(n):,} | {b} |" in dp_section and "| skipped |" in dp_section
     csv = pd.read_csv(out / "speedup.csv")
     mp = csv[csv.strategy == "mp"].set_index("seq_len")
     for case in CASES.split(","):
@@ -524,15 +525,20 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     )
     assert "+0.00 GiB during the run" in note and "CUDA context" not in note
     # report 000's memory distribution: one column per GPU, allocator and NVML
-    from attnbench.report.tables.speedup import memory_table
+    from attnbench.report.document import Doc
+    from attnbench.report.sections.data_parallel import memory_distribution
+    from attnbench.report.tables.multigpu import speedup_cases
 
     from conftest import typed_row
 
-    lines = memory_table([typed_row(**{**row, "kind": "speedup", "seq_len": 1024, "strategy": "dp"})]).splitlines()
-    assert lines[0] == "| Sequence Length | Batch Size | Strategy | Result | GPU 0 Memory | GPU 1 Memory |"
-    assert lines[2] == (
-        "| 1,024 tokens | 1 | dp | ✓ Success | 2.00 GiB allocated, 3.00 GiB NVML | 0 B allocated, 512 MiB NVML |"
+    doc = Doc()
+    cases = speedup_cases([typed_row(**{**row, "kind": "speedup", "seq_len": 1024, "strategy": "dp"})])
+    memory_distribution(doc, cases, "memory")
+    lines = [line for line in doc.text().splitlines() if line.startswith("|")]
+    assert lines[0] == (
+        "| Strategy | Sequence Length | Batch Size | GPU 0 Memory | GPU 1 Memory | NVML GPU 0 | NVML GPU 1 |"
     )
+    assert lines[2] == "| dp | 1,024 (1K) | 1 | 2.00 GiB | 0 B | 3.00 GiB | 512 MiB |"
 
 
 def test_environment_names_how_each_gpu_pair_is_connected():
@@ -651,7 +657,7 @@ def test_a_run_is_filed_under_the_gpus_it_could_see(monkeypatch, visible, names)
 def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_grouping():
     """Grouped key/value heads are another call: a 2-GPU row with 8 query heads over 2 K/V heads
     is divided into the single-GPU row of that shape, not the ungrouped one beside it."""
-    from attnbench.report.tables.speedup import speedup_records
+    from attnbench.report.tables.multigpu import speedup_cases
     from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(strategy, world, kv_heads, ms):
@@ -660,7 +666,7 @@ def test_a_multi_gpu_row_is_compared_with_the_single_row_of_its_own_head_groupin
 
     rows = [row("single", 1, None, 10.0), row("single", 1, 2, 6.0), row("dp", 2, 2, 4.0)]
     assert len({r.key for r in rows}) == 3  # resume tells the two single rows apart
-    (multi,) = [rec for rec in speedup_records(rows) if rec.row.strategy == "dp"]
+    (multi,) = speedup_cases(rows)
     assert multi.single.kv_heads == 2 and multi.speedup == pytest.approx(1.5)
 
 
@@ -714,9 +720,11 @@ def test_strategies_that_launch_on_other_threads_take_no_gpu_time():
 
 def test_a_results_directorys_table_and_the_report_pick_one_baseline():
     """A run whose single-GPU row is missing is compared with the latest run's, in the per-run
-    tables as in the report: one rule, never two answers to one question."""
+    CSV as in the report: one rule, never two answers to one question."""
+    import io
+
     from attnbench.report.tables.multigpu import speedup_cases
-    from attnbench.report.tables.speedup import speedup_records
+    from attnbench.report.tables.speedup import speedup_csv
     from attnbench.sweeps.kinds.speedup.runner import trial_key
 
     def row(run, strategy, ms):
@@ -724,11 +732,14 @@ def test_a_results_directorys_table_and_the_report_pick_one_baseline():
         fields.update(impl="sdpa", config={})
         return typed_row("speedup", key=trial_key(fields), run=run, time_ms=ms, times_ms=[ms] * 5, **fields)
 
+    def csv_speedups(rows):
+        table = pd.read_csv(io.StringIO(speedup_csv(rows)))
+        return list(table[table.strategy == "dp"].speedup)
+
     rows = [row("a", "single", 10.0), row("b", "dp", 5.0)]
-    (record,) = [rec for rec in speedup_records(rows) if rec.row.strategy == "dp"]
-    assert record.single.run == "a" and record.speedup == pytest.approx(2.0)
     (case,) = speedup_cases(rows)
     assert case.single.run == "a" and case.speedup == pytest.approx(2.0)
+    assert csv_speedups(rows) == [pytest.approx(2.0)]
     # a run with its own single-GPU row is compared with it, not with a later run's
     own = [row("a", "single", 10.0), row("b", "single", 4.0), row("b", "dp", 5.0)]
-    assert [rec.speedup for rec in speedup_records(own) if rec.row.strategy == "dp"] == [pytest.approx(0.8)]
+    assert [c.speedup for c in speedup_cases(own)] == csv_speedups(own) == [pytest.approx(0.8)]

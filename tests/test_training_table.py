@@ -2,14 +2,24 @@
 peak over the training floor and useful TFLOP/s there and at 64K, beside its forward-only
 largest length; a configuration measured only at 64K has that column alone."""
 
-from attnbench.report.tables.sweep_files import sweep_markdown
-from attnbench.report.tables.training import TrainingRecord, training_records
+import json
+
+from attnbench.report.run_files import write_run_files
+from attnbench.report.tables.training import TrainingRecord, training_records, training_table
 
 from conftest import typed_row
 
 
 def typed(rows):
     return [typed_row(**r) for r in rows]
+
+
+def sweep_markdown(rows, where):
+    """The sweep.md a results directory of ``rows`` gets."""
+    where.mkdir(exist_ok=True)
+    (where / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in typed(rows)))
+    write_run_files(where)
+    return (where / "sweep.md").read_text()
 
 
 def _trial(series, label, mode, kind, seq_len, status="ok", peak=None, tflops=None):
@@ -69,13 +79,16 @@ def test_records_hold_the_largest_training_and_forward_lengths():
     assert block.max_seq_len is None and block.tflops_compare.value == 120.0 and block.fwd_max_seq_len is None
 
 
-def test_sweep_markdown_has_the_training_table_only_with_training_rows():
-    text = sweep_markdown(typed(ROWS))
+def test_sweep_markdown_has_the_training_table_only_with_training_rows(tmp_path):
+    text = sweep_markdown(ROWS, tmp_path / "both")
     assert "## Training: forward plus backward" in text
-    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | whole GPU | 1.03x | 280.0 ±" in text
-    assert "(n=10) | 33,554,432 (32M) | 1.00x |" in text
-    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | - | 120.0 ±" in text
-    assert "Training: forward plus backward" not in sweep_markdown(typed([r for r in ROWS if r["mode"] == "fwd"]))
+    table = training_table(training_records(typed(ROWS))).markdown()
+    assert table.splitlines()[2] in text
+    assert "| dilated(a) | bf16 | GPU x1 | 8,388,608 (8M) | whole GPU | 1.03x | 280.0 ±" in table
+    assert "(n=10) | 33,554,432 (32M) | 1.00x |" in table
+    assert "| block-sparse(b) | bf16 | GPU x1 | - | - | - | - | 120.0 ±" in table
+    forward = sweep_markdown([r for r in ROWS if r["mode"] == "fwd"], tmp_path / "forward")
+    assert "Training: forward plus backward" not in forward
 
 
 def test_training_points_at_other_lengths_make_no_record():
@@ -115,7 +128,7 @@ def test_a_search_joins_the_points_of_its_own_code_version():
     new, old = sorted(training_records(typed(rows)), key=lambda r: r.label)
     assert (new.label, new.max_seq_len, new.tflops_compare.value) == ("bs @ new", 1 << 21, 240.0)
     assert new.memory_limit == 16 << 30 and old.memory_limit is None
-    assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in sweep_markdown(typed(rows))
+    assert "| bs @ new | bf16 | GPU x1 | 2,097,152 (2M) | 16 GiB | 1.07x |" in training_table([new, old]).markdown()
     assert (old.label, old.max_seq_len, old.tflops_compare.value) == (
         "bs @ old (superseded by new)",
         None,

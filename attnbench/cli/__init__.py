@@ -2,7 +2,7 @@
 
 One module per command group registers its commands on ``base.app`` with ``@app.command(...,
 order=N)`` (N its place in ``attnbench --help``): ``verify`` (list, verify), ``models`` (the
-model presets), ``sweep`` (max-seq, bench, run), ``report`` (report, predict), ``check``,
+model presets), ``sweep`` (max-seq, bench, run), ``report``, ``predict``, ``check``,
 ``speedup``, ``pattern``; every module here is imported, so a new group is a new module.
 ``progress`` holds the live progress reporters and ``options`` what several commands share. A command imports its machinery inside the function, so `attnbench report`
 and `attnbench check` never import torch.

@@ -1,4 +1,4 @@
-"""`attnbench report` and `attnbench predict`: read result files only, never run a benchmark."""
+"""`attnbench report`: reads result files only, never runs a benchmark."""
 
 from __future__ import annotations
 
@@ -30,17 +30,3 @@ def report(
         f"{escape(', '.join(written.machines))}"
     )
     console.print(f"report: {written.report}")
-
-
-@app.command(order=80)
-def predict(
-    impl: Annotated[str, typer.Option("--impl", help="implementation whose measured series to extrapolate")],
-    gpu_memory: Annotated[str, typer.Option("--gpu-memory", help="device memory, e.g. 80GiB or 24GB")],
-    source: Annotated[Path, typer.Option("--from", help="results directory or trials.jsonl")],
-    label: Annotated[Optional[str], typer.Option("--label", help="only the series with this label")] = None,
-) -> None:
-    """Predict the longest sequence IMPL runs on a GPU of the given memory, from its measured peaks."""
-    from attnbench.report.fit import predict_lines
-
-    for line in predict_lines(impl, gpu_memory, source, label):
-        (err_console if line.startswith("warning: ") else console).print(escape(line))

@@ -88,7 +88,7 @@ def speedup(
 
     run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
 
-    from attnbench.report.tables.speedup import write_speedup_tables
+    from attnbench.report.run_files import write_run_files
     from attnbench.results.environment import capture_env
     from attnbench.sweeps.kinds.speedup.runner import check_settings, order
     from attnbench.sweeps.runner import SweepRunner
@@ -113,7 +113,7 @@ def speedup(
     except KeyboardInterrupt as exc:
         interrupted = interrupt_exit_code(exc)
     if (out_dir / "trials.jsonl").exists():
-        for path in write_speedup_tables(out_dir):
+        for path in write_run_files(out_dir):
             console.print(f"wrote {path}")
     if interrupted:
         err_console.print(

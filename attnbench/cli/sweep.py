@@ -196,7 +196,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
 
-    from attnbench.report.tables.sweep_files import write_sweep_tables
+    from attnbench.report.run_files import write_run_files
     from attnbench.results.environment import capture_env
     from attnbench.sweeps.runner import SweepRunner, resolve
 
@@ -223,9 +223,7 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
-        from attnbench.report.tables.speedup import write_speedup_tables
-
-        for path in write_sweep_tables(out_dir) + write_speedup_tables(out_dir):
+        for path in write_run_files(out_dir):
             console.print(f"wrote {path}")
         _print_summary(out_dir)
         _scaling_readout(out_dir)
@@ -266,47 +264,48 @@ def _print_summary(out_dir: Path) -> None:
 
 
 def _scaling_readout(out_dir: Path) -> None:
-    """Sequence-parallel runs: efficiency against one device, written whole to scaling.md and
-    shown in the few columns a terminal holds (ranks: GPUs, or processes on the CPU)."""
-    from attnbench.report.tables.scaling import max_seq_scaling, scaling_markdown, time_scaling
-    from attnbench.results import load_rows, write_text_atomic
+    """Sequence-parallel runs against one device in the few columns a terminal holds (ranks:
+    GPUs, or processes on the CPU); sweep.md has every column."""
+    from attnbench.report.data import describe
+    from attnbench.report.intervals import ratio_text
+    from attnbench.report.tables.multigpu import ring_pairs, scaling_families
+    from attnbench.results import load_rows
     from attnbench.units import format_tokens
 
     rows, _ = load_rows(out_dir)
-    text = scaling_markdown(rows)
-    if not text:
-        return
-    write_text_atomic(out_dir / "scaling.md", text)
-    times = time_scaling(rows)
-    if times:
+    pairs, families = ring_pairs(rows), scaling_families(rows)
+    if pairs:
         t = Table(title="sequence parallel against one device")
         for col in ("implementation", "sequence", "ranks", "time (ms)", "speedup", "efficiency"):
             t.add_column(col, overflow="fold")
-        for r in times:
+        for p in pairs:
+            speedup, efficiency = p.speedup_ci, p.efficiency_ci
             t.add_row(
-                escape(r.label),
-                format_tokens(r.seq_len),
-                str(r.world_size),
-                f"{r.time_ms:,.2f}" if r.time_ms else "-",
-                f"{r.speedup:.2f}x" if r.speedup else "-",
-                f"{r.efficiency:.2f}" if r.efficiency else "-",
+                escape(describe(p.row)),
+                format_tokens(p.row.seq_len),
+                str(p.world_size),
+                f"{p.time_ci.value:,.2f}" if p.time_ci else "-",
+                f"{ratio_text(speedup.value)}x vs {p.single.impl}" if speedup else "-",
+                ratio_text(efficiency.value) if efficiency else "-",
             )
         console.print(t)
-    sizes = max_seq_scaling(rows)
-    if sizes:
+    if families:
         t = Table(title="sequence parallel: largest sequence against one device")
         for col in ("implementation", "ranks", "max sequence", "stopped by", "x one device"):
             t.add_column(col, overflow="fold")
-        for s in sizes:
-            t.add_row(
-                escape(s.label),
-                str(s.world_size),
-                format_tokens(s.max_seq_len) if s.max_seq_len else "none",
-                s.stopped_by,
-                f"{s.ratio:.2f}" if s.ratio else "-",
-            )
+        for fam in families:
+            one = fam.single.max_seq_len if fam.single else None
+            for s in fam.multi:
+                t.add_row(
+                    escape(s.label),
+                    str(s.world_size),
+                    format_tokens(s.max_seq_len) if s.max_seq_len else "none",
+                    s.stopped_by,
+                    f"{s.max_seq_len / one:.2f}" if one and s.max_seq_len else "-",
+                )
         console.print(t)
-    console.print(f"wrote {out_dir / 'scaling.md'} (every column: bandwidth, compute and wait, memory per rank)")
+    if pairs or families:
+        console.print(f"every column (bandwidth, compute and wait, memory per rank) in {out_dir / 'sweep.md'}")
 
 
 def _default_out(plan, env) -> Path:

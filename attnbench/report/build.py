@@ -177,22 +177,22 @@ def wrapped(text: str) -> str:
 
 def details(doc: Doc, machines: list[Machine]) -> None:
     """Every section, each machine's part under it; machines a section has nothing for are
-    named once, with the command that produces what is missing."""
+    named once, with the command that produces what is missing. A results directory's own
+    file (``doc.run_file``) leaves out the report-only sections and what its run did not measure."""
     for section in sections():
+        if doc.run_file and section.report_only:
+            continue
         body = Doc()
         without: dict[str, list[str]] = {}  # a "no data" text -> machines that only have that to say
         for m in machines:
-            part = Doc()
-            part.machine_slug, part.tables, part.figures = m.slug, doc.tables, doc.figures  # shared: names stay unique
-            part.missing_glyphs = doc.missing_glyphs
-            part.on_cpu = m.on_cpu
+            part = doc.part(m)
             before = (len(doc.tables), len(doc.figures))
             section.render(part, m)
             missing = only_missing(part, before != (len(doc.tables), len(doc.figures)))
             if missing is None:
                 body.heading(3, m.name)
                 body.parts += part.parts
-            elif missing:
+            elif missing and not doc.run_file:
                 without.setdefault(missing, []).append(m.name)
         for lines, names in without.items():
             body.add(f"\nNot measured on {', '.join(inline(n) for n in names)}:\n\n{lines}")

@@ -92,6 +92,15 @@ class Doc:
         self.missing_glyphs: set[str] = set()  # characters of labels the figures' font cannot draw
         self.machine_slug = ""
         self.on_cpu = False  # the machine a part is about has no GPU: name the CPU twins
+        self.run_file = False  # a results directory's sweep.md: no CSV files to name, no commands for what is missing
+
+    def part(self, machine: Machine) -> Doc:
+        """An empty document for one machine's part of a section, sharing this one's tables,
+        figures and settings (so file names stay unique)."""
+        part = Doc()
+        part.tables, part.figures, part.missing_glyphs = self.tables, self.figures, self.missing_glyphs
+        part.machine_slug, part.on_cpu, part.run_file = machine.slug, machine.on_cpu, self.run_file
+        return part
 
     def add(self, text: str) -> None:
         self.parts.append(text if text.endswith("\n") else text + "\n")
@@ -108,9 +117,13 @@ class Doc:
             name, i = f"{stem}-{i}", i + 1
         self.tables.append((f"{name}.csv", t))
         self.add(t.markdown())
-        self.add(f"\n<sub>CSV: `csv/{name}.csv`</sub>\n")
+        if not self.run_file:
+            self.add(f"\n<sub>CSV: `csv/{name}.csv`</sub>\n")
 
     def missing(self, what: str, producer: str) -> None:
+        if self.run_file:  # a run measures what it was asked to
+            self.add(f"_No data: {what}._\n")
+            return
         command = CPU_PRODUCERS.get(producer, PRODUCERS[producer]) if self.on_cpu else PRODUCERS[producer]
         self.add(f"_No data: {what}. `{command}` produces it._\n")
 

@@ -3,7 +3,9 @@ answers. A section module defines ``render(doc, machine)``, which writes one mac
 into a ``Doc`` (``attnbench.report.document``) from that machine's rows alone, and registers
 it: ``register(Section(ORDER, TITLE, render))``, its place (sections appear by increasing
 order, in steps of 10 so a new one fits between two) and its heading. Adding a section is
-adding one module to this package: ``sections()`` imports every module in it.
+adding one module to this package: ``sections()`` imports every module in it. The same
+sections, but those marked ``report_only``, are a results directory's ``sweep.md``
+(``report.run_files``).
 
 A table whose rows are missing says which ``attnbench`` command produces them.
 """
@@ -22,6 +24,7 @@ class Section:
     order: float
     title: str
     render: Callable[[Doc, Machine], None]
+    report_only: bool = False  # not in a results directory's sweep.md (figures: the report draws them)
 
     @property
     def module(self) -> str:

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnbench.measure.stats import Interval
+from attnbench.report.data import gpus
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
-from attnbench.report.markdown import Table, short_message
+from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import (
     STRATEGY_NAMES,
     SpeedupCase,
+    gpu_peak,
     gpus_in,
-    memory_per_gpu_cells,
     speedup_groups,
 )
+
+
+def _time_or_result(v: Interval | str) -> str:
+    """A multi-GPU time, or what kept the trial from one (skipped, OOM)."""
+    return ms_cell(v) if isinstance(v, Interval) else result_text(v)
 
 
 def run_column(cases: list[SpeedupCase]) -> dict[str, Any]:
@@ -25,6 +32,8 @@ def run_column(cases: list[SpeedupCase]) -> dict[str, Any]:
 
 def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
     """What each GPU held: allocator peak per GPU, then NVML device memory used at the peak."""
+    if not any(gpus(c.row) for c in cases):  # CPU processes: no device memory to show
+        return
     n = gpus_in([c.row for c in cases])
     columns = {
         "Strategy": lambda c: c.strategy,
@@ -32,8 +41,9 @@ def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
         "Batch Size": lambda c: c.batch,
         **run_column(cases),
     }
-    for key in [f"GPU {i} Memory" for i in range(n)] + [f"NVML GPU {i}" for i in range(n)]:
-        columns[key] = (lambda c, key=key: memory_per_gpu_cells(c.row, n)[key], memory)
+    for header, counter in (("GPU {} Memory", "max_memory_allocated"), ("NVML GPU {}", "nvml_used_peak")):
+        for i in range(n):
+            columns[header.format(i)] = (lambda c, i=i, counter=counter: gpu_peak(c.row, i, counter), memory)
     doc.add(
         "\nMemory per GPU: `max_memory_allocated` of each GPU; NVML columns: device memory used at the peak "
         "(includes the CUDA context).\n"
@@ -121,7 +131,7 @@ def render(doc: Doc, m: Machine) -> None:
             "Batch Size": lambda c: c.batch,
             **run_column(cases),
             "Single GPU Time": (lambda c: c.single_ms, ms_cell),
-            "Multi-GPU Time": (lambda c: c.multi_ms if c.row.status == "ok" else None, ms_cell),
+            "Multi-GPU Time": (lambda c: c.multi_ms if c.row.status == "ok" else c.row.status, _time_or_result),
             "Speedup": (lambda c: c.speedup_ci, ratio_cell),
             "Notes": (speedup_notes, short_message),
             "Efficiency": (lambda c: c.efficiency_ci, lambda v: ratio_cell(v, anomaly_above_one=True)),

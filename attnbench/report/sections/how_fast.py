@@ -11,14 +11,17 @@ from attnbench.report.tables.sweep import series_groups, time_table
 
 
 def render(doc: Doc, m: Machine) -> None:
-    points = [
+    single = [
         g
         for g in series_groups(m.trials).values()
-        if g[0].kind == "points" and d.world_size(g[0]) == 1 and not g[0].impl.startswith("block-sparse")
+        if d.world_size(g[0]) == 1 and not g[0].impl.startswith("block-sparse")
     ]
-    if points:
-        doc.heading(4, "Each series")
-        for rows in points:
+    points = [g for g in single if g[0].kind == "points"]
+    searches = [g for g in single if g[0].kind == "max-seq"]
+    if points or searches:
+        # without a fixed-length series, the searches' own trials say how fast
+        doc.heading(4, "Each series" if points else "Each search's trials (no fixed-length series here)")
+        for rows in points or searches:
             doc.heading(5, f"{d.describe(rows[0])}: {d.settings_text(rows[0])}")
             doc.add(time_table(rows))
     else:

@@ -7,7 +7,7 @@ from attnbench.report import data as d
 from attnbench.report.document import Doc, Machine, memory, per_token, times, tokens_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
-from attnbench.report.tables.multigpu import memory_per_gpu_cells
+from attnbench.report.tables.multigpu import gpu_peak
 from attnbench.report.tables.sweep import CONFIRMED, each_length_once, max_seq_summary, memory_table, summary_table
 
 
@@ -23,7 +23,7 @@ def _multi_gpu_table(trials: list, n: int) -> Table:
     rows, confirmed = each_length_once(trials)
     columns = {"Sequence Length": (lambda r: r.seq_len, tokens_cell)}
     for i in range(n):
-        columns[f"GPU{i} Memory"] = (lambda r, i=i: memory_per_gpu_cells(r, n)[f"GPU {i} Memory"], memory)
+        columns[f"GPU{i} Memory"] = (lambda r, i=i: gpu_peak(r, i), memory)
     columns["Result"] = (lambda r: r.status, result_text)
     columns["Notes"] = (
         lambda r: CONFIRMED if r.seq_len in confirmed and r.status == "ok" else r.message or "",

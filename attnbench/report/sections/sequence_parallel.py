@@ -5,7 +5,8 @@ time goes, and the longest sequence over several devices against one device's.""
 from __future__ import annotations
 
 from attnbench.report import data as d
-from attnbench.report.document import Doc, Machine, memory, ms, times, tok_s, tokens_cell
+from attnbench.report.document import Doc, Machine, memory, tok_s, tokens_cell
+from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
@@ -19,51 +20,40 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
             doc.missing("no multi-GPU ring rows on this machine", "ring-points")
         return
 
-    def peaks(p):  # (one device's memory, the fullest rank's)
-        return d.peak_per_gpu(p.single), d.peak_per_gpu(p.row)
-
-    def overhead(p):
-        r, s = p.row, p.single
-        return r.time_ms / s.time_ms if s and s.time_ms and r.time_ms else None
-
     def ring_tok_s(p):
         r = p.row
         return r.tokens_per_s or (d.tokens(r) / (r.time_ms / 1e3) if r.time_ms else None)
 
-    def saved(p):
-        base, mine = peaks(p)
-        return base - mine if base and mine else None
-
-    def single(attr):
-        return lambda p: getattr(p.single, attr) if p.single else None
-
     columns = {
         "Sequence Length": (lambda p: p.row.seq_len, tokens_cell),
         "Configuration": lambda p: d.describe(p.row),
-        "Ranks": lambda p: d.world_size(p.row),
-        "One-Device Time": (single("time_ms"), ms),
-        "Ring Time": (lambda p: p.row.time_ms, ms),
-        "Overhead": (overhead, times),
-        "One-Device Tokens/s": (single("tokens_per_s"), tok_s),
+        "Ranks": lambda p: p.world_size,
+        "Baseline": lambda p: p.baseline_text,
+        "One-Device Time": (lambda p: p.base_ci, ms_cell),
+        "Ring Time": (lambda p: p.time_ci, ms_cell),
+        "Speedup": (lambda p: p.speedup_ci, ratio_cell),
+        "Efficiency": (lambda p: p.efficiency_ci, lambda v: ratio_cell(v, anomaly_above_one=True)),
+        "Efficiency (same split)": (lambda p: p.efficiency_same_split, lambda v: f"{v:.3f}"),
         "Ring Tokens/s": (ring_tok_s, tok_s),
-        "One-Device Memory": (lambda p: peaks(p)[0], memory),
-        "Memory per Rank": (lambda p: peaks(p)[1], memory),
-        "Saved per Rank": (saved, memory),
-        "Baseline": lambda p: f"{p.baseline}: {p.single.impl}" if p.single else None,
-        "Sent per Call": (lambda p: getattr(p.row, "sent_bytes", None), format_bytes),
+        "One-Device Memory": (lambda p: d.peak_per_gpu(p.single), memory),
+        "Memory per Rank": (lambda p: d.peak_per_gpu(p.row), memory),
+        "Sent per Call": (lambda p: p.sent_bytes, format_bytes),
         "algbw (GB/s)": (lambda p: getattr(p.row, "algbw_gbps", None), lambda v: f"{v:,.2f}"),
-        "Link (GB/s)": lambda p: getattr(p.row, "link_gbps", None),
+        "Link (GB/s)": (lambda p: getattr(p.row, "link_gbps", None), lambda v: f"{v:,.1f}"),
+        "Timer": lambda p: p.timer,
     }
     doc.table(Table.of("ring-vs-one-device", columns, pairs))
     cpu = m.on_cpu
     doc.add(
-        f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Overhead = ring time / one device's "
-        "time at the same length (below 1: the ring is faster); ring time is the slowest rank's. Memory per "
+        f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Speedup = the baseline's time / the ring's "
+        "(the slowest rank's) at the same length; efficiency = speedup / ranks, ±half its 95% bootstrap interval "
+        "(n samples). Timer `gpu` where both rows have GPU time, else `eager`. Memory per "
         f"rank is the fullest rank's {'resident-set growth' if cpu else '`max_memory_allocated`'}. Baseline "
         "`equal work`: the single-device implementation of the same key sets over the whole sequence (sdpa for "
-        "ring, dilated for ring-dilated); `same split`: the same implementation on one rank, used only where no "
-        "equal-work row was measured. Sent per Call: bytes the busiest rank sends; algbw: those bytes over the "
-        "call's time (nccl-tests' algbw).\n"
+        "ring, dilated for ring-dilated, block-sparse for block-sparse-ring); `same split`: the same implementation "
+        "on one rank, the baseline only where no equal-work row was measured, else its efficiency beside. Sent "
+        "per Call: bytes the busiest rank sends; algbw: those bytes over the call's time (nccl-tests' algbw); "
+        "Link: the same ranks' exchange alone, measured just before the trial.\n"
     )
 
 

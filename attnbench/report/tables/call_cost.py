@@ -116,6 +116,7 @@ def thread_share(costs: list[CallCost]) -> dict[str, tuple[CallCost, CallCost]]:
 
 
 def family_kernel(family: str) -> str:
-    """A family label without its trailing GPU count (``..., 2 GPUs``): the kernel and settings."""
+    """A family label without its trailing GPU count (``..., 2 GPUs``, ``..., 2 CPU processes``):
+    the kernel and settings."""
     head, _, tail = family.rpartition(", ")
-    return head if tail.endswith("GPUs") or tail.endswith("GPU") else family
+    return head if tail.endswith(("GPU", "GPUs", "process", "processes")) else family

@@ -11,6 +11,7 @@ memory, ``ranks`` with ``compute_ms`` and ``comm_wait_ms``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from attnbench.measure.stats import Interval
@@ -90,9 +91,17 @@ class SpeedupCase:
     note: str
 
 
+def latest_speedup_rows(rows: list[Row]) -> list[Speedup]:
+    """Speedup rows, the last of each trial key of a run kept (a trial run again replaces its row)."""
+    latest: dict[tuple, Speedup] = {}
+    for r in speedup_rows(rows):
+        latest[(r.run, r.key or len(latest))] = r
+    return list(latest.values())
+
+
 def speedup_cases(rows: list[Row]) -> list[SpeedupCase]:
     """Each multi-GPU speedup row with its single-GPU baseline (same case, same machine)."""
-    found = speedup_rows(rows)
+    found = latest_speedup_rows(rows)
     singles = single_runs(found)
     cases = []
     for r in found:
@@ -128,7 +137,13 @@ def speedup_cases(rows: list[Row]) -> list[SpeedupCase]:
 
 def group_label(r: Speedup) -> str:
     cfg = config_text(r.config)
-    return f"{r.impl}{f'({cfg})' if cfg else ''}, {r.module or 'attention'}, {r.mode}, {r.dtype}, {world_size(r)} GPUs"
+    return f"{r.impl}{f'({cfg})' if cfg else ''}, {r.module or 'attention'}, {r.mode}, {r.dtype}, {ranks_text(r)}"
+
+
+def ranks_text(r: Workload) -> str:
+    """`2 GPUs`, `1 GPU`; on the CPU the processes that stand in for GPUs: `2 CPU processes`."""
+    n = world_size(r)
+    return f"{n} GPU{'s' * (n != 1)}" if r.device != "cpu" else f"{n} CPU process{'es' * (n != 1)}"
 
 
 def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
@@ -197,12 +212,57 @@ def preferred(found: dict[str, Trial | None]) -> tuple[Trial | None, str | None]
 
 @dataclass(frozen=True)
 class RingPair:
-    """A multi-GPU ring measurement, its single-GPU baseline and which baseline that is
-    (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured)."""
+    """A sequence-parallel measurement against one device: its baseline row and which baseline
+    that is (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured), and the same
+    implementation on one rank beside an equal-work baseline."""
 
     row: Workload
     single: Workload | None
     baseline: str | None
+    same_split: Workload | None = None
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.row)
+
+    @cached_property
+    def timer(self) -> str:
+        return speedup_interval(self.single, self.row)[1]
+
+    @cached_property
+    def speedup_ci(self) -> Interval | None:
+        """T(baseline) / T(ring), both read with ``timer``; the interval resamples both sides."""
+        return speedup_interval(self.single, self.row)[0]
+
+    @property
+    def efficiency_ci(self) -> Interval | None:
+        return divided(self.speedup_ci, self.world_size)
+
+    @property
+    def efficiency_same_split(self) -> float | None:
+        ci = speedup_interval(self.same_split, self.row)[0]
+        return ci.value / self.world_size if ci else None
+
+    @property
+    def time_ci(self) -> Interval | None:
+        return time_interval(self.row, self.timer)
+
+    @property
+    def base_ci(self) -> Interval | None:
+        return time_interval(self.single, self.timer)
+
+    @property
+    def sent_bytes(self) -> int | None:
+        """Bytes the busiest rank sends per call (rows before the row-level field: per rank only)."""
+        r = self.row
+        if getattr(r, "sent_bytes", None) is not None:
+            return r.sent_bytes
+        return max((x.get("sent_bytes") or 0 for x in r.ranks or []), default=0) or None
+
+    @property
+    def baseline_text(self) -> str | None:
+        """`equal work: sdpa`: which baseline, and its implementation."""
+        return f"{self.baseline}: {self.single.impl}" if self.single else None
 
 
 @dataclass(frozen=True)
@@ -216,16 +276,23 @@ class RankTime:
 
 
 def ring_pairs(rows: list[Row]) -> list[RingPair]:
-    """Successful multi-GPU ring measurements, each with its single-GPU baseline."""
+    """Successful sequence-parallel measurements (several ranks, or a ring on one), each with
+    its baseline on one device: the equal-work one where measured, else the same
+    implementation on one rank (for a ring on several)."""
     pairs = []
-    singles = [r for r in ok(trials(rows)) if world_size(r) == 1]
-    for r in ok(trials(rows)):
-        if world_size(r) > 1:
-            pairs.append(RingPair(r, *preferred(baselines(r, singles))))
+    points = ok(trials(rows))
+    singles = [r for r in points if world_size(r) == 1]
+    for r in points:
+        if world_size(r) > 1 or r.strategy == "ring":
+            found = baselines(r, singles)
+            if world_size(r) == 1:  # a ring on one rank: only another implementation is a baseline
+                found[SAME_SPLIT] = None
+            base, kind = preferred(found)
+            pairs.append(RingPair(r, base, kind, found[SAME_SPLIT] if kind == EQUAL_WORK else None))
     for c in speedup_cases(rows):
         if c.strategy == "ring" and c.row.status == "ok":
             pairs.append(RingPair(c.row, c.single, SAME_SPLIT if c.single else None))
-    return sorted(pairs, key=lambda p: (p.row.impl, p.row.seq_len, world_size(p.row)))
+    return sorted(pairs, key=lambda p: (p.row.impl, config_id(p.row.config), p.row.seq_len, p.world_size))
 
 
 def rank_breakdown(rows: list[Row]) -> list[RankTime]:
@@ -233,6 +300,7 @@ def rank_breakdown(rows: list[Row]) -> list[RankTime]:
     return [
         RankTime(p.row, rank.get("rank", i), rank.get("compute_ms"), rank.get("comm_wait_ms"))
         for p in ring_pairs(rows)
+        if p.world_size > 1
         for i, rank in enumerate(p.row.ranks or [])
     ]
 
@@ -279,14 +347,10 @@ def scaling_families(rows: list[Row]) -> list[ScalingFamily]:
     return list(families.values())
 
 
-def memory_per_gpu_cells(row: Row, n_gpus: int) -> dict[str, Any]:
-    """GPU i Memory (allocator peak) and NVML GPU i (device memory used at peak), raw bytes."""
-    cells: dict[str, Any] = {}
-    mem = {g.index: g for g in gpus(row)}
-    for i in range(n_gpus):
-        cells[f"GPU {i} Memory"] = getattr(mem.get(i), "max_memory_allocated", None)
-        cells[f"NVML GPU {i}"] = getattr(mem.get(i), "nvml_used_peak", None)
-    return cells
+def gpu_peak(row: Row, index: int, counter: str = "max_memory_allocated") -> int | None:
+    """One GPU's peak of a multi-GPU row: the allocator's (``max_memory_allocated``) or the
+    device memory NVML saw used (``nvml_used_peak``); None where the row has no such GPU."""
+    return next((getattr(g, counter) for g in gpus(row) if g.index == index), None)
 
 
 def gpus_in(rows: list[Row]) -> int:

@@ -15,8 +15,14 @@ from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
 from attnbench.report.tables.call_cost import CallCost, call_costs, family_kernel
-from attnbench.report.tables.multigpu import EQUAL_WORK, SpeedupCase, speedup_groups
-from attnbench.report.tables.scaling import TimeScaling, max_seq_scaling, time_scaling
+from attnbench.report.tables.multigpu import (
+    EQUAL_WORK,
+    RingPair,
+    SpeedupCase,
+    ring_pairs,
+    scaling_families,
+    speedup_groups,
+)
 from attnbench.units import format_bytes, short_tokens
 
 SEQUENCE_TEXT = (
@@ -33,48 +39,45 @@ BATCH_TEXT = (
 def sequence_parallel(rows: list, gpus: int) -> Table | None:
     """Per sequence-parallel implementation: the equal-work comparison at its longest length on
     the most GPUs, and its longest sequence on one GPU and on all of them."""
-    chosen: dict[str, TimeScaling] = {}
-    for t in time_scaling(rows):
-        if t.world_size != gpus or not (t.baseline or "").startswith(EQUAL_WORK):
+    chosen: dict[str, RingPair] = {}
+    for p in ring_pairs(rows):
+        if p.world_size != gpus or p.baseline != EQUAL_WORK:
             continue
-        best = chosen.get(t.impl)
-        if best is None or (t.seq_len, t.time_ms or 0) > (best.seq_len, best.time_ms or 0):
-            chosen[t.impl] = t
+        best = chosen.get(p.row.impl)
+        if best is None or (p.row.seq_len, p.row.time_ms or 0) > (best.row.seq_len, best.row.time_ms or 0):
+            chosen[p.row.impl] = p
     if not chosen:
         return None
     longest = _longest(rows)
     columns = {
-        "Implementation": lambda t: t.impl,
-        "Longest, 1 GPU → all": lambda t: longest.get(t.impl),
-        "At": lambda t: short_tokens(t.seq_len),
-        "1 GPU (equal work)": lambda t: f"{t.baseline.split(': ')[-1]} {ms_cell(t.base_ci)}",
-        "All GPUs": lambda t: ms_cell(t.time_ci),
-        "Speedup": (lambda t: t.speedup_ci, ratio_cell),
-        "Efficiency": (lambda t: t.efficiency_ci, ratio_cell),
+        "Implementation": lambda p: p.row.impl,
+        "Longest, 1 GPU → all": lambda p: longest.get(p.row.impl),
+        "At": lambda p: short_tokens(p.row.seq_len),
+        "1 GPU (equal work)": lambda p: f"{p.single.impl} {ms_cell(p.base_ci)}",
+        "All GPUs": lambda p: ms_cell(p.time_ci),
+        "Speedup": (lambda p: p.speedup_ci, ratio_cell),
+        "Efficiency": (lambda p: p.efficiency_ci, ratio_cell),
         "Sent per call": _sent,
     }
     return Table.of("second-gpu-sequence", columns, chosen.values())
 
 
 def _longest(rows: list) -> dict[str, str]:
-    """impl -> "32M → 64M": its searches' longest on one rank and on the most ranks."""
-    found: dict[str, dict[int, int]] = {}
-    for s in max_seq_scaling(rows):
-        if s.max_seq_len:
-            found.setdefault(s.impl, {})[s.world_size] = s.max_seq_len
-    return {
-        impl: f"{short_tokens(by[1])} → {short_tokens(by[max(by)])}"
-        for impl, by in found.items()
-        if 1 in by and len(by) > 1
-    }
+    """impl -> "32M → 64M": its searches' longest on one GPU and on the most GPUs."""
+    out = {}
+    for fam in scaling_families(rows):
+        multi = [s for s in fam.multi if s.max_seq_len]
+        if fam.single and fam.single.max_seq_len and fam.single.impl == fam.head.impl and multi:
+            out[fam.head.impl] = f"{short_tokens(fam.single.max_seq_len)} → {short_tokens(multi[-1].max_seq_len)}"
+    return out
 
 
-def _sent(t: TimeScaling) -> str:
-    if not t.sent_bytes:
+def _sent(p: RingPair) -> str:
+    r = p.row
+    if not p.sent_bytes:
         return "0 B (each shard holds its keys)"
-    link = t.link_gbps
-    share = f", {100 * t.algbw_gbps / link:.2g}% of the link's rate" if link and t.algbw_gbps else ""
-    return f"{format_bytes(t.sent_bytes)}{share}"
+    share = f", {100 * r.algbw_gbps / r.link_gbps:.2g}% of the link's rate" if r.link_gbps and r.algbw_gbps else ""
+    return f"{format_bytes(p.sent_bytes)}{share}"
 
 
 def data_parallel(speedups: list[SpeedupCase]) -> Table | None:

@@ -110,10 +110,3 @@ def training_table(records: list[TrainingRecord]) -> Table:
         f"Training TFLOP/s at {COMPARE_LABEL}": tflops_cell,
     }
     return Table.of("training", HEADERS, records, formats)
-
-
-def training_markdown(rows: list[Row]) -> str:
-    records = training_records(rows)
-    if not records:
-        return ""
-    return "## Training: forward plus backward\n\n" + training_table(records).markdown() + "\n" + NOTE + "\n"
