@@ -25,7 +25,7 @@ def load(*paths: str | Path | Iterable[str | Path]) -> list[Row]:
     """Every row under the given results directories or ``trials.jsonl`` files, typed by kind
     (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), in file order, each with ``source``
     naming its FILE:LINE."""
-    from attnbench.report.data import separate_code_versions
+    from attnbench.results.series import separate_code_versions
 
     roots = _paths(paths)
     if not any(result_files(p) for p in roots):  # result_files names a path that does not exist

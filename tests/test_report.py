@@ -657,7 +657,7 @@ def test_every_command_the_report_names_for_missing_data_parses(producer):
 
 def test_a_search_under_a_memory_limit_is_its_own_series():
     # rows written with one series key for a search on the whole GPU and one under 4 GiB
-    from attnbench.report.data import separate_memory_limits
+    from attnbench.results.series import separate_memory_limits
 
     def row(run, kind, seq_len, limit=None):
         return typed_row(

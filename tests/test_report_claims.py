@@ -540,7 +540,7 @@ def test_speedup_tables_mark_anomalies_beside_the_number():
         speedup_row("single", [50.0] * 3, 1, batch=8, seq_len=8192),
         speedup_row("mp", [40.0, 50.0, 60.0], 2, batch=8, seq_len=8192),
     ]
-    notes = {c.seq_len: speedup_notes(c) for c in speedup_cases(rows)}
+    notes = {c.row.seq_len: speedup_notes(c) for c in speedup_cases(rows)}
     assert notes[16384] == "anomaly: efficiency 2.50 above 1"
     assert notes[8192] == "anomaly: interval includes 1"
 

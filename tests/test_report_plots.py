@@ -9,9 +9,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from attnbench.report.data import separate_code_versions
 from attnbench.report.plots import figures as plots
 from attnbench.report.tables.multigpu import speedup_cases
+from attnbench.results.series import separate_code_versions
 
 from conftest import typed_row
 

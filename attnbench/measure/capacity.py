@@ -3,8 +3,7 @@ trials, solved for the longest sequence a given memory holds; the memory a serie
 its device; and the time of one call extrapolated along the implementation's FLOPs.
 
 Pure Python: the max-seq search predicts with it before it probes (``attnbench.sweeps.search``)
-and the report predicts other GPU sizes with it (``attnbench.report.fit``, whose docstring says
-why the reserved peak is fitted on a GPU and what is set aside for the CUDA context).
+and the report predicts other GPU sizes with it (``attnbench.report.fit``).
 
 Each series gets a least-squares fit of its measured peaks over its lengths: linear for
 implementations whose memory grows with N, quadratic for those that hold N x N scores. The fit
@@ -118,7 +117,14 @@ def least_squares(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
 
 
 def measured_budget(rows: list[Trial]) -> tuple[float | None, float | None, float | None, str]:
-    """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials."""
+    """(device bytes, non-allocator bytes, allocator budget, assumption) from a series' trials.
+
+    What the allocator can use is less than the device: the CUDA context, library modules and
+    the driver's reservation take the rest. That part is measured: NVML device memory used at a
+    trial's peak minus that trial's ``max_memory_reserved`` (in a fresh process per trial it only
+    grows, so both peaks coincide), the median over the series' longest successful trials, and
+    assumed the same on every GPU size. The allocator's cache is not subtracted: before failing,
+    the allocator frees it and retries."""
     good = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.seq_len)
     head = rows[0]
     limit = head.memory_limit
@@ -169,7 +175,11 @@ def measured_budget(rows: list[Trial]) -> tuple[float | None, float | None, floa
 
 def fitted_peak(row: Trial) -> float | None:
     """The memory a trial needed: on a GPU the allocator's reserved peak (per GPU, the fullest
-    rank's), elsewhere ``peak_bytes``."""
+    rank's), elsewhere ``peak_bytes``. Reserved, the allocator's whole footprint: an allocation
+    fails when that cannot grow, and where a pass fragments its segments (a backward's large
+    transient buffers) it outgrows ``max_memory_allocated`` (dilated forward plus backward on an
+    H100: a fit of allocated peaks predicted 10% beyond the measured limit, one of reserved peaks
+    1% short of it)."""
     if row.device == "cuda" and row.max_memory_reserved:
         return row.max_memory_reserved
     if int(row.world_size or 1) > 1:

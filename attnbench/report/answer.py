@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report import data as d
-from attnbench.report.intervals import bracket, ms_cell, tflops_cell, tflops_interval, time_interval
+from attnbench.report.intervals import ms_cell, tflops_cell, tflops_interval, time_interval
 from attnbench.report.markdown import Table
-from attnbench.report.tables.sweep import MaxSeqSummary
+from attnbench.report.tables.sweep import MaxSeqSummary, search_bracket
 from attnbench.results.schema import Trial
+from attnbench.results.series import row_date
 from attnbench.units import format_bytes, format_gib, short_tokens
 
 REFERENCE_LEN, REFERENCE_TEXT = 65536, "64K"  # where throughput is compared across configurations
@@ -57,10 +58,7 @@ class Search:
         return self.head.memory_limit
 
     def length_text(self) -> str:
-        s = self.summary
-        if not s.complete:
-            return f"≥ {short_tokens(s.max_seq_len)}" if s.max_seq_len else "none yet"
-        return bracket(s.max_seq_len, s.first_failure, short_tokens)
+        return search_bracket(self.summary, short_tokens)
 
     def stop_text(self) -> str:
         stop = self.summary.stopped_by
@@ -98,33 +96,34 @@ class Configuration:
         stop = train.summary.stopped_by if fwd and fwd.limit == train.limit else train.stop_text()
         return f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
 
-    def csv_record(self) -> dict[str, Any]:
-        """The same numbers raw, for the CSV: lengths in tokens, memory in bytes."""
-        out: dict[str, Any] = {"Configuration": self.label, "Settings": self.settings, "GPUs": self.world_size}
-        for name, search in (("Forward", self.forward), ("Training", self.training)):
-            s = search.summary if search else None
-            best = search.best if search else None
-            out.update(
-                {
-                    f"{name} Longest": getattr(s, "max_seq_len", None),
-                    f"{name} First Failure": getattr(s, "first_failure", None),
-                    f"{name} Stopped By": getattr(s, "stopped_by", None),
-                    f"{name} Search Finished": getattr(s, "complete", None),
-                    f"{name} Memory Limit": search.limit if search else None,
-                    f"{name} Peak per GPU": d.peak_per_gpu(best),
-                    f"{name} Peak / Floor": best.peak_over_floor if best else None,
-                }
-            )
-        for name, iv in (("Forward", self.forward_tflops), ("Training", self.training_tflops)):
-            out.update(
-                {
-                    f"{name} TFLOP/s at {REFERENCE_TEXT}": iv.value if iv else None,
-                    f"{name} TFLOP/s CI Low": iv.low if iv else None,
-                    f"{name} TFLOP/s CI High": iv.high if iv else None,
-                    f"{name} TFLOP/s n": iv.n if iv else None,
-                }
-            )
-        return out
+
+def _search_csv(name: str, mode: str) -> dict[str, Any]:
+    """The CSV columns of a configuration's forward or training search: raw values, lengths in
+    tokens, memory in bytes."""
+
+    def of(get):
+        return lambda c: get(getattr(c, mode)) if getattr(c, mode) else None
+
+    return {
+        f"{name} Longest": of(lambda s: s.summary.max_seq_len),
+        f"{name} First Failure": of(lambda s: s.summary.first_failure),
+        f"{name} Stopped By": of(lambda s: s.summary.stopped_by),
+        f"{name} Search Finished": of(lambda s: s.summary.complete),
+        f"{name} Memory Limit": of(lambda s: s.limit),
+        f"{name} Peak per GPU": of(lambda s: d.peak_per_gpu(s.best)),
+        f"{name} Peak / Floor": of(lambda s: s.best.peak_over_floor if s.best else None),
+    }
+
+
+CSV_COLUMNS = {  # the answer's numbers raw, each TFLOP/s with its interval
+    "Configuration": "label",
+    "Settings": "settings",
+    "GPUs": "world_size",
+    **_search_csv("Forward", "forward"),
+    **_search_csv("Training", "training"),
+    f"Forward TFLOP/s at {REFERENCE_TEXT}": "forward_tflops",
+    f"Training TFLOP/s at {REFERENCE_TEXT}": "training_tflops",
+}
 
 
 def answer_table(configs: list[Configuration], shown: list[Configuration]) -> Table:
@@ -149,7 +148,7 @@ def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) 
     most of them ran (the rest show none)."""
     if all(c.forward_tflops for c in configs):
         return
-    ran = [{r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, [])), key=d.row_date)} for c in configs]
+    ran = [{r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, [])), key=row_date)} for c in configs]
     counts = Counter(n for lengths in ran for n in lengths)
     if not counts:
         return
@@ -189,14 +188,14 @@ def _newest_search(searches: list[Search]) -> Search | None:
     """The search that answers: on the whole device before one under a limit, then the newest."""
     if not searches:
         return None
-    return max(searches, key=lambda s: (s.limit is None, d.row_date(s.head), s.summary.series))
+    return max(searches, key=lambda s: (s.limit is None, row_date(s.head), s.summary.series))
 
 
 def _reference_tflops(trials: list[Trial], mode: str):
     at = [r for r in d.ok(trials) if r.seq_len == REFERENCE_LEN and (r.mode or "fwd") == mode and r.tflops_useful]
     if not at:
         return None
-    return tflops_interval(max(at, key=lambda r: (d.row_date(r), r.series)))
+    return tflops_interval(max(at, key=lambda r: (row_date(r), r.series)))
 
 
 def configurations(machine) -> list[Configuration]:

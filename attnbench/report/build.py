@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.report import answer as a
-from attnbench.report.data import SUPERSEDED_FILE, Results, load, slug
+from attnbench.report.data import Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.plots import figures as p
@@ -22,6 +22,7 @@ from attnbench.report.seeds import page as sd
 from attnbench.report.seeds.verdicts import verdicts
 from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, write_files_whole
+from attnbench.results.series import SUPERSEDED_FILE
 
 REPORT_FILE = "report.md"
 CSV_DIR = "csv"
@@ -94,11 +95,14 @@ def superseded(doc: Doc, results: Results) -> None:
         f"Their rows stay in the results but not in any answer, section or verdict above (`{SUPERSEDED_FILE}` "
         "names each run, the run that replaced it and why).\n"
     )
-    records = [
-        {"Run": r.run, "Machine": ", ".join(r.machines), "Rows": r.rows, "Superseded by": r.by, "Why": r.why}
-        for r in results.retired
-    ]
-    doc.table(Table("superseded", ["Run", "Machine", "Rows", "Superseded by", "Why"], records))
+    columns = {
+        "Run": "run",
+        "Machine": lambda r: ", ".join(r.machines),
+        "Rows": "rows",
+        "Superseded by": "by",
+        "Why": "why",
+    }
+    doc.table(Table.of("superseded", columns, results.retired))
 
 
 def against_the_seeds(doc: Doc, machines: list[Machine]) -> None:
@@ -145,8 +149,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
                 f"{more} more configuration{'s' * (more > 1)} of this machine in "
                 f"[How long](#how-long-every-max-seq-search) and `csv/answer-{m.slug}.csv`.\n"
             )
-        raw = [c.csv_record() for c in configs]
-        doc.tables.append((f"answer-{m.slug}.csv", Table("answer", list(raw[0]), raw)))
+        doc.tables.append((f"answer-{m.slug}.csv", Table.of("answer", a.CSV_COLUMNS, configs)))
     if helps:
         doc.add(f"\n#### Does a second GPU help?\n{helps}")
 

@@ -74,11 +74,8 @@ def yes_no(v: bool) -> str:
 
 
 def distinct(values) -> list[Any]:
-    out = []
-    for v in values:
-        if v not in out and v not in (None, "", []):
-            out.append(v)
-    return out
+    """The values in first-seen order, each once, without empty ones."""
+    return list(dict.fromkeys(v for v in values if v not in (None, "", [])))
 
 
 class Doc:

@@ -1,26 +1,7 @@
-"""Capacity prediction: fit peak memory against sequence length from a series' successful
-trials, then solve the fit for the longest sequence a given memory holds.
-
-The seeds extrapolated one number linearly. Here each series gets a least-squares fit of
-its measured peaks over its lengths: linear for implementations whose memory grows with N,
-quadratic for those that hold N x N scores; the fit's error on the measured points is shown
-next to every prediction. On a GPU the peak fitted is ``max_memory_reserved``, the
-allocator's whole footprint: an allocation fails when that cannot grow, and where a pass
-fragments its segments (a backward's large transient buffers) the footprint outgrows
-``max_memory_allocated`` (dilated forward plus backward on an H100: a fit of allocated
-peaks predicted 10% beyond the measured limit, one of reserved peaks 1% short of it).
-Elsewhere it is ``peak_bytes``.
-
-What the allocator can use is less than the device: the CUDA context, library modules and
-the driver's reservation take the rest. That part is measured: NVML device memory used at a
-trial's peak minus that trial's ``max_memory_reserved`` (the allocator's whole footprint;
-in a fresh process per trial it only grows, so both peaks coincide), the median over the
-series' longest successful trials, and assumed the same on every GPU size. The allocator's
-cache is not subtracted: before failing, the allocator frees it and retries.
-
-The model itself (the fit, the budget, the peak that is fitted) is ``attnbench.measure.capacity``,
-which the max-seq search predicts with before it probes; this module applies it to results.
-"""
+"""Capacity prediction applied to results: per series, the memory fit of its successful trials
+(``attnbench.measure.capacity``: the model, the peak that is fitted and the budget, each saying
+why), solved for the longest sequence the measured device, or another size, holds; the fit's
+error on the measured points goes beside every prediction (the seeds extrapolated one number)."""
 
 from __future__ import annotations
 

@@ -84,14 +84,13 @@ class Table:
         self.formats = formats or {}
 
     @classmethod
-    def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any], formats: dict[str, Any] | None = None):
+    def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any]):
         """The one table builder: ``columns`` maps each header to what a record shows there, an
         attribute's name or a function of the record (the raw value the CSV holds), or to a pair
-        (that, its markdown cell), so a column is named once, not again in ``formats``."""
+        (that, its markdown cell)."""
         get = {h: c[0] if isinstance(c, tuple) else c for h, c in columns.items()}
         cells = [{h: a(r) if callable(a) else getattr(r, a) for h, a in get.items()} for r in records]
-        pairs = {h: c[1] for h, c in columns.items() if isinstance(c, tuple)}
-        return cls(name, list(columns), cells, {**(formats or {}), **pairs})
+        return cls(name, list(columns), cells, {h: c[1] for h, c in columns.items() if isinstance(c, tuple)})
 
     def cells(self) -> list[list[Any]]:
         def fmt(h: str, v: Any) -> Any:

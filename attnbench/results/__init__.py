@@ -8,7 +8,7 @@ flushed and synced, and a reader skips (and reports) a truncated last line.
 ``schema`` holds the row kinds in code, ``write`` appends rows (checked, synced, never through
 a link), ``read`` reads them back (the one loader every reader uses), ``possible`` says which
 rows no measurement gives, ``paths`` checks output paths before any work and writes derived
-files whole. Every name a caller of ``write``, ``read`` and ``paths`` needs is imported here.
+files whole, ``series`` says which rows form one series across runs. Every name a caller of ``write``, ``read`` and ``paths`` needs is imported here.
 """
 
 from attnbench.results.paths import (

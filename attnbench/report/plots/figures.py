@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench import impls
-from attnbench.report.data import describe, heads_text, is_superseded, ok, peak_per_gpu, row_date, world_size
+from attnbench.report.data import describe, heads_text, ok, peak_per_gpu, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
+from attnbench.results.series import is_superseded, row_date
 from attnbench.units import format_gib, short_tokens
 
 if TYPE_CHECKING:
@@ -227,18 +228,14 @@ def speedup_plot(cases: list[SpeedupCase], machine: str):
     if not cases:
         return None
     plt = pyplot()
-    labels = sorted({(c.seq_len, c.batch or 1) for c in cases})
-    kinds = sorted({(c.strategy, c.world_size, c.impl, c.row.mode) for c in cases})[:MAX_SERIES]
+    labels = sorted({(c.row.seq_len, c.row.batch or 1) for c in cases})
+    kinds = sorted({_kind(c) for c in cases})[:MAX_SERIES]
     fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(labels) * len(kinds) + 3), 4.6), layout="constrained")
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
         xs, ys, anomalous = [], [], []
         for i, case in enumerate(labels):
-            hit = [
-                c
-                for c in cases
-                if (c.seq_len, c.batch or 1) == case and (c.strategy, c.world_size, c.impl, c.row.mode) == kind
-            ]
+            hit = [c for c in cases if (c.row.seq_len, c.row.batch or 1) == case and _kind(c) == kind]
             if hit:
                 c = max(hit, key=lambda c: row_date(c.row))
                 xs.append(i + j * width)
@@ -269,6 +266,11 @@ def speedup_plot(cases: list[SpeedupCase], machine: str):
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="upper left", frameon=True)
     return fig
+
+
+def _kind(c: SpeedupCase) -> tuple:
+    """A bar series: strategy, GPUs, implementation and mode."""
+    return (c.row.strategy, world_size(c.row), c.row.impl, c.row.mode)
 
 
 def answer_plot(machines: list[tuple[str, list[Any]]]):

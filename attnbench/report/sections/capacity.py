@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnbench.report.data import is_superseded
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
 from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
+from attnbench.results.series import is_superseded
 
 
 def _name(c: Capacity) -> str:

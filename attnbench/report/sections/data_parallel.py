@@ -36,9 +36,9 @@ def memory_distribution(doc: Doc, cases: list[SpeedupCase], name: str) -> None:
         return
     n = gpus_in([c.row for c in cases])
     columns = {
-        "Strategy": lambda c: c.strategy,
-        "Sequence Length": (lambda c: c.seq_len, tokens_cell),
-        "Batch Size": lambda c: c.batch,
+        "Strategy": lambda c: c.row.strategy,
+        "Sequence Length": (lambda c: c.row.seq_len, tokens_cell),
+        "Batch Size": lambda c: c.row.batch,
         **run_column(cases),
     }
     for header, counter in (("GPU {} Memory", "max_memory_allocated"), ("NVML GPU {}", "nvml_used_peak")):
@@ -63,13 +63,13 @@ def speedup_anomalies(c: SpeedupCase) -> list[str]:
 
 def speedup_notes(c: SpeedupCase) -> str:
     bits = speedup_anomalies(c) if c.speedup else []  # first: a cell is cut to one line
-    bits += [c.note] if c.note else []
+    bits += [c.row.note] if c.row.note else []
     r = c.row
     if r.status != "ok":
         bits.append(r.message or "")
     if c.single is None:
         bits.append("no single-GPU row for this case")
-    if c.output_match is False:
+    if c.row.output_match is False:
         bits.append("OUTPUT DIFFERS from single GPU")
     return "; ".join(b for b in bits if b)
 
@@ -127,15 +127,15 @@ def render(doc: Doc, m: Machine) -> None:
     for (strategy, label), cases in speedup_groups(m.speedups).items():
         doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
         columns = {
-            "Sequence Length": (lambda c: c.seq_len, tokens_cell),
-            "Batch Size": lambda c: c.batch,
+            "Sequence Length": (lambda c: c.row.seq_len, tokens_cell),
+            "Batch Size": lambda c: c.row.batch,
             **run_column(cases),
             "Single GPU Time": (lambda c: c.single_ms, ms_cell),
             "Multi-GPU Time": (lambda c: c.multi_ms if c.row.status == "ok" else c.row.status, _time_or_result),
             "Speedup": (lambda c: c.speedup_ci, ratio_cell),
             "Notes": (speedup_notes, short_message),
             "Efficiency": (lambda c: c.efficiency_ci, lambda v: ratio_cell(v, anomaly_above_one=True)),
-            "Output Match": (lambda c: c.output_match, yes_no),
+            "Output Match": (lambda c: c.row.output_match, yes_no),
             "Timer": lambda c: c.timer,
         }
         doc.table(Table.of(f"speedup-{strategy}", columns, cases))

@@ -10,6 +10,7 @@ from attnbench.report.document import Doc, Machine, distinct
 from attnbench.report.fit import GIB
 from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
+from attnbench.results.series import short_commit
 
 
 def command_text(command: str) -> str:
@@ -18,13 +19,6 @@ def command_text(command: str) -> str:
     if head.endswith(("attnbench/__main__.py", "/attnbench")) or head == "attnbench":
         head = "attnbench"
     return f"{head} {rest}".strip()
-
-
-def _fields(env) -> dict[str, Any]:
-    """An environment's fields by name (empty where a row has none)."""
-    if env is None:
-        return {}
-    return {f: getattr(env, f) for f in env.__dataclass_fields__ if f != "extra"}
 
 
 def gpu_text(gpus: list[dict[str, Any]]) -> str:
@@ -38,7 +32,7 @@ def gpu_text(gpus: list[dict[str, Any]]) -> str:
 
 
 def render(doc: Doc, m: Machine) -> None:
-    envs = [_fields(r.env) for r in m.rows]
+    envs = [vars(r.env) if r.env else {} for r in m.rows]  # each environment's fields by name
     dates = sorted(distinct(e.get("date") for e in envs))
     items = [
         ("GPUs", distinct(gpu_text(e.get("gpus") or []) for e in envs)),
@@ -59,7 +53,7 @@ def render(doc: Doc, m: Machine) -> None:
     )
     runs: dict[tuple, int] = {}
     for r in m.rows:
-        key = (r.run, d.short_commit(r), command_text(r.env.command if r.env else ""))
+        key = (r.run, short_commit(r), command_text(r.env.command if r.env else ""))
         runs[key] = runs.get(key, 0) + 1
     doc.add(
         "\nThe commands that produced these rows (as recorded in each row's `env.command`), and the attnbench "

@@ -8,7 +8,7 @@ from attnbench.report.document import Doc, Machine, memory, per_token, times, to
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import gpu_peak
-from attnbench.report.tables.sweep import CONFIRMED, each_length_once, max_seq_summary, memory_table, summary_table
+from attnbench.report.tables.sweep import CONFIRMED, each_length_once, memory_table, summary_table
 
 
 def _multi_gpu_tables(doc: Doc, m: Machine) -> None:
@@ -54,14 +54,13 @@ def render(doc: Doc, m: Machine) -> None:
     single = [s for s in m.summaries if s.world_size == 1]
     doc.heading(4, "One device")
     if single:
-        single_rows = [r for r in m.trials if d.world_size(r) == 1]
-        doc.add(summary_table(max_seq_summary(single_rows + d.search_results(m.rows))))
+        doc.add(summary_table(single))
         doc.add(
             "\nMax Sequence is the bracket a search ends with: the longest length that ran – the shortest "
             "that failed; ≥ where the search did not finish. Every trial of each search:\n"
         )
         for s in single:
-            rows = sorted((r for r in single_rows if r.series == s.series), key=lambda r: r.seq_len)
+            rows = sorted((r for r in m.trials if r.series == s.series), key=lambda r: r.seq_len)
             doc.heading(5, f"{s.label}: {d.settings_text(s.head)}")
             doc.add(memory_table(rows))
     else:

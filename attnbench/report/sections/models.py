@@ -172,26 +172,31 @@ def _mode_cells(part: ModeSeries | None, compare: int, cuda: bool) -> ModeCells:
 
 def models_table(records: list[ModelRecord], compare: int) -> Table:
     at = short_tokens(compare)
-    rows = []
+    rows = []  # (record, why the kernel refused it, its cells by mode)
     for rec in records:
         cuda = any(getattr(r, "device", None) == "cuda" for r in rec.trials())
-        row = {"Model (H / H_kv / D)": rec.model, "Implementation": rec.implementation, "K, V": _kv_cell(rec)}
         refused = _unsupported(rec)
-        for mode, name in MODES:
-            cells = ModeCells() if refused else _mode_cells(rec.modes.get(mode), compare, cuda)
-            row[f"{name} TFLOP/s at {at}"] = cells.tflops
-            row[f"{name} Bytes/Token (x Floor)"] = cells.bytes
-            row[f"{name} Longest (Under)"] = (cells.longest, cells.limit) if cells.longest else None
-            row[f"{name} Predicted, Whole GPU"] = cells.predicted
-        row["Note"] = refused
-        rows.append(row)
-    formats = {"Note": lambda v: v}
+        cells = {
+            name: ModeCells() if refused else _mode_cells(rec.modes.get(mode), compare, cuda) for mode, name in MODES
+        }
+        rows.append((rec, refused, cells))
+    columns = {"Model (H / H_kv / D)": lambda r: r[0].model, "Implementation": lambda r: r[0].implementation}
+    columns["K, V"] = lambda r: _kv_cell(r[0])
     for _, name in MODES:
-        formats[f"{name} TFLOP/s at {at}"] = tflops_cell
-        formats[f"{name} Bytes/Token (x Floor)"] = _bytes_cell
-        formats[f"{name} Longest (Under)"] = _longest_cell
-        formats[f"{name} Predicted, Whole GPU"] = lambda v: f"~{format_tokens(int(v))}"
-    return Table("models", list(rows[0]), rows, formats)
+        columns |= {
+            f"{name} TFLOP/s at {at}": (lambda r, n=name: r[2][n].tflops, tflops_cell),
+            f"{name} Bytes/Token (x Floor)": (lambda r, n=name: r[2][n].bytes, _bytes_cell),
+            f"{name} Longest (Under)": (
+                lambda r, n=name: (r[2][n].longest, r[2][n].limit) if r[2][n].longest else None,
+                _longest_cell,
+            ),
+            f"{name} Predicted, Whole GPU": (
+                lambda r, n=name: r[2][n].predicted,
+                lambda v: f"~{format_tokens(int(v))}",
+            ),
+        }
+    columns["Note"] = lambda r: r[1]
+    return Table.of("models", columns, rows)
 
 
 def _bytes_cell(v) -> str:

@@ -19,6 +19,7 @@ from attnbench.report.intervals import time_interval
 from attnbench.report.seeds.claims import EIGHT_GIB, HARDWARE_BOUND, Claim, matches, short_label
 from attnbench.report.tables.sweep import MaxSeqSummary
 from attnbench.results.schema import Row, Trial
+from attnbench.results.series import row_date
 from attnbench.units import format_gib
 
 EXACT_STOPS = ("memory", "host memory")  # a search stopped otherwise (time, its cap) only bounds the length
@@ -66,7 +67,7 @@ def _measured(
         n,
         m.name,
         short_label(row),
-        d.row_date(row),
+        row_date(row),
         device="cpu" if any(r.device == "cpu" for r in rows) else "cuda",
         ranks=max((d.world_size(r) for r in rows), default=1),
         limit=next((r.memory_limit for r in rows if getattr(r, "memory_limit", None)), None),
@@ -86,8 +87,8 @@ def _chosen(rows: list[Any], value, pick: str) -> tuple[Any, int]:
     if not rows:
         return None, 0
     if pick == "best":
-        return max(rows, key=lambda r: (value(r), d.row_date(_row(r)))), len(rows) - 1
-    return max(rows, key=lambda r: d.row_date(_row(r))), len(rows) - 1
+        return max(rows, key=lambda r: (value(r), row_date(_row(r)))), len(rows) - 1
+    return max(rows, key=lambda r: row_date(_row(r))), len(rows) - 1
 
 
 def _row(item: Any) -> Row:
@@ -179,7 +180,7 @@ def _max_seq(m, match: dict[str, Any], pick: str, limit: int | None = None) -> M
     fitted = [c for c in m.capacities if limit and c.fit and matches(c.head, match) and c.predict_for(limit)]
     if not fitted:
         return None
-    c = max(fitted, key=lambda c: (c.successful, d.row_date(c.head)))
+    c = max(fitted, key=lambda c: (c.successful, row_date(c.head)))
     fit = f"the {'quadratic' if c.fit.degree == 2 else 'linear'} fit of {c.successful} trials"
     notes = [f"{fit} solved for {format_gib(limit)}"]
     if c.error is not None and abs(c.error) > 0.05:

@@ -96,7 +96,7 @@ def call_costs(groups: dict[tuple, list[SpeedupCase]]) -> list[CallCost]:
     out = []
     for (strategy, family), cases in groups.items():
         measured = tuple(
-            (c.row.case or f"{c.seq_len}x{c.batch}", c.single_ms.value, c.multi_ms.value)
+            (c.row.case or f"{c.row.seq_len}x{c.row.batch}", c.single_ms.value, c.multi_ms.value)
             for c in cases
             if c.speedup_ci is not None and c.single_ms and c.multi_ms
         )

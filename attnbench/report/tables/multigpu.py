@@ -71,24 +71,33 @@ def _run_of(c: Any) -> str | None:
 
 @dataclass(frozen=True)
 class SpeedupCase:
-    """A multi-GPU speedup row against its single-GPU baseline (None where not measured)."""
+    """A multi-GPU speedup row against its single-GPU baseline (None where not measured), both
+    read with ``timer``: eager time (``DATA_PARALLEL_TIMER`` says why)."""
 
     row: Speedup
     single: Speedup | None
-    strategy: str
-    world_size: int
-    impl: str
-    seq_len: int
-    batch: int | None
-    timer: str
-    single_ms: Interval | None
-    multi_ms: Interval | None
-    speedup: float | None
-    speedup_ci: Interval | None
-    efficiency: float | None
-    efficiency_ci: Interval | None
-    output_match: bool | None
-    note: str
+    speedup_ci: Interval | None  # single time / multi-GPU time, resampling both sides; None unless both ran
+    timer: str = DATA_PARALLEL_TIMER
+
+    @property
+    def speedup(self) -> float | None:
+        return self.speedup_ci.value if self.speedup_ci else None
+
+    @property
+    def efficiency_ci(self) -> Interval | None:
+        return divided(self.speedup_ci, world_size(self.row))
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.efficiency_ci.value if self.efficiency_ci else None
+
+    @property
+    def single_ms(self) -> Interval | None:
+        return time_interval(self.single, self.timer)
+
+    @property
+    def multi_ms(self) -> Interval | None:
+        return time_interval(self.row, self.timer)
 
 
 def latest_speedup_rows(rows: list[Row]) -> list[Speedup]:
@@ -109,29 +118,7 @@ def speedup_cases(rows: list[Row]) -> list[SpeedupCase]:
             continue
         base = baseline(r, singles)
         ran = base is not None and base.status == "ok" and r.status == "ok"
-        # GPU time where both sides have it, else eager time; the interval from both sample sets
-        speedup_ci, timer = speedup_interval(base, r, DATA_PARALLEL_TIMER) if ran else (None, DATA_PARALLEL_TIMER)
-        efficiency_ci = divided(speedup_ci, world_size(r))
-        cases.append(
-            SpeedupCase(
-                row=r,
-                single=base,
-                strategy=r.strategy,
-                world_size=world_size(r),
-                impl=r.impl,
-                seq_len=r.seq_len,
-                batch=r.batch,
-                timer=timer,
-                single_ms=time_interval(base, timer),
-                multi_ms=time_interval(r, timer),
-                speedup=speedup_ci.value if speedup_ci else None,
-                speedup_ci=speedup_ci,
-                efficiency=efficiency_ci.value if efficiency_ci else None,
-                efficiency_ci=efficiency_ci,
-                output_match=r.output_match,
-                note=r.note or "",
-            )
-        )
+        cases.append(SpeedupCase(r, base, speedup_interval(base, r, DATA_PARALLEL_TIMER)[0] if ran else None))
     return cases
 
 
@@ -150,10 +137,10 @@ def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
     """Cases by strategy, then by everything but the (length, batch) case."""
     groups: dict[tuple, list[SpeedupCase]] = {}
     for c in cases:
-        groups.setdefault((c.strategy, group_label(c.row)), []).append(c)
+        groups.setdefault((c.row.strategy, group_label(c.row)), []).append(c)
     order = list(STRATEGY_NAMES)
     return {
-        k: sorted(v, key=lambda c: (c.seq_len, c.batch or 0))
+        k: sorted(v, key=lambda c: (c.row.seq_len, c.row.batch or 0))
         for k, v in sorted(
             groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])
         )
@@ -290,7 +277,7 @@ def ring_pairs(rows: list[Row]) -> list[RingPair]:
             base, kind = preferred(found)
             pairs.append(RingPair(r, base, kind, found[SAME_SPLIT] if kind == EQUAL_WORK else None))
     for c in speedup_cases(rows):
-        if c.strategy == "ring" and c.row.status == "ok":
+        if c.row.strategy == "ring" and c.row.status == "ok":
             pairs.append(RingPair(c.row, c.single, SAME_SPLIT if c.single else None))
     return sorted(pairs, key=lambda p: (p.row.impl, config_id(p.row.config), p.row.seq_len, p.world_size))
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnbench.report.data import machine_of, trials
+from attnbench.report.data import trials
 from attnbench.report.markdown import record_table, result_text
 from attnbench.results.schema import Row, Trial
+from attnbench.results.series import machine_of
 from attnbench.units import format_sparsity, format_tokens
 
 SPARSE = "block-sparse"

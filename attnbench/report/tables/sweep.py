@@ -20,7 +20,6 @@ from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
-TRIAL_KINDS = ("max-seq", "points")
 INTERRUPTED = "search interrupted"
 CSV_COLUMNS = (
     "run label impl kind phase seq_len status message batch heads head_dim dtype device mode causal "
@@ -202,11 +201,17 @@ def time_table(trials: list[Trial]) -> str:
     return record_table(TIME_COLUMNS, trials)
 
 
-def max_seq_text(s: MaxSeqSummary) -> str:
+def max_seq_text(s: MaxSeqSummary, fmt=format_tokens) -> str:
     """The largest length of a summary; an unfinished search gives only a lower bound."""
     if not s.max_seq_len:
         return "none" if s.complete else "none yet"
-    return format_tokens(s.max_seq_len) if s.complete else f"≥ {format_tokens(s.max_seq_len)}"
+    return fmt(s.max_seq_len) if s.complete else f"≥ {fmt(s.max_seq_len)}"
+
+
+def search_bracket(s: MaxSeqSummary, fmt=format_tokens) -> str:
+    """A search's answer: its bracket (largest that ran – first that failed) where it finished,
+    else the lower bound it reached."""
+    return bracket(s.max_seq_len, s.first_failure, fmt) if s.complete else max_seq_text(s, fmt)
 
 
 SUMMARY_COLUMNS = {
@@ -214,9 +219,7 @@ SUMMARY_COLUMNS = {
     "Dtype": lambda s: s.dtype,
     "Mode": lambda s: s.mode,
     "Device": lambda s: s.machine or s.device,
-    "Max Sequence (ran – failed)": lambda s: (
-        bracket(s.max_seq_len, s.first_failure, format_tokens) if s.complete else max_seq_text(s)
-    ),
+    "Max Sequence (ran – failed)": search_bracket,
     "Stopped By": lambda s: s.stopped_by,
     "Peak at Max": lambda s: format_bytes(s.peak_bytes),
     "Peak / Floor": lambda s: f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report.data import machine_of, short_commit
 from attnbench.report.intervals import tflops_cell, tflops_interval
 from attnbench.report.markdown import Table
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary, series_groups
 from attnbench.results.schema import Row
+from attnbench.results.series import machine_of, short_commit
 from attnbench.units import format_gib, format_tokens
 
 COMPARE_AT, COMPARE_LABEL = 65536, "64K"  # where block-sparse's training throughput meets dense SDPA's
@@ -73,17 +73,25 @@ def _mode(summary: MaxSeqSummary, rows: list[Row]) -> str:
     return next((r.mode or "fwd" for r in rows if getattr(r, "series", None) == summary.series), "fwd")
 
 
-HEADERS = {  # column: record field
+def _tokens(v: int) -> str:
+    return format_tokens(v) if v else "-"
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+COLUMNS = {  # column: record field, or (record field, its cell)
     "Implementation": "label",
     "Dtype": "dtype",
     "Device": "machine",
-    "Largest Training Sequence": "max_seq_len",
-    "Searched Under": "memory_limit",
-    "Peak / Training Floor": "peak_over_floor",
-    "Training TFLOP/s at Largest": "tflops_at_max",
-    f"Training TFLOP/s at {COMPARE_LABEL}": "tflops_compare",
-    "Largest Forward Sequence": "fwd_max_seq_len",
-    "Peak / Forward Floor": "fwd_peak_over_floor",
+    "Largest Training Sequence": ("max_seq_len", _tokens),
+    "Searched Under": ("memory_limit", lambda v: format_gib(v) if v else "whole GPU"),
+    "Peak / Training Floor": ("peak_over_floor", _ratio),
+    "Training TFLOP/s at Largest": ("tflops_at_max", tflops_cell),
+    f"Training TFLOP/s at {COMPARE_LABEL}": ("tflops_compare", tflops_cell),
+    "Largest Forward Sequence": ("fwd_max_seq_len", _tokens),
+    "Peak / Forward Floor": ("fwd_peak_over_floor", _ratio),
 }
 NOTE = (
     "The training floor is q, k, v, the output, its gradient and dq, dk, dv (8 tensors); the forward floor q, k, v "
@@ -94,19 +102,4 @@ NOTE = (
 
 
 def training_table(records: list[TrainingRecord]) -> Table:
-    def tokens(v):
-        return format_tokens(v) if v else "-"
-
-    def ratio(v):
-        return f"{v:.2f}x"
-
-    formats = {
-        "Largest Training Sequence": tokens,
-        "Largest Forward Sequence": tokens,
-        "Searched Under": lambda v: format_gib(v) if v else "whole GPU",
-        "Peak / Training Floor": ratio,
-        "Peak / Forward Floor": ratio,
-        "Training TFLOP/s at Largest": tflops_cell,
-        f"Training TFLOP/s at {COMPARE_LABEL}": tflops_cell,
-    }
-    return Table.of("training", HEADERS, records, formats)
+    return Table.of("training", COLUMNS, records)
