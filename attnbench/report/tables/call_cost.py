@@ -96,9 +96,9 @@ def call_costs(groups: dict[tuple, list[SpeedupCase]]) -> list[CallCost]:
     out = []
     for (strategy, family), cases in groups.items():
         measured = tuple(
-            (c.row.case or f"{c.row.seq_len}x{c.row.batch}", c.single_ms.value, c.multi_ms.value)
+            (c.row.case or f"{c.row.seq_len}x{c.row.batch}", c.base_ci.value, c.time_ci.value)
             for c in cases
-            if c.speedup_ci is not None and c.single_ms and c.multi_ms
+            if c.speedup_ci is not None and c.base_ci and c.time_ci
         )
         line = fit_line([(one, multi) for _, one, multi in measured])
         if line is not None:

@@ -70,14 +70,16 @@ def _run_of(c: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class SpeedupCase:
-    """A multi-GPU speedup row against its single-GPU baseline (None where not measured), both
-    read with ``timer``: eager time (``DATA_PARALLEL_TIMER`` says why)."""
+class AgainstOneDevice:
+    """A multi-GPU measurement against its baseline on one device (None where not measured):
+    the ratio and both times read with one timer (``speedup_ci`` and ``timer`` are the kind's)."""
 
-    row: Speedup
-    single: Speedup | None
-    speedup_ci: Interval | None  # single time / multi-GPU time, resampling both sides; None unless both ran
-    timer: str = DATA_PARALLEL_TIMER
+    row: Workload
+    single: Workload | None
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.row)
 
     @property
     def speedup(self) -> float | None:
@@ -85,19 +87,28 @@ class SpeedupCase:
 
     @property
     def efficiency_ci(self) -> Interval | None:
-        return divided(self.speedup_ci, world_size(self.row))
+        return divided(self.speedup_ci, self.world_size)
 
     @property
     def efficiency(self) -> float | None:
         return self.efficiency_ci.value if self.efficiency_ci else None
 
     @property
-    def single_ms(self) -> Interval | None:
+    def base_ci(self) -> Interval | None:
         return time_interval(self.single, self.timer)
 
     @property
-    def multi_ms(self) -> Interval | None:
+    def time_ci(self) -> Interval | None:
         return time_interval(self.row, self.timer)
+
+
+@dataclass(frozen=True)
+class SpeedupCase(AgainstOneDevice):
+    """A data-parallel speedup row against its single-GPU row, both read in eager time
+    (``DATA_PARALLEL_TIMER`` says why)."""
+
+    speedup_ci: Interval | None  # single time / multi-GPU time, resampling both sides; None unless both ran
+    timer: str = DATA_PARALLEL_TIMER
 
 
 def latest_speedup_rows(rows: list[Row]) -> list[Speedup]:
@@ -198,45 +209,28 @@ def preferred(found: dict[str, Trial | None]) -> tuple[Trial | None, str | None]
 
 
 @dataclass(frozen=True)
-class RingPair:
-    """A sequence-parallel measurement against one device: its baseline row and which baseline
-    that is (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured), and the same
-    implementation on one rank beside an equal-work baseline."""
+class RingPair(AgainstOneDevice):
+    """A sequence-parallel measurement against one device: which baseline ``single`` is
+    (``EQUAL_WORK`` or ``SAME_SPLIT``; None where not measured), and the same implementation on
+    one rank beside an equal-work baseline."""
 
-    row: Workload
-    single: Workload | None
     baseline: str | None
     same_split: Workload | None = None
 
-    @property
-    def world_size(self) -> int:
-        return world_size(self.row)
-
     @cached_property
     def timer(self) -> str:
+        """GPU time where both rows have it, else eager time."""
         return speedup_interval(self.single, self.row)[1]
 
     @cached_property
     def speedup_ci(self) -> Interval | None:
-        """T(baseline) / T(ring), both read with ``timer``; the interval resamples both sides."""
+        """T(baseline) / T(ring); the interval resamples both sides."""
         return speedup_interval(self.single, self.row)[0]
-
-    @property
-    def efficiency_ci(self) -> Interval | None:
-        return divided(self.speedup_ci, self.world_size)
 
     @property
     def efficiency_same_split(self) -> float | None:
         ci = speedup_interval(self.same_split, self.row)[0]
         return ci.value / self.world_size if ci else None
-
-    @property
-    def time_ci(self) -> Interval | None:
-        return time_interval(self.row, self.timer)
-
-    @property
-    def base_ci(self) -> Interval | None:
-        return time_interval(self.single, self.timer)
 
     @property
     def sent_bytes(self) -> int | None:

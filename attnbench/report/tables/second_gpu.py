@@ -134,11 +134,11 @@ def _largest_case(speedups: list[SpeedupCase]) -> dict[tuple[str, str], tuple[st
     out: dict[tuple[str, str], tuple[str, Any, float]] = {}
     for (strategy, family), cases in speedup_groups(speedups).items():
         for c in cases:
-            if c.speedup_ci is None or not c.single_ms:
+            if c.speedup_ci is None or not c.base_ci:
                 continue
             key = (family_kernel(family), strategy)
-            if key not in out or c.single_ms.value > out[key][2]:
-                out[key] = (c.row.case, c.speedup_ci, c.single_ms.value)
+            if key not in out or c.base_ci.value > out[key][2]:
+                out[key] = (c.row.case, c.speedup_ci, c.base_ci.value)
     return {k: v[:2] for k, v in out.items()}
 
 
