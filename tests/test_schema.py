@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.results import read_rows, schema
+from attnbench.results import convert, read_rows, schema
 from attnbench.results.schema import (
     MaxSeqResult,
     SchemaError,
@@ -177,7 +177,7 @@ def test_every_stored_field_of_every_row_kind_is_in_the_results_format_doc():
     named = set(re.findall(r"`([a-z_0-9]+)`", (ROOT / "docs" / "reference" / "results-format.md").read_text()))
     missing = {
         cls.__name__: [
-            f.name for f in dataclasses.fields(cls) if f.name not in named and f.name not in schema._NOT_STORED
+            f.name for f in dataclasses.fields(cls) if f.name not in named and f.name not in convert.NOT_STORED
         ]
         for cls in schema.ROW_TYPES
     }

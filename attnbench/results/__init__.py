@@ -5,7 +5,7 @@ samples and per-GPU memory, so reports and the regression check read result file
 else. A killed sweep loses at most the trial in flight: each row is one ``write`` of one line,
 flushed and synced, and a reader skips (and reports) a truncated last line.
 
-``schema`` holds the row kinds in code, ``write`` appends rows (checked, synced, never through
+``schema`` holds the row kinds in code (``convert`` turns them to JSON and back), ``write`` appends rows (checked, synced, never through
 a link), ``read`` reads them back (the one loader every reader uses), ``possible`` says which
 rows no measurement gives, ``paths`` checks output paths before any work and writes derived
 files whole, ``series`` says which rows form one series across runs. Every name a caller of ``write``, ``read`` and ``paths`` needs is imported here.
@@ -30,6 +30,7 @@ from attnbench.results.read import (
     result_files,
     rows_to_resume,
 )
+from attnbench.results.convert import clean_floats
 from attnbench.results.write import (
     BUDGET,
     LOCK_FILE,
@@ -38,7 +39,6 @@ from attnbench.results.write import (
     TRIALS_FILE,
     ResultsLock,
     ResultsWriter,
-    clean_floats,
     now_utc,
     repair_torn_tail,
     series_key,

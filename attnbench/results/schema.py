@@ -14,8 +14,7 @@ but a row a writer built (``build``) goes out key for key as it was given, nulls
 Nested objects stay plain where a reader needs nothing more than a key (``config``, the
 entries of ``ranks`` and ``env.gpus``); per-GPU memory and the environment are typed.
 
-Over 400 lines because the schema is one place: a dataclass per row kind with a comment per
-field, and the conversion that checks them.
+The conversion itself (checked reading, writing back, NaN as null) is ``results.convert``.
 """
 
 from __future__ import annotations
@@ -23,21 +22,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, Union
+from typing import Any, ClassVar, TypeVar
 
-from attnbench.errors import AttnbenchError
+from attnbench.results.convert import SchemaError, clean_floats, from_json, held, to_json
 
 SCHEMA_VERSION = 1
 R = TypeVar("R", bound="Row")
+P = TypeVar("P")
 Fields = dict[str, Any]  # a row's fields by name, as a writer assembles them for ``build``
-
-
-class SchemaError(AttnbenchError):
-    """A row that does not match its kind's schema; the message names the field."""
-
 
 # --- the rows ---------------------------------------------------------------------------------
 
@@ -102,7 +95,7 @@ class Row:
     layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
     def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
+        return to_json(self)
 
     @classmethod
     def from_json(cls, d: Any) -> Row:
@@ -112,7 +105,7 @@ class Row:
         if d.get("kind") not in cls.KIND:
             raise SchemaError(f"field 'kind' is {d.get('kind')!r}, expected {' or '.join(map(repr, cls.KIND))}")
         _check_version(d)
-        return _from_json(cls, d, f"{d['kind']} row")
+        return from_json(cls, d, f"{d['kind']} row")
 
 
 @dataclass(kw_only=True)
@@ -131,7 +124,6 @@ class Workload(Row):
     mode: str | None = None  # fwd or fwd_bwd (absent in verify rows)
     world_size: int | None = None  # GPUs (ranks) the call was spread over; None: one device
     strategy: str | None = None  # how: single, a sequence-parallel ring, dp/ddp/mp; None: single
-    impl_source: dict[str, Any] | None = None  # outside implementation: import path, package, version, memory order
     kv_heads: int | None = None  # key/value heads shared by groups of query heads; None: as many as heads
     model: str | None = None  # the model preset the shape came from (attnbench models)
 
@@ -195,16 +187,11 @@ class Timing:
 
 
 @dataclass(kw_only=True)
-class Trial(Workload, Timing):
-    """One timed call at one sequence length: a probe of a max-seq search or a fixed point."""
+class Measured(Timing):
+    """What a trial's process measured: the part of a trial row its worker sends back
+    (``to_json``, read back with ``received``), memory, FLOPs and communication beside the time."""
 
-    KIND: ClassVar[tuple[str, ...]] = ("max-seq", "points")
-    series: str  # identity of the sweep line (everything but seq_len)
-    label: str  # the series' name in tables
-    phase: str | None = None  # grow, predict, bracket, bisect, confirm, predicted (not run) or point
-    isolate: bool | None = None  # ran in its own process
-    max_trial_seconds: float | None = None  # time limit of one trial
-    memory_limit: int | None = None  # bytes a trial may use on its device, when capped
+    impl_source: dict[str, Any] | None = None  # outside implementation: import path, package, version, memory order
     inputs_bytes: int | None = None  # q, k, v (and gradients) as allocated
     floor_bytes: int | None = None  # closed-form memory floor of the call
     peak_bytes: int | None = None  # peak memory as peak_counter measured it
@@ -225,19 +212,32 @@ class Trial(Workload, Timing):
     compile_peak_bytes: int | None = None  # allocator peak of the compiling call, kept out of peak_bytes
     tflops_executed_ci_low: float | None = None  # executed TFLOP/s over the time interval
     tflops_executed_ci_high: float | None = None
-    attempt: int | None = None  # 2 and on: the same length again in a fresh process (a retry, the confirmation)
-    process: int | None = None  # which of --repeat K fresh processes measured this point
-    timing: dict[str, Any] | None = None  # the timing plan (warm-up, samples, budget): part of the identity
     pairs_counted: str | None = None  # outside mask: pairs counted exactly, or by blocks at large N
     sent_bytes: int | None = None  # sequence parallel: bytes the busiest rank sends per call
     algbw_gbps: float | None = None  # those bytes over the call's time (nccl-tests' algbw)
     link_gbps: float | None = None  # sequence parallel: the same ranks' ring exchange alone, GB/s (what the link gives)
+    phase_s: dict[str, float] | None = None  # seconds per phase of its process: start, setup, ..., exit
+
+
+@dataclass(kw_only=True)
+class Trial(Workload, Measured):
+    """One timed call at one sequence length: a probe of a max-seq search or a fixed point."""
+
+    KIND: ClassVar[tuple[str, ...]] = ("max-seq", "points")
+    series: str  # identity of the sweep line (everything but seq_len)
+    label: str  # the series' name in tables
+    phase: str | None = None  # grow, predict, bracket, bisect, confirm, predicted (not run) or point
+    isolate: bool | None = None  # ran in its own process
+    max_trial_seconds: float | None = None  # time limit of one trial
+    memory_limit: int | None = None  # bytes a trial may use on its device, when capped
+    attempt: int | None = None  # 2 and on: the same length again in a fresh process (a retry, the confirmation)
+    process: int | None = None  # which of --repeat K fresh processes measured this point
+    timing: dict[str, Any] | None = None  # the timing plan (warm-up, samples, budget): part of the identity
     sweep: str | None = None  # the sweep kind that ran it, where its rows are another kind's (max-seq, points)
     predicted_peak_bytes: float | None = None  # max-seq: the peak the capacity model predicted before it ran
     predicted_time_ms: float | None = None  # max-seq: the warm call the model predicted before it ran
     predicted_max_seq: int | None = None  # max-seq: the largest length the model predicted before it ran
     predicted_only: bool | None = None  # not run: the model put its call over the time limit (status time-limit)
-    phase_s: dict[str, float] | None = None  # seconds per phase of its process: start, setup, ..., exit
 
 
 @dataclass(kw_only=True)
@@ -305,9 +305,9 @@ class Speedup(Workload, Timing):
     replica_batches: list[list[int]] | None = None  # dp: [gpu, batch size] each replica really got
 
 
-# Workload fields that are bookkeeping, not part of what was measured (a model preset names a
-# shape that heads, kv_heads, head_dim and causal already hold).
-NOT_IDENTITY = ("impl_source", "model")
+# Workload fields that are bookkeeping, not part of what was measured: a model preset names a
+# shape that heads, kv_heads, head_dim and causal already hold.
+NOT_IDENTITY = ("model",)
 
 
 @functools.cache
@@ -333,16 +333,30 @@ def row_from_json(d: Any) -> Row:
 
 def build(cls: type[R], **fields: Any) -> R:
     """A row a writer makes, checked as a reader would; its numbers and ``layout`` (keys, order, nulls) as given."""
-    return _from_json(cls, {"schema": SCHEMA_VERSION, **fields}, f"{fields.get('kind')} row", built=True)
+    return from_json(cls, {"schema": SCHEMA_VERSION, **fields}, f"{fields.get('kind')} row", built=True)
+
+
+def join(cls: type[R], *parts: Any, **fields: Any) -> R:
+    """A row a writer makes from typed parts (each one's fields that hold a value; a later one
+    wins) and its own ``fields``, checked as ``build`` checks; NaN and infinity stored as null."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        merged.update(held(part))
+    return build(cls, **clean_floats({**merged, **fields}))
+
+
+def received(cls: type[P], d: Any, sender: str) -> P:
+    """The typed part a worker process sent as JSON (``to_json``), checked like a row: a
+    SchemaError names a missing, mistyped or unknown field."""
+    if not isinstance(d, dict):
+        raise SchemaError(f"{sender} sent {type(d).__name__}, not a JSON object")
+    return from_json(cls, d, f"{sender}'s {cls.__name__.lower()}", built=True)
 
 
 def validate(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` unchanged when it is a valid row; a SchemaError otherwise."""
     row_from_json(d)
     return d
-
-
-# --- conversion -------------------------------------------------------------------------------
 
 
 def _check_version(d: dict[str, Any]) -> None:
@@ -355,96 +369,3 @@ def _check_version(d: dict[str, Any]) -> None:
             f"field 'schema' is {v!r}, this attnbench reads schema {SCHEMA_VERSION}"
             + ("; upgrade attnbench to read it" if newer else "")
         )
-
-
-_NOT_STORED = ("extra", "source", "layout")
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in _NOT_STORED:
-            continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if f.name not in d or (d[f.name] is None and not required and not _optional(hints[f.name])):
-            if required:
-                raise SchemaError(f"{what}: missing field {f.name!r}")
-            continue  # the default stands for "not recorded"
-        kwargs[f.name] = _convert(d[f.name], hints[f.name], f"{what}: field {f.name!r}", built)
-    known = {f.name for f in dataclasses.fields(cls)}
-    kwargs["extra"] = {k: v for k, v in d.items() if k not in known or k in _NOT_STORED}
-    kwargs["layout"] = tuple(d) if built else ()
-    return cls(**kwargs)
-
-
-def _optional(tp: Any) -> bool:
-    return _is_union(tp) and type(None) in typing.get_args(tp)
-
-
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
-
-
-def _convert(value: Any, tp: Any, where: str, built: bool = False) -> Any:
-    if _is_union(tp):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{where} is {_json_type(value)}, expected an object")
-        return _from_json(tp, value, where, built)
-    origin = typing.get_origin(tp) or tp
-    if origin is list:
-        if not isinstance(value, list):
-            raise SchemaError(f"{where} is {_json_type(value)}, expected a list")
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item, f"{where}[{i}]", built) for i, v in enumerate(value)]
-    if value is None and tp is not Any:
-        raise SchemaError(f"{where} is null, expected {_NAMES.get(origin, getattr(origin, '__name__', origin))}")
-    if tp is Any or _matches(value, origin):
-        return float(value) if origin is float and not built else value
-    raise SchemaError(f"{where} is {_json_type(value)} {_short(value)}, expected {_NAMES.get(origin, origin.__name__)}")
-
-
-_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object"}
-
-
-def _matches(value: Any, tp: type) -> bool:
-    if isinstance(value, bool):
-        return tp is bool
-    if tp is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, tp)
-
-
-_JSON_TYPES = {**_NAMES, bool: "a boolean", list: "a list"}
-
-
-def _json_type(value: Any) -> str:
-    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return f"({text[:40]}...)" if len(text) > 40 else f"({text})"
-
-
-def _to_json(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        out = {k: _to_json(obj.extra[k] if k in obj.extra else getattr(obj, k)) for k in obj.layout}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if f.name not in _NOT_STORED and f.name not in out and value is not None:
-                out[f.name] = _to_json(value)
-        out.update(obj.extra)
-        return out
-    if isinstance(obj, list):
-        return [_to_json(v) for v in obj]
-    return obj

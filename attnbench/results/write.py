@@ -231,18 +231,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot store {type(value).__name__} in a result row")
-
-
-def clean_floats(row: dict[str, Any]) -> dict[str, Any]:
-    """NaN and infinity are not JSON: store them as null."""
-
-    def fix(v):
-        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-            return None
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
-
-    return fix(row)
