@@ -346,7 +346,7 @@ class Measurement:
         if self.gpu_times_ms is not None:
             out["gpu_times_ms"] = self.gpu_times_ms
         out.update(self.clocks)
-        out.update(sample_statistics(self.times_ms, self.gpu_times_ms))
+        out.update(vars(sample_statistics(self.times_ms, self.gpu_times_ms)))
         return out
 
 

@@ -38,9 +38,6 @@ class Interval:
     def relative(self) -> float:
         return self.half_width / self.value if self.value else float("inf")
 
-    def to_row(self, prefix: str) -> dict[str, float | int]:
-        return {f"{prefix}_ci_low": self.low, f"{prefix}_ci_high": self.high, f"{prefix}_n": self.n}
-
 
 def _groups(samples: Sequence[float] | Groups) -> list[np.ndarray]:
     if samples and isinstance(samples[0], (list, tuple, np.ndarray)):

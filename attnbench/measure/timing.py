@@ -108,29 +108,41 @@ def timed_samples(
     return [timer(fn) for _ in range(n)]
 
 
-def sample_statistics(times_ms: list[float], gpu_times_ms: list[float] | None = None) -> dict[str, object]:
-    """Every statistic a row carries of its samples: the eager median and spread, the
-    intervals of the eager and GPU medians, the host's share of a call. The one place they
-    are computed, whether the samples came from one process or the slowest of several ranks."""
-    row = {"times_ms": times_ms, "gpu_times_ms": gpu_times_ms}
-    return {**summarize(times_ms), **time_intervals(row)}
+@dataclass
+class SampleStatistics:
+    """Every statistic a row carries of its samples, named as the row's fields: the eager
+    median and spread, the intervals of the eager and GPU medians, the host's share of a call."""
+
+    time_ms: float | None = None  # median eager sample
+    time_iqr_ms: float | None = None
+    time_min_ms: float | None = None
+    time_max_ms: float | None = None
+    time_ci_low: float | None = None  # the median's 95% interval
+    time_ci_high: float | None = None
+    time_n: int | None = None
+    gpu_time_ms: float | None = None  # median GPU time
+    gpu_time_ci_low: float | None = None
+    gpu_time_ci_high: float | None = None
+    gpu_time_n: int | None = None
+    host_bound: bool | None = None
+    dispatch_share: float | None = None
 
 
-def time_intervals(row: dict[str, object]) -> dict[str, object]:
-    """Intervals of the eager and GPU medians, GPU time, the host's share of an eager call."""
+def sample_statistics(times_ms: list[float], gpu_times_ms: list[float] | None = None) -> SampleStatistics:
+    """The statistics of eager samples and GPU times: the one place they are computed, whether
+    the samples came from one process or the slowest of several ranks."""
     from attnbench.measure import stats
 
-    out: dict[str, object] = {}
-    eager = stats.median_interval(row.get("times_ms") or [])
+    out = SampleStatistics(**summarize(times_ms))
+    eager = stats.median_interval(times_ms or [])
     if eager:
-        out.update(eager.to_row("time"))
-    gpu = stats.median_interval(row.get("gpu_times_ms") or [])
+        out.time_ci_low, out.time_ci_high, out.time_n = eager.low, eager.high, eager.n
+    gpu = stats.median_interval(gpu_times_ms or [])
     if gpu:
-        out.update(gpu_time_ms=gpu.value, **gpu.to_row("gpu_time"))
+        out.gpu_time_ms, out.gpu_time_ci_low, out.gpu_time_ci_high, out.gpu_time_n = gpu.value, gpu.low, gpu.high, gpu.n
         if eager and eager.value > 0:
-            out.update(
-                host_bound=host_bound(eager.value, gpu.value), dispatch_share=max(0.0, 1 - gpu.value / eager.value)
-            )
+            out.host_bound = host_bound(eager.value, gpu.value)
+            out.dispatch_share = max(0.0, 1 - gpu.value / eager.value)
     return out
 
 

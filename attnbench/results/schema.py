@@ -185,6 +185,13 @@ class Timing:
     clocks_moved: bool | None = None  # a clock moved more than a few percent while timing
     kv_layout: str | None = None  # grouped K/V: shared (read once per group) or expanded (copied per query head)
 
+    def summarize(self) -> None:
+        """Set the statistics of ``times_ms`` and ``gpu_times_ms`` (``measure.timing.sample_statistics``)."""
+        from attnbench.measure.timing import sample_statistics
+
+        for name, value in held(sample_statistics(self.times_ms, self.gpu_times_ms)).items():
+            setattr(self, name, value)
+
 
 @dataclass(kw_only=True)
 class Measured(Timing):

@@ -102,7 +102,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> Fields:
     samples = [r.get("times_ms") or [] for r in results]
     if status == "ok" and all(samples):
         row["times_ms"] = [max(call) for call in zip(*samples)]
-    row.update(sample_statistics(row["times_ms"]))
+    row.update(vars(sample_statistics(row["times_ms"])))
     firsts = [r["first_call_ms"] for r in results if r.get("first_call_ms") is not None]
     row["first_call_ms"] = max(firsts) if len(firsts) == world else None
     compiles = [r["compile_ms"] for r in results if r.get("compile_ms") is not None]

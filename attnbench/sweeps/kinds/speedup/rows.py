@@ -69,7 +69,7 @@ def merge_ranks(results: list[dict[str, Any]], s: Series, case: Case, strategy: 
     lead = results[0]
     if ok and len(results) == 1 and lead.get("gpu_times_ms") is not None:  # one process: its GPU time
         row.update(gpu_times_ms=lead["gpu_times_ms"], gpu_timer=lead.get("gpu_timer"))
-    row.update(sample_statistics(row["times_ms"], row.get("gpu_times_ms")))
+    row.update(vars(sample_statistics(row["times_ms"], row.get("gpu_times_ms"))))
     row["first_call_ms"] = max((r.get("first_call_ms") or 0 for r in results), default=None) or None
     if row["time_ms"]:
         row["tokens_per_s"] = case.batch * case.seq_len / (row["time_ms"] / 1e3)
