@@ -227,7 +227,7 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_six_trials(imp
     # today's blind search (double, then bisect), every probe in a fresh process as well
     s, runner = plan.series[0], SweepRunner(plan, tmp_path / "blind", {"machine": "cpu: test"})
     blind = grow_then_bisect(
-        lambda n, phase: run_isolated(runner.spec(s, n))["status"],
+        lambda n, phase: run_isolated(runner.spec(s, n)).status,
         s.start(),
         s.granularity(),
         s.settings.max_seq_len,

@@ -17,7 +17,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.plan import PROFILE_DIR, build_plan
 from attnbench.report.tables.multigpu import ring_pairs
 from attnbench.sweeps import runner, seqpar
-from attnbench.sweeps.seqpar import traffic
+from attnbench.sweeps.seqpar import RankMeasured, traffic
 
 from conftest import typed_row
 
@@ -205,10 +205,12 @@ def test_ranks_asked_on_the_command_line_are_not_clipped(monkeypatch):
 
 
 def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
-    ranks = [{"sent_bytes": 3_000_000}, {"sent_bytes": 5_000_000}]
-    assert traffic(ranks, 2.0) == {"sent_bytes": 5_000_000, "algbw_gbps": 5e6 / 2e-3 / 1e9}
-    assert traffic([{"sent_bytes": 0}], 2.0) == {"sent_bytes": 0, "algbw_gbps": None}
-    assert traffic([{}], 2.0) == {"sent_bytes": None, "algbw_gbps": None}
+    def rank(sent):
+        return RankMeasured(status="ok", message="", times_ms=[], sent_bytes=sent)
+
+    assert traffic([rank(3_000_000), rank(5_000_000)], 2.0) == (5_000_000, 5e6 / 2e-3 / 1e9)
+    assert traffic([rank(0)], 2.0) == (0, None)
+    assert traffic([rank(None)], 2.0) == (None, None)
 
 
 def _row(impl, world, time_ms, config=None, **extra):

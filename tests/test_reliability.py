@@ -19,6 +19,7 @@ from attnbench import results
 from attnbench.errors import AttnbenchError, Terminated
 from attnbench.plan import build_plan, parse_settings
 from attnbench.results import ResultsWriter, read_rows, write_text_atomic
+from attnbench.results.schema import Measured
 from attnbench.sweeps import runner as runner_mod
 from attnbench.sweeps.runner import SweepRunner, resolve
 from attnbench.sweeps.session import SilentReporter
@@ -87,7 +88,7 @@ def fake_trials(monkeypatch, status_of):
         n = spec.workload["seq_len"]
         calls[n] = calls.get(n, 0) + 1
         status = status_of(n, calls[n])
-        return {"status": status, "message": "" if status == "ok" else f"injected {status}", "times_ms": [1.0]}
+        return Measured(status=status, message="" if status == "ok" else f"injected {status}", times_ms=[1.0])
 
     monkeypatch.setattr(runner_mod, "execute", execute)
     return calls
@@ -507,8 +508,8 @@ def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, fir
             workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2, "target_ms": 0}
         )
     )
-    assert row["status"] == status, row
-    assert row["first_call_ms"] == first_ms and (row["times_ms"] == []) == (status == "time-limit")
+    assert row.status == status, row
+    assert row.first_call_ms == first_ms and (row.times_ms == []) == (status == "time-limit")
 
 
 def test_a_failed_probe_is_retried_once_in_a_fresh_trial_and_both_are_rows(tmp_path, monkeypatch):

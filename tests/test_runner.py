@@ -175,4 +175,4 @@ def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeyp
         causal=False,
     )
     row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
-    assert seen["memory_limit"] == 64 << 20 and row["status"] == "oom"
+    assert seen["memory_limit"] == 64 << 20 and row.status == "oom"

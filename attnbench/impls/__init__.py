@@ -132,13 +132,11 @@ def build_for_ranks(name: str, config: dict[str, Any], world: int) -> AttentionI
     return impl
 
 
-def recorded_metadata(name: str) -> dict[str, Any]:
-    """What a result row records of an outside implementation, so the report never imports
-    it: where it came from (import path, package, version) and its memory order."""
+def recorded_source(name: str) -> dict[str, Any] | None:
+    """What a result row records of an outside implementation (``impl_source``), so the report
+    never imports it: where it came from (import path, package, version) and its memory order."""
     entry = spec(name)
-    if not entry.source:
-        return {}
-    return {"impl_source": {**entry.source, "memory_order": entry.memory_order}}
+    return {**entry.source, "memory_order": entry.memory_order} if entry.source else None
 
 
 def counterpart(name: str) -> str | None:

@@ -1,7 +1,7 @@
 """The measurement core: one measured step, however many processes run it.
 
 ``measure_step`` runs a step (a callable: forward, or forward plus backward) under one policy
-and returns one ``Measurement`` holding the raw samples; ``Measurement.fields`` computes its
+and returns one ``Measurement`` holding the raw samples; a row takes them and computes their
 statistics (through ``timing.sample_statistics``, the one place they are computed). A trial
 in one process, a sequence-parallel rank and a speedup rank all measure through it, so a time,
 a peak and a time-limit mean the same thing in every row.
@@ -38,7 +38,6 @@ from attnbench.measure.timing import (
     TimingPolicy,
     cold_call_limit_s,
     plan_calls,
-    sample_statistics,
     timed_samples,
     warm_up,
 )
@@ -167,6 +166,17 @@ def gpu_time(fn: Step, eager: list[float], budget_s: float | None = None) -> dic
 # ---------------------------------------------------------------------------------------
 
 
+@dataclass
+class Peaks:
+    """A step's peak memory, named as a row's fields: the allocator's on a GPU, the resident set's on the CPU."""
+
+    max_memory_allocated: int | None = None
+    max_memory_reserved: int | None = None
+    device_total_bytes: int | None = None  # the GPU's memory
+    cpu_peak_rss_delta: int | None = None  # growth of the resident set's peak since ``start``
+    cpu_peak_rss: int | None = None
+
+
 class MemoryProbe:
     """Peak memory of a measured step: allocator peaks of the CUDA devices it uses (reset at
     ``start``), or the resident set's growth on the CPU. ``start`` notes the baseline and caps
@@ -176,7 +186,7 @@ class MemoryProbe:
         self.devices = list(devices)  # CUDA device indices; none: the CPU
         self.cuda = bool(self.devices)
         self.base = 0
-        self.frozen: tuple[dict[str, Any], dict[str, dict[str, int]]] | None = None
+        self.frozen: tuple[Peaks, dict[str, dict[str, int]]] | None = None
 
     def start(self, limit: int | None) -> None:
         if self.cuda:
@@ -199,14 +209,14 @@ class MemoryProbe:
         # the resident set can shrink below its baseline (pages handed back): that is none in use
         return max(0, current_rss_bytes() - self.base)
 
-    def restart_peak(self, name: str) -> dict[str, Any]:
-        """The peak so far under ``name`` (compilation, autotuning), then a fresh peak."""
+    def restart_peak(self) -> int | None:
+        """The allocator peak so far (compilation, autotuning), then a fresh peak."""
         if not self.cuda:
-            return {}
+            return None
         peak = max(torch.cuda.max_memory_allocated(d) for d in self.devices)
         for d in self.devices:
             torch.cuda.reset_peak_memory_stats(d)
-        return {name: peak}
+        return peak
 
     def freeze(self) -> None:
         """Report the peaks as they are now; later allocations (CUDA-graph pools, counting
@@ -214,23 +224,22 @@ class MemoryProbe:
         if self.frozen is None:
             self.frozen = (self.peaks(), self.allocator())
 
-    def peaks(self) -> dict[str, Any]:
+    def peaks(self) -> Peaks:
         """The first device's peaks (the trial's device, a rank's own GPU); on the CPU the
         resident set's high-water mark and its growth since ``start``."""
         if self.frozen is not None:
             return self.frozen[0]
         if self.cuda:
             if not torch.cuda.is_initialized():
-                return {}
+                return Peaks()
             d = self.devices[0]
-            return {
-                **self.allocator()[str(d)],
-                "device_total_bytes": torch.cuda.get_device_properties(d).total_memory,
-            }
-        return {
-            "cpu_peak_rss_delta": max(0, rss_high_water() - self.base) if self.base else None,
-            "cpu_peak_rss": rss_peak_bytes(),
-        }
+            return Peaks(
+                **self.allocator()[str(d)], device_total_bytes=torch.cuda.get_device_properties(d).total_memory
+            )
+        return Peaks(
+            cpu_peak_rss_delta=max(0, rss_high_water() - self.base) if self.base else None,
+            cpu_peak_rss=rss_peak_bytes(),
+        )
 
     def allocator(self) -> dict[str, dict[str, int]]:
         """Allocator peaks of every device, by CUDA index (a process spread over several GPUs)."""
@@ -327,28 +336,6 @@ class Measurement:
     cpu_tensor_peak_bytes: int | None = None  # one CPU process: tensor bytes a call held at once (tensor_peak_bytes)
     per_call: list[dict[str, Any]] = field(default_factory=list)  # ``after_call``'s reading of each timed call
 
-    def fields(self) -> dict[str, Any]:
-        """Row fields: the samples, what decided them, and their statistics."""
-        out: dict[str, Any] = {"status": self.status, "message": self.message, "timer": self.timer}
-        for key in (
-            "compile_ms",
-            "compile_peak_bytes",
-            "first_call_ms",
-            "warm_call_ms",
-            "warmup_calls",
-            "warmup_s",
-            "gpu_timer",
-            "cpu_tensor_peak_bytes",
-        ):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        out["times_ms"] = self.times_ms
-        if self.gpu_times_ms is not None:
-            out["gpu_times_ms"] = self.gpu_times_ms
-        out.update(self.clocks)
-        out.update(vars(sample_statistics(self.times_ms, self.gpu_times_ms)))
-        return out
-
 
 def measure_step(
     step: Step,
@@ -381,7 +368,7 @@ def measure_step(
         phase("compile")
         m.compile_ms = call()
         if probe is not None:
-            m.compile_peak_bytes = probe.restart_peak("compile_peak_bytes").get("compile_peak_bytes")
+            m.compile_peak_bytes = probe.restart_peak()
     phase("first-call", cold_call_limit_s(limit_s, timer.cuda))
     m.first_call_ms = call()
     m.slowest_first_call_ms = basis = agree(m.first_call_ms)

@@ -11,6 +11,7 @@ rows no measurement gives, ``paths`` checks output paths before any work and wri
 files whole, ``series`` says which rows form one series across runs. Every name a caller of ``write``, ``read`` and ``paths`` needs is imported here.
 """
 
+from attnbench.results.convert import clean_floats
 from attnbench.results.paths import (
     MANIFEST,
     MIN_FREE_BYTES,
@@ -30,7 +31,6 @@ from attnbench.results.read import (
     result_files,
     rows_to_resume,
 )
-from attnbench.results.convert import clean_floats
 from attnbench.results.write import (
     BUDGET,
     LOCK_FILE,

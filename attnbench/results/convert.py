@@ -140,3 +140,9 @@ def clean_floats(row: dict[str, Any]) -> dict[str, Any]:
 def held(part: Any) -> dict[str, Any]:
     """A typed part's fields that hold a value, by name (what it adds to a row)."""
     return {f.name: getattr(part, f.name) for f in dataclasses.fields(part) if getattr(part, f.name) is not None}
+
+
+def fill(record: Any, part: Any) -> None:
+    """Set on ``record`` every field of ``part`` that holds a value (the names are shared)."""
+    for name, value in held(part).items():
+        setattr(record, name, value)

@@ -345,11 +345,15 @@ def build(cls: type[R], **fields: Any) -> R:
 
 def join(cls: type[R], *parts: Any, **fields: Any) -> R:
     """A row a writer makes from typed parts (each one's fields that hold a value; a later one
-    wins) and its own ``fields``, checked as ``build`` checks; NaN and infinity stored as null."""
+    wins) and its own ``fields`` (which win over any part), checked as ``build`` checks; NaN
+    and infinity stored as null. Stored in that order: the writer's fields (what the row is),
+    the parts' (what was measured), the environment last."""
     merged: dict[str, Any] = {}
     for part in parts:
         merged.update(held(part))
-    return build(cls, **clean_floats({**merged, **fields}))
+    env = fields.pop("env", None)
+    row = {**fields, **{k: v for k, v in merged.items() if k not in fields}}
+    return build(cls, **clean_floats({**row, **({"env": env} if env is not None else {})}))
 
 
 def received(cls: type[P], d: Any, sender: str) -> P:

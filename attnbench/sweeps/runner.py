@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.plan import Plan, Series
-from attnbench.results import ResultsLock, clean_floats, now_utc, series_key
-from attnbench.results.schema import Fields, Row, Trial, Verify, build
+from attnbench.results import ResultsLock, now_utc, series_key
+from attnbench.results.schema import Row, Trial, Verify, join
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
 from attnbench.sweeps import kinds
@@ -192,12 +192,15 @@ class SweepRunner(RunSession):
         return outcomes
 
     def series_key(self, s: Series) -> str:
-        return series_key(s.workload(0).to_dict(), kind=s.settings.kind, **parallelism(s))
+        spread = parallelism(s)
+        return series_key(s.workload(0).to_dict(), spread.world_size, spread.strategy, kind=s.settings.kind)
 
-    def trial(self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, **fields: Any) -> Trial:
+    def trial(
+        self, s: Series, seq_len: int, phase: str, attempt: int = 1, processes: int = 1, before: Any = None
+    ) -> Trial:
         """Attempt ``attempt`` of a trial of ``s`` at ``seq_len`` (``processes`` fresh processes
         for a timed point, stopping at the first failure), or the row a resumed run already holds
-        for it; ``fields`` join the row (what a model predicted for it, say)."""
+        for it; ``before`` (a typed part: what a model predicted for it, say) joins the row."""
         key = (self.series_key(s), seq_len)
         spec = self.spec(s, seq_len)
         earlier = self.replayed(s, key, attempt, spec)
@@ -205,12 +208,12 @@ class SweepRunner(RunSession):
             return earlier
         pause_after_trials(len(self.done))
         for process in range(processes):
-            row = self._measure(s, spec, seq_len, phase, key, attempt, process if processes > 1 else None, fields)
+            row = self._measure(s, spec, phase, key, attempt, process if processes > 1 else None, before)
             if row.status != "ok":
                 break
         return row
 
-    def not_run(self, s: Series, seq_len: int, attempt: int, status: str, message: str, **fields: Any) -> Trial:
+    def not_run(self, s: Series, seq_len: int, attempt: int, status: str, message: str, before: Any = None) -> Trial:
         """A trial decided without running it (a call predicted far over the time limit): a row
         marked ``predicted_only``, or the one a resumed run already holds."""
         key = (self.series_key(s), seq_len)
@@ -219,8 +222,12 @@ class SweepRunner(RunSession):
         if earlier is not None:
             return earlier
         row = self._trial_row(
-            self._row_head(s, spec, seq_len, "predicted", key, attempt),
-            fields,
+            s,
+            spec,
+            "predicted",
+            key,
+            attempt,
+            before,
             predicted_only=True,
             status=status,
             message=message,
@@ -238,38 +245,18 @@ class SweepRunner(RunSession):
         earlier = self.done.get((*key, attempt))
         if earlier is None:
             return None
-        if trial_identity(earlier) == spec_fields(spec, s):
+        if TrialSettings.of(earlier) == settings(spec, s):
             self.reporter.trial_done(s, earlier, True)
             return earlier
         self._remeasured += 1
         self.reporter.note(
-            f"{s.name} at {key[1]:,}: the earlier trial ran under "
-            f"{_identity_text(trial_identity(earlier))}, this run uses {_identity_text(spec_fields(spec, s))}: "
-            "measuring again"
+            f"{s.name} at {key[1]:,}: the earlier trial ran under {TrialSettings.of(earlier).text()}, "
+            f"this run uses {settings(spec, s).text()}: measuring again"
         )
         return None
 
-    def _row_head(self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int) -> Fields:
-        """What a trial's row says before its trial runs."""
-        row_kind = kinds.get(s.settings.kind).row_kind
-        return {
-            "kind": row_kind,
-            **({"sweep": s.settings.kind} if row_kind != s.settings.kind else {}),
-            "run": self.run_id,
-            "trial": uuid.uuid4().hex[:12],
-            "series": key[0],
-            "label": s.name,
-            "phase": phase,
-            "attempt": attempt,
-            **s.workload(seq_len).to_dict(),
-            **parallelism(s),
-            **spec_fields(spec, s),
-        }
-
-    def _measure(
-        self, s: Series, spec: TrialSpec, seq_len: int, phase: str, key, attempt: int, process: int | None, fields
-    ) -> Trial:
-        self.reporter.trial_started(s, seq_len, phase)
+    def _measure(self, s: Series, spec: TrialSpec, phase: str, key, attempt: int, process: int | None, before) -> Trial:
+        self.reporter.trial_started(s, key[1], phase)
         started, t0 = now_utc(), time.monotonic()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
             from attnbench.sweeps import seqpar
@@ -277,10 +264,15 @@ class SweepRunner(RunSession):
             measured = seqpar.run_trial(spec, s.world_size)
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
-        head = self._row_head(s, spec, seq_len, phase, key, attempt)
         row = self._trial_row(
-            {**head, **({"process": process} if process is not None else {})},
-            {**fields, **measured},
+            s,
+            spec,
+            phase,
+            key,
+            attempt,
+            before,
+            measured,
+            process=process,
             started_at=started,
             duration_s=round(time.monotonic() - t0, 3),
         )
@@ -288,9 +280,30 @@ class SweepRunner(RunSession):
         self.reporter.trial_done(s, row, False)
         return row
 
-    def _trial_row(self, head: Fields, fields: Fields, **outcome: Any) -> Trial:
-        # head, then what the trial gave, then how it ended: a later key wins, as it always has
-        return build(Trial, **clean_floats({**head, **fields, **outcome, "env": self.env}))
+    def _trial_row(
+        self, s: Series, spec: TrialSpec, phase: str, key, attempt: int, *parts: Any, **outcome: Any
+    ) -> Trial:
+        """A trial's row: what it is (the trial, its workload, how it is spread, its settings,
+        when it ran), then the typed parts (what it measured, what a model predicted of it)."""
+        row_kind = kinds.get(s.settings.kind).row_kind
+        if row_kind != s.settings.kind:
+            outcome["sweep"] = s.settings.kind  # rows of another kind's shape say which sweep ran them
+        return join(
+            Trial,
+            *(p for p in parts if p is not None),
+            kind=row_kind,
+            run=self.run_id,
+            trial=uuid.uuid4().hex[:12],
+            series=key[0],
+            label=s.name,
+            phase=phase,
+            attempt=attempt,
+            **s.workload(key[1]).to_dict(),
+            **asdict(parallelism(s)),
+            **asdict(settings(spec, s)),  # null where unset: a row says it ran without a limit
+            **{k: v for k, v in outcome.items() if v is not None},
+            env=self.env,
+        )
 
     def record(self, row: Trial, key: tuple[str, int]) -> None:
         """Append a trial row (measured, or decided without running) as the latest of its attempt."""
@@ -339,40 +352,40 @@ VERIFY_IDENTITY = (
     "status",
     "kv_heads",
 )
-# The settings besides the workload that can change a trial's outcome: a row measured under
-# other values is not this run's trial.
-TRIAL_SETTINGS = ("max_trial_seconds", "memory_limit", "isolate", "timing")
 
 
-def spec_fields(spec: TrialSpec, s: Series) -> Fields:
-    """The trial settings of a row (``TRIAL_SETTINGS``) as this run sets them."""
-    return {
-        "max_trial_seconds": spec.max_trial_seconds,
-        "memory_limit": spec.memory_limit,
-        "isolate": s.settings.isolate or s.distributed,
-        "timing": spec.timing,
-    }
+@dataclass(frozen=True)
+class TrialSettings:
+    """The settings besides the workload that can change a trial's outcome: a row measured
+    under other values is not this run's trial."""
+
+    max_trial_seconds: float | None
+    memory_limit: int | None
+    isolate: bool | None
+    timing: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, row: Trial) -> TrialSettings:
+        return cls(row.max_trial_seconds, row.memory_limit, row.isolate, row.timing)
+
+    def text(self) -> str:
+        from attnbench.units import format_bytes
+
+        limit = format_bytes(self.memory_limit) if self.memory_limit else "none"
+        timing = self.timing if self.timing is not None else "unrecorded"
+        how = "isolated" if self.isolate else "in-process"
+        return f"memory limit {limit}, max {self.max_trial_seconds} s per call, {how}, timing {timing}"
 
 
-def trial_identity(row: Trial) -> Fields:
-    return _values(row, TRIAL_SETTINGS)
+def settings(spec: TrialSpec, s: Series) -> TrialSettings:
+    """The trial settings as this run sets them."""
+    return TrialSettings(spec.max_trial_seconds, spec.memory_limit, s.settings.isolate or s.distributed, spec.timing)
 
 
-def _values(row: Row, names: tuple[str, ...]) -> Fields:
-    return {k: getattr(row, k, None) for k in names}
+def _values(row: Row, names: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(getattr(row, k, None) for k in names)
 
 
 def _or_unwritten(row: Verify, name: str) -> Any:
     value = getattr(row, name)
     return UNWRITTEN.get(name) if value is None else value
-
-
-def _identity_text(fields: Fields) -> str:
-    from attnbench.units import format_bytes
-
-    limit = fields.get("memory_limit")
-    timing = fields.get("timing")
-    return (
-        f"memory limit {format_bytes(limit) if limit else 'none'}, max {fields.get('max_trial_seconds')} s per call, "
-        f"{'isolated' if fields.get('isolate') else 'in-process'}, timing {timing if timing is not None else 'unrecorded'}"
-    )

@@ -1,7 +1,7 @@
 """Sequence-parallel trials and reference checks, one process per rank under torchrun.
 
 Parent side: ``run_trial(spec, world)`` measures a distributed implementation on ``world``
-ranks and returns the fields of one result row; ``verify(cases)`` checks cases gathered
+ranks and returns what they measured together (``schema.Measured``); ``verify(cases)`` checks cases gathered
 across ranks against the float64 reference and the single-device counterpart.
 
 Rank side (``attnbench.sweeps.seqpar_job``, the job functions that
@@ -18,16 +18,16 @@ from __future__ import annotations
 import os
 import random
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
-from attnbench.measure.accounting import accounting
-from attnbench.results.schema import Fields
+from attnbench.results.schema import Fields, GpuMemory, Measured, received
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
+from attnbench.trials.measured import set_peak, take_accounting
 from attnbench.trials.reference import TOLERANCE, VerifyCase
 from attnbench.trials.trial import TrialSpec
 
@@ -81,8 +81,21 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Fields:
-    """One trial on ``world`` ranks; the row fields (status, times, memory per GPU, ranks)."""
+@dataclass(kw_only=True)
+class RankMeasured(Measured):
+    """What one rank of a sequence-parallel trial measured on its shard (sent as JSON by
+    ``seqpar_job.trial_job``): a trial's measured part, its calls split into compute and
+    waiting on the ring, and its own GPU."""
+
+    rank: int | None = None
+    compute_ms: float | None = None  # median per call
+    comm_wait_ms: float | None = None
+    comm_steps: int | None = None  # ring steps of the last call
+    gpu: GpuMemory | None = None
+
+
+def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Measured:
+    """One trial on ``world`` ranks: what they measured together (status, times, memory per GPU, ranks)."""
     from attnbench.trials.workload import Workload
 
     wl = Workload(**spec.workload)
@@ -93,65 +106,57 @@ def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Fiel
     return combine(results, wl, world)
 
 
-def combine(results: list[dict[str, Any]], wl, world: int) -> Fields:
-    """One row from the ranks' results: each call's time is the slowest rank's."""
-    from attnbench.measure.timing import sample_statistics
-
+def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
+    """One trial from the ranks' results: each call's time is the slowest rank's, each memory
+    reading the fullest rank's."""
     status, message = agreed_status(results)
-    row: Fields = {"status": status, "message": message, "times_ms": []}
-    samples = [r.get("times_ms") or [] for r in results]
-    if status == "ok" and all(samples):
-        row["times_ms"] = [max(call) for call in zip(*samples)]
-    row.update(vars(sample_statistics(row["times_ms"])))
-    firsts = [r["first_call_ms"] for r in results if r.get("first_call_ms") is not None]
-    row["first_call_ms"] = max(firsts) if len(firsts) == world else None
-    compiles = [r["compile_ms"] for r in results if r.get("compile_ms") is not None]
-    if len(compiles) == world:
-        row["compile_ms"] = max(compiles)
-    row["ranks"] = [_rank_summary(r) for r in results]
-    row.update(traffic(row["ranks"], row.get("time_ms")))
-    links = [r["link_gbps"] for r in results if r.get("link_gbps") is not None]
-    if links:
-        row["link_gbps"] = min(links)  # every rank has the slowest rank's time
-    row["gpus"] = [r["gpu"] for r in results if r.get("gpu")]
-    if any(r.get("nvml_note") for r in results):
-        row["nvml_note"] = next(r["nvml_note"] for r in results if r.get("nvml_note"))
-    for key in (
+    m = Measured(status=status, message=message, times_ms=[], ranks=[_rank_summary(r) for r in results])
+    # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
+    ranks = [received(RankMeasured, r, f"rank {r.get('rank')}") for r in results if r.get("timer")]
+    if status == "ok" and len(ranks) == len(results) and all(r.times_ms for r in ranks):
+        m.times_ms = [max(call) for call in zip(*(r.times_ms for r in ranks))]
+    m.summarize()
+    _slowest(m, ranks, world)
+    m.sent_bytes, m.algbw_gbps = traffic(ranks, m.time_ms)
+    links = [r.link_gbps for r in ranks if r.link_gbps is not None]
+    m.link_gbps = min(links) if links else None  # every rank has the slowest rank's time
+    m.gpus = [r.gpu for r in ranks if r.gpu]
+    m.nvml_note = next((r.nvml_note for r in ranks if r.nvml_note), None)
+    for name in (
         "max_memory_allocated",
         "max_memory_reserved",
         "cpu_peak_rss_delta",
         "inputs_bytes",
         "device_total_bytes",
     ):
-        values = [r[key] for r in results if r.get(key) is not None]
-        if values:
-            row[key] = max(values)  # per GPU: the fullest rank
-    row["backend"] = next((r.get("backend") for r in results if r.get("backend")), None)
-    layout = next((r["kv_layout"] for r in results if r.get("kv_layout")), None)
-    if layout:  # grouped K/V: shared, or copied to every query head
-        row["kv_layout"] = layout
-    row["timer"] = next((r.get("timer") for r in results if r.get("timer")), None)
-    cuda = wl.device == "cuda"
-    peak = row.get("max_memory_allocated") if cuda else row.get("cpu_peak_rss_delta")
-    row["peak_bytes"] = peak
-    row["peak_counter"] = ("cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta") + " (max over ranks)"
-    row["floor_bytes"] = wl.floor_bytes // world  # per GPU: the rank's shard of q, k, v and the output
-    row["peak_over_floor"] = peak / row["floor_bytes"] if peak else None
-    impl = build(wl.impl, wl.config, world)
-    row.update(accounting(impl, wl, row.get("time_ms")))
-    return row
+        values = [getattr(r, name) for r in ranks if getattr(r, name) is not None]
+        setattr(m, name, max(values) if values else None)  # per GPU: the fullest rank
+    m.backend = next((r.backend for r in ranks if r.backend), None)
+    m.kv_layout = next((r.kv_layout for r in ranks if r.kv_layout), None)  # grouped K/V: shared or copied
+    m.timer = next((r.timer for r in ranks if r.timer), None)
+    # per GPU: the rank's shard of q, k, v and the output
+    set_peak(m, wl.device == "cuda", wl.floor_bytes // world, " (max over ranks)")
+    take_accounting(m, build(wl.impl, wl.config, world), wl)
+    return m
 
 
-def traffic(ranks: list[dict[str, Any]], time_ms: float | None) -> Fields:
+def _slowest(m: Measured, ranks: list[RankMeasured], world: int) -> None:
+    """The first call and the compilation of the slowest rank, where every rank took one."""
+    firsts = [r.first_call_ms for r in ranks if r.first_call_ms is not None]
+    m.first_call_ms = max(firsts) if len(firsts) == world else None
+    compiles = [r.compile_ms for r in ranks if r.compile_ms is not None]
+    m.compile_ms = max(compiles) if len(compiles) == world else None
+
+
+def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | None, float | None]:
     """Bytes the busiest rank sends per call and its achieved bandwidth over the whole call,
     nccl-tests' algbw (bytes / time, GB/s = 1e9 B/s): what the ring really moved, comparable
     with the link's measured bandwidth. One rank sends nothing: 0 bytes, no bandwidth."""
-    sent = [r["sent_bytes"] for r in ranks if r.get("sent_bytes") is not None]
+    sent = [r.sent_bytes for r in ranks if r.sent_bytes is not None]
     if not sent:
-        return {"sent_bytes": None, "algbw_gbps": None}
+        return None, None
     busiest = max(sent)
-    bandwidth = busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None
-    return {"sent_bytes": busiest, "algbw_gbps": bandwidth}
+    return busiest, (busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None)
 
 
 def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:

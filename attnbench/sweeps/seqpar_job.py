@@ -18,8 +18,11 @@ from typing import Any
 from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
+from attnbench.results.convert import fill, to_json
+from attnbench.results.schema import GpuMemory
 from attnbench.runtime.supervise import announce_phase
-from attnbench.sweeps.seqpar import case_row
+from attnbench.sweeps.seqpar import RankMeasured, case_row
+from attnbench.trials.measured import take_measurement
 from attnbench.trials.reference import TOLERANCE, VerifyCase
 from attnbench.trials.trial import TrialSpec
 
@@ -127,18 +130,17 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
         if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
             announce_phase(name, limit_s)
 
-    row_link = _link(dev, rank, world)  # before anything is allocated or sampled, freed after
+    link_gbps = _link(dev, rank, world)  # before anything is allocated or sampled, freed after
     nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe([dev.index] if dev.type == "cuda" else [])
     timer = Timer(device)
-    row: dict[str, Any] = {"timer": timer.name, "times_ms": [], **row_link}
-    if nvml_note:
-        row["nvml_note"] = nvml_note
+    r = RankMeasured(status="ok", message="", times_ms=[], timer=timer.name, link_gbps=link_gbps)
+    r.nvml_note = nvml_note or None
     probe.start(spec.memory_limit)
     with sampler, CpuMemoryLimit(spec.memory_limit if dev.type == "cpu" else None):
         q, k, v = shard.make_inputs(torch.Generator(device=dev).manual_seed(spec.seed * 1009 + rank))
-        row["inputs_bytes"] = probe.in_use()
+        r.inputs_bytes = probe.in_use()
         _maybe_fail(payload, rank)
 
         def step():
@@ -156,33 +158,31 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             after_call=impl.last_breakdown,
             phase=phase,
         )
-        row["backend"] = impl.last_backend
-        row["kv_layout"] = impl.last_kv_layout
-    row.update(measured.fields())  # statistics outside the memory limit (bootstrap imports numpy.random)
-    row.update(_ring_breakdown(measured.per_call))
-    row.update(probe.peaks())
-    gpu = sampler.per_gpu()
+        r.backend = impl.last_backend
+        r.kv_layout = impl.last_kv_layout or None
+    take_measurement(r, measured)  # statistics outside the memory limit (bootstrap imports numpy.random)
+    _ring_breakdown(r, measured.per_call)
+    fill(r, probe.peaks())
     if dev.type == "cuda":
-        entry = {
-            **(gpu[0] if gpu else {}),
-            "rank": rank,
-            "cuda_device": dev.index,
-            "max_memory_allocated": row.get("max_memory_allocated"),
-            "max_memory_reserved": row.get("max_memory_reserved"),
-        }
-        entry["index"] = dev.index
-        row["gpu"] = entry
-    return row
+        gpu = sampler.per_gpu()
+        r.gpu = GpuMemory(
+            **{**(gpu[0] if gpu else {}), "index": dev.index},
+            rank=rank,
+            cuda_device=dev.index,
+            max_memory_allocated=r.max_memory_allocated,
+            max_memory_reserved=r.max_memory_reserved,
+        )
+    return to_json(r)
 
 
 # bytes a rank sends to measure the link the ring runs on: enough to be bandwidth-bound
 LINK_PROBE_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
 
 
-def _link(dev, rank: int, world: int) -> dict[str, Any]:
-    """The exchange bandwidth of these ranks' link (``link_gbps``), measured before the trial."""
+def _link(dev, rank: int, world: int) -> float | None:
+    """The exchange bandwidth of these ranks' link (GB/s), measured before the trial."""
     if world < 2:
-        return {}
+        return None
     import torch
 
     from attnbench.impls.sequence_parallel.engine import link_bandwidth_gbps
@@ -190,7 +190,7 @@ def _link(dev, rank: int, world: int) -> dict[str, Any]:
     gbps = link_bandwidth_gbps(dev, rank, world, LINK_PROBE_BYTES[dev.type])
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # its buffers leave nothing reserved behind
-    return {"link_gbps": gbps}
+    return gbps
 
 
 def rank_agreement(dev) -> Ranks:
@@ -206,14 +206,12 @@ def rank_agreement(dev) -> Ranks:
     return Ranks(barrier=dist.barrier, agree_max=agree_max)
 
 
-def _ring_breakdown(per_call: list[dict[str, Any]]) -> dict[str, Any]:
+def _ring_breakdown(r: RankMeasured, per_call: list[dict[str, Any]]) -> None:
     """The median split of a timed call into compute and communication wait, and what the
     last call sent."""
     if not per_call:
-        return {}
-    out: dict[str, Any] = {
-        key: statistics.median(b.get(key, 0.0) for b in per_call) for key in ("compute_ms", "comm_wait_ms")
-    }
-    out["sent_bytes"] = per_call[-1].get("sent_bytes")
-    out["comm_steps"] = per_call[-1].get("comm_steps")
-    return out
+        return
+    r.compute_ms = statistics.median(b.get("compute_ms", 0.0) for b in per_call)
+    r.comm_wait_ms = statistics.median(b.get("comm_wait_ms", 0.0) for b in per_call)
+    r.sent_bytes = per_call[-1].get("sent_bytes")
+    r.comm_steps = per_call[-1].get("comm_steps")

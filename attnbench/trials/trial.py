@@ -19,13 +19,14 @@ import torch
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
-from attnbench.measure.accounting import accounting
 from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
-from attnbench.results.schema import Fields
+from attnbench.results.convert import fill, to_json
+from attnbench.results.schema import Fields, GpuMemory, Measured, received
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
+from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_tflops_interval
 from attnbench.trials.reference import VerifyCase, reference_bytes, run_case
 from attnbench.trials.workload import Workload
 
@@ -49,32 +50,31 @@ class TrialSpec:
 # ---------------------------------------------------------------------------------------
 
 
-def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> Fields:
-    """Run one trial here; never raises for a failing trial, returns its row fields."""
+def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> Measured:
+    """Run one trial here; never raises for a failing trial, returns what it measured."""
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
-    row: Fields = {"status": "error", "message": "", "times_ms": []}
+    m = Measured(status="error", message="", times_ms=[])
     phase("setup")
     nvml, nvml_note = open_nvml() if cuda else (None, "")
-    if nvml_note:
-        row["nvml_note"] = nvml_note
+    m.nvml_note = nvml_note or None
     sampler = NvmlSampler(nvml)
     mem = MemoryProbe([0] if cuda else [])
     try:
         if impls.names_outside_code(wl.impl, wl.config):  # held to a cold call's limit from its import on
             phase("outside", COLD_CALL_FACTOR * spec.max_trial_seconds)
         impl = impls.build(wl.impl, **wl.config)
-        row.update(impls.recorded_metadata(wl.impl))
+        m.impl_source = impls.recorded_source(wl.impl)
         impl.check_shape(wl.seq_len, wl.heads)
         timer = Timer(wl.device)
-        row["timer"] = timer.name
+        m.timer = timer.name
         limit = spec.memory_limit
         phase("device")  # on a GPU: the CUDA context
         mem.start(limit)
         with sampler, CpuMemoryLimit(limit if not cuda else None):
             phase("inputs")
             q, k, v = wl.make_inputs(torch.Generator(device=wl.device).manual_seed(spec.seed))
-            row["inputs_bytes"] = mem.in_use()
+            m.inputs_bytes = mem.in_use()
             step = _step(impl, wl, q, k, v)
             measured = measure_step(
                 step,
@@ -88,24 +88,19 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
                 phase=phase,
             )
         phase("accounting")
-        row.update(measured.fields())  # statistics outside the memory limit (bootstrap imports numpy.random)
-        row["backend"] = impl.last_backend
-        if impl.last_kv_layout:  # grouped K/V: shared, or copied to every query head
-            row["kv_layout"] = impl.last_kv_layout
+        take_measurement(m, measured)  # statistics outside the memory limit (bootstrap imports numpy.random)
+        m.backend = impl.last_backend
+        m.kv_layout = impl.last_kv_layout or None  # grouped K/V: shared, or copied to every query head
         mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
         del step, q, k, v  # and gets the inputs' memory for it
-        row.update(accounting(impl, wl, row.get("time_ms")))
-        row.update(_tflops_interval(row))
+        take_accounting(m, impl, wl)
+        take_tflops_interval(m)
     except Exception as exc:  # a failing trial is data, not a crash
-        row.update(status=oom.classify(exc), message=oom.one_line(exc))
-    row.update(mem.peaks())
-    row["gpus"] = _per_gpu(sampler, mem)
-    row["floor_bytes"] = wl.floor_bytes
-    peak = row.get("max_memory_allocated") if cuda else row.get("cpu_peak_rss_delta")
-    row["peak_bytes"] = peak
-    row["peak_counter"] = "cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta"
-    row["peak_over_floor"] = peak / wl.floor_bytes if peak else None
-    return row
+        m.status, m.message = oom.classify(exc), oom.one_line(exc)
+    fill(m, mem.peaks())
+    m.gpus = _per_gpu(sampler, mem)
+    set_peak(m, cuda, wl.floor_bytes)
+    return m
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
@@ -127,24 +122,13 @@ def _step(impl, wl, q, k, v) -> Callable[[], None]:
     return forward_backward
 
 
-def _tflops_interval(row: Fields) -> Fields:
-    """Executed TFLOP/s over the eager time interval (the bounds swap: slower is fewer)."""
-    from attnbench.measure.stats import Interval, scaled
-
-    if row.get("time_ci_low") is None or not row.get("flops_executed"):
-        return {}
-    time = Interval(row["time_ms"], row["time_ci_low"], row["time_ci_high"], row["time_n"])
-    iv = scaled(time, row["flops_executed"] / 1e9)  # FLOPs / ms / 1e9 = TFLOP/s
-    return {"tflops_executed_ci_low": iv.low, "tflops_executed_ci_high": iv.high} if iv else {}
-
-
-def _per_gpu(sampler, mem: MemoryProbe) -> list[Fields]:
-    gpus = sampler.per_gpu()
-    peaks = mem.peaks() if mem.cuda else {}
+def _per_gpu(sampler, mem: MemoryProbe) -> list[GpuMemory]:
+    """NVML's reading of each GPU, with the allocator's peaks on the trial's own (index 0)."""
+    gpus = [GpuMemory(**g) for g in sampler.per_gpu()]
+    peaks = mem.peaks()
     for g in gpus:
-        if g["index"] == 0 and peaks:
-            g["max_memory_allocated"] = peaks["max_memory_allocated"]
-            g["max_memory_reserved"] = peaks["max_memory_reserved"]
+        if g.index == 0 and mem.cuda:
+            g.max_memory_allocated, g.max_memory_reserved = peaks.max_memory_allocated, peaks.max_memory_reserved
     return gpus
 
 
@@ -164,11 +148,11 @@ CPU_HELD_PHASES = ("warm-call", "timing")
 GPU_SPARES = 2
 
 
-def run_isolated(spec: TrialSpec) -> Fields:
+def run_isolated(spec: TrialSpec) -> Measured:
     """Run the trial in a worker process of its own, started while the previous trial ran;
-    returns its row fields (with ``phase_s``), classifying a kill or crash."""
+    returns what it measured (with ``phase_s``), or how a kill or crash ended it."""
     cpu = Workload(**spec.workload).device == "cpu"
-    return run_in_child(
+    result = run_in_child(
         trial_job,
         {"spec": asdict(spec)},
         spec.max_trial_seconds,
@@ -177,6 +161,7 @@ def run_isolated(spec: TrialSpec) -> Fields:
         hold_phases=CPU_HELD_PHASES if cpu else (),
         spares=1 if cpu else GPU_SPARES,
     )
+    return received(Measured, result, "the trial's worker")
 
 
 # The per-call limit of a reference check's calls where the command names none: a trial's default.
@@ -270,8 +255,8 @@ PRELOAD = "attnbench.trials.trial:preload"
 
 
 def trial_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_isolated``."""
-    return execute(TrialSpec(**args["spec"]), announce_phase)
+    """Worker side of ``run_isolated``: what the trial measured, as JSON."""
+    return to_json(execute(TrialSpec(**args["spec"]), announce_phase))
 
 
 def verify_job(args: dict[str, Any]) -> dict[str, Any]:

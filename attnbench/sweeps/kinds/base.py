@@ -5,13 +5,12 @@ run its trials, summarise, report the outcome). A kind fills in ``check``, ``len
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Series
-from attnbench.results.schema import Fields
 from attnbench.trials.reference import VerifyCase
 from attnbench.trials.workload import check_heads
 
@@ -134,13 +133,21 @@ def check_trial_series(s: Series) -> None:
         )
 
 
-def parallelism(s: Series) -> Fields:
-    """How the work is spread: a sequence-parallel implementation's ranks, or one device."""
+@dataclass(frozen=True)
+class Parallelism:
+    """How the work is spread, named as a row's fields: a sequence-parallel implementation's
+    ranks, or one device."""
+
+    world_size: int
+    strategy: str
+
+
+def parallelism(s: Series) -> Parallelism:
     if s.distributed:
         from attnbench.sweeps.seqpar import STRATEGY
 
-        return {"world_size": s.world_size, "strategy": STRATEGY}
-    return {"world_size": 1, "strategy": "single"}
+        return Parallelism(s.world_size, STRATEGY)
+    return Parallelism(1, "single")
 
 
 def check_fits_device(s: Series, seq_len: int, batch: int | None = None) -> None:

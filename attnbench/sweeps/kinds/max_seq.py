@@ -10,11 +10,13 @@ was; a length not run because its call was predicted over the time limit is a ro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure.capacity import QUADRATIC_BACKENDS, fitted_peak, measured_budget
 from attnbench.plan import Series
-from attnbench.results.schema import Fields, MaxSeqResult, Trial, build
+from attnbench.results.schema import MaxSeqResult, Trial, join
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import TrialKind, parallelism
 from attnbench.sweeps.search import (
@@ -52,7 +54,7 @@ class MaxSeq(TrialKind):
         rows: list[Trial] = []  # this search's trials: what the budget is measured from
 
         def probe(n: int, phase: str, attempt: int, prediction: Prediction | None) -> Outcome:
-            fields = prediction_fields(prediction)
+            before = Predicted.of(prediction)
             if phase == PREDICTED:
                 seconds = (prediction.time_ms or 0) / 1e3
                 row = runner.not_run(
@@ -62,10 +64,10 @@ class MaxSeq(TrialKind):
                     "time-limit",
                     f"not run: a call is predicted to take {seconds:.1f} s, over the "
                     f"{s.settings.max_trial_seconds:g} s limit",
-                    **fields,
+                    before,
                 )
             else:
-                row = runner.trial(s, n, phase, attempt=attempt, **fields)
+                row = runner.trial(s, n, phase, attempt=attempt, before=before)
             rows.append(row)
             return outcome(row, rows)
 
@@ -83,30 +85,28 @@ class MaxSeq(TrialKind):
         return predicted_search(probe, limits)
 
     def summarise(self, s: Series, result: SearchResult, runner) -> None:
-        row = build(
+        row = join(
             MaxSeqResult,
-            **{
-                "kind": "max-seq-result",
-                "run": runner.run_id,
-                "series": runner.series_key(s),
-                "label": s.name,
-                **s.workload(result.best or s.start()).to_dict(),
-                "seq_len": result.best,
-                "first_failure": result.first_failure,
-                "stop_status": result.stop_status,
-                "stopped_by": result.stopped_by,
-                "granularity": s.granularity(),
-                **parallelism(s),
-                "resolution": s.settings.resolution,
-                "start": s.start(),
-                "max_seq_len": s.settings.max_seq_len,
-                "trials": len(result.tried),
-                "confirmed": result.confirmed,
-                "margin": result.margin,
-                "first_failure_predicted": result.failure_predicted or None,
-                "predicted_max_seq": result.predicted_max,
-                "env": runner.env,
-            },
+            s.workload(result.best or s.start()),
+            parallelism(s),
+            kind="max-seq-result",
+            run=runner.run_id,
+            series=runner.series_key(s),
+            label=s.name,
+            seq_len=result.best,
+            first_failure=result.first_failure,
+            stop_status=result.stop_status,
+            stopped_by=result.stopped_by,
+            granularity=s.granularity(),
+            resolution=s.settings.resolution,
+            start=s.start(),
+            max_seq_len=s.settings.max_seq_len,
+            trials=len(result.tried),
+            confirmed=result.confirmed,
+            margin=result.margin,
+            first_failure_predicted=result.failure_predicted or None,
+            predicted_max_seq=result.predicted_max,
+            env=runner.env,
         )
         runner.append_once(row, RESULT_IDENTITY)
 
@@ -116,12 +116,17 @@ def search_budget_s(st) -> float:
     return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
-def prediction_fields(p: Prediction | None) -> Fields:
-    """What the model said of a trial before it ran, as row fields (none before there is a model)."""
-    if p is None:
-        return {}
-    fields = {"predicted_peak_bytes": p.peak_bytes, "predicted_time_ms": p.time_ms, "predicted_max_seq": p.max_seq}
-    return {k: v for k, v in fields.items() if v is not None}
+@dataclass(frozen=True)
+class Predicted:
+    """What the capacity model said of a trial before it ran, named as the row's fields."""
+
+    predicted_peak_bytes: float | None
+    predicted_time_ms: float | None
+    predicted_max_seq: int | None
+
+    @classmethod
+    def of(cls, p: Prediction | None) -> Predicted | None:
+        return None if p is None else cls(p.peak_bytes, p.time_ms, p.max_seq)
 
 
 def outcome(row: Trial, rows: list[Trial]) -> Outcome:

@@ -94,7 +94,7 @@ def measure(
     out["nvml"] = sampler.per_gpu() if nvml is not None else None
     out["allocator"] = probe.allocator()
     if not ctx.cuda:
-        out["cpu_peak_rss"] = probe.peaks()["cpu_peak_rss"]
+        out["cpu_peak_rss"] = probe.peaks().cpu_peak_rss
     out["backend"] = prepared.backend()
     out.update(prepared.facts)
     if out["status"] != "ok":

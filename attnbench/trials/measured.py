@@ -1,0 +1,63 @@
+"""A trial's measured part (``schema.Measured``) from what the measurement core read: the
+measured step, the memory peaks, the FLOP accounting. A trial in one process and each rank of
+a sequence-parallel trial fill it the same way, so their rows mean the same thing."""
+
+from __future__ import annotations
+
+from attnbench.measure.accounting import accounting
+from attnbench.measure.core import Measurement
+from attnbench.measure.stats import Interval, scaled
+from attnbench.results.convert import fill
+from attnbench.results.schema import Measured
+
+# What a row stores of a Measurement as it is (its clock summary is read apart, and the
+# slowest first call and per-call readings are the step's own business).
+MEASUREMENT_FIELDS = (
+    "status",
+    "message",
+    "timer",
+    "times_ms",
+    "compile_ms",
+    "compile_peak_bytes",
+    "first_call_ms",
+    "warm_call_ms",
+    "warmup_calls",
+    "warmup_s",
+    "gpu_times_ms",
+    "gpu_timer",
+    "cpu_tensor_peak_bytes",
+)
+
+
+def take_measurement(m: Measured, step: Measurement) -> None:
+    """The step's samples, what decided them and their statistics."""
+    for name in MEASUREMENT_FIELDS:
+        if getattr(step, name) is not None:
+            setattr(m, name, getattr(step, name))
+    m.clocks = step.clocks.get("clocks")
+    m.clocks_moved = step.clocks.get("clocks_moved")
+    m.summarize()
+
+
+def take_accounting(m: Measured, impl, wl) -> None:
+    """FLOPs useful and executed, the kept fraction and the throughput of the median call."""
+    fill(m, accounting(impl, wl, m.time_ms))
+
+
+def take_tflops_interval(m: Measured) -> None:
+    """Executed TFLOP/s over the eager time's interval (the bounds swap: slower is fewer)."""
+    if m.time_ci_low is None or m.time_ci_high is None or not m.flops_executed or not m.time_ms:
+        return
+    time = Interval(m.time_ms, m.time_ci_low, m.time_ci_high, m.time_n or 0)
+    iv = scaled(time, m.flops_executed / 1e9)  # FLOPs / ms / 1e9 = TFLOP/s
+    if iv:
+        m.tflops_executed_ci_low, m.tflops_executed_ci_high = iv.low, iv.high
+
+
+def set_peak(m: Measured, cuda: bool, floor_bytes: int, over: str = "") -> None:
+    """The peak a trial is judged by against its memory floor: the allocator's on a GPU, the
+    resident set's growth on the CPU (``over``: how several ranks' peaks were combined)."""
+    m.floor_bytes = floor_bytes
+    m.peak_bytes = m.max_memory_allocated if cuda else m.cpu_peak_rss_delta
+    m.peak_counter = ("cuda.max_memory_allocated" if cuda else "cpu.peak_rss_delta") + over
+    m.peak_over_floor = m.peak_bytes / floor_bytes if m.peak_bytes else None
