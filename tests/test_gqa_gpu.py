@@ -10,6 +10,7 @@ import torch
 from attnbench import impls
 from attnbench.impls import gqa
 from attnbench.trials.reference import VerifyCase, default_cases, run_case
+from attnbench.results.schema import Measured
 from attnbench.trials.trial import TrialSpec, execute
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -53,7 +54,7 @@ def test_dilated_shares_or_copies_per_kernel(backend, mode):
     assert row["kv_layout"] == (gqa.EXPANDED if backend == "efficient" else gqa.SHARED)
 
 
-def _llama_forward(config: dict, seq_len: int = 32768) -> dict:
+def _llama_forward(config: dict, seq_len: int = 32768) -> Measured:
     workload = dict(impl="sdpa", config=config, seq_len=seq_len, heads=32, kv_heads=8, head_dim=128)
     workload.update(dtype="bf16", device="cuda", causal=True)
     return execute(TrialSpec(workload=workload, max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2}))
@@ -62,14 +63,14 @@ def _llama_forward(config: dict, seq_len: int = 32768) -> dict:
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 def test_llama_forward_peak_is_the_floor(backend):
     row = _llama_forward({"backend": backend})
-    assert row["status"] == "ok", row
-    assert row["floor_bytes"] == 32768 * (2 * 32 + 2 * 8) * 128 * 2
-    assert row["peak_over_floor"] <= 1.02, row["peak_over_floor"]
-    assert row["kv_layout"] == gqa.SHARED
+    assert row.status == "ok", row
+    assert row.floor_bytes == 32768 * (2 * 32 + 2 * 8) * 128 * 2
+    assert row.peak_over_floor <= 1.02, row.peak_over_floor
+    assert row.kv_layout == gqa.SHARED
 
 
 def test_expanded_kv_costs_their_copies():
     row = _llama_forward({"backend": "cudnn", "expand_kv": True})
-    assert row["status"] == "ok", row
+    assert row.status == "ok", row
     # K and V copied to 32 heads: (2 * 32 + 2 * 32) / (2 * 32 + 2 * 8) = 1.6x the floor at least
-    assert row["peak_over_floor"] >= 1.6 and row["kv_layout"] == gqa.EXPANDED
+    assert row.peak_over_floor >= 1.6 and row.kv_layout == gqa.EXPANDED

@@ -177,9 +177,9 @@ def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
         causal=False,
     )
     row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
-    assert row["status"] == "oom", row["message"]
-    assert row["message"].startswith("rank ")
-    assert row["times_ms"] == []
+    assert row.status == "oom", row.message
+    assert row.message.startswith("rank ")
+    assert row.times_ms == []
 
 
 # ---------------------------------------------------------------------------------------
