@@ -74,7 +74,7 @@ def flex_pieces_config(pattern_type: str, **options) -> dict:
     ).config()
 
 
-def flex_per_head_row(monkeypatch, mode: str = "fwd") -> dict:
+def flex_per_head_row(monkeypatch, mode: str = "fwd"):
     """The reference check of block-sparse through FlexAttention on CUDA with flex's offset
     limit lowered from 2^31 to 2^19 (above one (batch, head) of q, k, v at 4096 x 64, below the
     whole tensors), so flex runs once per (batch, head), as it does past 2^31 offsets."""

@@ -42,9 +42,9 @@ def test_cases_cover_every_pattern_causal_block_size_and_ratio():
 @pytest.mark.parametrize("case", CASES + BF16_CASES, ids=case_id)
 def test_gather_kernel_matches_reference(case):
     row = run_case(case)
-    assert row["status"] == "pass", row
-    assert row["rel_err"] <= TOLERANCE[case.dtype]
-    assert row["backend"].startswith("gather")
+    assert row.status == "pass", row
+    assert row.rel_err <= TOLERANCE[case.dtype]
+    assert row.backend.startswith("gather")
 
 
 def test_a_wrong_implementation_fails_verification(monkeypatch):
@@ -63,7 +63,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", per_block_softmax)
     cfg = impls.build("block-sparse", pattern_type="local_window", block_size=16, sparsity_ratio=0.25).config()
-    assert run_case(VerifyCase("block-sparse", cfg, 1, 512, 2, 16, False, "fp32", "cpu"))["status"] == "fail"
+    assert run_case(VerifyCase("block-sparse", cfg, 1, 512, 2, 16, False, "fp32", "cpu")).status == "fail"
 
 
 def token_mask_by_rule(impl, n, causal):
@@ -247,8 +247,8 @@ def test_compiled_flex_matches_reference_on_cpu(pattern_type, causal, chunk_toke
         max_chunk_tokens=chunk_tokens,
     ).config()
     row = run_case(VerifyCase("block-sparse", cfg, 2, 1024, 3, 16, causal, "fp32", "cpu"))
-    assert row["status"] == "pass", row
-    assert row["backend"].startswith("flex")  # "flex+sdpa" where global rows run dense
+    assert row.status == "pass", row
+    assert row.backend.startswith("flex")  # "flex+sdpa" where global rows run dense
 
 
 class _CudaLike:

@@ -23,14 +23,14 @@ def test_flex_on_gpu_matches_reference(pattern_type, causal, index_width):
         pytest.skip("this torch's FlexAttention lowering asks for full index rows")
     cfg = flex_pieces_config(pattern_type, index_width=index_width)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda"))
-    assert row["status"] == "pass", row
-    assert row["backend"].startswith("flex")
+    assert row.status == "pass", row
+    assert row.backend.startswith("flex")
 
 
 def test_flex_per_head_calls_match_reference(monkeypatch):
     """Where offsets would pass 2^31, flex runs once per (batch, head): forced here at a small N."""
     row = flex_per_head_row(monkeypatch)
-    assert row["status"] == "pass", row
+    assert row.status == "pass", row
 
 
 @pytest.mark.parametrize("causal", [False, True])

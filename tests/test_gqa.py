@@ -88,9 +88,11 @@ def test_gradients_match_the_float64_reference_with_grouped_heads(name, kv_heads
 def test_verify_rows_record_grouped_heads_and_pass(name, mode):
     cfg = built(name).config()
     n = built(name).verify_seq_len()
-    row = run_case(VerifyCase(name, cfg, 2, n, 6, HEAD_DIM, True, "bf16", "cpu", mode=mode, kv_heads=2))
-    assert row["status"] == "pass", row
-    assert row["kv_heads"] == 2 and row["kv_layout"] == gqa.SHARED
+    case = VerifyCase(name, cfg, 2, n, 6, HEAD_DIM, True, "bf16", "cpu", mode=mode, kv_heads=2)
+    row = case.row(run_case(case), "out", None)
+    assert row.status == "pass", row
+    assert row.kv_heads == 2 and row.kv_layout == gqa.SHARED
+    assert row.mode == ("fwd_bwd" if mode == "fwd_bwd" else None)  # a forward check's row keeps its old keys
 
 
 def test_dilated_with_one_key_value_head_is_right():
@@ -150,10 +152,10 @@ def test_a_backend_without_a_grouped_kernel_is_unsupported_not_an_error(monkeypa
     monkeypatch.setattr(dense, "lacks_grouped_kernel", lambda *a: True)
     case = VerifyCase("sdpa", {"backend": "efficient"}, 1, 128, 8, HEAD_DIM, False, "fp32", "cpu", kv_heads=2)
     row = run_case(case)
-    assert row["status"] == "unsupported"
-    assert "efficient has no grouped-query kernel" in row["message"] and "expand_kv" in row["message"]
+    assert row.status == "unsupported"
+    assert "efficient has no grouped-query kernel" in row.message and "expand_kv" in row.message
     plain = run_case(VerifyCase("sdpa", {"backend": "efficient"}, 1, 128, 8, HEAD_DIM, False, "fp32", "cpu"))
-    assert plain["status"] == "error"  # no CPU kernel at all: not a grouped-query matter
+    assert plain.status == "error"  # no CPU kernel at all: not a grouped-query matter
 
 
 def test_workload_floor_and_flops_follow_the_heads():

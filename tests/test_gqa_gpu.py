@@ -9,8 +9,8 @@ import torch
 
 from attnbench import impls
 from attnbench.impls import gqa
-from attnbench.trials.reference import VerifyCase, default_cases, run_case
 from attnbench.results.schema import Measured
+from attnbench.trials.reference import VerifyCase, default_cases, run_case
 from attnbench.trials.trial import TrialSpec, execute
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -23,7 +23,7 @@ SINGLE = [n for n in impls.names() if not impls.spec(n).distributed and "cuda" i
 def test_grouped_heads_match_the_reference_on_the_gpu(name, mode):
     cases = [c for c in default_cases(name, "cuda", ["bf16", "fp16"], mode) if c.kv_heads]
     assert cases
-    failed = [(c.config, c.causal, c.dtype, row) for c in cases if (row := run_case(c))["status"] != "pass"]
+    failed = [(c.config, c.causal, c.dtype, row) for c in cases if (row := run_case(c)).status != "pass"]
     assert failed == []
 
 
@@ -33,16 +33,16 @@ def test_sdpa_backends_share_grouped_heads(backend, mode):
     row = run_case(
         VerifyCase("sdpa", {"backend": backend}, 2, 1024, 32, 128, True, "bf16", "cuda", mode=mode, kv_heads=8)
     )
-    assert row["status"] == "pass", row
-    assert row["kv_layout"] == gqa.SHARED
+    assert row.status == "pass", row
+    assert row.kv_layout == gqa.SHARED
 
 
 def test_the_memory_efficient_backend_is_unsupported_with_grouped_heads():
     row = run_case(VerifyCase("sdpa", {"backend": "efficient"}, 1, 1024, 32, 128, True, "bf16", "cuda", kv_heads=8))
-    assert row["status"] == "unsupported", row
-    assert "no grouped-query kernel" in row["message"]
+    assert row.status == "unsupported", row
+    assert "no grouped-query kernel" in row.message
     plain = run_case(VerifyCase("sdpa", {"backend": "efficient"}, 1, 1024, 32, 128, True, "bf16", "cuda"))
-    assert plain["status"] == "pass", plain  # the same backend with K and V at 32 heads
+    assert plain.status == "pass", plain  # the same backend with K and V at 32 heads
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
@@ -50,8 +50,8 @@ def test_the_memory_efficient_backend_is_unsupported_with_grouped_heads():
 def test_dilated_shares_or_copies_per_kernel(backend, mode):
     cfg = impls.build("dilated", segment_lengths=[256, 512], dilation_rates=[1, 2], backend=backend).config()
     row = run_case(VerifyCase("dilated", cfg, 2, 2048, 12, 64, True, "bf16", "cuda", mode=mode, kv_heads=3))
-    assert row["status"] == "pass", row
-    assert row["kv_layout"] == (gqa.EXPANDED if backend == "efficient" else gqa.SHARED)
+    assert row.status == "pass", row
+    assert row.kv_layout == (gqa.EXPANDED if backend == "efficient" else gqa.SHARED)
 
 
 def _llama_forward(config: dict, seq_len: int = 32768) -> Measured:

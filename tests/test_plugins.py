@@ -204,7 +204,7 @@ def test_flex_matches_the_float64_reference_with_a_head_dependent_mask(user_modu
     (user_module / "headmask.py").write_text("def per_head(b, h, q, kv):\n    return (q - kv).abs() <= 8 + 24 * h\n")
     config = impls.normalize_config("flex", {"mask": "headmask:per_head"})
     row = run_case(VerifyCase("flex", config, 1, 256, 3, 16, causal, "fp32", "cpu"), seed=1)
-    assert row["status"] == "pass", row
+    assert row.status == "pass", row
     impl = impls.build("flex", **config)
     assert impl.per_head
     assert impl.useful_pairs(256, 3, causal) == sum(sliding_pairs(256, 8 + 24 * h, 1, causal) for h in range(3))

@@ -2,6 +2,7 @@
 declared key sets against independent transcriptions of docs/design/semantics.md."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,8 +24,8 @@ CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name,
 )
 def test_impl_matches_reference(case):
     row = run_case(case)
-    assert row["status"] == "pass", row
-    assert row["rel_err"] <= TOLERANCE[case.dtype]
+    assert row.status == "pass", row
+    assert row.rel_err <= TOLERANCE[case.dtype]
 
 
 def test_cases_cover_batches_causal_and_uneven_groups():
@@ -128,7 +129,7 @@ def test_a_wrong_implementation_fails_verification(monkeypatch):
         "fp32",
         "cpu",
     )
-    assert run_case(case)["status"] == "fail"
+    assert run_case(case).status == "fail"
 
 
 @pytest.mark.parametrize("backend", ["math", "flash"])
@@ -136,8 +137,8 @@ def test_dilated_runs_the_named_sdpa_backend_and_records_it(backend):
     impl = impls.build("dilated", segment_lengths=[16, 32], dilation_rates=[1, 2], backend=backend)
     assert impl.config()["backend"] == backend
     row = run_case(VerifyCase("dilated", impl.config(), 2, 64, 3, 16, False, "fp32", "cpu"))
-    assert row["status"] == "pass", row
-    assert row["backend"] == f"sdpa:{backend}"
+    assert row.status == "pass", row
+    assert row.backend == f"sdpa:{backend}"
 
 
 def test_dilated_at_the_default_backend_keeps_its_recorded_configuration():
@@ -172,10 +173,10 @@ def test_a_check_whose_reference_cannot_fit_runs_on_its_reduced_twin():
     f = case.twin_scale
     assert case.seq_len * f == 1 << 20 and case.config["segment_lengths"] == [524288 // f, 1048576 // f]
     assert case.config["dilation_rates"] == [4, 8] and reference_bytes(case) <= REFERENCE_BUDGET_BYTES
-    row = run_case(case)
-    assert row["status"] == "pass", row
-    assert row["twin_of"]["segment_lengths"] == [524288, 1048576] and row["twin_scale"] == f
-    assert row["seq_len"] == case.seq_len and row["elapsed_s"] >= 0
+    row = case.row(run_case(case), "out", None)
+    assert row.status == "pass", row
+    assert row.twin_of["segment_lengths"] == [524288, 1048576] and row.twin_scale == f
+    assert row.seq_len == case.seq_len and row.elapsed_s >= 0
 
 
 def test_a_small_check_is_not_reduced():
@@ -204,19 +205,18 @@ def test_a_ring_twin_is_checked_across_two_ranks():
 
     _, cases = _check_plan("ring-dilated", [524288, 1048576], [4, 8], "1M", gpus=2)
     (case,) = [c for c in cases if c.world_size == 2]
-    (row,) = seqpar.verify([case])
-    assert row["status"] == "pass", row
-    assert row["twin_of"]["segment_lengths"] == [524288, 1048576] and row["twin_scale"] == case.twin_scale
+    ((_, row),) = seqpar.verify([case])
+    assert row.status == "pass", row
+    assert row.twin_of["segment_lengths"] == [524288, 1048576] and row.twin_scale == case.twin_scale
 
 
 def test_a_failed_twin_fails_the_series_it_stands_for(tmp_path, monkeypatch):
     """The runner maps a twin's check row to the series of the configuration it stands for."""
-    from attnbench.results.schema import Verify, build
     from attnbench.sweeps import runner as sweep_runner
 
     plan, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
-    checked = {**run_case(case), "status": "fail", "message": "injected"}
-    failing = build(Verify, **checked, run="out", env={"machine": "cpu: test"})
+    checked = replace(run_case(case), status="fail", message="injected")
+    failing = case.row(checked, "out", {"machine": "cpu: test"})
     monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, *args, **kw: [failing])
     r = sweep_runner.SweepRunner(plan, tmp_path / "out", {"machine": "cpu: test"})
     (outcome,) = r.run()

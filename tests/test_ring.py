@@ -126,13 +126,13 @@ def verified(request):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_every_case_matches_the_reference_and_the_single_device_output(verified):
-    world, cases, rows = verified
-    assert len(rows) == len(cases)
-    failures = [r for r in rows if r["status"] != "pass"]
+    world, cases, checked = verified
+    assert len(checked) == len(cases)
+    failures = [(c, r) for c, r in checked if r.status != "pass"]
     assert not failures, failures[:3]
-    for r in rows:
-        assert r["world_size"] == world
-        assert r["rel_err"] <= TOLERANCE[r["dtype"]] and r["rel_err_single"] <= TOLERANCE[r["dtype"]]
+    for c, r in checked:
+        assert c.world_size == world
+        assert r.rel_err <= TOLERANCE[c.dtype] and r.rel_err_single <= TOLERANCE[c.dtype]
 
 
 @pytest.mark.slow
@@ -155,10 +155,10 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
 def test_a_rank_that_raises_ends_the_run_with_its_error():
     case = default_cases("ring", "cpu", ["fp32"], world=2)[0]
     t0 = time.monotonic()
-    rows = seqpar.verify([case], fail_rank=1)  # rank 0 is already waiting for rank 1's K/V
+    ((_, check),) = seqpar.verify([case], fail_rank=1)  # rank 0 is already waiting for rank 1's K/V
     assert time.monotonic() - t0 < 60, "the other rank must not wait for its collective timeout"
-    assert rows[0]["status"] == "error"
-    assert rows[0]["message"].startswith("rank 1:") and "asked to fail" in rows[0]["message"]
+    assert check.status == "error"
+    assert check.message.startswith("rank 1:") and "asked to fail" in check.message
 
 
 @pytest.mark.slow

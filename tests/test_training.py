@@ -31,12 +31,12 @@ def _cases(name, mode="fwd_bwd", grouped=False):
 def test_gradients_of_every_verify_configuration_match_the_reference(name):
     cases = _cases(name)
     assert {c.causal for c in cases} == {False, True}
-    rows = [run_case(c, seed=i) for i, c in enumerate(cases)]
-    failed = [(r["config"], r["causal"], r["message"]) for r in rows if r["status"] != "pass"]
+    checks = [run_case(c, seed=i) for i, c in enumerate(cases)]
+    failed = [(c.config, c.causal, r.message) for c, r in zip(cases, checks) if r.status != "pass"]
     assert not failed
-    for r in rows:
-        assert r["mode"] == "fwd_bwd" and all(
-            0 <= r[f"rel_err_{g}"] <= GRAD_TOLERANCE["fp32"] for g in ("dq", "dk", "dv")
+    for r in checks:
+        assert r.grad_tolerance == GRAD_TOLERANCE["fp32"] and all(
+            0 <= getattr(r, f"rel_err_{g}") <= GRAD_TOLERANCE["fp32"] for g in ("dq", "dk", "dv")
         )
 
 
@@ -51,8 +51,8 @@ def test_block_sparse_gradients_with_grouped_heads_match_for_every_pattern():
         "global_local",
         "hierarchical",
     }
-    rows = [run_case(c, seed=i) for i, c in enumerate(cases)]
-    assert not [(r["config"], r["causal"], r["message"]) for r in rows if r["status"] != "pass"]
+    checks = [run_case(c, seed=i) for i, c in enumerate(cases)]
+    assert not [(c.config, c.causal, r.message) for c, r in zip(cases, checks) if r.status != "pass"]
 
 
 def test_a_wrong_gradient_fails(monkeypatch):
@@ -67,8 +67,8 @@ def test_a_wrong_gradient_fails(monkeypatch):
 
     monkeypatch.setattr(type(sdpa), "forward", forward)
     row = run_case(case, seed=0)
-    assert row["status"] == "fail" and "dk" in row["message"] and "dq" not in row["message"]
-    assert row["rel_err"] < 1e-4 and row["rel_err_dk"] == pytest.approx(1.0)
+    assert row.status == "fail" and "dk" in row.message and "dq" not in row.message
+    assert row.rel_err < 1e-4 and row.rel_err_dk == pytest.approx(1.0)
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ DILATED = {"segment_lengths": [256, 512], "dilation_rates": [1, 2]}
 def test_dilated_gradients_through_each_fused_kernel(backend, dtype, causal):
     cfg = impls.build("dilated", **DILATED, backend=backend).config()
     row = run_case(VerifyCase("dilated", cfg, 2, 4096, 5, 64, causal, dtype, "cuda", mode="fwd_bwd"))
-    assert row["status"] == "pass", row
+    assert row.status == "pass", row
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -37,8 +37,8 @@ def test_block_sparse_flex_gradients_in_overlapping_pieces(pattern_type, causal)
     # each wide piece's backward in parts of its keys
     cfg = flex_pieces_config(pattern_type)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
-    assert row["status"] == "pass", row
-    assert row["backend"].startswith("flex")
+    assert row.status == "pass", row
+    assert row.backend.startswith("flex")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -46,13 +46,13 @@ def test_block_sparse_flex_gradients_in_one_chunk_beside_dense_rows(causal):
     # global_local in one chunk: SDPA's global rows and the flex chunk under their own autograd
     cfg = flex_pieces_config("global_local", max_chunk_tokens=1 << 20)
     row = run_case(VerifyCase("block-sparse", cfg, 1, 4096, 2, 64, causal, "bf16", "cuda", mode="fwd_bwd"))
-    assert row["status"] == "pass", row
-    assert row["backend"] == "flex+sdpa"
+    assert row.status == "pass", row
+    assert row.backend == "flex+sdpa"
 
 
 def test_block_sparse_flex_gradients_in_per_head_calls(monkeypatch):
     row = flex_per_head_row(monkeypatch, mode="fwd_bwd")
-    assert row["status"] == "pass", row
+    assert row.status == "pass", row
 
 
 def _training_peak_over_floor(name, seq_len, **config) -> float:

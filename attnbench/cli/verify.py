@@ -4,7 +4,7 @@ computes what it declares (against the float64 reference)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from attnbench.cli.base import app, config_short, console, show
 from attnbench.cli.options import impl_params, resolve_device
+
+if TYPE_CHECKING:
+    from attnbench.results.schema import Verify
 
 
 @app.command("list", order=10)
@@ -97,8 +100,8 @@ def verify(
     rows = _run_groups(plan, device, out, env)
     console.print(_table(rows, device, mode))
     # a kernel without the shape (a backend with no grouped-query kernel) computed nothing wrong
-    unsupported = [r for r in rows if r["status"] == "unsupported"]
-    failed = [r for r in rows if r["status"] not in ("pass", "unsupported")]
+    unsupported = [r for r in rows if r.status == "unsupported"]
+    failed = [r for r in rows if r.status not in ("pass", "unsupported")]
     passed = len(rows) - len(failed) - len(unsupported)
     console.print(
         f"{passed} of {len(rows)} cases pass"
@@ -114,7 +117,7 @@ def _sci(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-def _table(rows: list[dict], device: str, mode: str) -> Table:
+def _table(rows: list[Verify], device: str, mode: str) -> Table:
     """One line per case: its relative errors against the float64 reference and the verdict."""
     from attnbench.trials.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE
 
@@ -138,57 +141,57 @@ def _table(rows: list[dict], device: str, mode: str) -> Table:
     ):
         t.add_column(col)
     for r in rows:
-        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
-        vs_single = "-" if r.get("rel_err_single") is None else f"{r['rel_err_single']:.2e}"
         grads = (
-            [_sci(r.get(f"rel_err_{g}")) for g in GRADIENTS] + [f"{GRAD_TOLERANCE[r['dtype']]:.0e}"]
+            [_sci(getattr(r, f"rel_err_{g}")) for g in GRADIENTS] + [f"{GRAD_TOLERANCE[r.dtype]:.0e}"]
             if grad_cols
             else []
         )
         mark = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]"}.get(
-            r["status"],
-            f"[{'yellow' if r['status'] == 'unsupported' else 'red'}]{r['status']}[/] {escape(r['message'])}",
+            r.status,
+            f"[{'yellow' if r.status == 'unsupported' else 'red'}]{r.status}[/] {escape(r.message)}",
         )
         t.add_row(
-            r["impl"],
-            config_short(r["config"]),
-            str(r.get("world_size", 1)),
-            str(r["batch"]),
-            str(r["seq_len"]),
-            str(r["heads"]) + (f"/{r['kv_heads']}" if r.get("kv_heads") else ""),
-            str(r["head_dim"]),
-            "yes" if r["causal"] else "no",
-            r["dtype"],
-            err,
-            vs_single,
-            f"{TOLERANCE[r['dtype']]:.0e}",
+            r.impl,
+            config_short(r.config),
+            str(r.world_size or 1),
+            str(r.batch),
+            str(r.seq_len),
+            str(r.heads) + (f"/{r.kv_heads}" if r.kv_heads else ""),
+            str(r.head_dim),
+            "yes" if r.causal else "no",
+            r.dtype,
+            _sci(r.rel_err),
+            _sci(r.rel_err_single),
+            f"{TOLERANCE[r.dtype]:.0e}",
             *grads,
             mark,
         )
     return t
 
 
-def _run_groups(plan, device: str, out: Optional[Path], env: Optional[dict]) -> list[dict]:
+def _run_groups(plan, device: str, out: Optional[Path], env: Optional[dict]) -> list[Verify]:
     """Each implementation's cases in a process of their own, with progress; with ``out`` each
-    group's rows are appended as it finishes, so an interrupted verify keeps what it checked."""
+    group's rows are appended as it finishes, so an interrupted verify keeps what it checked
+    (without ``out`` the rows name no run: they are shown, never written)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnbench.results import ResultsWriter, clean_floats
+    from attnbench.results import ResultsWriter
     from attnbench.sweeps.verification import run_reference_checks
 
     writer = ResultsWriter(out) if out else None
+    run = Path(out).name if out else ""
     groups = plan.groups()
-    rows: list[dict] = []
+    rows: list[Verify] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"reference checks on {device}", total=len(plan.cases))
         for i, (name, cases) in enumerate(groups):
             progress.update(task, description=f"{name}: {len(cases)} reference checks on {device}")
-            got = run_reference_checks(cases, warm=device == "cuda" and i + 1 < len(groups))
+            got = run_reference_checks(cases, run, env, warm=device == "cuda" and i + 1 < len(groups))
             for r in got if writer else ():
-                writer.append(clean_floats({**r, "run": Path(out).name, "env": env}))
+                writer.append(r.to_json())
             rows += got
             progress.advance(task, len(cases))
-            passed = sum(r["status"] == "pass" for r in got)
+            passed = sum(r.status == "pass" for r in got)
             progress.console.print(f"  {name}: {passed} of {len(got)} pass")
     return rows

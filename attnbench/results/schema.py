@@ -270,10 +270,10 @@ class MaxSeqResult(Workload):
 
 
 @dataclass(kw_only=True)
-class Verify(Workload):
-    """One check of an implementation against the float64 reference."""
+class Check:
+    """What one check of an implementation against the float64 reference found: the part of a
+    verify row the checking process makes and sends back (``to_json``, read back with ``received``)."""
 
-    KIND: ClassVar[tuple[str, ...]] = ("verify",)
     status: str  # pass, fail, error or unsupported (the kernel has no such shape: not a wrong output)
     rel_err: float | None = None  # max |out - ref| / max |ref|
     tolerance: float | None = None  # largest rel_err that passes for the dtype
@@ -290,6 +290,15 @@ class Verify(Workload):
     twin_of: dict[str, Any] | None = None  # checked on a reduced twin: the configuration it stands for
     twin_scale: int | None = None  # the twin's lengths (sequence, segments) are twin_of's divided by this
     elapsed_s: float | None = None  # seconds the check took (inputs, the call, the float64 reference)
+
+
+@dataclass(kw_only=True)
+class Verify(Check, Workload):
+    """One check of an implementation against the float64 reference: the case's workload and
+    what the check found (Check first among the bases keeps a row's fields, and so the first
+    missing one a reader names, in their order: Row's, the workload's, then the check's)."""
+
+    KIND: ClassVar[tuple[str, ...]] = ("verify",)
 
 
 @dataclass(kw_only=True)

@@ -24,11 +24,11 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
-from attnbench.results.schema import Fields, GpuMemory, Measured, received
+from attnbench.results.schema import GpuMemory, Measured, received
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.measured import set_peak, take_accounting
-from attnbench.trials.reference import TOLERANCE, VerifyCase
+from attnbench.trials.reference import Check, VerifyCase
 from attnbench.trials.trial import TrialSpec
 
 #: the ``strategy`` of rows measured by sequence-parallel implementations
@@ -183,52 +183,23 @@ def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[Fields]:
-    """Run the cases, one launch per (world size, device); verify rows in case order."""
+def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[tuple[VerifyCase, Check]]:
+    """Run the cases, one launch per (world size, device); each case with its check, launch by launch."""
+    from attnbench.results.schema import received
+
     groups: dict[tuple[int, str], list[VerifyCase]] = {}
     for c in cases:
         groups.setdefault((c.world_size, c.device), []).append(c)
-    rows: list[Fields] = []
+    checked: list[tuple[VerifyCase, Check]] = []
     for (world, device), group in groups.items():
         check_world(device, world)
-        payload = {
-            "cases": [{"case": asdict(c), "seed": random.randrange(2**31 - 1)} for c in group],
-            "fail_rank": fail_rank,
-        }
+        seeds = [random.randrange(2**31 - 1) for _ in group]
+        payload = {"cases": [{"case": asdict(c), "seed": s} for c, s in zip(group, seeds)], "fail_rank": fail_rank}
         results = launch(VERIFY_JOB, payload, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
         status, message = agreed_status(results)
         if status == "ok":
-            rows.extend(results[0]["rows"])
+            checks = [received(Check, check, "rank 0 of the reference check") for check in results[0]["checks"]]
         else:  # the run ended on a failing rank: every case of it is an error with that rank's reason
-            rows.extend(
-                {
-                    **case_row(p["case"], p["seed"]),
-                    "status": "error",
-                    "rel_err": None,
-                    "rel_err_single": None,
-                    "message": message,
-                }
-                for p in payload["cases"]
-            )
-    return rows
-
-
-def case_row(case: dict[str, Any], seed: int) -> Fields:
-    return {
-        "kind": "verify",
-        "impl": case["impl"],
-        "config": case["config"],
-        "batch": case["batch"],
-        "seq_len": case["seq_len"],
-        "heads": case["heads"],
-        "head_dim": case["head_dim"],
-        "causal": case["causal"],
-        "dtype": case["dtype"],
-        "device": case["device"],
-        "world_size": case["world_size"],
-        "seed": seed,
-        "tolerance": TOLERANCE[case["dtype"]],
-        "strategy": STRATEGY,
-        **({"kv_heads": case["kv_heads"]} if case.get("kv_heads") not in (None, case["heads"]) else {}),
-        **VerifyCase(**case).twin_fields(),
-    }
+            checks = [c.check(seed, "error", message) for c, seed in zip(group, seeds)]
+        checked += zip(group, checks)
+    return checked

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any
 
 from attnbench.errors import ConfigError
@@ -21,9 +21,9 @@ from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.results.convert import fill, to_json
 from attnbench.results.schema import GpuMemory
 from attnbench.runtime.supervise import announce_phase
-from attnbench.sweeps.seqpar import RankMeasured, case_row
+from attnbench.sweeps.seqpar import RankMeasured
 from attnbench.trials.measured import take_measurement
-from attnbench.trials.reference import TOLERANCE, VerifyCase
+from attnbench.trials.reference import TOLERANCE, Check, VerifyCase
 from attnbench.trials.trial import TrialSpec
 
 
@@ -42,28 +42,32 @@ def _maybe_fail(payload: dict[str, Any], rank: int) -> None:
 
 
 def verify_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    rows = []
+    """Rank side of ``seqpar.verify``: rank 0 sends each case's check as JSON (``to_json``), the others nothing."""
+    from attnbench.results.convert import to_json
+
+    checks = []
     for item in payload["cases"]:
         started = time.monotonic()
-        row = _verify_case(VerifyCase(**item["case"]), item["seed"], rank, world, _device(device), payload)
-        rows.append({**row, "elapsed_s": round(time.monotonic() - started, 3)})
-    return {"rows": rows if rank == 0 else []}
+        check = _verify_case(VerifyCase(**item["case"]), item["seed"], rank, world, _device(device), payload)
+        if rank == 0:
+            checks.append(to_json(replace(check, elapsed_s=round(time.monotonic() - started, 3))))
+    return {"checks": checks}
 
 
-def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payload) -> dict[str, Any]:
+def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payload) -> Check | None:
+    """The case's check on rank 0; None on the others, whose part ends with the gather."""
     import torch
     import torch.distributed as dist
 
     from attnbench.trials.reference import masked_reference, relative_error
     from attnbench.trials.workload import torch_dtype
 
-    row = case_row(asdict(case), seed)
     impl = build(case.impl, case.config, world)
     try:  # deterministic: every rank takes the same branch
         impl.check_shape(case.seq_len, case.heads)
         impl.check_causal(case.causal)
     except ConfigError as exc:
-        return {**row, "status": "error", "rel_err": None, "rel_err_single": None, "message": str(exc)}
+        return case.check(seed, "error", str(exc))
     gen = torch.Generator().manual_seed(seed)
     shape, kv_shape = case.shapes()
     # the same global inputs on every rank, rounded to the dtype so the reference sees what the ranks see
@@ -78,7 +82,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     shards = [torch.empty(out.shape, dtype=torch.float32, device=dev) for _ in range(world)]
     dist.all_gather(shards, out.float().contiguous())
     if rank != 0:
-        return row
+        return None
     full = torch.empty(shape, dtype=torch.float32)
     for r in range(world):
         full[:, positions[r]] = shards[r].cpu()
@@ -100,16 +104,16 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
             else "non-finite output"
         )
     )
-    return {
-        **row,
-        "status": "pass" if ok else "fail",
-        "rel_err": err,
-        "rel_err_single": err_single,
-        "counterpart": counterpart.name,
-        "backend": impl.last_backend,
-        **({"kv_layout": impl.last_kv_layout} if impl.last_kv_layout else {}),
-        "message": why,
-    }
+    return case.check(
+        seed,
+        "pass" if ok else "fail",
+        why,
+        rel_err=err,
+        rel_err_single=err_single,
+        counterpart=counterpart.name,
+        backend=impl.last_backend,
+        kv_layout=impl.last_kv_layout or None,
+    )
 
 
 def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
-from attnbench.results.schema import Row, Verify, build
+from attnbench.results.schema import Row, Verify
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
 
@@ -49,9 +49,9 @@ class RunSession:
     ) -> list[Verify]:
         """Run the reference check and refuse a case that cannot run; writes nothing, so a
         run with several parts can check all of them before its first row."""
-        checked = run_reference_checks(cases, isolate, memory_limit, warm, call_limit_s)
-        refuse_unrunnable(checked)
-        return [build(Verify, **clean_floats(c), run=self.run_id, env=self.env) for c in checked]
+        rows = run_reference_checks(cases, self.run_id, self.env, isolate, memory_limit, warm, call_limit_s)
+        refuse_unrunnable(rows)
+        return rows
 
     def record_checks(self, rows: list[Verify]) -> bool:
         """Append the check rows and report them; True when every case passed."""

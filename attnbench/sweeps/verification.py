@@ -3,7 +3,8 @@
 Cases of one-device implementations run in a child process when any is on the GPU (so the
 parent never holds a CUDA context while it later supervises trials), else in this process;
 sequence-parallel cases run across ranks under torchrun, against the float64 reference and
-their single-device counterpart. Rows come back in case order: one-device cases first.
+their single-device counterpart. Each check comes back typed (``schema.Check``) and its row is
+the case's workload beside it (``VerifyCase.row``); one-device cases first, in case order.
 """
 
 from __future__ import annotations
@@ -13,33 +14,36 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
-from attnbench.results.schema import Fields
+from attnbench.results.schema import Verify
 from attnbench.trials.reference import VerifyCase, run_case
 from attnbench.trials.trial import run_verify_isolated
 
 
 def run_reference_checks(
     cases: list[VerifyCase],
+    run: str,
+    env: dict[str, Any] | None,
     isolate: bool = False,
     memory_limit: int | None = None,
     warm: bool = False,
     call_limit_s: float | None = None,
-) -> list[Fields]:
-    """One verify row (without run and env) per case; ``isolate`` runs the one-device cases in
-    a child under ``memory_limit`` like a trial (always on the GPU, and for outside code, which
-    never runs here), each call under a cold call's share of ``call_limit_s``; ``warm``: trials
-    in worker processes follow (the first one's process starts meanwhile)."""
+) -> list[Verify]:
+    """One verify row of ``run`` (measured in ``env``) per case; ``isolate`` runs the one-device
+    cases in a child under ``memory_limit`` like a trial (always on the GPU, and for outside
+    code, which never runs here), each call under a cold call's share of ``call_limit_s``;
+    ``warm``: trials in worker processes follow (the first one's process starts meanwhile)."""
     ranked = [c for c in cases if impls.spec(c.impl).distributed]
     single = [c for c in cases if not impls.spec(c.impl).distributed]
     elsewhere = any(impls.outside_code_elsewhere(c.impl, c.config) for c in single)
     if isolate or elsewhere or any(c.device == "cuda" for c in single):
-        rows = run_verify_isolated(single, memory_limit, call_limit_s, warm=warm)
+        checks = run_verify_isolated(single, memory_limit, call_limit_s, warm=warm)
     else:
-        rows = [run_case(c) for c in single]
+        checks = [run_case(c) for c in single]
+    rows = [case.row(check, run, env) for case, check in zip(single, checks)]
     if ranked:
         from attnbench.sweeps import seqpar  # torchrun machinery, only where a case needs ranks
 
-        rows += seqpar.verify(ranked)
+        rows += [case.row(check, run, env, seqpar.STRATEGY) for case, check in seqpar.verify(ranked)]
     return rows
 
 
@@ -48,13 +52,13 @@ def config_text(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
-def refuse_unrunnable(rows: list[Fields]) -> None:
+def refuse_unrunnable(rows: list[Verify]) -> None:
     """A case that cannot run at all (a dtype a backend lacks, say) is bad input, not a failed check."""
     for row in rows:
-        if row["status"] == "error":
+        if row.status == "error":
             raise AttnbenchError(
-                f"{row['impl']} {config_text(row['config'])} cannot run {row['dtype']} on {row['device']}: "
-                f"{row['message']}; choose another --dtype, backend or configuration"
+                f"{row.impl} {config_text(row.config)} cannot run {row.dtype} on {row.device}: "
+                f"{row.message}; choose another --dtype, backend or configuration"
             )
 
 

@@ -19,7 +19,7 @@ import torch
 
 from attnbench import impls
 from attnbench.measure.oom import classify
-from attnbench.results.schema import Fields
+from attnbench.results.schema import Check, Verify, join
 from attnbench.trials.workload import torch_dtype
 
 # Relative-error tolerance per dtype: float32 arithmetic lands far below 1e-4; 16-bit inputs
@@ -103,6 +103,10 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(err / denom) if denom > 0 else float(err)
 
 
+# The fields of a case every verify row holds (its other workload fields only where they apply).
+ROW_WORKLOAD = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "causal", "dtype", "device", "world_size")
+
+
 @dataclass(frozen=True)
 class VerifyCase:
     impl: str
@@ -120,9 +124,33 @@ class VerifyCase:
     twin_of: dict[str, Any] | None = None  # a reduced twin: the configuration it stands for
     twin_scale: int = 1  # a reduced twin: lengths are those of ``twin_of`` divided by this
 
-    def twin_fields(self) -> Fields:
-        """What a check row says of a reduced twin: the configuration it stands for and the scale."""
-        return {"twin_of": self.twin_of, "twin_scale": self.twin_scale} if self.twin_of is not None else {}
+    def check(self, seed: int, status: str, message: str, **found: Any) -> Check:
+        """What a check of this case on inputs of ``seed`` found (``found``: its errors, backend, K/V
+        layout), with the tolerances it was held to and, for a reduced twin, the configuration it
+        stands for and the scale."""
+        return Check(
+            status=status,
+            message=message,
+            seed=seed,
+            tolerance=TOLERANCE[self.dtype],
+            grad_tolerance=GRAD_TOLERANCE[self.dtype] if self.mode == "fwd_bwd" else None,
+            twin_of=self.twin_of,
+            twin_scale=self.twin_scale if self.twin_of is not None else None,
+            **found,
+        )
+
+    def row(self, check: Check, run: str, env: dict[str, Any] | None, strategy: str | None = None) -> Verify:
+        """This case's verify row: its workload beside what ``check`` found (``strategy``: how ranks
+        share the sequence). The mode is written only where gradients were checked and key/value
+        heads only where fewer than the heads, so other rows keep the keys they had before either."""
+        shape = {name: getattr(self, name) for name in ROW_WORKLOAD}
+        optional = {
+            "mode": self.mode if self.mode == "fwd_bwd" else None,
+            "kv_heads": self.kv_heads if self.kv_heads != self.heads else None,
+            "strategy": strategy,
+        }
+        written = {name: value for name, value in optional.items() if value is not None}
+        return join(Verify, check, kind="verify", run=run, env=env, **shape, **written)
 
     def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(q and the output, k and v): ``(B, N, H, D)`` and ``(B, N, H_kv, D)``."""
@@ -179,35 +207,18 @@ def _no_phase(name: str) -> None:
     pass
 
 
-def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> Fields:
-    """Run one case on fresh random inputs; returns a verify result row (without env), with the
-    seconds it took. ``phase`` hears "verify-call" before the implementation is built and called
-    (its code: a supervising worker holds it to a call's limit) and "reference" before the
-    float64 reference (attnbench's own arithmetic)."""
+def run_case(case: VerifyCase, seed: int | None = None, phase: Callable[[str], None] = _no_phase) -> Check:
+    """Run one case on fresh random inputs; what the check found, with the seconds it took.
+    ``phase`` hears "verify-call" before the implementation is built and called (its code: a
+    supervising worker holds it to a call's limit) and "reference" before the float64
+    reference (attnbench's own arithmetic)."""
     started = time.monotonic()
-    row = _check_case(case, seed, phase)
-    return {**row, "elapsed_s": round(time.monotonic() - started, 3)}
+    check = _check_case(case, seed, phase)
+    return replace(check, elapsed_s=round(time.monotonic() - started, 3))
 
 
-def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]) -> Fields:
+def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]) -> Check:
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
-    row: dict[str, Any] = {
-        "kind": "verify",
-        "impl": case.impl,
-        "config": case.config,
-        "batch": case.batch,
-        "seq_len": case.seq_len,
-        "heads": case.heads,
-        "head_dim": case.head_dim,
-        "causal": case.causal,
-        "dtype": case.dtype,
-        "device": case.device,
-        "world_size": case.world_size,
-        "seed": seed,
-        "tolerance": TOLERANCE[case.dtype],
-        **({"kv_heads": case.kv_heads} if case.kv_heads not in (None, case.heads) else {}),
-        **case.twin_fields(),
-    }
     gen = torch.Generator().manual_seed(seed)
     q_shape, kv_shape = case.shapes()
     # Round the inputs to the dtype first so the reference sees exactly what the impl sees.
@@ -218,47 +229,37 @@ def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]
     phase("verify-call")
     impl = impls.build(case.impl, **case.config)
     if case.mode == "fwd_bwd":
-        row["mode"] = "fwd_bwd"
-        return {**row, **_check_gradients(impl, case, q, k, v, gen, phase)}
+        return _check_gradients(impl, case, seed, q, k, v, gen, phase)
     try:
         with torch.no_grad():
             out = impl(q.to(case.device), k.to(case.device), v.to(case.device), is_causal=case.causal)
     except Exception as exc:  # a case that cannot run is reported, never raised
-        return {**row, **_failed(exc), "rel_err": None}
+        return case.check(seed, *_failed(exc))
     phase("reference")
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return {
-            **row,
-            "status": "error",
-            "rel_err": None,
-            "message": f"output {got} is not (B, N, H, D) {tuple(q.shape)}",
-        }
+        return case.check(seed, "error", f"output {got} is not (B, N, H, D) {tuple(q.shape)}")
     ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     err = relative_error(out, ref)
     ok = err == err and err <= TOLERANCE[case.dtype]
-    return {
-        **row,
-        "status": "pass" if ok else "fail",
-        "rel_err": err,
-        "backend": impl.last_backend,
-        **_kv_layout(impl),
-        "message": "" if ok else ("non-finite output" if err != err else "relative error above tolerance"),
-    }
+    message = "" if ok else ("non-finite output" if err != err else "relative error above tolerance")
+    status = "pass" if ok else "fail"
+    return case.check(seed, status, message, rel_err=err, backend=impl.last_backend, kv_layout=_kv_layout(impl))
 
 
-def _failed(exc: BaseException) -> Fields:
-    """A case that raised: ``unsupported`` where the kernel has no such shape (not a wrong
-    output), else ``error``; the message's first line."""
+def _failed(exc: BaseException) -> tuple[str, str]:
+    """The status and message of a case that raised: ``unsupported`` where the kernel has no
+    such shape (not a wrong output), else ``error``; the message's first line."""
     status = "unsupported" if classify(exc) == "unsupported" else "error"
-    return {"status": status, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return status, f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _kv_layout(impl) -> Fields:
-    return {"kv_layout": impl.last_kv_layout} if getattr(impl, "last_kv_layout", None) else {}
+def _kv_layout(impl) -> str | None:
+    """Grouped K/V: shared or expanded; None where the call had no groups."""
+    return getattr(impl, "last_kv_layout", None) or None
 
 
-def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phase=_no_phase) -> Fields:
+def _check_gradients(impl, case: VerifyCase, seed: int, q, k, v, gen: torch.Generator, phase=_no_phase) -> Check:
     """Forward and backward on the device against the float64 reference's output and its
     dq, dk, dv for one random output gradient (rounded to the dtype, like the inputs)."""
     grad_out = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(q.dtype)
@@ -268,21 +269,16 @@ def _check_gradients(impl, case: VerifyCase, q, k, v, gen: torch.Generator, phas
         grads = torch.autograd.grad(out, inputs, grad_out.to(case.device), allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]  # unreached: zero
     except Exception as exc:  # a case that cannot run is reported, never raised
-        return {**_failed(exc), "rel_err": None, "grad_tolerance": GRAD_TOLERANCE[case.dtype]}
+        return case.check(seed, *_failed(exc))
     phase("reference")
     ref_inputs = [x.to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     ref = masked_attention(*ref_inputs, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out.to(torch.float64))
-    result: dict[str, Any] = {
-        "rel_err": relative_error(out, ref.detach()),
-        "grad_tolerance": GRAD_TOLERANCE[case.dtype],
-        "backend": impl.last_backend,
-        **_kv_layout(impl),
-    }
-    for name, got, want in zip(GRADIENTS, grads, ref_grads):
-        result[f"rel_err_{name}"] = relative_error(got, want)
-    errors = [result["rel_err"], *(result[f"rel_err_{n}"] for n in GRADIENTS)]
+    errors = {"rel_err": relative_error(out, ref.detach())}
+    errors |= {f"rel_err_{name}": relative_error(got, want) for name, got, want in zip(GRADIENTS, grads, ref_grads)}
     limits = [TOLERANCE[case.dtype], *[GRAD_TOLERANCE[case.dtype]] * len(GRADIENTS)]
-    bad = [name for name, err, limit in zip(("out", *GRADIENTS), errors, limits) if not err <= limit]  # NaN fails
+    checked = zip(("out", *GRADIENTS), errors.values(), limits)
+    bad = [name for name, err, limit in checked if not err <= limit]  # NaN fails
     message = "" if not bad else "relative error above tolerance: " + ", ".join(bad)
-    return {**result, "status": "fail" if bad else "pass", "message": message}
+    status = "fail" if bad else "pass"
+    return case.check(seed, status, message, backend=impl.last_backend, kv_layout=_kv_layout(impl), **errors)

@@ -23,11 +23,11 @@ from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
 from attnbench.results.convert import fill, to_json
-from attnbench.results.schema import Fields, GpuMemory, Measured, received
+from attnbench.results.schema import GpuMemory, Measured, received
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
 from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_tflops_interval
-from attnbench.trials.reference import VerifyCase, reference_bytes, run_case
+from attnbench.trials.reference import Check, VerifyCase, reference_bytes, run_case
 from attnbench.trials.workload import Workload
 
 
@@ -173,11 +173,13 @@ def run_verify_isolated(
     memory_limit: int | None = None,
     call_limit_s: float | None = None,
     warm: bool = False,
-) -> list[Fields]:
+) -> list[Check]:
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
     never live in the calling process (nor CUDA), and the trial's memory and time limits apply
     (each case's build and call: a cold call's limit, COLD_CALL_FACTOR x ``call_limit_s``).
-    ``warm``: trials follow, so the first one's process starts now."""
+    ``warm``: trials follow, so the first one's process starts now. One check per case, in order."""
+    from attnbench.results.schema import received
+
     if not cases:
         return []
     limit = COLD_CALL_FACTOR * (call_limit_s or VERIFY_CALL_LIMIT_S)
@@ -188,9 +190,9 @@ def run_verify_isolated(
         memory_limit=memory_limit,
         warm=PRELOAD if warm else False,
     )
-    if "rows" not in result:
+    if "checks" not in result:
         raise AttnbenchError(_unchecked(cases, result, memory_limit))
-    return result["rows"]
+    return [received(Check, check, "the reference check's worker") for check in result["checks"]]
 
 
 def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: int | None) -> str:
@@ -260,8 +262,11 @@ def trial_job(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_verify_isolated``; CPU cases under the memory limit, each case's
-    build and call under its time limit (the float64 reference is attnbench's own: untimed)."""
+    """Worker side of ``run_verify_isolated``: each case's check as JSON (``to_json``); CPU cases
+    under the memory limit, each case's build and call under its time limit (the float64
+    reference is attnbench's own: untimed)."""
+    from attnbench.results.convert import to_json
+
     cases = [VerifyCase(**c) for c in args["cases"]]
     on_cpu = all(c.device == "cpu" for c in cases)
     limit = args.get("call_limit_s")
@@ -270,4 +275,4 @@ def verify_job(args: dict[str, Any]) -> dict[str, Any]:
         announce_phase(name, limit if name == "verify-call" else None)
 
     with CpuMemoryLimit(args.get("memory_limit") if on_cpu else None):
-        return {"rows": [run_case(c, phase=phase) for c in cases]}
+        return {"checks": [to_json(run_case(c, phase=phase)) for c in cases]}
