@@ -14,8 +14,11 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Case, Plan, parse_cases, speedup_series
 from attnbench.results import read_rows
+from attnbench.results.convert import SchemaError, to_json
+from attnbench.results.schema import GpuMemory
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.job import context, measure
+from attnbench.sweeps.kinds.speedup.result import read_ranks
 from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for, slowest_per_iteration
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
@@ -60,7 +63,7 @@ def test_mp_with_gloo_on_two_processes_equals_single_and_writes_timing_rows(cpu_
             assert r["env"]["command"] and "nccl" in r["env"] and r["started_at"] and r["duration_s"] > 0
         assert mp["output_match"] is True and mp["output_rel_err"] <= TOLERANCE["fp32"]
         assert mp["tolerance"] == TOLERANCE["fp32"]
-        assert single["output_match"] is None  # it is the reference
+        assert single.get("output_match") is None  # it is the reference: nothing compared
         assert f"{int(case.split('x')[1]) // 2} per rank" in mp["note"]
 
 
@@ -193,7 +196,7 @@ def test_ddp_gradients_of_the_multihead_module_equal_single_and_compression_is_a
     assert mp["status"] == "ok" and mp["output_match"] is True and mp["output_rel_err"] <= TOLERANCE["fp32"]
     assert mp["grad_compression"] == "fp16" and "all-reduce fp16" in mp["note"]
     assert 1e-6 < mp["grad_rel_err"] <= TOLERANCE["fp16"] == mp["grad_tolerance"]
-    assert rows[("256x2", "single")]["grad_compression"] is None and mp["module"] == "multihead"
+    assert rows[("256x2", "single")].get("grad_compression") is None and mp["module"] == "multihead"
 
 
 @pytest.fixture
@@ -286,47 +289,42 @@ def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path)
     # sampler reads at least twice (start and stop), however fast the trial
     nvml = ScriptedNvml([[1000, 9000, 2000], [500, 700, 600]])
     result = _measure(tmp_path, nvml)
-    assert result["status"] == "ok" and result["times_ms"]
-    assert result["nvml"] == [
-        {"index": 0, "nvml_index": 0, "nvml_used_before": 1000, "nvml_used_peak": 9000},
-        {"index": 1, "nvml_index": 1, "nvml_used_before": 500, "nvml_used_peak": 700},
+    assert result.status == "ok" and result.times_ms
+    assert result.nvml == [
+        GpuMemory(index=0, nvml_index=0, nvml_used_before=1000, nvml_used_peak=9000),
+        GpuMemory(index=1, nvml_index=1, nvml_used_before=500, nvml_used_peak=700),
     ]
     allocator = {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}}
-    rows = gpu_rows(2, result["nvml"], allocator)
-    assert rows[0] == {
-        "index": 0,
-        "nvml_index": 0,
-        "nvml_used_before": 1000,
-        "nvml_used_peak": 9000,
-        "max_memory_allocated": 123,
-        "max_memory_reserved": 456,
-    }
-    assert rows[1]["nvml_used_peak"] == 700 and rows[1]["max_memory_allocated"] is None
+    rows = gpu_rows(2, result.nvml, allocator)
+    assert rows[0] == GpuMemory(
+        index=0,
+        nvml_index=0,
+        nvml_used_before=1000,
+        nvml_used_peak=9000,
+        max_memory_allocated=123,
+        max_memory_reserved=456,
+    )
+    assert rows[1].nvml_used_peak == 700 and rows[1].max_memory_allocated is None
     # CUDA may number the GPUs differently from NVML: the sampler numbers them as CUDA does, rows follow
-    swapped = gpu_rows(2, [{**g, "nvml_index": 1 - g["index"]} for g in result["nvml"]], allocator)
-    assert [g["nvml_index"] for g in swapped] == [1, 0] and swapped[0]["max_memory_allocated"] == 123
+    swapped = gpu_rows(2, [replace(g, nvml_index=1 - g.index) for g in result.nvml], allocator)
+    assert [g.nvml_index for g in swapped] == [1, 0] and swapped[0].max_memory_allocated == 123
     # the reference output was written per batch element
     assert sorted(p.name for p in (tmp_path / "ref").iterdir()) == ["out0.pt", "out1.pt"]
 
 
 def test_without_nvml_the_run_continues_with_torch_memory_and_a_note(tmp_path):
     result = _measure(tmp_path, None)
-    assert result["status"] == "ok" and result["nvml"] is None
+    assert result.status == "ok" and result.nvml is None
     rows = gpu_rows(2, None, {"0": {"max_memory_allocated": 123, "max_memory_reserved": 456}})
-    assert (
-        rows[0]["max_memory_allocated"] == 123
-        and rows[0]["nvml_used_peak"] is None
-        and rows[1]["nvml_used_peak"] is None
+    assert rows[0].max_memory_allocated == 123 and rows[0].nvml_used_peak is None and rows[1].nvml_used_peak is None
+    row = typed_row(
+        "speedup",
+        processes=1,
+        world_size=1,
+        batch=2,
+        mode="fwd",
+        nvml_note="NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found)",
     )
-    row = {
-        "status": "ok",
-        "device": "cuda",
-        "processes": 1,
-        "world_size": 1,
-        "batch": 2,
-        "mode": "fwd",
-        "nvml_note": "NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found)",
-    }
     assert "NVML unavailable" in notes_for(row, strategies.get("single")) and "memory from torch only" in notes_for(
         row, strategies.get("single")
     )
@@ -335,19 +333,18 @@ def test_without_nvml_the_run_continues_with_torch_memory_and_a_note(tmp_path):
 def test_dataparallel_notes_say_what_really_ran():
     dp = strategies.get("dp")
     gib = 2**30
-    one = {
-        "status": "ok",
-        "device": "cuda",
-        "processes": 1,
-        "world_size": 2,
-        "batch": 1,
-        "mode": "fwd",
-        "replica_batches": [[0, 1]],
-        "gpus": [
+    one = typed_row(
+        "speedup",
+        processes=1,
+        world_size=2,
+        batch=1,
+        mode="fwd",
+        replica_batches=[[0, 1]],
+        gpus=[
             {"index": 0, "max_memory_allocated": 3 * gib, "nvml_used_before": gib, "nvml_used_peak": 4 * gib},
             {"index": 1, "max_memory_allocated": 0, "nvml_used_before": gib // 2, "nvml_used_peak": gib},
         ],
-    }
+    )
     note = notes_for(one, dp)
     assert "batch 1 < 2 GPUs: DataParallel ran 1 replica" in note and "GPU 1 idle" in note
     assert (
@@ -356,7 +353,7 @@ def test_dataparallel_notes_say_what_really_ran():
         and "+0.50 GiB" in note
         and "CUDA context" in note
     )
-    uneven = {**one, "batch": 3, "replica_batches": [[0, 2], [1, 1]]}
+    uneven = replace(one, batch=3, replica_batches=[[0, 2], [1, 1]])
     assert "uneven split: GPU 0 got 2, GPU 1 got 1" in notes_for(uneven, dp) and "idle" not in notes_for(uneven, dp)
 
 
@@ -479,20 +476,37 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
         "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
         "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False},
     }
-    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
-    assert row["times_ms"] == [3.0, 4.0, 3.5] and row["time_ms"] == 3.5
-    assert [(g["index"], g["nvml_index"], g["nvml_used_peak"], g["max_memory_allocated"]) for g in row["gpus"]] == [
+    mp_settings, mp = _cuda_settings(strategies=("mp",)), strategies.get("mp")
+    row = merge_ranks(read_ranks([rank0, rank1]), mp_settings, Case(1024, 2), mp)
+    assert row.times_ms == [3.0, 4.0, 3.5] and row.time_ms == 3.5
+    assert [(g.index, g.nvml_index, g.nvml_used_peak, g.max_memory_allocated) for g in row.gpus] == [
         (0, 1, 90, 100),
         (1, 0, 20, 101),
     ]
-    assert row["output_rel_err"] == pytest.approx(0.1) and row["output_match"] is False and row["status"] == "error"
-    assert "1.00e-01 > tolerance 1e-02" in row["message"]
-    assert [r["first_call_ms"] for r in row["ranks"]] == [9.0, 7.0]
+    assert row.output_rel_err == pytest.approx(0.1) and row.output_match is False and row.status == "error"
+    assert "1.00e-01 > tolerance 1e-02" in row.message
+    assert [r["first_call_ms"] for r in row.ranks] == [9.0, 7.0]
     # a share missing from the pooled check is a failure, not a pass
     rank1["compare"] = {**rank1["compare"], "sq_err": 0.0, "elements": 10}
     rank0["compare"] = {**rank0["compare"], "sq_err": 0.0}
-    row = merge_ranks([rank0, rank1], _cuda_settings(strategies=("mp",)), Case(1024, 2), strategies.get("mp"))
-    assert row["output_match"] is False and "output values" in row["message"]
+    row = merge_ranks(read_ranks([rank0, rank1]), mp_settings, Case(1024, 2), mp)
+    assert row.output_match is False and "output values" in row.message
+
+
+def test_a_rank_result_missing_or_mistyping_a_field_is_refused_naming_it():
+    """The parent reads each rank's result file checked: a field the job and the parent
+    disagree on is named, never read as missing."""
+    sent = {"status": "ok", "rank": 0, "times_ms": [1.0], "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 4}}
+    assert read_ranks([sent])[0].compare.elements == 4
+    with pytest.raises(SchemaError, match="rank 1's rankresult: missing field 'times_ms'"):
+        read_ranks([sent, {"status": "ok", "rank": 1}])
+    mistyped = {**sent, "compare": {**sent["compare"], "elements": "4"}}
+    with pytest.raises(
+        SchemaError, match=r"field 'compare': field 'elements' is a string \('4'\), expected an integer"
+    ):
+        read_ranks([mistyped])
+    with pytest.raises(SchemaError, match="unknown field 'time'"):
+        read_ranks([{**sent, "time": 1.0}])
 
 
 def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
@@ -502,7 +516,7 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
         {"index": 0, "nvml_used_before": 2**30, "nvml_used_peak": 3 * 2**30},
         {"index": 1, "nvml_used_before": 2**29, "nvml_used_peak": 2**29},
     ]
-    result = {
+    sent = {
         "status": "ok",
         "rank": 0,
         "devices": [0, 1],
@@ -517,8 +531,9 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     }
     s = _cuda_settings(cases=(Case(1024, 1),))
     dp = strategies.get("dp")
-    row = {"device": "cuda", "batch": 1, "mode": "fwd", "world_size": 2, **merge_ranks([result], s, Case(1024, 1), dp)}
-    assert row["status"] == "ok" and row["output_match"] is True and row["replica_batches"] == [[0, 1]]
+    measured = merge_ranks(read_ranks([sent]), s, Case(1024, 1), dp)
+    row = typed_row("speedup", batch=1, mode="fwd", world_size=2, seq_len=1024, strategy="dp", **to_json(measured))
+    assert row.status == "ok" and row.output_match is True and row.replica_batches == [[0, 1]]
     note = notes_for(row, dp)
     assert note.startswith(
         "batch 1 < 2 GPUs: DataParallel ran 1 replica; GPU 1 idle (allocator peak 0 B, NVML 0.50 GiB"
@@ -529,10 +544,8 @@ def test_a_dataparallel_row_with_one_replica_says_which_gpu_idled():
     from attnbench.report.sections.data_parallel import memory_distribution
     from attnbench.report.tables.multigpu import speedup_cases
 
-    from conftest import typed_row
-
     doc = Doc()
-    cases = speedup_cases([typed_row(**{**row, "kind": "speedup", "seq_len": 1024, "strategy": "dp"})])
+    cases = speedup_cases([row])
     memory_distribution(doc, cases, "memory")
     lines = [line for line in doc.text().splitlines() if line.startswith("|")]
     assert lines[0] == (

@@ -302,7 +302,22 @@ class Verify(Check, Workload):
 
 
 @dataclass(kw_only=True)
-class Speedup(Workload, Timing):
+class StepMeasured(Timing):
+    """What a speedup trial's ranks measured, merged into one part (``merge_ranks`` of the speedup
+    sweep): the training step's time, memory and its output against the single-GPU run's."""
+
+    processes: int | None = None  # processes launched
+    output_match: bool | None = None  # output agrees with the single-GPU reference
+    output_rel_err: float | None = None
+    grad_rel_err: float | None = None
+    tolerance: float | None = None
+    grad_tolerance: float | None = None
+    output_message: str | None = None  # why the output check failed or had nothing to compare with
+    replica_batches: list[list[int]] | None = None  # dp: [gpu, batch size] each replica really got
+
+
+@dataclass(kw_only=True)
+class Speedup(Workload, StepMeasured):
     """One multi-GPU (or single-GPU baseline) training-step measurement."""
 
     KIND: ClassVar[tuple[str, ...]] = ("speedup",)
@@ -311,14 +326,7 @@ class Speedup(Workload, Timing):
     module: str | None = None  # the model wrapped around attention
     grad_compression: str | None = None  # mp only
     max_trial_seconds: float | None = None
-    processes: int | None = None  # processes launched
-    output_match: bool | None = None  # output agrees with the single-GPU reference
-    output_rel_err: float | None = None
-    grad_rel_err: float | None = None
-    tolerance: float | None = None
-    grad_tolerance: float | None = None
     note: str | None = None  # what the row's numbers mean, for the table
-    replica_batches: list[list[int]] | None = None  # dp: [gpu, batch size] each replica really got
 
 
 # Workload fields that are bookkeeping, not part of what was measured: a model preset names a
@@ -362,7 +370,10 @@ def join(cls: type[R], *parts: Any, **fields: Any) -> R:
         merged.update(held(part))
     env = fields.pop("env", None)
     row = {**fields, **{k: v for k, v in merged.items() if k not in fields}}
-    return build(cls, **clean_floats({**row, **({"env": env} if env is not None else {})}))
+    if env is not None:
+        row["env"] = env
+    # nested records (a part's per-GPU memory) are checked as the objects a reader finds
+    return build(cls, **clean_floats({k: to_json(v) for k, v in row.items()}))
 
 
 def received(cls: type[P], d: Any, sender: str) -> P:

@@ -26,8 +26,11 @@ import torch
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
+from attnbench.results.convert import to_json
+from attnbench.results.schema import GpuMemory
 from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.result import Compared, RankResult
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy
 from attnbench.trials.workload import Workload
 
@@ -36,6 +39,7 @@ COMPARE_CHUNK = 1 << 24
 
 
 def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
+    """The rank's ``RankResult`` as the JSON object the launcher writes for the parent."""
     importlib.import_module(payload["strategy_module"])  # registers strategies defined elsewhere
     strategy = strategies.get(payload["strategy"])
     ctx = context(payload, rank, world, int(os.environ.get("LOCAL_RANK", rank)))
@@ -50,9 +54,8 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
             announce_phase(name, limit_s)
 
     result = measure(strategy, ctx, payload, nvml, phase)
-    if nvml_note:
-        result["nvml_note"] = nvml_note
-    return result
+    result.nvml_note = nvml_note or None
+    return to_json(result)
 
 
 def context(payload: dict[str, Any], rank: int = 0, world: int = 1, local_rank: int = 0) -> RankContext:
@@ -74,13 +77,13 @@ def measure(
     payload: dict[str, Any],
     nvml: NvmlBackend | None,
     phase: Callable[..., None] = lambda name, limit_s=None: None,
-) -> dict[str, Any]:
+) -> RankResult:
     """One rank's trial. ``payload``: ``timing`` (TimingPolicy fields), ``max_trial_seconds``,
     ``reference_dir``, ``role`` (``measure``, ``reference``: also save the output, or
     ``reference-only``: save the output without timing)."""
     role = payload.get("role", "measure")
     devices = strategy.devices(ctx)
-    out: dict[str, Any] = {"status": "ok", "devices": devices, "times_ms": []}
+    result = RankResult(status="ok", devices=devices, times_ms=[])
     policy = TimingPolicy(**{**payload.get("timing", {}), "budget_s": payload["max_trial_seconds"]})
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe(devices if ctx.cuda else [])
@@ -89,33 +92,40 @@ def measure(
         probe.start(None)
         prepared = strategy.prepare(ctx)
         if role != "reference-only":
-            out.update(_time(prepared, ctx, policy, probe, phase, strategy.gpu_timed))
+            _time(result, prepared, ctx, policy, probe, phase, strategy.gpu_timed)
         _barrier(ctx)  # the sampler on local rank 0 must see every rank's work
-    out["nvml"] = sampler.per_gpu() if nvml is not None else None
-    out["allocator"] = probe.allocator()
+    result.nvml = [GpuMemory(**g) for g in sampler.per_gpu()] if nvml is not None else None
+    result.allocator = probe.allocator()
     if not ctx.cuda:
-        out["cpu_peak_rss"] = probe.peaks().cpu_peak_rss
-    out["backend"] = prepared.backend()
-    out.update(prepared.facts)
-    if out["status"] != "ok":
-        return out
+        result.cpu_peak_rss = probe.peaks().cpu_peak_rss
+    result.backend = prepared.backend()
+    result.replica_batches = prepared.replica_batches
+    if result.status != "ok":
+        return result
     phase("compare")
     ref = Path(payload["reference_dir"])
     if role in ("reference", "reference-only"):
         save_reference(prepared, ref, ctx)
     else:
-        out["compare"] = compare(prepared.output(), prepared, ref)
+        result.compare = compare(prepared.output(), prepared, ref)
         grads = prepared.grads()  # on every rank: a data-parallel step all-reduces
         if ctx.rank == 0:
-            out["grad_compare"] = compare_grads(grads, ref)
-    return out
+            result.grad_compare = compare_grads(grads, ref)
+    return result
 
 
 def _time(
-    prepared: Prepared, ctx: RankContext, policy: TimingPolicy, probe: MemoryProbe, phase, gpu_timed: bool = True
-) -> dict[str, Any]:
-    """The strategy's step through the measurement core, every rank planning the same calls;
-    one process on a GPU also takes GPU time where its strategy launches on the caller's stream."""
+    result: RankResult,
+    prepared: Prepared,
+    ctx: RankContext,
+    policy: TimingPolicy,
+    probe: MemoryProbe,
+    phase,
+    gpu_timed: bool = True,
+) -> None:
+    """``result``'s times: the strategy's step through the measurement core, every rank planning
+    the same calls; one process on a GPU also takes GPU time where its strategy launches on the
+    caller's stream."""
     m = measure_step(
         prepared.step,
         policy,
@@ -126,17 +136,12 @@ def _time(
         gpu_timing=gpu_timed and ctx.cuda and ctx.world == 1,
         phase=phase,
     )
-    out: dict[str, Any] = {
-        "status": m.status,
-        "first_call_ms": m.slowest_first_call_ms,
-        "rank_first_call_ms": m.first_call_ms,
-        "times_ms": m.times_ms,
-    }
+    result.status, result.times_ms = m.status, m.times_ms
+    result.first_call_ms, result.rank_first_call_ms = m.slowest_first_call_ms, m.first_call_ms
     if m.status != "ok":
-        out["message"] = m.message
+        result.message = m.message
     if m.gpu_times_ms is not None:
-        out.update(gpu_times_ms=m.gpu_times_ms, gpu_timer=m.gpu_timer)
-    return out
+        result.gpu_times_ms, result.gpu_timer = m.gpu_times_ms, m.gpu_timer
 
 
 def _barrier(ctx: RankContext) -> None:
@@ -174,7 +179,7 @@ def save_reference(prepared: Prepared, ref: Path, ctx: RankContext) -> None:
         torch.save(grads.cpu(), ref / "grads.pt")
 
 
-def compare(out: torch.Tensor, prepared: Prepared, ref: Path) -> dict[str, Any] | None:
+def compare(out: torch.Tensor, prepared: Prepared, ref: Path) -> Compared | None:
     """Squared error and squared reference norm of this rank's share, or None without a
     reference (the single run failed)."""
     sq_err = sq_ref = 0.0
@@ -195,16 +200,16 @@ def compare(out: torch.Tensor, prepared: Prepared, ref: Path) -> dict[str, Any] 
             sq_err += float((g - e).square().sum())
             sq_ref += float(e.square().sum())
         elements += got.numel()
-    return {"sq_err": sq_err, "sq_ref": sq_ref, "elements": elements, "nonfinite": not bool(torch.isfinite(out).all())}
+    return Compared(sq_err=sq_err, sq_ref=sq_ref, elements=elements, nonfinite=not bool(torch.isfinite(out).all()))
 
 
-def compare_grads(grads: torch.Tensor | None, ref: Path) -> dict[str, Any] | None:
+def compare_grads(grads: torch.Tensor | None, ref: Path) -> Compared | None:
     path = ref / "grads.pt"
     if grads is None or not path.exists():
         return None
     expected = torch.load(path).to(grads.device)
-    return {
-        "sq_err": float((grads - expected).square().sum()),
-        "sq_ref": float(expected.square().sum()),
-        "elements": grads.numel(),
-    }
+    return Compared(
+        sq_err=float((grads - expected).square().sum()),
+        sq_ref=float(expected.square().sum()),
+        elements=grads.numel(),
+    )

@@ -20,19 +20,20 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
-from attnbench.results import clean_floats, now_utc
-from attnbench.results.schema import Fields, Speedup, build
+from attnbench.results import now_utc
+from attnbench.results.schema import Speedup, StepMeasured, join
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.kinds.speedup import strategies
+from attnbench.sweeps.kinds.speedup.result import RankResult, read_ranks
 from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
 from attnbench.sweeps.kinds.speedup.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.sweeps.session import Reporter as BaseReporter
@@ -74,7 +75,8 @@ def workload(s: Series, case: Case) -> Workload:
 
 
 def timing(s: Series) -> dict[str, Any]:
-    """The timing plan of a speedup trial (TimingPolicy fields; its budget is the per-call limit)."""
+    """The timing plan of a speedup trial (TimingPolicy fields; its budget is the per-call limit):
+    settings the ranks receive in their JSON payload, not a row's fields."""
     return {k: getattr(s.settings, k) for k in ("warmup", "min_samples", "max_samples", "target_ms")}
 
 
@@ -156,12 +158,30 @@ def _check_compression(s: Series) -> None:
         )
 
 
-def trial_key(row: Fields) -> str:
+def trial_key(row: Mapping[str, Any]) -> str:
+    """A trial's identity from its key fields by name (a planned trial's, or a row's)."""
     key = {k: row.get(k) for k in KEY_FIELDS}
     if row.get("kv_heads") not in (None, row.get("heads")):  # grouped heads: another call (rows without keep their key)
         key["kv_heads"] = row["kv_heads"]
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned(Workload):
+    """One trial as planned: the workload, the case and how a strategy spreads it. Everything
+    its row holds that is known before it runs, beside the run; what resume finds it by."""
+
+    case: str  # the case's label
+    strategy: str
+    world_size: int  # GPUs the strategy spans
+    module: str  # the model wrapped around attention
+    grad_compression: str | None  # mp only
+    max_trial_seconds: float
+
+    @property
+    def key(self) -> str:
+        return trial_key(vars(self))
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,56 +226,42 @@ class SpeedupRunner:
         have_reference = False
         for name in order(self.s):
             strategy = strategies.get(name)
-            fields = self._fields(case, strategy)
-            key = trial_key(fields)
-            if key in self.done:
-                self.reporter.trial_done(self.done[key], True)
+            planned = self._planned(case, strategy)
+            if planned.key in self.done:
+                self.reporter.trial_done(self.done[planned.key], True)
                 continue
             self.reporter.trial_started(case, name)
             reason = refusal(self.s, case, strategy)
             if reason:
-                self._finish(
-                    {
-                        **fields,
-                        "key": key,
-                        "status": "skipped",
-                        "message": reason,
-                        "times_ms": [],
-                        "output_match": None,
-                        "note": reason,
-                        "gpus": [],
-                    },
-                    time.monotonic(),
-                    now_utc(),
-                )
+                skipped = StepMeasured(status="skipped", message=reason, times_ms=[], gpus=[])
+                self._finish(self._row(planned, skipped, time.monotonic(), now_utc(), note=reason))
                 continue
             if name != "single" and not have_reference:
                 have_reference = self._replay_reference(case, reference)
             started, t0 = now_utc(), time.monotonic()
             role = "reference" if name == "single" else "measure"
-            results = self._launch(case, strategy, reference, role)
-            row = {**fields, "key": key, **merge_ranks(results, self.s, case, strategy)}
+            measured = merge_ranks(self._launch(case, strategy, reference, role), self.s, case, strategy)
             if name == "single":
-                have_reference = row["status"] == "ok"
-            elif not have_reference and row["status"] == "ok":
-                single = self.done.get(trial_key(self._fields(case, strategies.get("single"))))
-                row["output_message"] = (
+                have_reference = measured.status == "ok"
+            elif not have_reference and measured.status == "ok":
+                single = self.done.get(self._planned(case, strategies.get("single")).key)
+                measured.output_message = (
                     f"no single-GPU output to compare with (single: {single.status if single else 'not run'})"
                 )
-            row["note"] = notes_for(row, strategy)
-            self._finish(row, t0, started)
+            row = self._row(planned, measured, t0, started)
+            self._finish(replace(row, note=notes_for(row, strategy)))
 
     def _replay_reference(self, case: Case, reference: Path) -> bool:
         """A resumed run lost the single output with its scratch directory: compute it again
         (untimed) if the single trial succeeded."""
         single = strategies.get("single")
-        row = self.done.get(trial_key(self._fields(case, single)))
+        row = self.done.get(self._planned(case, single).key)
         if not row or row.status != "ok":
             return False
         results = self._launch(case, single, reference, "reference-only")
-        return all(r.get("status") == "ok" for r in results)
+        return all(r.status == "ok" for r in results)
 
-    def _launch(self, case: Case, strategy: Strategy, reference: Path, role: str) -> list[dict[str, Any]]:
+    def _launch(self, case: Case, strategy: Strategy, reference: Path, role: str) -> list[RankResult]:
         s = self.s
         payload = {
             "strategy": strategy.name,
@@ -270,32 +276,46 @@ class SpeedupRunner:
             "reference_dir": str(reference),
             "role": role,
         }
-        return self.launch(
+        sent = self.launch(
             RANK_JOB,
             payload,
             strategy.processes(gpus_of(s)),
             s.settings.device,
             phase_limit_s=s.settings.max_trial_seconds,
         )
+        return read_ranks(sent)
 
-    def _fields(self, case: Case, strategy: Strategy) -> Fields:
+    def _planned(self, case: Case, strategy: Strategy) -> Planned:
         s = self.s
-        return {
-            "kind": KIND,
-            "run": self.run_id,
-            "case": case.label,
-            "strategy": strategy.name,
-            "world_size": strategy.world_size(gpus_of(s)),
-            "module": s.settings.module,
-            "grad_compression": s.settings.grad_compression if strategy.name == "mp" else None,
-            **workload(s, case).to_dict(),
-            "max_trial_seconds": s.settings.max_trial_seconds,
-        }
+        return Planned(
+            **vars(workload(s, case)),
+            case=case.label,
+            strategy=strategy.name,
+            world_size=strategy.world_size(gpus_of(s)),
+            module=s.settings.module,
+            grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
+            max_trial_seconds=s.settings.max_trial_seconds,
+        )
 
-    def _finish(self, fields: Fields, t0: float, started: str) -> None:
-        """The trial's row from its fields and when it ran: appended, and done for a resumed run."""
+    def _row(
+        self, planned: Planned, measured: StepMeasured, t0: float, started: str, note: str | None = None
+    ) -> Speedup:
+        """The trial's row from its parts and when it ran; ``note`` is set once the row can say it."""
         when = {"trial": uuid.uuid4().hex[:12], "started_at": started, "duration_s": round(time.monotonic() - t0, 3)}
-        row = build(Speedup, **clean_floats({**fields, **when, "env": self.session.env}))
+        return join(
+            Speedup,
+            planned,
+            measured,
+            kind=KIND,
+            run=self.run_id,
+            key=planned.key,
+            note=note,
+            **when,
+            env=self.session.env,
+        )
+
+    def _finish(self, row: Speedup) -> None:
+        """The trial's row appended, and done for a resumed run."""
         self.session.append(row)
         self.done[row.key] = row
         self.reporter.trial_done(row, False)

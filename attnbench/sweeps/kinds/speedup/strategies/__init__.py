@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from attnbench.errors import AttnbenchError
 from attnbench.registry import Registry
+from attnbench.results.schema import Speedup
 from attnbench.trials.workload import Workload
 
 MODULES = ("attention", "multihead")
@@ -62,7 +62,7 @@ class Prepared:
     tokens: slice = field(default_factory=lambda: slice(None))  # global tokens held (all unless sequence-parallel)
     grads: Callable[[], torch.Tensor | None] = lambda: None  # flat parameter gradients after one step
     backend: Callable[[], str | None] = lambda: None  # what the kernel really ran
-    facts: dict[str, Any] = field(default_factory=dict)  # observed while running, for the notes
+    replica_batches: list[list[int]] | None = None  # DataParallel: [gpu, batch size] each replica got, as it ran
 
 
 def _no_check(wl: Workload, gpus: int) -> None:
@@ -79,7 +79,7 @@ class Strategy:
     world_size: Callable[[int], int] = lambda gpus: gpus  # the GPUs a row of this strategy names
     check: Callable[[Workload, int], None] = _no_check  # bad input: raise AttnbenchError naming the fix
     skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type
-    notes: Callable[[dict[str, Any]], list[str]] = lambda row: []  # what really happened, from the row
+    notes: Callable[[Speedup], list[str]] = lambda row: []  # what really happened, from the row
     min_gpus: int = 2  # GPUs it needs to mean anything (1: it runs on a one-GPU machine too)
     # whether its one process may also take GPU time: a CUDA graph or events on the caller's stream
     # see only work launched there, not what other threads launch (DataParallel's replicas, thread)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
+from attnbench.results.schema import GpuMemory, Speedup
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy, register
 from attnbench.sweeps.kinds.speedup.strategies.work import build_model, make_inputs, plan_work
 
@@ -26,23 +25,23 @@ def _prepare_dp(ctx: RankContext) -> Prepared:
     def step() -> None:
         replicas.clear()
         inner()
-        prepared.facts["replica_batches"] = sorted(set(replicas))
+        prepared.replica_batches = [list(r) for r in sorted(set(replicas))]
 
     prepared.step = step
     prepared.backend = lambda: None  # each replica is a copy; the original module never runs
     return prepared
 
 
-def _dp_notes(row: dict[str, Any]) -> list[str]:
-    gpus, batch = row["world_size"], row["batch"]
-    ran = row.get("replica_batches")
+def _dp_notes(row: Speedup) -> list[str]:
+    gpus, batch = row.world_size, row.batch
+    ran = row.replica_batches
     if not ran:
         return []
     used = {d for d, _ in ran}
     notes = []
     if len(used) < gpus:
-        idle = [g for g in row.get("gpus") or [] if g.get("index") not in used]
-        what = "; ".join(f"GPU {g['index']} idle ({_idle_text(g)})" for g in idle) or ", ".join(
+        idle = [g for g in row.gpus or [] if g.index not in used]
+        what = "; ".join(f"GPU {g.index} idle ({_idle_text(g)})" for g in idle) or ", ".join(
             f"GPU {i} idle" for i in range(gpus) if i not in used
         )
         notes.append(
@@ -56,15 +55,15 @@ def _dp_notes(row: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _idle_text(gpu: dict[str, Any]) -> str:
+def _idle_text(gpu: GpuMemory) -> str:
     from attnbench.units import format_bytes
 
-    alloc = gpu.get("max_memory_allocated")
+    alloc = gpu.max_memory_allocated
     bits = [f"allocator peak {format_bytes(alloc) if alloc else '0 B'}"]
-    if gpu.get("nvml_used_peak") is not None:
-        bits.append(f"NVML {gpu['nvml_used_peak'] / 2**30:.2f} GiB used at peak")
-        if gpu.get("nvml_used_before") is not None:
-            rise = gpu["nvml_used_peak"] - gpu["nvml_used_before"]
+    if gpu.nvml_used_peak is not None:
+        bits.append(f"NVML {gpu.nvml_used_peak / 2**30:.2f} GiB used at peak")
+        if gpu.nvml_used_before is not None:
+            rise = gpu.nvml_used_peak - gpu.nvml_used_before
             bits.append(
                 f"+{rise / 2**30:.2f} GiB during the run" + (" = CUDA context" if rise > 0 and not alloc else "")
             )

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench.errors import AttnbenchError
+from attnbench.results.schema import Speedup
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy, register
 from attnbench.sweeps.kinds.speedup.strategies.work import build_model, make_inputs, plan_work
 from attnbench.trials.workload import Workload
@@ -37,12 +36,12 @@ def _prepare_mp(ctx: RankContext) -> Prepared:
     return plan_work(ctx, wrapped, model, impl, make_inputs(ctx, batch, device), batch, device)
 
 
-def _mp_notes(row: dict[str, Any]) -> list[str]:
-    notes = [f"{row['batch'] // row['world_size']} per rank; time = slowest rank per iteration"]
-    if row["mode"] == "fwd_bwd" and row.get("module") == "attention":
+def _mp_notes(row: Speedup) -> list[str]:
+    notes = [f"{row.batch // row.world_size} per rank; time = slowest rank per iteration"]
+    if row.mode == "fwd_bwd" and row.module == "attention":
         notes.append("attention alone has no parameters: no gradient all-reduce, ranks run independently")
-    if row["mode"] == "fwd_bwd" and row.get("module") == "multihead" and row["world_size"] > 1:
-        notes.append(f"DistributedDataParallel, gradient all-reduce {row.get('grad_compression') or 'fp32'}")
+    if row.mode == "fwd_bwd" and row.module == "multihead" and row.world_size > 1:
+        notes.append(f"DistributedDataParallel, gradient all-reduce {row.grad_compression or 'fp32'}")
     return notes
 
 
