@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.plan import PROFILE_DIR, build_plan
 from attnbench.report.tables.multigpu import ring_pairs
+from attnbench.results.convert import to_json
+from attnbench.results.schema import GpuMemory, Trial, join, row_from_json
 from attnbench.sweeps import runner, seqpar
-from attnbench.sweeps.seqpar import RankMeasured, traffic
+from attnbench.sweeps.seqpar import RankMeasured, combine, traffic
+from attnbench.trials.workload import Workload
 
 from conftest import typed_row
 
@@ -211,6 +215,27 @@ def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
     assert traffic([rank(3_000_000), rank(5_000_000)], 2.0) == (5_000_000, 5e6 / 2e-3 / 1e9)
     assert traffic([rank(0)], 2.0) == (0, None)
     assert traffic([rank(None)], 2.0) == (None, None)
+
+
+def test_ranks_on_gpus_combine_into_one_trial_row_the_slowest_call_and_the_fullest_gpu():
+    wl = Workload(impl="ring", config={"backend": "auto"}, batch=1, seq_len=1024, heads=2, head_dim=8)
+    wl = replace(wl, dtype="fp32", device="cuda")
+
+    def sent(rank, times, peak):  # a rank's part as the launcher hands it back
+        gpu = GpuMemory(index=rank, rank=rank, cuda_device=rank, max_memory_allocated=peak)
+        part = RankMeasured(status="ok", message="", times_ms=times, timer="cuda-event", rank=rank, gpu=gpu)
+        part.first_call_ms, part.sent_bytes, part.link_gbps, part.max_memory_allocated = 10 + rank, 1000, 90.0, peak
+        return {"status": "ok", "rank": rank, **to_json(part)}
+
+    m = combine([sent(0, [1.0, 3.0], 100), sent(1, [2.0, 2.0], 300)], wl, 2)
+    assert m.times_ms == [2.0, 3.0] and m.first_call_ms == 11 and m.link_gbps == 90.0
+    assert m.peak_bytes == 300 and m.floor_bytes == wl.floor_bytes // 2  # the fullest rank against its shard
+    assert [r["time_ms"] for r in m.ranks] == [2.0, 2.0]
+    row = join(
+        Trial, m, kind="points", run="r", series="s", label="ring x2", world_size=2, strategy="ring", **wl.to_dict()
+    )
+    again = row_from_json(json.loads(json.dumps(row.to_json())))
+    assert [(g.index, g.max_memory_allocated) for g in again.gpus] == [(0, 100), (1, 300)]
 
 
 def _row(impl, world, time_ms, config=None, **extra):

@@ -182,3 +182,42 @@ def test_every_stored_field_of_every_row_kind_is_in_the_results_format_doc():
         for cls in schema.ROW_TYPES
     }
     assert missing == {cls.__name__: [] for cls in schema.ROW_TYPES}
+
+
+# --- rows a writer joins from typed parts ------------------------------------------------------
+
+
+def _measured(**fields):
+    return schema.Measured(status="ok", message="", times_ms=[2.0, 4.0], **fields)
+
+
+def test_a_row_joined_from_parts_reads_back_as_a_reader_finds_it():
+    gpu = schema.GpuMemory(index=1, rank=1, max_memory_allocated=3 << 30, nvml_used_peak=4 << 30)
+    part = _measured(time_ms=3.0, peak_over_floor=float("nan"), gpus=[gpu], sent_bytes=0)
+    head = dict(
+        kind="points", run="r", series="s", label="sdpa", impl="sdpa", config={}, batch=1, seq_len=1024, heads=8
+    )
+    head |= dict(head_dim=64, dtype="bf16", device="cuda", causal=False, memory_limit=None)
+    row = schema.join(Trial, part, **head, time_ms=5.0, env={"machine": "gpu"})
+    written = json.loads(json.dumps(row.to_json()))
+    assert list(written)[:3] == ["schema", "kind", "run"] and list(written)[-1] == "env"
+    again = row_from_json(written)
+    assert again.gpus == [gpu]  # a nested record goes out as the object a reader checks
+    assert again.time_ms == 5.0  # the writer's own field wins over the part's
+    assert "peak_over_floor" in written and written["peak_over_floor"] is None  # NaN is not JSON
+    assert written["memory_limit"] is None and written["sent_bytes"] == 0  # explicit null kept, zero is a value
+    assert "time_iqr_ms" not in written  # what no part holds is not written
+
+
+def test_a_part_a_worker_sent_reads_back_typed_and_a_bad_field_is_named():
+    part = _measured(gpus=[schema.GpuMemory(index=0, max_memory_allocated=5)], compile_ms=1.5)
+    sent = json.loads(json.dumps(convert.to_json(part)))
+    assert schema.received(schema.Measured, sent, "the worker") == part
+    with pytest.raises(SchemaError, match="'times_ms'"):
+        schema.received(schema.Measured, {k: v for k, v in sent.items() if k != "times_ms"}, "the worker")
+    with pytest.raises(SchemaError, match="'compile_ms'"):
+        schema.received(schema.Measured, {**sent, "compile_ms": "slow"}, "the worker")
+    with pytest.raises(SchemaError, match="unknown field 'speed'"):
+        schema.received(schema.Measured, {**sent, "speed": 1}, "the worker")
+    with pytest.raises(SchemaError, match="not a JSON object"):
+        schema.received(schema.Measured, ["ok"], "the worker")

@@ -30,7 +30,6 @@ from attnbench.results.convert import SchemaError, clean_floats, from_json, held
 SCHEMA_VERSION = 1
 R = TypeVar("R", bound="Row")
 P = TypeVar("P")
-Fields = dict[str, Any]  # a row's fields by name, as a writer assembles them for ``build``
 
 # --- the rows ---------------------------------------------------------------------------------
 
