@@ -213,6 +213,6 @@ def test_the_ring_sends_key_value_blocks_at_their_own_head_count():
     spec = TrialSpec(workload=workload, max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
     row = seqpar.run_trial(spec, 2)
     assert row.status == "ok", row.message
-    assert [x["sent_bytes"] for x in row.ranks] == [2 * 512 * 2 * HEAD_DIM * 4] * 2
+    assert [x.sent_bytes for x in row.ranks] == [2 * 512 * 2 * HEAD_DIM * 4] * 2
     assert row.floor_bytes == 512 * (2 * HEADS + 2 * 2) * HEAD_DIM * 4  # one rank's shard
     assert row.kv_layout == gqa.SHARED

@@ -230,7 +230,7 @@ def test_ranks_on_gpus_combine_into_one_trial_row_the_slowest_call_and_the_fulle
     m = combine([sent(0, [1.0, 3.0], 100), sent(1, [2.0, 2.0], 300)], wl, 2)
     assert m.times_ms == [2.0, 3.0] and m.first_call_ms == 11 and m.link_gbps == 90.0
     assert m.peak_bytes == 300 and m.floor_bytes == wl.floor_bytes // 2  # the fullest rank against its shard
-    assert [r["time_ms"] for r in m.ranks] == [2.0, 2.0]
+    assert [r.time_ms for r in m.ranks] == [2.0, 2.0]
     row = join(
         Trial, m, kind="points", run="r", series="s", label="ring x2", world_size=2, strategy="ring", **wl.to_dict()
     )

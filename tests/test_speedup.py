@@ -485,7 +485,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
     ]
     assert row.output_rel_err == pytest.approx(0.1) and row.output_match is False and row.status == "error"
     assert "1.00e-01 > tolerance 1e-02" in row.message
-    assert [r["first_call_ms"] for r in row.ranks] == [9.0, 7.0]
+    assert [r.first_call_ms for r in row.ranks] == [9.0, 7.0]
     # a share missing from the pooled check is a failure, not a pass
     rank1["compare"] = {**rank1["compare"], "sq_err": 0.0, "elements": 10}
     rank0["compare"] = {**rank0["compare"], "sq_err": 0.0}

@@ -11,8 +11,8 @@ disappears; a row of another version is refused. Keys added later without a vers
 by ``to_json`` and ignored by the report and the check. Optional fields a row lacks (or holds
 as null) are ``None``: not measured, or not applicable to that row; ``to_json`` leaves them out,
 but a row a writer built (``build``) goes out key for key as it was given, nulls included.
-Nested objects stay plain where a reader needs nothing more than a key (``config``, the
-entries of ``ranks`` and ``env.gpus``); per-GPU memory and the environment are typed.
+Nested objects stay plain where a reader needs nothing more than a key (``config``,
+``env.gpus``); per-GPU memory, the ranks of a multi-process trial and the environment are typed.
 
 The conversion itself (checked reading, writing back, NaN as null) is ``results.convert``.
 """
@@ -76,6 +76,31 @@ class GpuMemory:
     rank: int | None = None  # distributed rank that used this GPU
     cuda_device: int | None = None  # CUDA device index of that rank
     nvml_index: int | None = None  # NVML index of the same GPU
+    extra: dict[str, Any] = field(default_factory=dict)
+    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
+
+
+@dataclass(kw_only=True)
+class RankLine:
+    """One rank of a multi-process trial: its own outcome, time and memory (a sequence-parallel
+    rank's split of a call into compute and waiting on the ring; a speedup rank's devices)."""
+
+    rank: int | None = None
+    status: str | None = None
+    message: str | None = None  # why it failed (only where it did)
+    time_ms: float | None = None  # its own median call
+    first_call_ms: float | None = None
+    compile_ms: float | None = None
+    compute_ms: float | None = None  # sequence parallel: median per call
+    comm_wait_ms: float | None = None
+    sent_bytes: int | None = None  # sequence parallel: bytes this rank sends per call
+    comm_steps: int | None = None
+    inputs_bytes: int | None = None
+    max_memory_allocated: int | None = None
+    max_memory_reserved: int | None = None
+    cpu_peak_rss_delta: int | None = None
+    devices: list[int] | None = None  # speedup: the CUDA devices the rank used
+    cpu_peak_rss: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
@@ -161,7 +186,7 @@ class Timing:
     backend: str | None = None  # kernel backend the implementation chose
     tokens_per_s: float | None = None  # batch * seq_len / time
     gpus: list[GpuMemory] | None = None  # per-GPU memory
-    ranks: list[dict[str, Any]] | None = None  # per rank of a multi-process trial: times, communication, memory
+    ranks: list[RankLine] | None = None  # per rank of a multi-process trial: times, communication, memory
     nvml_note: str | None = None  # why NVML memory readings are missing, when they are
     started_at: str | None = None  # ISO 8601 UTC
     duration_s: float | None = None  # wall time of the whole trial, start-up included

@@ -24,7 +24,7 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
-from attnbench.results.schema import GpuMemory, Measured, received
+from attnbench.results.schema import GpuMemory, Measured, RankLine, received
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.measured import set_peak, take_accounting
@@ -110,7 +110,7 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
     """One trial from the ranks' results: each call's time is the slowest rank's, each memory
     reading the fullest rank's."""
     status, message = agreed_status(results)
-    m = Measured(status=status, message=message, times_ms=[], ranks=[_rank_summary(r) for r in results])
+    m = Measured(status=status, message=message, times_ms=[], ranks=[rank_line(r) for r in results])
     # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
     ranks = [received(RankMeasured, r, f"rank {r.get('rank')}") for r in results if r.get("timer")]
     if status == "ok" and len(ranks) == len(results) and all(r.times_ms for r in ranks):
@@ -159,28 +159,33 @@ def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | Non
     return busiest, (busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None)
 
 
-def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
+# What a rank's line keeps of what the rank sent (one the launcher saw fail sent little more
+# than its rank, status and message).
+RANK_LINE = (
+    "rank",
+    "status",
+    "message",
+    "compile_ms",
+    "first_call_ms",
+    "compute_ms",
+    "comm_wait_ms",
+    "sent_bytes",
+    "comm_steps",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "cpu_peak_rss_delta",
+    "inputs_bytes",
+)
+
+
+def rank_line(r: dict[str, Any]) -> RankLine:
+    """A rank's line in the row's ``ranks``: its own median call beside what it sent."""
     times = r.get("times_ms") or []
-    keep = (
-        "rank",
-        "status",
-        "message",
-        "compile_ms",
-        "first_call_ms",
-        "compute_ms",
-        "comm_wait_ms",
-        "sent_bytes",
-        "comm_steps",
-        "max_memory_allocated",
-        "max_memory_reserved",
-        "cpu_peak_rss_delta",
-        "inputs_bytes",
-    )
-    out = {k: r.get(k) for k in keep if r.get(k) is not None}
-    out["time_ms"] = statistics.median(times) if times else None
-    if r.get("status") == "ok":
-        out.pop("message", None)
-    return out
+    line = RankLine(**{k: r[k] for k in RANK_LINE if r.get(k) is not None})
+    line.time_ms = statistics.median(times) if times else None
+    if line.status == "ok":
+        line.message = None
+    return line
 
 
 def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[tuple[VerifyCase, Check]]:

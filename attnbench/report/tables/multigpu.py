@@ -238,7 +238,7 @@ class RingPair(AgainstOneDevice):
         r = self.row
         if getattr(r, "sent_bytes", None) is not None:
             return r.sent_bytes
-        return max((x.get("sent_bytes") or 0 for x in r.ranks or []), default=0) or None
+        return max((x.sent_bytes or 0 for x in r.ranks or []), default=0) or None
 
     @property
     def baseline_text(self) -> str | None:
@@ -279,7 +279,7 @@ def ring_pairs(rows: list[Row]) -> list[RingPair]:
 def rank_breakdown(rows: list[Row]) -> list[RankTime]:
     """Per rank: compute time and time spent waiting on communication, where rows record it."""
     return [
-        RankTime(p.row, rank.get("rank", i), rank.get("compute_ms"), rank.get("comm_wait_ms"))
+        RankTime(p.row, i if rank.rank is None else rank.rank, rank.compute_ms, rank.comm_wait_ms)
         for p in ring_pairs(rows)
         if p.world_size > 1
         for i, rank in enumerate(p.row.ranks or [])

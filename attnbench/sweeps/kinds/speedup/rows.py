@@ -5,11 +5,10 @@ and the output is compared with the single-GPU run's, pooled over the ranks."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from attnbench.plan import Case, Series
 from attnbench.results.convert import to_json
-from attnbench.results.schema import GpuMemory, Speedup, StepMeasured
+from attnbench.results.schema import GpuMemory, RankLine, Speedup, StepMeasured
 from attnbench.sweeps.kinds.speedup.result import Compared, RankResult
 from attnbench.sweeps.kinds.speedup.strategies import Strategy
 from attnbench.trials.reference import TOLERANCE
@@ -92,18 +91,18 @@ def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Stra
     return m
 
 
-def rank_entry(r: RankResult) -> dict[str, Any]:
-    """A rank's line in the row's ``ranks`` (plain: readers want its keys only)."""
+def rank_entry(r: RankResult) -> RankLine:
+    """A rank's line in the row's ``ranks``: its devices, its own first call and median step."""
     from attnbench.measure.timing import summarize
 
-    return {
-        "rank": r.rank,
-        "status": r.status,
-        "devices": r.devices,
-        "cpu_peak_rss": r.cpu_peak_rss,
-        "first_call_ms": r.rank_first_call_ms,
-        "time_ms": summarize(r.times_ms)["time_ms"],
-    }
+    return RankLine(
+        rank=r.rank,
+        status=r.status,
+        devices=r.devices,
+        cpu_peak_rss=r.cpu_peak_rss,
+        first_call_ms=r.rank_first_call_ms,
+        time_ms=summarize(r.times_ms)["time_ms"],
+    )
 
 
 def check_output(m: StepMeasured, results: list[RankResult], s: Series, case: Case, strategy: Strategy) -> None:
