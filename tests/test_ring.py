@@ -13,8 +13,16 @@ import torch
 
 from attnbench import impls
 from attnbench.errors import ConfigError
-from attnbench.impls.sequence_parallel.engine import LseAccumulator, attend_with_lse
+from attnbench.impls.sequence_parallel.engine import (
+    LseAccumulator,
+    RingSchedule,
+    Selection,
+    attend_with_lse,
+    kept_slice,
+    plan_transfers,
+)
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
+from attnbench.impls.sequence_parallel.merge import _merge_eager, merge_into
 from attnbench.masks import PATTERN_TYPES
 from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
@@ -23,6 +31,7 @@ from attnbench.trials.trial import TrialSpec
 from attnbench.units import parse_gpus
 
 from conftest import main_in_process, run_cli
+from distributed_selftest import pieced_ring
 
 RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert", "block-sparse-ring"]
 
@@ -60,6 +69,83 @@ def test_rows_no_block_reached_stay_zero():
     result = acc.result()
     assert torch.equal(result[:, :, :2], torch.zeros(1, 1, 2, 2)) and torch.isfinite(result).all()
     assert torch.allclose(result[:, :, 2:], out)
+
+
+class _Uneven(RingSchedule):
+    """Rank r sends r+1 tokens (kept every other one) to each later rank and 3 to each earlier."""
+
+    def __init__(self, piece: int | None) -> None:
+        self.piece = piece
+
+    def piece_tokens(self):
+        return self.piece
+
+    def select(self, receiver, sender):
+        tokens, count = kept_slice(1, 2 * (sender + 1), 2) if receiver > sender else kept_slice(0, 3)
+        return [Selection(tokens, slice(None), count)]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("piece", [None, 1, 2])
+def test_exchanges_line_up_across_ranks_and_carry_every_token_once(world, piece):
+    """What rank r sends to d in its i-th exchange is what d receives from r in its i-th
+    (so NCCL's pairs match), and the pieces of a pair are its selection, in order."""
+    plans = [plan_transfers(_Uneven(piece), r, world) for r in range(world)]
+    assert len({len(p) for p in plans}) == 1
+    for r in range(world):
+        for i, t in enumerate(plans[r]):
+            peer = plans[t.dst][i]
+            assert peer.src == r
+            assert [(s.tokens, s.count) for s in t.send] == [(s.tokens, s.count) for s in peer.recv]
+            assert all(s.count <= (piece or s.count) for s in t.send)
+    for r in range(world):
+        for d in range(world):
+            if d == r:
+                continue
+            sent = [s for t in plans[r] if t.dst == d for s in t.send]
+            x = torch.arange(20).view(1, 20, 1, 1)
+            whole = _Uneven(None).select(d, r)[0].take(x).flatten().tolist()
+            assert [i for s in sent for i in s.take(x).flatten().tolist()] == whole
+
+
+def test_the_merge_kernel_and_its_eager_twin_agree_on_empty_rows(monkeypatch):
+    """Rows empty on one side keep the other; rows empty on both stay zero, never NaN (the
+    Triton kernel under its interpreter where Triton is installed)."""
+    gen = torch.Generator().manual_seed(3)
+    acc, out = (torch.randn(1, 2, 6, 4, generator=gen) for _ in range(2))
+    lse, lse_b = torch.randn(1, 2, 6, generator=gen), torch.randn(1, 2, 6, generator=gen)
+    lse[..., :2], lse_b[..., 1:3] = float("-inf"), float("-inf")
+    acc[..., :2, :] = 0.0
+    want_acc, want_lse = acc.clone(), lse.clone()
+    _merge_eager(want_acc, want_lse, out, lse_b)
+    assert torch.equal(want_acc[..., 1, :], torch.zeros(1, 2, 4)) and torch.isfinite(want_acc).all()
+    assert torch.allclose(want_acc[..., 0, :], out[..., 0, :]) and torch.allclose(want_acc[..., 2, :], acc[..., 2, :])
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from attnbench.impls.sequence_parallel import merge
+
+    kernel = merge._kernel.__wrapped__()
+    import triton
+
+    got_acc, got_lse = acc.clone(), lse.clone()
+    kernel[(1, 2)](
+        got_acc,
+        got_lse,
+        out,
+        lse_b,
+        6,
+        2,
+        4,
+        *got_acc.stride(),
+        *got_lse.stride(),
+        *out.stride(),
+        *lse_b.stride(),
+        BLOCK_M=8,
+        BLOCK_D=triton.next_power_of_2(4),
+    )
+    assert torch.allclose(got_acc, want_acc, atol=1e-6) and torch.equal(got_lse.isinf(), want_lse.isinf())
+    assert torch.allclose(got_lse[torch.isfinite(got_lse)], want_lse[torch.isfinite(want_lse)], atol=1e-6)
+    assert merge_into is not None
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -151,6 +237,26 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_ring_that_sends_its_keys_in_pieces_matches_the_reference(world, monkeypatch):
+    """Shards cut into 4 pieces each (thresholds lowered in the ranks): every piece is
+    received, attended and merged, causal and not, and a call makes one exchange per piece."""
+    import os
+    from pathlib import Path
+
+    from attnbench.runtime.distributed import launch
+
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    found = launch(pieced_ring, {"seq_len": 128 * world}, world, "cpu", phase_limit_s=120)
+    for rank_found in found:
+        assert rank_found["causal=False"] <= TOLERANCE["fp32"] and rank_found["causal=True"] <= TOLERANCE["fp32"]
+        assert rank_found["exchanges causal=False"] == 4 * (world - 1)
+        assert 2 * (world - 1) <= rank_found["exchanges causal=True"] <= 4 * (world - 1)
+
+
 @pytest.mark.distributed
 def test_a_rank_that_raises_ends_the_run_with_its_error():
     case = default_cases("ring", "cpu", ["fp32"], world=2)[0]

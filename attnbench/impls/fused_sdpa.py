@@ -72,7 +72,10 @@ class Saved:
 
     def natural_lse(self, num_queries: int) -> torch.Tensor:
         """The log-sum-exp ``(B, H, Nq)`` in float32."""
-        return self.lse.flatten(2)[..., :num_queries].float()
+        lse = self.lse
+        if lse.dim() == 3 and lse.shape[2] == num_queries and lse.dtype == torch.float32:
+            return lse  # flash's own layout: no view or cast to pay for on the host
+        return lse.flatten(2)[..., :num_queries].float()
 
 
 def forward(q, k, v, causal: bool, kernel: str) -> tuple[torch.Tensor, Saved]:

@@ -14,6 +14,7 @@ import torch
 
 from attnbench.impls import fused_sdpa
 from attnbench.impls.fused_sdpa import cuda_kernel
+from attnbench.impls.sequence_parallel.merge import merge_into
 from attnbench.measure.core import cuda_event
 
 # ---------------------------------------------------------------------------------------
@@ -21,28 +22,34 @@ from attnbench.measure.core import cuda_event
 # ---------------------------------------------------------------------------------------
 
 
-def attend_with_lse(q, k, v, causal: bool, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, str]:
+def attend_with_lse(
+    q, k, v, causal: bool, backend: str = "auto", kernel: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Softmax attention of ``q`` over ``k, v`` (all ``(B, H, N, D)`` views, scale 1/sqrt(D)).
 
     Returns the output ``(B, H, Nq, D)`` in q's dtype, the natural-log log-sum-exp of the
     scaled scores ``(B, H, Nq)`` in float32, and the kernel's name. ``causal`` is the
-    top-left-aligned triangle of a square block.
+    top-left-aligned triangle of a square block. ``kernel``: the one an earlier block of the
+    same call chose (asking the dispatcher again costs host time every step).
     """
-    kernel = "flash-cpu" if q.device.type != "cuda" else cuda_kernel(q, k, v, causal, backend)
+    if kernel is None:
+        kernel = "flash-cpu" if q.device.type != "cuda" else cuda_kernel(q, k, v, causal, backend)
     out, saved = fused_sdpa.forward(q, k, v, causal, kernel)
     return out, saved.natural_lse(q.shape[2]), kernel
 
 
 class LseAccumulator:
-    """Merges partial attention results over disjoint key sets with the log-sum-exp rule,
-    in float32: out = sum_i exp(lse_i - lse) out_i with lse = log sum_i exp(lse_i).
+    """Merges partial attention results over disjoint key sets with the log-sum-exp rule
+    (``merge.merge_into``): float32 storage and arithmetic.
 
     Rows no key has reached keep lse = -inf and a zero output (empty key set: zero row).
-    A single contribution is returned as the kernel produced it (no float32 round trip).
+    A single contribution is returned as the kernel produced it (no float32 round trip),
+    unless ``eager``: then the first whole contribution becomes the float32 sum at once, so
+    the kernel's own output is never held beside the sum (a ring's peak memory).
     """
 
-    def __init__(self, shape: tuple[int, int, int, int], device, dtype) -> None:
-        self.shape, self.device, self.dtype = shape, device, dtype
+    def __init__(self, shape: tuple[int, int, int, int], device, dtype, eager: bool = False) -> None:
+        self.shape, self.device, self.dtype, self.eager = shape, device, dtype, eager
         self.out: torch.Tensor | None = None
         self.lse: torch.Tensor | None = None
         self._single: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -51,21 +58,19 @@ class LseAccumulator:
         full = rows == slice(None) or (rows.start in (None, 0) and rows.stop in (None, self.shape[2]))
         if self.out is None and self._single is None and full:
             self._single = (out_b, lse_b)
+            if self.eager:
+                self._materialise()
             return
         self._materialise()
-        o, lse = self.out[:, :, rows], self.lse[:, :, rows]
-        new = torch.logaddexp(lse, lse_b)
-        base = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-        o.mul_((lse - base).exp_().unsqueeze(-1))
-        o.addcmul_(out_b, (lse_b - base).exp_().unsqueeze(-1))
-        lse.copy_(new)
+        merge_into(self.out[:, :, rows], self.lse[:, :, rows], out_b, lse_b)
 
     def _materialise(self) -> None:
         if self.out is not None:
             return
         if self._single is not None:
             out_b, lse_b = self._single
-            self.out, self.lse = out_b.float(), lse_b.clone()
+            # the kernel's lse is this call's own tensor: merged into in place, not copied
+            self.out, self.lse = out_b.float(), lse_b
             self._single = None
         else:
             self.out = torch.zeros(self.shape, device=self.device, dtype=torch.float32)
@@ -76,7 +81,8 @@ class LseAccumulator:
         if self._single is not None:
             return self._single[0]
         self._materialise()
-        return self.out.to(self.dtype)
+        out, self.out, self.lse = self.out, None, None  # the float32 sum is freed as the result is made
+        return out.to(self.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -132,8 +138,25 @@ class Selection:
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, n, H, D)`` -> ``(B, count, heads, D)``: a view for slices, a copy for indices."""
         if isinstance(self.tokens, slice):
+            if self.count == x.shape[1] and self.heads == slice(None):
+                return x  # all of it: no view to make on the host
             return x[:, self.tokens, self.heads]
         return x[:, :, self.heads].index_select(1, self.tokens)
+
+    def pieces(self, size: int) -> list[Selection]:
+        """This selection cut into consecutive pieces of at most ``size`` tokens."""
+        if self.count <= size:
+            return [self]
+        cut = []
+        for first in range(0, self.count, size):
+            count = min(size, self.count - first)
+            if isinstance(self.tokens, slice):
+                start, step = self.tokens.start or 0, self.tokens.step or 1
+                tokens = slice(start + first * step, start + (first + count - 1) * step + 1, step)
+            else:
+                tokens = self.tokens[first : first + count]
+            cut.append(Selection(tokens, self.heads, count, self.key))
+        return cut
 
 
 def kept_slice(start: int, stop: int, step: int = 1) -> tuple[slice, int]:
@@ -152,6 +175,44 @@ class RingSchedule:
     def finish(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def piece_tokens(self) -> int | None:
+        """None: a step's selections travel whole and ``attend`` gets all of them at once. A
+        number: each travels in pieces of at most that many tokens, each received while the
+        one before is attended, and ``attend`` gets one piece at a time (a schedule whose
+        attend takes any subset of the keys): two pieces in flight instead of two shards."""
+        return None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One exchange of the ring: what this rank sends to ``dst`` and receives from ``src``."""
+
+    src: int
+    dst: int
+    send: list[Selection]
+    recv: list[Selection]
+
+
+def _cut(sels: list[Selection], size: int | None) -> list[Selection]:
+    return sels if size is None else [p for s in sels for p in s.pieces(size)]
+
+
+def plan_transfers(schedule: RingSchedule, rank: int, world: int) -> list[Transfer]:
+    """The exchanges of one call in order: one per step s (send to rank+s, receive from
+    rank-s), or one per piece when the schedule cuts its K/V into pieces. Every rank cuts
+    every pair's selections alike, so the exchanges line up across ranks one for one."""
+    size = schedule.piece_tokens()
+    plan = []
+    for step in range(1, world):
+        src, dst = (rank - step) % world, (rank + step) % world
+        send, recv = _cut(schedule.select(dst, rank), size), _cut(schedule.select(rank, src), size)
+        if size is None:
+            plan.append(Transfer(src, dst, send, recv))
+            continue
+        count = max(len(_cut(schedule.select((r + step) % world, r), size)) for r in range(world))
+        plan += [Transfer(src, dst, send[j : j + 1], recv[j : j + 1]) for j in range(count)]
+    return plan
+
 
 def _heads(sel: Selection, num_heads: int) -> int:
     return len(range(*sel.heads.indices(num_heads)))
@@ -166,51 +227,54 @@ def run_ring(
     group=None,
     clock: StepClock | None = None,
 ) -> None:
-    """Drive ``schedule`` around the ring: exchange of step s+1 in flight while step s computes."""
+    """Drive ``schedule`` around the ring: exchange i+1 in flight while exchange i's keys are
+    attended. On NCCL nothing here waits on the host: a receive is waited for by the compute
+    stream, and each exchange's transfer waits (on its own stream) for the compute that last
+    read the buffer it fills."""
     import torch.distributed as dist
 
     batch, _, num_heads, head_dim = k.shape
     clock = clock or StepClock(k.device)
+    plan = plan_transfers(schedule, rank, world)
 
     def elements(sels: list[Selection]) -> int:
         return sum(2 * batch * s.count * _heads(s, num_heads) * head_dim for s in sels)
 
-    # Two receive buffers, sized for the largest step, alternate between steps.
-    largest = max((elements(schedule.select(rank, (rank - s) % world)) for s in range(1, world)), default=0)
-    buffers = [k.new_empty(largest) for _ in range(min(2, world - 1))] if largest else []
+    # Two receive buffers, sized for the largest exchange, alternate between exchanges.
+    largest = max((elements(t.recv) for t in plan), default=0)
+    buffers = [k.new_empty(largest) for _ in range(min(2, len(plan)))] if largest else []
 
-    def post(step: int):
-        src, dst = (rank - step) % world, (rank + step) % world
-        ops, outgoing, pieces = [], [], []
-        for i, sel in enumerate(schedule.select(dst, rank)):
+    def post(i: int):
+        transfer, ops, outgoing, pieces = plan[i], [], [], []
+        for n, sel in enumerate(transfer.send):
             for j, x in enumerate((k, v)):
                 t = sel.take(x).contiguous()  # the local inputs themselves when the selection is all of them
                 outgoing.append(t)
-                ops.append(dist.P2POp(dist.isend, t, dst, group, tag=2 * i + j))
+                ops.append(dist.P2POp(dist.isend, t, transfer.dst, group, tag=2 * n + j))
         offset = 0
-        for i, sel in enumerate(schedule.select(rank, src)):
+        for n, sel in enumerate(transfer.recv):
             pair = []
             for j in range(2):
                 shape = (batch, sel.count, _heads(sel, num_heads), head_dim)
-                t = buffers[step % len(buffers)][offset : offset + math.prod(shape)].view(shape)
+                t = buffers[i % len(buffers)][offset : offset + math.prod(shape)].view(shape)
                 offset += t.numel()
-                ops.append(dist.P2POp(dist.irecv, t, src, group, tag=2 * i + j))
+                ops.append(dist.P2POp(dist.irecv, t, transfer.src, group, tag=2 * n + j))
                 pair.append(t)
             pieces.append(tuple(pair))
         clock.sent_bytes += sum(t.numel() * t.element_size() for t in outgoing)
         clock.steps += bool(ops)
         return (dist.batch_isend_irecv(ops) if ops else []), pieces, outgoing
 
-    pending = post(1) if world > 1 else None
+    pending = post(0) if plan else None
     schedule.attend(rank, [(sel.take(k), sel.take(v)) for sel in schedule.select(rank, rank)])
-    for step in range(1, world):
+    for i, transfer in enumerate(plan):
         clock.mark("compute")
         requests, pieces, _ = pending
         for req in requests:
             req.wait()  # on NCCL: the compute stream waits for the receive, the host does not
         clock.mark("wait")
-        pending = post(step + 1) if step + 1 < world else None
-        schedule.attend((rank - step) % world, pieces)
+        pending = post(i + 1) if i + 1 < len(plan) else None
+        schedule.attend(transfer.src, pieces)
     clock.mark("compute")
 
 

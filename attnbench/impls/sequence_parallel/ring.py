@@ -18,18 +18,32 @@ from attnbench.impls.sequence_parallel.engine import (
     run_ring,
 )
 
+#: shards up to this many tokens send their K/V whole (the fewest exchanges: a step's host
+#: time is what limits a short ring); longer ones in pieces of 1/PIECES_PER_SHARD of the shard
+#: (at least MIN_PIECE_TOKENS), so a rank holds two small pieces in flight, not two shards
+WHOLE_SHARD_TOKENS = 32768
+PIECES_PER_SHARD = 32
+MIN_PIECE_TOKENS = 8192
+
 
 class DenseSchedule(RingSchedule):
     """Every query attends every key. Causal runs on the zigzag layout: a rank's own block
     is causal; from an earlier rank only its early chunk is in the past (all queries see
-    it); from a later rank only the late local queries see its keys (both chunks)."""
+    it); from a later rank only the late local queries see its keys (both chunks). Any piece
+    of a sender's keys is attended on its own and merged."""
 
-    def __init__(self, q, rank: int, causal: bool, backend: str) -> None:
+    def __init__(self, q, rank: int, world: int, causal: bool, backend: str) -> None:
         self.qh = q.transpose(1, 2)  # (B, H, n, D): a view, the layout the kernels take
         self.rank, self.causal, self.backend = rank, causal, backend
         self.n = q.shape[1]
-        self.acc = LseAccumulator(tuple(self.qh.shape), q.device, q.dtype)
+        # with other ranks to merge, the float32 sum starts at once (never beside the first output)
+        self.acc = LseAccumulator(tuple(self.qh.shape), q.device, q.dtype, eager=world > 1)
         self.kernel = None
+
+    def piece_tokens(self) -> int | None:
+        if self.n <= WHOLE_SHARD_TOKENS:
+            return None
+        return max(MIN_PIECE_TOKENS, -(-self.n // PIECES_PER_SHARD))
 
     def select(self, receiver: int, sender: int) -> list[Selection]:
         if self.causal and sender < receiver:
@@ -39,15 +53,16 @@ class DenseSchedule(RingSchedule):
         return [Selection(tokens, slice(None), count)]
 
     def attend(self, sender, pieces) -> None:
-        ((k, v),) = pieces
-        kh, vh = k.transpose(1, 2), v.transpose(1, 2)
-        if self.causal and sender > self.rank:
-            half = self.n // 2
-            out, lse, self.kernel = attend_with_lse(self.qh[:, :, half:], kh, vh, False, self.backend)
-            self.acc.add(out, lse, rows=slice(half, self.n))
-        else:
-            out, lse, self.kernel = attend_with_lse(self.qh, kh, vh, self.causal and sender == self.rank, self.backend)
-            self.acc.add(out, lse)
+        for k, v in pieces:
+            kh, vh = k.transpose(1, 2), v.transpose(1, 2)
+            if self.causal and sender > self.rank:
+                half = self.n // 2
+                out, lse, self.kernel = attend_with_lse(self.qh[:, :, half:], kh, vh, False, self.backend, self.kernel)
+                self.acc.add(out, lse, rows=slice(half, self.n))
+            else:
+                causal = self.causal and sender == self.rank
+                out, lse, self.kernel = attend_with_lse(self.qh, kh, vh, causal, self.backend, self.kernel)
+                self.acc.add(out, lse)
 
     def finish(self) -> torch.Tensor:
         return self.acc.result().transpose(1, 2)
@@ -64,7 +79,7 @@ class RingAttention(DenseSequenceParallel):
         return {"backend": self.backend}
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
-        schedule = DenseSchedule(q, rank, is_causal, self.backend)
+        schedule = DenseSchedule(q, rank, world, is_causal, self.backend)
         run_ring(schedule, k, v, rank, world, self.group, clock)
         self.last_backend = schedule.kernel
         self.last_kv_layout = gqa.layout(q, k, expanded=not shares_kv(schedule.kernel or ""))

@@ -1,0 +1,151 @@
+"""Where a ring call's time goes, per rank: a benchmark (not a test) run under torchrun.
+
+    torchrun --standalone --nproc-per-node P scripts/ring_probe.py --seq-lens 8192,16384,32768 [--calls 30] [--profile DIR]
+
+For each global length it times ``ring`` (and any ``--impl``) on its shard four ways:
+  call     a barrier, then one call between CUDA events (how a trial times it), median
+  stream   the calls back to back between two events after one barrier, per call
+  host     the host's time to issue one call (no synchronisation), median
+  split    the ring's own compute / wait clock of the last call
+and prints one line per (impl, length) from rank 0 with the slowest rank's value. With
+``--profile DIR`` rank 0 also writes a profiler table of three calls at the first length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from attnbench.impls import build_for_ranks
+
+
+def slowest(x: float, dev) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def timed_call(fn) -> float:
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def stream_time(fn, reps: int = 30) -> float:
+    dist.barrier()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def host_time(fn) -> float:
+    dist.barrier()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    return ms
+
+
+def probe(name, config, seq, rank, world, dev, heads, head_dim, causal, calls):
+    impl = build_for_ranks(name, config, world)
+    n = seq // world
+    g = torch.Generator(device=dev).manual_seed(1 + rank)
+    q, k, v = (torch.randn(1, n, heads, head_dim, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
+
+    def call():
+        with torch.no_grad():
+            impl(q, k, v, is_causal=causal)
+
+    for _ in range(min(5, calls)):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    times = [timed_call(call) for _ in range(calls)]
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    stream = stream_time(call, calls)
+    host = [host_time(call) for _ in range(min(10, calls))]
+    split = impl.last_breakdown() if hasattr(impl, "last_breakdown") else {}
+    shard_floor = 4 * n * heads * head_dim * 2  # q, k, v, output of the shard in bf16
+    vals = {
+        "call": slowest(statistics.median(times), dev),
+        "stream": slowest(stream, dev),
+        "host": slowest(statistics.median(host), dev),
+        "compute": slowest(float(split.get("compute_ms", 0.0)), dev),
+        "wait": slowest(float(split.get("comm_wait_ms", 0.0)), dev),
+        "peak/floor": slowest((peak + 3 * n * heads * head_dim * 2) / shard_floor, dev),
+    }
+    return vals, call
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-lens", default="8192,16384,32768")
+    ap.add_argument("--impl", action="append", default=[])
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--profile", default="")
+    ap.add_argument("--calls", type=int, default=30)
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    impls = args.impl or ["ring"]
+    seqs = [int(s) for s in args.seq_lens.split(",")]
+    if rank == 0:
+        print(f"world {world} {torch.cuda.get_device_name(dev)} torch {torch.__version__} causal={args.causal}")
+        print(f"{'impl':<34} {'N':>7} {'call':>7} {'stream':>7} {'host':>7} {'compute':>7} {'wait':>7} {'mem/fl':>6}")
+    for spec in impls:
+        name, _, rest = spec.partition(":")
+        config = dict(kv.split("=") for kv in rest.split(",") if kv) if rest else {}
+        for seq in seqs:
+            vals, call = probe(name, config, seq, rank, world, dev, args.heads, args.head_dim, args.causal, args.calls)
+            if rank == 0:
+                print(
+                    f"{spec:<34} {seq:>7} "
+                    + " ".join(f"{vals[k]:>7.3f}" for k in ("call", "stream", "host", "compute", "wait"))
+                    + f" {vals['peak/floor']:>6.2f}",
+                    flush=True,
+                )
+            if args.profile and seq == seqs[0]:  # every rank runs the calls; the first and last write
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        call()
+                    torch.cuda.synchronize()
+                if rank not in (0, world - 1):
+                    dist.barrier()
+                    continue
+                os.makedirs(args.profile, exist_ok=True)
+                tag = f"{name}-{seq}-w{world}-r{rank}"
+                with open(os.path.join(args.profile, f"{tag}.txt"), "w") as f:
+                    f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+                    f.write("\n")
+                    f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+                prof.export_chrome_trace(os.path.join(args.profile, f"{tag}.json"))
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
