@@ -87,24 +87,46 @@ class Timer:
         return (time.perf_counter() - t0) * 1e3
 
 
-def gpu_samples(fn: Step, warm_ms: float, n: int, flush_bytes: int = 0) -> tuple[list[float], str]:
+def gpu_samples(
+    fn: Step, warm_ms: float, n: int, flush_bytes: int = 0, ranks: Ranks | None = None
+) -> tuple[list[float], str]:
     """GPU time per call, ``n`` samples, and how it was taken (``cuda-graph`` or
-    ``back-to-back``; ``+l2-flush`` where a flush preceded each call)."""
-    graph = _capture(fn)
+    ``back-to-back``; ``+l2-flush`` where a flush preceded each call). With ``ranks`` (a
+    step whose calls exchange data between processes) every choice is agreed, so the ranks
+    replay the same calls together: a graph on every rank or on none, the same flush."""
+    agree = ranks.agree_max if ranks else (lambda x: x)
+    graph = _capture(fn, replay=ranks is None)
+    if agree(float(graph is None)):
+        graph = None
     run = graph.replay if graph is not None else fn
     how = "cuda-graph" if graph is not None else "back-to-back"
     reps = max(1, int(GPU_SAMPLE_MS / max(warm_ms, 1e-3)))
     flush = None
     if flush_bytes and warm_ms < FLUSH_BELOW_MS:
-        flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-        how += "+l2-flush"
+        flush = _flush_buffer(flush_bytes, ranks is not None)
+        if agree(float(flush is None)):
+            flush = None
+        else:
+            how += "+l2-flush"
     samples = []
     for _ in range(n):
+        if ranks:
+            ranks.barrier()
         work = _between_events(run, reps, flush)
         overhead = _between_events(None, reps, flush) if flush is not None else 0.0
         samples.append(max(work - overhead, 0.0) / reps)
     del graph, flush
     return samples, how
+
+
+def _flush_buffer(nbytes: int, quiet: bool) -> torch.Tensor | None:
+    """The L2 flush buffer; None where it does not fit and ``quiet`` (ranks agree on it)."""
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        if not quiet:
+            raise
+        return None
 
 
 def _between_events(run: Step | None, reps: int, flush: torch.Tensor | None) -> float:
@@ -119,10 +141,11 @@ def _between_events(run: Step | None, reps: int, flush: torch.Tensor | None) -> 
     return float(start.elapsed_time(end))
 
 
-def _capture(fn: Step):
+def _capture(fn: Step, replay: bool = True):
     """A CUDA graph of one call of ``fn``, or None where the implementation cannot be
     captured (host synchronisation, data-dependent shapes, collectives, autograd in some
-    versions)."""
+    versions). ``replay``: replay it once to prove it runs (not for ranks, whose replay
+    needs every peer's, which waits until all have agreed on their graphs)."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -132,7 +155,8 @@ def _capture(fn: Step):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        graph.replay()
+        if replay:
+            graph.replay()
         torch.cuda.synchronize()
         return graph
     except Exception:  # anything capture rejects means "time it eagerly, back to back"
@@ -141,19 +165,22 @@ def _capture(fn: Step):
         return None
 
 
-def gpu_time(fn: Step, eager: list[float], budget_s: float | None = None) -> dict[str, object]:
+def gpu_time(
+    fn: Step, eager: list[float], budget_s: float | None = None, ranks: Ranks | None = None
+) -> dict[str, object]:
     """Row fields of GPU time for a step whose eager samples are ``eager``, in at most half
     of ``budget_s`` (at least 3 samples); a failure (capture or flush out of memory, say)
-    leaves the eager row intact and says why."""
+    leaves the eager row intact and says why. ``ranks``: processes timing one step together
+    (their slowest median decides the plan, the same on every rank)."""
     from attnbench.measure import oom
 
-    warm_ms = statistics.median(eager)
+    warm_ms = ranks.agree_max(statistics.median(eager)) if ranks else statistics.median(eager)
     n = len(eager)
     if budget_s:
         n = min(n, max(3, int(budget_s * 1e3 / 2 / max(warm_ms, GPU_SAMPLE_MS))))
     try:
         l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-        samples, how = gpu_samples(fn, warm_ms, n, 2 * l2)
+        samples, how = gpu_samples(fn, warm_ms, n, 2 * l2, ranks)
         return {"gpu_times_ms": samples, "gpu_timer": how}
     except Exception as exc:  # GPU time is extra: its failure must not lose the eager row
         with contextlib.suppress(Exception):
@@ -413,17 +440,20 @@ def measure_step(
                 if after_call is not None:
                     m.per_call.append(after_call())
             if gpu_timing and timer.cuda:
-                _take_gpu_time(m, step, policy, limit_s, probe, phase)
+                _take_gpu_time(m, step, policy, limit_s, probe, phase, ranks)
     m.clocks = sampler.clock_summary()
     return m
 
 
-def _take_gpu_time(m: Measurement, step: Step, policy: TimingPolicy, limit_s: float, probe, phase: Phase) -> None:
-    if m.times_ms and statistics.median(m.times_ms) >= GPU_TIME_BELOW_MS:
+def _take_gpu_time(
+    m: Measurement, step: Step, policy: TimingPolicy, limit_s: float, probe, phase: Phase, ranks: Ranks | None = None
+) -> None:
+    median = statistics.median(m.times_ms) if m.times_ms else 0.0
+    if (ranks.agree_max(median) if ranks else median) >= GPU_TIME_BELOW_MS:
         m.gpu_timer = f"not taken: calls of {GPU_TIME_BELOW_MS / 1e3:g} s or more are their own GPU time"
         return
     if probe is not None:
         probe.freeze()  # CUDA-graph pools and the flush buffer stay out of the measured peak
     phase("gpu-timing", policy.budget_s + limit_s)
-    gpu = gpu_time(step, m.times_ms, policy.budget_s)
+    gpu = gpu_time(step, m.times_ms, policy.budget_s, ranks)
     m.gpu_times_ms, m.gpu_timer = gpu["gpu_times_ms"], gpu["gpu_timer"]

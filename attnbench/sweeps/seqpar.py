@@ -115,6 +115,9 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
     ranks = [received(RankMeasured, r, f"rank {r.get('rank')}") for r in results if r.get("timer")]
     if status == "ok" and len(ranks) == len(results) and all(r.times_ms for r in ranks):
         m.times_ms = [max(call) for call in zip(*(r.times_ms for r in ranks))]
+        if all(r.gpu_times_ms for r in ranks):  # replayed together: each sample's slowest rank
+            m.gpu_times_ms = [max(sample) for sample in zip(*(r.gpu_times_ms for r in ranks))]
+        m.gpu_timer = next((r.gpu_timer for r in ranks if r.gpu_timer), None)
     m.summarize()
     _slowest(m, ranks, world)
     m.sent_bytes, m.algbw_gbps = traffic(ranks, m.time_ms)

@@ -159,6 +159,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             probe=probe,
             ranks=rank_agreement(dev),
             compiles=impl.compiles,
+            gpu_timing=dev.type == "cuda" and impl.graph_capturable,
             after_call=impl.last_breakdown,
             phase=phase,
         )

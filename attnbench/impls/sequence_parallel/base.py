@@ -21,6 +21,9 @@ class SequenceParallelAttention(AttentionImpl):
 
     #: registry name of the single-device implementation computing the same thing
     counterpart_name = "sdpa"
+    #: a call captures into one CUDA graph with its exchanges (no host synchronisation) and
+    #: replays right on every rank: its trials also take GPU time, the ring without the host
+    graph_capturable = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -71,6 +71,8 @@ class DenseSchedule(RingSchedule):
 class RingAttention(DenseSequenceParallel):
     """Dense ring attention (zigzag layout when causal)."""
 
+    graph_capturable = True  # seen on NCCL (torch 2.11, 2 and 4 H200): replays equal eager calls
+
     def __init__(self, backend: str = "auto") -> None:
         super().__init__()
         self.backend = backend
