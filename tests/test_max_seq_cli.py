@@ -192,11 +192,12 @@ def replay_search(rows, limits):
 
 
 # Each under a memory limit that the address-space cap of the trial's process enforces: what
-# stops the search is the allocator failing, not a model of it. Each cap sits midway between the
-# caps where the answer's length starts to run and where the next step runs (measured on a
-# 2-core Xeon, MiB where it fails / runs: naive 2304 92/96, 2560 112/116; sdpa 5120 40/42, 6144
-# 48/50; dilated 98304 56/58, 131072 74/80), so a process's few MiB of address-space noise
-# cannot flip a confirmation.
+# stops the search is the allocator failing, not a model of it. Where the caps fall depends on
+# the CPU (its math library's buffers): MiB where a length fails / runs, on a 2-core Xeon: naive
+# 2304 92/96, 2560 112/116; sdpa 5120 40/42, 6144 48/50; dilated 98304 56/58, 131072 74/80; on a
+# 2-core AMD EPYC naive 2560 runs from 104. So the search's length and its trial count are the
+# machine's: the test holds the predicted search to the blind one on the same machine, and
+# tests/test_search.py holds the trial count on a deterministic device.
 CAPACITY_CASES = {
     "naive": ({"memory_limit": "104MiB", "start": 512, "resolution": 256}, {}),
     "sdpa": ({"memory_limit": "45MiB", "start": 1024, "resolution": 1024, "heads": 8, "head_dim": 64}, {}),
@@ -208,7 +209,7 @@ CAPACITY_CASES = {
 
 
 @pytest.mark.parametrize("impl", list(CAPACITY_CASES))
-def test_the_predicted_search_reaches_the_blind_searchs_length_in_six_trials(impl, tmp_path):
+def test_the_predicted_search_reaches_the_blind_searchs_length_in_real_processes(impl, tmp_path):
     from attnbench.plan import build_plan
     from attnbench.sweeps.runner import SweepRunner, resolve
     from attnbench.trials.trial import run_isolated
@@ -220,7 +221,7 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_six_trials(imp
     (outcome_,) = SweepRunner(plan, tmp_path / "run", {"machine": "cpu: test"}).run()
     found = outcome_.result
     rows = trials(tmp_path / "run")
-    assert len(rows) == len(found.tried) <= 6
+    assert len(rows) == len(found.tried)
     failed = [r for r in rows if r["status"] != "ok"]
     assert failed and all(r["status"] == "oom" and "allocate" in r["message"] for r in failed)
     assert found.confirmed and found.stop_status == "oom"
