@@ -8,9 +8,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.analysis import search_outcome
 from attnbench.check.identity import capacity_identity, device_model, trial_identity
 from attnbench.errors import AttnbenchError
-from attnbench.results import BUDGET, STOPPED_BY, load_rows, result_files
+from attnbench.results import load_rows, result_files
 from attnbench.results.schema import MaxSeqResult, Trial, Verify
 
 
@@ -75,7 +76,8 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
 
 
 def searches(trials: list[Trial], results: list[MaxSeqResult], any_cpu: bool = False) -> dict[tuple[str, str], Search]:
-    """Per max-seq search (workload and limits) and device model: how it ended."""
+    """Per max-seq search (workload and limits) and device model: how it ended
+    (``analysis.search_outcome``, the rule the report shares)."""
     groups: dict[tuple[str, str], list[Trial]] = defaultdict(list)
     for r in trials:
         if r.kind == "max-seq":
@@ -83,25 +85,10 @@ def searches(trials: list[Trial], results: list[MaxSeqResult], any_cpu: bool = F
     out = {}
     for (ident, model), group in groups.items():
         series = {r.series for r in group}  # one search, whatever series keys its rows were written with
-        # a search its time budget stopped did not finish: its answer is a lower bound
-        complete = any(
-            r.series in series and device_model(r, any_cpu) == model and r.stop_status != BUDGET for r in results
-        )
-        out[(ident, model)] = search_outcome(group, complete)
+        done = [r for r in results if r.series in series and device_model(r, any_cpu) == model]
+        found = search_outcome(group, done[-1] if done else None)
+        out[(ident, model)] = Search(group[0], found.max_seq_len, found.first_failure, found.stopped_by, found.complete)
     return out
-
-
-def search_outcome(trials: list[Trial], complete: bool) -> Search:
-    best = max((r.seq_len for r in trials if r.status == "ok"), default=0)
-    failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
-    stop = min(failures, key=lambda r: r.seq_len) if failures else None
-    return Search(
-        row=trials[0],
-        max_seq_len=best,
-        first_failure=stop.seq_len if stop else None,
-        stopped_by=STOPPED_BY.get(stop.status, stop.status) if stop else STOPPED_BY["cap"],
-        complete=complete,
-    )
 
 
 def contents(side: Side) -> str:

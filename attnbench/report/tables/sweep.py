@@ -12,15 +12,14 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from attnbench.analysis import search_outcome
 from attnbench.report.data import trials as trials_of
 from attnbench.report.data import world_size
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import record_table, result_text, short_message
-from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
 
-INTERRUPTED = "search interrupted"
 CSV_COLUMNS = (
     "run label impl kind phase seq_len status message batch heads head_dim dtype device mode causal "
     "time_ms time_iqr_ms time_min_ms time_max_ms time_ci_low time_ci_high time_n gpu_time_ms "
@@ -77,22 +76,16 @@ def max_seq_csv(summary: list[MaxSeqSummary]) -> str:
 
 
 def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
-    """Per max-seq series: the search's answer and what stopped the next length. An
-    interrupted sweep (no result row) still has a summary from its trials: the largest length
-    that ran, a lower bound. A finished search's answer is its result row's, which is below a
-    length that ran once where the fresh-process confirmation there failed."""
+    """Per max-seq series: the search's answer and what stopped the next length
+    (``analysis.search_outcome``, the rule every reader shares)."""
     results = {r.series: r for r in rows if isinstance(r, MaxSeqResult)}
     out = []
     for key, trials in series_groups(rows).items():
         head = trials[0]
         if head.kind != "max-seq":
             continue
-        done = results.get(key)
-        ok = [r for r in trials if r.status == "ok"]
-        best = done.seq_len if done else max((r.seq_len for r in ok), default=0)
-        failures = [r for r in trials if r.status != "ok" and r.seq_len > best]
-        stop = min(failures, key=lambda r: r.seq_len) if failures else None
-        best_row = next((r for r in ok if r.seq_len == best), None)
+        found = search_outcome(trials, results.get(key))
+        best_row, stop = found.best_row, found.stop
         ci = time_interval(best_row)
         out.append(
             MaxSeqSummary(
@@ -103,13 +96,11 @@ def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
                 mode=head.mode or "fwd",  # a forward and a training search share a label
                 device=head.device,
                 machine=head.env.machine if head.env else None,
-                max_seq_len=best,
-                first_failure=stop.seq_len if stop else None,
-                # without its max-seq-result row the search never finished: a lower bound only
-                stopped_by=_stopped_by(done, stop),
+                max_seq_len=found.max_seq_len,
+                first_failure=found.first_failure,
+                stopped_by=found.stopped_by,
                 stop_message=stop.message if stop else "",
-                # a search its time budget stopped is a lower bound, as an interrupted one is
-                complete=done is not None and done.stop_status != BUDGET,
+                complete=found.complete,
                 peak_bytes=best_row.peak_bytes if best_row else None,
                 peak_over_floor=best_row.peak_over_floor if best_row else None,
                 time_ms=best_row.time_ms if best_row else None,
@@ -122,15 +113,6 @@ def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
             )
         )
     return out
-
-
-def _stopped_by(done: MaxSeqResult | None, stop: Trial | None) -> str:
-    """What stopped a search, in words: its budget or an interruption before its failures."""
-    if done is None:  # without its max-seq-result row the search never finished
-        return INTERRUPTED
-    if done.stop_status == BUDGET:
-        return STOPPED_BY[BUDGET]
-    return STOPPED_BY.get(stop.status, stop.status) if stop else STOPPED_BY["cap"]
 
 
 def _gpu_cell(r: Trial) -> str:

@@ -1,0 +1,89 @@
+"""One answer to one question: the report, the regression check and the command line's readout
+of a results directory give a max-seq search the same longest length and first failure
+(``attnbench.analysis.search_outcome``), finished or interrupted, a failed confirmation included."""
+
+import json
+
+import pytest
+
+from attnbench.analysis import search_outcome
+from attnbench.check.identity import short_tokens
+from attnbench.check.loading import load_side
+from attnbench.report.tables.sweep import max_seq_summary
+from attnbench.results import load_rows
+from attnbench.results.convert import to_json
+
+from conftest import run_cli, typed_row
+
+ENV = {"cpu": "test-cpu", "machine": "cpu: test-cpu"}
+
+
+def search(*steps, result=None):
+    """A search's trials (length, phase, status) and, when it finished, its result row."""
+    rows = [
+        typed_row(kind="max-seq", seq_len=n, phase=phase, status=status, device="cpu", env=ENV, peak_bytes=n)
+        for n, phase, status in steps
+    ]
+    if result is not None:
+        best, failure = result
+        rows.append(
+            typed_row(
+                kind="max-seq-result",
+                seq_len=best,
+                first_failure=failure,
+                stop_status="oom",
+                stopped_by="memory",
+                device="cpu",
+                env=ENV,
+            )
+        )
+    return rows
+
+
+# a length that ran once and failed its fresh-process confirmation: the answer is below it
+CONFIRMATION_FAILED = [
+    (1024, "grow", "ok"),
+    (2048, "predict", "ok"),
+    (4096, "bracket", "oom"),
+    (2048, "confirm", "oom"),
+]
+
+
+@pytest.mark.parametrize(
+    "steps, result, answer, failure",
+    [
+        (CONFIRMATION_FAILED, (1024, 2048), 1024, 2048),
+        (CONFIRMATION_FAILED, None, 1024, 2048),  # interrupted before its result row
+        ([(1024, "grow", "ok"), (2048, "grow", "ok"), (4096, "grow", "oom"), (3072, "bisect", "ok")], None, 3072, 4096),
+        ([(1024, "grow", "oom")], (None, 1024), 0, 1024),
+    ],
+)
+def test_report_check_and_readout_give_a_search_one_answer(tmp_path, steps, result, answer, failure):
+    rows = search(*steps, result=result)
+    with open(tmp_path / "trials.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({"seq_len": None, **to_json(r)}) + "\n")  # a field the writer keeps as null
+    loaded, problems = load_rows(tmp_path)
+    assert problems == []
+
+    (report,) = max_seq_summary(loaded)
+    side, _ = load_side(tmp_path, "current")
+    (check,) = side.capacity.values()
+    assert (report.max_seq_len, report.first_failure) == (answer, failure)
+    assert (check.max_seq_len, check.first_failure) == (answer, failure)
+    assert report.complete == check.complete == (result is not None)
+    assert report.stopped_by == check.stopped_by
+
+    # the check of a directory against itself, as a user runs it, states that same answer
+    done = run_cli("check", "--baseline", str(tmp_path), "--current", str(tmp_path), "--format", "json")
+    (capacity,) = [f for f in json.loads(done.stdout)["findings"] if f["aspect"] == "capacity"]
+    if result is not None:
+        assert capacity["numbers"] == {"baseline_max_seq": answer, "current_max_seq": answer}
+    else:  # a lower bound, said so and not gated
+        assert capacity["verdict"] == "not gated" and capacity["current"] == f"{short_tokens(answer)} (unfinished)"
+
+
+def test_a_length_that_ran_and_failed_is_named_unstable():
+    trials = search(*CONFIRMATION_FAILED)
+    found = search_outcome(trials, None)
+    assert found.unstable == (2048,) and found.best_row.seq_len == 1024
