@@ -171,6 +171,14 @@ def flop_rate(tflops: float) -> str:
     return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
 
 
+def rate_per_device(tflops: float, devices: int = 1) -> str:
+    """A rate as one device's, so it reads against one GPU's peak: a call spread over several
+    devices gives its total divided by them, and names the total as a total."""
+    if devices <= 1:
+        return flop_rate(tflops)
+    return f"{flop_rate(tflops / devices)} per GPU ({flop_rate(tflops)} in all on {devices})"
+
+
 def format_ratio(x: float | None, decimals: int = 2) -> str:
     """A ratio of two times, memories or lengths: '1.85x'; '-' for none."""
     return "-" if x is None else f"{x:.{decimals}f}x"

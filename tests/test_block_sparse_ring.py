@@ -1,7 +1,7 @@
 """block-sparse-ring's pieces against the dense block pattern (an independent truth): what a
 rank receives from another is exactly the blocks its rows keep there, the FlexAttention masks
 of every ring step hold the pattern remapped onto the received blocks, and only those bytes
-travel. Its outputs across 2 and 4 gloo ranks are checked in test_ring.py."""
+travel. Its outputs across 2, 4 and 8 gloo ranks are checked in test_ring.py."""
 
 import pytest
 import torch

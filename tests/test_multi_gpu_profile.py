@@ -373,3 +373,27 @@ def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     assert "equal work: sdpa" in text and "equal work: dilated" in text
     assert "no multi-GPU ring rows on this machine" not in text
     assert "no block-sparse speedup rows on this machine" not in text
+
+
+def test_a_multi_rank_rows_rate_is_one_gpus_and_its_total_is_named_a_total():
+    """4e12 FLOPs in 2 ms on 2 GPUs: 2,000 TFLOP/s in all, 1,000 per GPU, the unit a GPU's peak reads in."""
+    from attnbench.units import rate_per_device
+
+    assert rate_per_device(2000.0, 2) == "1000.0 TFLOP/s per GPU (2000.0 TFLOP/s in all on 2)"
+    assert rate_per_device(0.5, 1) == "500.0 GFLOP/s"
+    env = {"machine": "GPU pair x2"}
+    single = typed_row(impl="sdpa", seq_len=8192, time_ms=3.0, times_ms=[3.0] * 5, env=env, series="a", label="a")
+    ring = typed_row(
+        impl="ring",
+        strategy="ring",
+        world_size=2,
+        seq_len=8192,
+        time_ms=2.0,
+        times_ms=[2.0] * 5,
+        flops_executed=4e12,
+        env=env,
+        series="b",
+        label="ring x2",
+    )
+    (pair,) = [p for p in ring_pairs([single, ring]) if p.row.impl == "ring"]
+    assert pair.tflops_per_gpu == pytest.approx(1000.0) and pair.efficiency == pytest.approx(0.75)

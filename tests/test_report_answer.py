@@ -260,7 +260,7 @@ def test_a_machine_of_two_gpus_answers_whether_a_second_gpu_helps(tmp_path):
     at the largest case, and what a new thread alone costs (1 ms)."""
     md = render(load(write_rows(tmp_path / "pair", data_parallel_rows()))).text()
     first = md.split("## Against the seeds")[0]
-    assert "#### Does a second GPU help?" in first
+    assert "#### Does adding GPUs help?" in first
     (row,) = [line for line in first.splitlines() if line.startswith("| GPU pair x2 | sdpa (flash) |")]
     cells = [c.strip() for c in row.strip("|").split("|")][1:]  # after the Machine column
     assert cells[1].startswith("2 ms") and cells[3].startswith("1 ms") and cells[4].startswith("0.1 ms")
@@ -360,3 +360,41 @@ def _first_table(md: str, heading: str) -> list[str]:
     lines = md.split(heading)[1].split("\n")[1:]
     table = lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]
     return [table[0], *table[2:]]
+
+
+def test_the_gpu_curve_gives_each_count_its_time_efficiency_and_memory_at_one_length():
+    """ring on 1, 2 and 4 GPUs beside sdpa on one: at the longest length all three counts ran
+    (16K: 8K ran on 1 and 2 only), each count's efficiency is sdpa's time over the ring's over
+    the count (4 ms / (2.5 ms x 2) = 0.8, 4 / (1.25 x 4) = 0.8), and its rank's peak over the
+    shard's floor; its longest sequence from its searches."""
+    from attnbench.report.tables.second_gpu import curve, sequence_parallel
+
+    env = {"machine": "GPU quad x4", "gpus": [{"name": "GPU quad"}] * 4}
+    rows = [typed_row(impl="sdpa", seq_len=n, time_ms=ms, times_ms=[ms] * 5, env=env, series="sd", label="sdpa")
+            for n, ms in ((8192, 1.0), (16384, 4.0))]  # fmt: skip
+    for world, lengths in ((1, (8192, 16384)), (2, (8192, 16384)), (4, (16384,))):
+        for n in lengths:
+            ms = 4.0 * n / 16384 / world * (1 if world == 1 else 1.25)
+            rows.append(
+                typed_row(
+                    impl="ring",
+                    strategy="ring",
+                    world_size=world,
+                    seq_len=n,
+                    time_ms=ms,
+                    times_ms=[ms] * 5,
+                    floor_bytes=1000,
+                    peak_bytes=1500,
+                    env=env,
+                    series=f"r{world}",
+                    label=f"ring x{world}",
+                )
+            )
+        rows += search("ring", [1 << (20 + world)], 1 << (21 + world), series=f"m{world}")
+        rows[-3:] = [typed_row(**{**r.to_json(), "impl": "ring", "world_size": world, "env": env}) for r in rows[-3:]]
+    points = [p for p in curve(rows) if p.impl == "ring"]
+    assert [(p.gpus, p.at) for p in points] == [(1, 16384), (2, 16384), (4, 16384)]
+    assert [round(p.pair.efficiency, 3) for p in points] == [1.0, 0.8, 0.8]
+    assert [p.longest for p in points] == ["2M", "4M", "16M"]
+    table = sequence_parallel(rows, 4).markdown()
+    assert "| ring | 4 | 16M | 16K |" in table and "1.50x" in table

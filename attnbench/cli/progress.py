@@ -53,7 +53,7 @@ class RichReporter:
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
-        from attnbench.units import flop_rate, format_bytes, format_tokens
+        from attnbench.units import format_bytes, format_tokens, rate_per_device
 
         if self._status:
             self._status.stop()
@@ -71,7 +71,7 @@ class RichReporter:
                 + (f" ({row.peak_over_floor:.2f}x floor)" if row.peak_over_floor else "")
             )
         if row.tflops_executed:
-            bits.append(flop_rate(row.tflops_executed))
+            bits.append(rate_per_device(row.tflops_executed, row.world_size or 1))
         if replayed:
             bits.append("(from earlier run)")
         if row.status != "ok" and row.message:

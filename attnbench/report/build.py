@@ -151,7 +151,7 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
             )
         doc.tables.append((f"answer-{m.slug}.csv", Table.of("answer", a.CSV_COLUMNS, configs)))
     if helps:
-        doc.add(f"\n#### Does a second GPU help?\n{helps}")
+        doc.add(f"\n#### Does adding GPUs help?\n{helps}")
 
 
 def second_gpu(machines: list[Machine]) -> str:

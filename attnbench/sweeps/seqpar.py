@@ -43,13 +43,13 @@ def is_distributed(name: str) -> bool:
 
 
 def max_ranks(device: str) -> int:
-    """GPUs visible on CUDA; on the CPU one gloo rank per core, at least 4 (so the 4-rank
-    paths run on any machine)."""
+    """GPUs visible on CUDA; on the CPU one gloo rank per core, at least 8 (so the paths of a
+    node of 8 GPUs run on any machine, slowly)."""
     if device == "cuda":
         import torch
 
         return torch.cuda.device_count()
-    return max(4, os.cpu_count() or 1)
+    return max(8, os.cpu_count() or 1)
 
 
 def check_world(device: str, world: int) -> None:
@@ -60,7 +60,7 @@ def check_world(device: str, world: int) -> None:
         if device == "cuda":
             raise AttnbenchError(f"--gpus {world}: only {limit} CUDA GPU(s) visible; choose --gpus {limit} or fewer")
         raise AttnbenchError(
-            f"--gpus {world}: on the CPU at most {limit} gloo ranks (one per core, at least 4); "
+            f"--gpus {world}: on the CPU at most {limit} gloo ranks (one per core, at least 8); "
             f"choose --gpus {limit} or fewer"
         )
 

@@ -10,7 +10,7 @@ from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import rank_breakdown, ring_pairs, scaling_families
-from attnbench.units import format_bytes
+from attnbench.units import flop_rate, format_bytes
 
 
 def _against_one_device(doc: Doc, m: Machine) -> None:
@@ -34,7 +34,9 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
         "Speedup": (lambda p: p.speedup_ci, ratio_cell),
         "Efficiency": (lambda p: p.efficiency_ci, lambda v: ratio_cell(v, anomaly_above_one=True)),
         "Efficiency (same split)": (lambda p: p.efficiency_same_split, lambda v: f"{v:.3f}"),
+        "Eager Efficiency": (lambda p: p.eager_efficiency if p.timer == "gpu" else None, lambda v: f"{v:.2f}"),
         "Ring Tokens/s": (ring_tok_s, tok_s),
+        "TFLOP/s per GPU": (lambda p: p.tflops_per_gpu, flop_rate),
         "One-Device Memory": (lambda p: d.peak_per_gpu(p.single), memory),
         "Memory per Rank": (lambda p: d.peak_per_gpu(p.row), memory),
         "Sent per Call": (lambda p: p.sent_bytes, format_bytes),
@@ -47,7 +49,9 @@ def _against_one_device(doc: Doc, m: Machine) -> None:
     doc.add(
         f"\nA rank is {'one CPU process (gloo)' if cpu else 'one GPU'}. Speedup = the baseline's time / the ring's "
         "(the slowest rank's) at the same length; efficiency = speedup / ranks, ±half its 95% bootstrap interval "
-        "(n samples). Timer `gpu` where both rows have GPU time, else `eager`. Memory per "
+        "(n samples). Timer `gpu` where both rows have GPU time (a ring's ranks replay a captured call together: "
+        "the ring without its host), else `eager`; `Eager Efficiency` beside a `gpu` one is what a caller sees on "
+        "this host. TFLOP/s per GPU: the call's executed FLOPs over its time and its ranks. Memory per "
         f"rank is the fullest rank's {'resident-set growth' if cpu else '`max_memory_allocated`'}. Baseline "
         "`equal work`: the single-device implementation of the same key sets over the whole sequence (sdpa for "
         "ring, dilated for ring-dilated, block-sparse for block-sparse-ring); `same split`: the same implementation "

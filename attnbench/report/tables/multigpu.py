@@ -241,6 +241,19 @@ class RingPair(AgainstOneDevice):
         return max((x.sent_bytes or 0 for x in r.ranks or []), default=0) or None
 
     @property
+    def eager_efficiency(self) -> float | None:
+        """Efficiency in eager time, host included: what a caller of the ring sees on this host
+        (beside the GPU-time efficiency where both rows have GPU time)."""
+        ci = speedup_interval(self.single, self.row, "eager")[0]
+        return ci.value / self.world_size if ci else None
+
+    @property
+    def tflops_per_gpu(self) -> float | None:
+        """Executed FLOPs of the whole call over its time (the pair's timer) and its GPUs."""
+        flops, time = getattr(self.row, "flops_executed", None), self.time_ci
+        return flops / (time.value * 1e9) / self.world_size if flops and time and time.value else None
+
+    @property
     def baseline_text(self) -> str | None:
         """`equal work: sdpa`: which baseline, and its implementation."""
         return f"{self.baseline}: {self.single.impl}" if self.single else None

@@ -1,14 +1,16 @@
-"""Does a second GPU help? The first screen's answer for a machine of several GPUs, from its rows.
+"""Does adding GPUs help? The first screen's answer for a machine of several GPUs, from its rows.
 
-Two short tables: one sequence over the GPUs (per sequence-parallel implementation, its longest
-sequence on one GPU and on all of them, and its time at the longest length measured against
-the best one-GPU implementation of the same key sets over the whole sequence: equal work), and
-a batch over the GPUs (per kernel, DataParallel and one process per GPU: the fixed cost per call
-and the speedup at the largest case, and what a new thread alone costs that kernel).
+Two short tables: one sequence over the GPUs, as a curve (per sequence-parallel implementation
+and GPU count measured: its longest sequence, and at one length every count ran its time, its
+efficiency against the best one-GPU implementation of the same key sets over the whole sequence,
+equal work, and each rank's memory over its shard's floor), and a batch over the GPUs (per
+kernel, DataParallel and one process per GPU: the fixed cost per call and the speedup at the
+largest case, and what a new thread alone costs that kernel).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report import data as d
@@ -26,8 +28,9 @@ from attnbench.report.tables.multigpu import (
 from attnbench.units import format_bytes, short_tokens
 
 SEQUENCE_TEXT = (
-    "One sequence over the GPUs: the longest sequence on one GPU and on all of them; the time at the longest "
-    "length measured on all, against the best one-GPU implementation over the whole sequence (equal work):"
+    "One sequence over the GPUs, per implementation and GPU count: its longest sequence; at one length every "
+    "count ran, its time, efficiency against the best one-GPU implementation over the whole sequence (equal "
+    "work; GPU time where both rows have it) and each rank's peak over its shard's floor (q, k, v, output):"
 )
 BATCH_TEXT = (
     "A batch over the GPUs, per kernel: a line through each strategy's eager times against one GPU's gives its "
@@ -36,40 +39,71 @@ BATCH_TEXT = (
 )
 
 
+@dataclass(frozen=True)
+class CurvePoint:
+    """One implementation on one GPU count: its equal-work pair at the curve's length, and its
+    longest sequence there."""
+
+    pair: RingPair | None
+    longest: str | None
+    impl: str
+    gpus: int
+    at: int | None
+
+
 def sequence_parallel(rows: list, gpus: int) -> Table | None:
-    """Per sequence-parallel implementation: the equal-work comparison at its longest length on
-    the most GPUs, and its longest sequence on one GPU and on all of them."""
-    chosen: dict[str, RingPair] = {}
-    for p in ring_pairs(rows):
-        if p.world_size != gpus or p.baseline != EQUAL_WORK:
-            continue
-        best = chosen.get(p.row.impl)
-        if best is None or (p.row.seq_len, p.row.time_ms or 0) > (best.row.seq_len, best.row.time_ms or 0):
-            chosen[p.row.impl] = p
-    if not chosen:
+    """The curve: per sequence-parallel implementation, a row per GPU count it was measured on."""
+    points = curve(rows)
+    if not points or max(p.gpus for p in points) < 2:
         return None
-    longest = _longest(rows)
     columns = {
-        "Implementation": lambda p: p.row.impl,
-        "Longest, 1 GPU → all": lambda p: longest.get(p.row.impl),
-        "At": lambda p: short_tokens(p.row.seq_len),
-        "1 GPU (equal work)": lambda p: f"{p.single.impl} {ms_cell(p.base_ci)}",
-        "All GPUs": lambda p: ms_cell(p.time_ci),
-        "Speedup": (lambda p: p.speedup_ci, ratio_cell),
-        "Efficiency": (lambda p: p.efficiency_ci, ratio_cell),
-        "Sent per call": _sent,
+        "Implementation": lambda c: c.impl,
+        "GPUs": lambda c: c.gpus,
+        "Longest": lambda c: c.longest,
+        "At": lambda c: short_tokens(c.at) if c.at else None,
+        "Time": lambda c: ms_cell(c.pair.time_ci) if c.pair else None,
+        "Efficiency": (lambda c: c.pair.efficiency_ci if c.pair else None, ratio_cell),
+        "Timer": lambda c: c.pair.timer if c.pair else None,
+        "Per rank / floor": lambda c: _over_floor(c.pair),
     }
-    return Table.of("second-gpu-sequence", columns, chosen.values())
+    return Table.of("gpu-curve", columns, points)
 
 
-def _longest(rows: list) -> dict[str, str]:
-    """impl -> "32M → 64M": its searches' longest on one GPU and on the most GPUs."""
+def curve(rows: list) -> list[CurvePoint]:
+    """Per implementation, per GPU count: the equal-work pair at the longest length every
+    count ran (the one fixed length of the curve), and the longest sequence searched."""
+    pairs: dict[str, dict[int, dict[int, RingPair]]] = {}
+    for p in ring_pairs(rows):
+        if p.baseline == EQUAL_WORK:
+            pairs.setdefault(p.row.impl, {}).setdefault(p.world_size, {})[p.row.seq_len] = p
+    longest = _longest_by_count(rows)
+    out = []
+    for impl in sorted(set(pairs) | {i for i, _ in longest}):
+        by_count = pairs.get(impl, {})
+        common = set.intersection(*(set(v) for v in by_count.values())) if by_count else set()
+        at = max(common) if common else None
+        for gpus in sorted(set(by_count) | {g for i, g in longest if i == impl}):
+            pair = by_count.get(gpus, {}).get(at) if at else None
+            out.append(CurvePoint(pair, longest.get((impl, gpus)), impl, gpus, at if pair else None))
+    return out
+
+
+def _longest_by_count(rows: list) -> dict[tuple[str, int], str]:
+    """(impl, GPUs) -> its search's longest sequence (≥ where unfinished)."""
     out = {}
     for fam in scaling_families(rows):
-        multi = [s for s in fam.multi if s.max_seq_len]
-        if fam.single and fam.single.max_seq_len and fam.single.impl == fam.head.impl and multi:
-            out[fam.head.impl] = f"{short_tokens(fam.single.max_seq_len)} → {short_tokens(multi[-1].max_seq_len)}"
+        for s in [fam.single, *fam.multi]:
+            if s is not None and s.impl == fam.head.impl and s.max_seq_len:
+                out[(s.impl, s.world_size)] = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len)
     return out
+
+
+def _over_floor(p: RingPair | None) -> str | None:
+    """The fullest rank's peak over its shard's floor."""
+    if p is None or not p.row.floor_bytes:
+        return None
+    peak = d.peak_per_gpu(p.row)
+    return f"{peak / p.row.floor_bytes:.2f}x" if peak else None
 
 
 def _sent(p: RingPair) -> str:

@@ -18,7 +18,7 @@ from attnbench.report.data import world_size
 from attnbench.report.intervals import bracket, ms_cell, time_interval
 from attnbench.report.markdown import record_table, result_text, short_message
 from attnbench.results.schema import MaxSeqResult, Row, Trial
-from attnbench.units import flop_rate, format_bytes, format_sparsity, format_tokens
+from attnbench.units import format_bytes, format_sparsity, format_tokens, rate_per_device
 
 CSV_COLUMNS = (
     "run label impl kind phase seq_len status message batch heads head_dim dtype device mode causal "
@@ -144,7 +144,7 @@ def _notes(r: Trial, confirmed: bool = False) -> str:
     if r.peak_over_floor:
         bits.append(f"peak {r.peak_over_floor:.2f}x floor")
     if r.tflops_executed:
-        bits.append(flop_rate(r.tflops_executed))
+        bits.append(rate_per_device(r.tflops_executed, world_size(r)))
     if r.backend:
         bits.append(f"backend {r.backend}")
     return "; ".join(bits)
