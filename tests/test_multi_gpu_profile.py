@@ -24,7 +24,7 @@ from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import RankMeasured, combine, traffic
 from attnbench.trials.workload import Workload
 
-from conftest import typed_row
+from conftest import run_cli, typed_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -397,3 +397,57 @@ def test_a_multi_rank_rows_rate_is_one_gpus_and_its_total_is_named_a_total():
     )
     (pair,) = [p for p in ring_pairs([single, ring]) if p.row.impl == "ring"]
     assert pair.tflops_per_gpu == pytest.approx(1000.0) and pair.efficiency == pytest.approx(0.75)
+
+
+def _ring_history(tmp_path):
+    """sdpa on one GPU at 16K (8 ms); ring on 2 and 4 GPUs on T_1 / w + 0.1 ms per exchange; a
+    finished search on 2 GPUs reaching 2M."""
+    from attnbench.results.convert import to_json as json_of
+
+    env = {"machine": "GPU quad x4", "gpus": [{"name": "GPU quad"}] * 4}
+    rows = [typed_row(impl="sdpa", seq_len=16384, time_ms=8.0, times_ms=[8.0] * 5, env=env, series="sd", label="sdpa")]
+    for w in (2, 4):
+        ms = 8.0 / w + 0.1 * (w - 1)
+        rows.append(
+            typed_row(
+                impl="ring",
+                strategy="ring",
+                world_size=w,
+                seq_len=16384,
+                time_ms=ms,
+                times_ms=[ms] * 5,
+                env=env,
+                series=f"r{w}",
+                label=f"ring x{w}",
+            )  # fmt: skip
+        )
+    search = dict(impl="ring", strategy="ring", world_size=2, env=env, series="m2", label="ring x2", device="cuda")
+    rows += [
+        typed_row(kind="max-seq", seq_len=1 << 21, status="ok", **search),
+        typed_row(kind="max-seq", seq_len=1 << 22, status="oom", **search),
+        typed_row(kind="max-seq-result", seq_len=1 << 21, first_failure=1 << 22, stop_status="oom", **search),
+    ]
+    path = tmp_path / "hist"
+    path.mkdir()
+    (path / "trials.jsonl").write_text("".join(json.dumps(json_of(r)) + "\n" for r in rows))
+    return rows, path
+
+
+def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_exchange(tmp_path):
+    """2M on 2 GPUs is 1M tokens a rank: 8M on 8. 8 ms on one GPU and 0.1 ms per exchange:
+    8 GPUs take 1 + 0.7 = 1.7 ms (efficiency 8 / (8 x 1.7) = 0.588); each measured count is
+    predicted from the other exactly."""
+    from attnbench.report.tables import gpu_prediction as gp
+
+    rows, path = _ring_history(tmp_path)
+    (eight,) = [p for p in gp.longest(rows, "ring", 8) if p.gpus == 8]
+    assert (eight.source, eight.per_rank, eight.predicted, eight.measured) == (2, 1 << 20, 1 << 23, None)
+    times = {t.gpus: t for t in gp.time_at(rows, "ring", 8)}
+    assert times[8].predicted_ms == pytest.approx(1.7) and times[8].efficiency == pytest.approx(8 / 13.6)
+    assert times[4].predicted_ms == pytest.approx(times[4].measured_ms) and times[4].fitted_on == (2,)
+    done = run_cli("predict", "--impl", "ring", "--from", str(path), "--gpus", "8")
+    assert done.returncode == 0, done.stderr
+    assert "ring x8 [GPU quad x4]: predicted longest 8,388,608 (8M)" in done.stdout
+    assert "ring x4 [GPU quad x4] at 16,384 (16K): predicted 2.3 ms" in done.stdout and "(+0%)" in done.stdout
+    bad = run_cli("predict", "--impl", "ring", "--from", str(path))
+    assert bad.returncode == 2 and "--gpu-memory" in bad.stderr and "Traceback" not in bad.stderr

@@ -13,7 +13,7 @@ from rich.markup import escape
 from attnbench import impls
 from attnbench.cli.base import app, console, err_console
 from attnbench.errors import AttnbenchError
-from attnbench.units import brief, format_bytes, format_tokens, parse_bytes
+from attnbench.units import brief, format_bytes, format_tokens, parse_bytes, parse_tokens
 
 if TYPE_CHECKING:
     from attnbench.report.fit import Capacity
@@ -24,13 +24,64 @@ FAR_BEYOND = 16  # a prediction this many times the longest fitted length is fla
 @app.command(order=80)
 def predict(
     impl: Annotated[str, typer.Option("--impl", help="implementation whose measured series to extrapolate")],
-    gpu_memory: Annotated[str, typer.Option("--gpu-memory", help="device memory, e.g. 80GiB or 24GB")],
     source: Annotated[Path, typer.Option("--from", help="results directory or trials.jsonl")],
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="device memory, e.g. 80GiB or 24GB")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="only the series with this label")] = None,
+    gpus: Annotated[
+        Optional[int],
+        typer.Option("--gpus", help="a sequence-parallel IMPL on this many GPUs like the measured ones"),
+    ] = None,
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="with --gpus: the length to time (16K)")] = None,
 ) -> None:
-    """Predict the longest sequence IMPL runs on a GPU of the given memory, from its measured peaks."""
-    for line in predict_lines(impl, gpu_memory, source, label):
+    """Predict the longest sequence IMPL runs on a GPU of the given memory, from its measured peaks,
+    or (--gpus P) its longest sequence and time on P GPUs from the GPU counts measured."""
+    if gpus is not None:
+        if gpu_memory is not None:
+            raise AttnbenchError("--gpus predicts for GPUs like the measured ones: drop --gpu-memory")
+        lines = gpu_count_lines(impl, gpus, source, parse_tokens(seq_len) if seq_len else None)
+    elif gpu_memory is None:
+        raise AttnbenchError("give --gpu-memory SIZE (e.g. 80GiB) to predict for a GPU of that memory, or --gpus P")
+    else:
+        lines = predict_lines(impl, gpu_memory, source, label)
+    for line in lines:
         (err_console if line.startswith("warning: ") else console).print(escape(line))
+
+
+def gpu_count_lines(impl: str, gpus: int, source, seq_len: int | None = None) -> list[str]:
+    """Per machine: ``impl``'s longest sequence and time on ``gpus`` GPUs, each a prediction
+    labelled as one, with every measured count held against the same rule."""
+    from attnbench.report.data import load
+    from attnbench.report.tables import gpu_prediction as gp
+
+    if gpus < 1:
+        raise AttnbenchError(f"--gpus {gpus}: give a positive number of GPUs")
+    results = load(source)
+    lines = []
+    for machine, rows in results.by_machine.items():
+        for p in gp.longest(rows, impl, gpus):
+            held = f"; measured {format_tokens(p.measured)} ({p.predicted / p.measured - 1:+.0%})" if p.measured else ""
+            lines.append(
+                f"{impl} x{p.gpus} [{machine}]: predicted longest {format_tokens(int(p.predicted))} "
+                f"(x{p.source}'s search: {format_tokens(int(p.per_rank))} tokens a rank){held}"
+            )
+        for t in gp.time_at(rows, impl, gpus, seq_len):
+            held = (
+                f"; measured {t.measured_ms:.3g} ms ({t.predicted_ms / t.measured_ms - 1:+.0%})"
+                if t.measured_ms
+                else ""
+            )
+            fitted = ", ".join(f"x{w}" for w in t.fitted_on)
+            lines.append(
+                f"{impl} x{t.gpus} [{machine}] at {format_tokens(t.seq_len)}: predicted {t.predicted_ms:.3g} ms, "
+                f"efficiency {t.efficiency:.2f} (one GPU {t.one_gpu_ms:.3g} ms / {t.gpus} + "
+                f"{t.per_exchange_ms:.3g} ms per exchange x {t.gpus - 1}, fitted on {fitted}){held}"
+            )
+    if not lines:
+        raise AttnbenchError(
+            f"{source} holds no multi-GPU rows of {impl} to predict from: run `attnbench run --profile multi-gpu "
+            f"--part ring` (or `bench --impl {impl} --gpus 2`) and predict --from DIR"
+        )
+    return lines
 
 
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
