@@ -2,6 +2,10 @@
 
     torchrun --standalone --nproc-per-node P scripts/ring_probe.py --seq-lens 8192,16384,32768 [--calls 30] [--profile DIR]
 
+``--host-costs`` instead times what one exchange is made of on the host (a batched send and
+receive of 4 and of 2 tensors, an all-to-all, one flash call, one merge, one CUDA event), and
+checks that one ring call captured in a CUDA graph replays to the eager call's output.
+
 For each global length it times ``ring`` (and any ``--impl``) on its shard four ways:
   call     a barrier, then one call between CUDA events (how a trial times it), median
   stream   the calls back to back between two events after one barrier, per call
@@ -94,6 +98,57 @@ def probe(name, config, seq, rank, world, dev, heads, head_dim, causal, calls):
     return vals, call
 
 
+def host_costs(rank: int, world: int, dev, heads: int, head_dim: int, n: int = 8192) -> None:
+    """Host microseconds of each piece of an exchange (slowest rank), and a graph replay's check."""
+    from attnbench.impls.sequence_parallel.merge import merge_into
+
+    aten = torch.ops.aten
+    k, v, q = (torch.randn(1, n, heads, head_dim, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    kv, buf = torch.stack([k, v]), torch.empty(2 * k.numel(), device=dev, dtype=torch.bfloat16)
+    dst, src = (rank + 1) % world, (rank - 1) % world
+    splits_in, splits_out = [0] * world, [0] * world
+    splits_in[dst], splits_out[src] = kv.numel(), kv.numel()
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    out, lse = aten._scaled_dot_product_flash_attention(qh, kh, vh, 0.0, False)[:2]
+    acc, acc_lse = out.float(), lse.clone()
+
+    def exchange(tensors):
+        ops = [dist.P2POp(dist.isend, t, dst) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, buf[: t.numel()].view_as(t), src) for t in tensors]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    pieces = {
+        "send+recv of k, v": lambda: exchange([k, v]),
+        "send+recv of one kv": lambda: exchange([kv]),
+        "all-to-all of one kv": lambda: dist.all_to_all_single(buf, kv.flatten(), splits_out, splits_in),
+        "flash call": lambda: aten._scaled_dot_product_flash_attention(qh, kh, vh, 0.0, False),
+        "merge": lambda: merge_into(acc, acc_lse, out, lse),
+        "cuda event": lambda: torch.cuda.Event(enable_timing=True).record(),
+    }
+    for name, fn in pieces.items():
+        us = slowest(statistics.median(host_time(fn) for _ in range(30)) * 1e3, dev)
+        if rank == 0:
+            print(f"{name:<24} {us:8.1f} us on the host", flush=True)
+    impl = build_for_ranks("ring", {}, world)
+    with torch.no_grad():
+        eager = impl(q, k, v).clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            impl(q, k, v)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = impl(q, k, v)
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+    worst = slowest((replayed.float() - eager.float()).abs().max().item(), dev)
+    if rank == 0:
+        print(f"graph replay of one ring call: largest difference from the eager call {worst:.3g}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-lens", default="8192,16384,32768")
@@ -103,12 +158,17 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--profile", default="")
     ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--host-costs", action="store_true")
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
+    if args.host_costs:
+        host_costs(rank, world, dev, args.heads, args.head_dim)
+        dist.destroy_process_group()
+        return
     impls = args.impl or ["ring"]
     seqs = [int(s) for s in args.seq_lens.split(",")]
     if rank == 0:
