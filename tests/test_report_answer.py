@@ -86,7 +86,7 @@ def test_a_length_whose_confirmation_failed_is_not_the_answer(tmp_path):
     assert (summary.max_seq_len, summary.first_failure, summary.peak_bytes) == (1024, 2048, 4096 * 1024)
     md = render(load(write_rows(tmp_path / "run", rows))).text()
     answer = md.split("## The answer")[1].split("\n## ")[0]
-    assert "| sdpa | bf16 H8 D64 | 1K – 2K | memory |" in answer
+    assert "| sdpa | bf16 H8 D64 | 1K – 2K (2K ran once, then failed) | memory |" in answer
 
 
 def test_the_answer_names_each_machine_and_its_device(tmp_path):
@@ -398,3 +398,27 @@ def test_the_gpu_curve_gives_each_count_its_time_efficiency_and_memory_at_one_le
     assert [p.longest for p in points] == ["2M", "4M", "16M"]
     table = sequence_parallel(rows, 4).markdown()
     assert "| ring | 4 | 16M | 16K |" in table and "1.50x" in table
+
+
+def test_a_stop_names_one_cause_and_a_length_that_ran_once_then_failed_is_not_the_answer(tmp_path):
+    """Stopped by time under a memory limit says the call's time limit, not the memory limit;
+    by memory, the memory limit; 2K ran once and failed its confirmation by time: the answer
+    is 1K – 2K and says that 2K ran once."""
+
+    def step(n, status="ok", series="t", **more):
+        timed = {"time_ms": 1.0, "times_ms": [1.0] * 3, "peak_bytes": 4096 * n} if status == "ok" else {}
+        return typed_row(kind="max-seq", series=series, label=series, seq_len=n, status=status, message=status,
+                         memory_limit=512 << 20, max_trial_seconds=2.0, env=ENV, **timed, **more)  # fmt: skip
+
+    def result(best, failure, status, series, **more):
+        return typed_row(kind="max-seq-result", series=series, label=series, seq_len=best, first_failure=failure,
+                         stop_status=status, memory_limit=512 << 20, env=ENV, **more)  # fmt: skip
+
+    rows = [step(1024), step(2048), step(4096, "time-limit"), step(2048, "time-limit")]
+    rows += [result(1024, 2048, "time-limit", "t")]
+    sdpa = {"series": "m", "impl": "sdpa"}
+    rows += [step(1024, **sdpa), step(2048, "oom", **sdpa), result(1024, 2048, "oom", **sdpa)]
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| t | bf16 H8 D64 | 1K – 2K (2K ran once, then failed) | time (2 s a call) |" in answer
+    assert "| m | bf16 H8 D64 | 1K – 2K | memory (512 MiB limit) |" in answer

@@ -58,11 +58,20 @@ class Search:
         return self.head.memory_limit
 
     def length_text(self) -> str:
-        return search_bracket(self.summary, short_tokens)
+        text = search_bracket(self.summary, short_tokens)
+        above = [n for n in self.summary.unstable if n > self.summary.max_seq_len]
+        if above:  # it ran there once and failed there in another trial: not an answer, said so
+            text += f" ({short_tokens(above[0])} ran once, then failed)"
+        return text
 
     def stop_text(self) -> str:
-        stop = self.summary.stopped_by
-        return f"{stop} ({format_gib(self.limit)} limit)" if self.limit else stop
+        """What stopped the search, with the one limit that names that cause."""
+        stop, head = self.summary.stopped_by, self.head
+        if stop in ("memory", "host memory") and self.limit:
+            return f"{stop} ({format_gib(self.limit)} limit)"
+        if stop == "time" and head.max_trial_seconds:
+            return f"time ({head.max_trial_seconds:g} s a call)"
+        return stop
 
 
 @dataclass

@@ -63,6 +63,7 @@ class MaxSeqSummary:
     tokens_per_s: float | None
     trials: int
     head: Trial = field(repr=False)  # the series' first trial: its settings and world size
+    unstable: tuple[int, ...] = ()  # lengths that ran in one trial and failed in another
 
     @property
     def world_size(self) -> int:
@@ -71,7 +72,7 @@ class MaxSeqSummary:
 
 def max_seq_csv(summary: list[MaxSeqSummary]) -> str:
     """The summaries' fields as columns, but the first trial (its fields are in trials.csv)."""
-    names = [f.name for f in fields(MaxSeqSummary) if f.name != "head"]
+    names = [f.name for f in fields(MaxSeqSummary) if f.name not in ("head", "unstable")]
     return pd.DataFrame([[getattr(s, n) for n in names] for s in summary], columns=names).to_csv(index=False)
 
 
@@ -110,6 +111,7 @@ def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
                 tokens_per_s=best_row.tokens_per_s if best_row else None,
                 trials=len(trials),
                 head=head,
+                unstable=found.unstable,
             )
         )
     return out
