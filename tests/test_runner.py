@@ -34,6 +34,8 @@ def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
         ("points", 1024),
     ]
     assert len({r["series"] for r in trials}) == 2
+    # what else the host ran: its load average before and after each trial, as os reads it
+    assert all(len(r["host_load"]) == 2 and min(r["host_load"]) >= 0 for r in trials)
 
 
 def test_each_configuration_is_verified_before_its_trials(tmp_path):

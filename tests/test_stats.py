@@ -89,3 +89,12 @@ def test_plus_minus():
     assert plus_minus(Interval(111.0, 110.6, 111.4, 5), lambda x: f"{x:.3g}", "ms") == "111 ms ±0.4 (n=5)"
     assert plus_minus(Interval(4689.0, 4689.0, 4689.0, 1), lambda x: f"{x:,.0f}", "ms") == "4,689 ms (n=1)"
     assert plus_minus(None) == "–"
+
+
+def test_an_interval_far_from_symmetric_is_printed_as_its_ends():
+    """One side 90 times the other (a few samples, one slow call): the ends, not a ±."""
+    from attnbench.measure.stats import Interval, plus_minus
+
+    fmt = lambda x: f"{x:.3g}"  # noqa: E731
+    assert plus_minus(Interval(0.55, 0.5, 45.0, 3), fmt, "ms") == "0.55 ms [0.5, 45] (n=3)"
+    assert plus_minus(Interval(19.1, 18.8, 19.4, 20), fmt, "ms") == "19.1 ms ±0.3 (n=20)"

@@ -132,13 +132,25 @@ def anomalous_efficiency(iv: Interval | None) -> bool:
     return iv is not None and iv.low > 1.0
 
 
+# an interval wider than WIDE of its value, one side ASYMMETRIC times the other, is printed as
+# its two ends (a narrow one reads the same either way)
+ASYMMETRIC = 3.0
+WIDE = 0.05
+
+
 def plus_minus(iv: Interval | None, fmt=lambda x: f"{x:.3g}", unit: str = "", with_n: bool = True) -> str:
-    """``19.1 ms ±0.3 (n=20)``: the median, half the 95% interval in the same decimals, n."""
+    """``19.1 ms ±0.3 (n=20)``: the median, half the 95% interval in the same decimals, n; an
+    interval far from symmetric as its ends, ``0.55 ms [0.5, 45] (n=3)``."""
     if iv is None:
         return "–"
     value = fmt(iv.value)
     text = f"{value}{' ' + unit if unit else ''}"
-    if iv.n >= 2:  # one sample has no interval
+    below, above = iv.value - iv.low, iv.high - iv.value
+    wide = iv.high - iv.low > WIDE * abs(iv.value)
+    if iv.n >= 2 and wide and max(below, above) > ASYMMETRIC * min(below, above):
+        # one side of the interval several times the other: a ± would hide where it lies
+        text += f" [{fmt(iv.low)}, {fmt(iv.high)}]"
+    elif iv.n >= 2:  # one sample has no interval
         decimals = len(value.split(".")[1]) if "." in value else 0
         spread = f"{iv.half_width:.{decimals}f}"
         if iv.half_width > 0 and float(spread) == 0:

@@ -190,6 +190,7 @@ class Timing:
     nvml_note: str | None = None  # why NVML memory readings are missing, when they are
     started_at: str | None = None  # ISO 8601 UTC
     duration_s: float | None = None  # wall time of the whole trial, start-up included
+    host_load: list[float] | None = None  # the host's 1-minute load average before and after the trial
     trial: str | None = None  # random id of the trial
     time_n: int | None = None  # samples behind time_ms
     time_ci_low: float | None = None  # 95% bootstrap interval of the median eager time

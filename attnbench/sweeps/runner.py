@@ -17,6 +17,7 @@ otherwise). What a kind plans, runs and summarises is in its own module.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -96,6 +97,14 @@ class SeriesOutcome:
     series: Series
     verified: bool
     result: Any  # what the kind's run returned (a max-seq search's result; None for points)
+
+
+def host_load() -> float | None:
+    """The host's 1-minute load average (what else ran beside a trial); None where the OS has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 class SweepRunner(RunSession):
@@ -257,7 +266,7 @@ class SweepRunner(RunSession):
 
     def _measure(self, s: Series, spec: TrialSpec, phase: str, key, attempt: int, process: int | None, before) -> Trial:
         self.reporter.trial_started(s, key[1], phase)
-        started, t0 = now_utc(), time.monotonic()
+        started, t0, load = now_utc(), time.monotonic(), host_load()
         if s.distributed:  # one process per rank under torchrun, whatever --in-process says
             from attnbench.sweeps import seqpar
 
@@ -275,6 +284,7 @@ class SweepRunner(RunSession):
             process=process,
             started_at=started,
             duration_s=round(time.monotonic() - t0, 3),
+            host_load=[load, host_load()] if load is not None else None,
         )
         self.record(row, key)
         self.reporter.trial_done(s, row, False)
