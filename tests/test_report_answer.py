@@ -422,3 +422,18 @@ def test_a_stop_names_one_cause_and_a_length_that_ran_once_then_failed_is_not_th
     answer = md.split("## The answer")[1].split("\n## ")[0]
     assert "| t | bf16 H8 D64 | 1K – 2K (2K ran once, then failed) | time (2 s a call) |" in answer
     assert "| m | bf16 H8 D64 | 1K – 2K | memory (512 MiB limit) |" in answer
+
+
+def test_an_unconfirmed_answer_and_a_bracket_wider_than_promised_are_marked(tmp_path):
+    """8K ran, 9K failed, the search promised 1% (at least its 256-token resolution): a 1K
+    bracket is 12% of 8K and says so; the answer never ran again in a fresh process."""
+    rows = search("sdpa", [8192], 9216)
+    rows[-1] = typed_row(kind="max-seq-result", series="s", label="sdpa", seq_len=8192, first_failure=9216,
+                         stop_status="oom", confirmed=False, resolution=256, granularity=128, env=ENV)  # fmt: skip
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| sdpa | bf16 H8 D64 | 8K – 9K (not confirmed; bracket 12% wide) | memory |" in answer
+    rows[-1] = typed_row(kind="max-seq-result", series="s", label="sdpa", seq_len=8192, first_failure=9216,
+                         stop_status="oom", confirmed=True, resolution=1024, env=ENV)  # fmt: skip
+    md = render(load(write_rows(tmp_path / "again", rows))).text()
+    assert "| sdpa | bf16 H8 D64 | 8K – 9K | memory |" in md

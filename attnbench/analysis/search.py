@@ -28,6 +28,13 @@ class SearchOutcome:
     complete: bool  # the search finished by itself: not interrupted, not stopped by its budget
     best_row: Trial | None  # a trial that ran at the answer's length
     unstable: tuple[int, ...] = ()  # lengths that ran in one trial and failed in another
+    confirmed: bool | None = None  # the answer ran again in a fresh process (None: not said)
+    promised_gap: int | None = None  # the widest bracket the search promised: 1% of the answer, its grid or resolution
+
+    @property
+    def wider_than_promised(self) -> bool:
+        gap = self.first_failure - self.max_seq_len if self.first_failure and self.max_seq_len else None
+        return self.complete and gap is not None and self.promised_gap is not None and gap > self.promised_gap
 
 
 def search_outcome(trials: list[Trial], result: MaxSeqResult | None) -> SearchOutcome:
@@ -49,7 +56,16 @@ def search_outcome(trials: list[Trial], result: MaxSeqResult | None) -> SearchOu
         complete=result is not None and result.stop_status != BUDGET,
         best_row=next((r for r in trials if r.status == "ok" and r.seq_len == best), None),
         unstable=tuple(sorted(ran & failed)),
+        confirmed=result.confirmed if result is not None else None,
+        promised_gap=_promised_gap(result, best),
     )
+
+
+def _promised_gap(result: MaxSeqResult | None, best: int) -> int | None:
+    """A finished search brackets its answer to 1% of it, or to its resolution or grid where those are wider."""
+    if result is None or not best:
+        return None
+    return max(int(0.01 * best), result.resolution or 0, result.granularity or 0)
 
 
 def _stopped_by(result: MaxSeqResult | None, stop: Trial | None) -> str:

@@ -59,10 +59,13 @@ class Search:
 
     def length_text(self) -> str:
         text = search_bracket(self.summary, short_tokens)
-        above = [n for n in self.summary.unstable if n > self.summary.max_seq_len]
-        if above:  # it ran there once and failed there in another trial: not an answer, said so
-            text += f" ({short_tokens(above[0])} ran once, then failed)"
-        return text
+        s = self.summary
+        notes = [f"{short_tokens(n)} ran once, then failed" for n in s.unstable if n > s.max_seq_len][:1]
+        if s.complete and s.max_seq_len and s.confirmed is False:
+            notes.append("not confirmed")
+        if s.wider_than_promised:
+            notes.append(f"bracket {(s.first_failure - s.max_seq_len) / s.max_seq_len:.0%} wide")
+        return text + (f" ({'; '.join(notes)})" if notes else "")
 
     def stop_text(self) -> str:
         """What stopped the search, with the one limit that names that cause."""

@@ -64,6 +64,8 @@ class MaxSeqSummary:
     trials: int
     head: Trial = field(repr=False)  # the series' first trial: its settings and world size
     unstable: tuple[int, ...] = ()  # lengths that ran in one trial and failed in another
+    confirmed: bool | None = None  # the answer ran again in a fresh process (None: the row does not say)
+    wider_than_promised: bool = False  # its bracket is wider than 1% of it, its grid or its resolution
 
     @property
     def world_size(self) -> int:
@@ -72,7 +74,9 @@ class MaxSeqSummary:
 
 def max_seq_csv(summary: list[MaxSeqSummary]) -> str:
     """The summaries' fields as columns, but the first trial (its fields are in trials.csv)."""
-    names = [f.name for f in fields(MaxSeqSummary) if f.name not in ("head", "unstable")]
+    names = [
+        f.name for f in fields(MaxSeqSummary) if f.name not in ("head", "unstable", "confirmed", "wider_than_promised")
+    ]
     return pd.DataFrame([[getattr(s, n) for n in names] for s in summary], columns=names).to_csv(index=False)
 
 
@@ -112,6 +116,8 @@ def max_seq_summary(rows: list[Row]) -> list[MaxSeqSummary]:
                 trials=len(trials),
                 head=head,
                 unstable=found.unstable,
+                confirmed=found.confirmed,
+                wider_than_promised=found.wider_than_promised,
             )
         )
     return out
