@@ -53,7 +53,11 @@ def speedup_row(
     seq_len: int = 16384,
     gpu_bytes: tuple[int, ...] = (80_000_000, 0),
     date: str = ENV["date"],
+    host: float | None = 0.01,
+    **fields,
 ):
+    """A bf16 speedup case's row; ``host``: the share of its eager time the host took (a GPU-bound
+    call by default, so a speed ratio's size is judged)."""
     return typed_row(
         kind="speedup",
         case=f"{seq_len}x{batch}",
@@ -63,11 +67,12 @@ def speedup_row(
         config={"segment_lengths": [1024, 2048], "dilation_rates": [1, 2]},
         batch=batch,
         seq_len=seq_len,
-        mode="fwd",
         times_ms=times,
         time_ms=sorted(times)[len(times) // 2],
         gpus=[{"index": i, "max_memory_allocated": b} for i, b in enumerate(gpu_bytes[:world])],
         env={**ENV, "date": date},
+        dispatch_share=host,
+        **{"mode": "fwd", **fields},
     )
 
 
@@ -80,8 +85,6 @@ def point(seq_len: int, config: dict, *, series: str = "s", dtype: str = "fp32",
         seq_len=seq_len,
         dtype=dtype,
         mode="fwd",
-        time_ms=10.0,
-        times_ms=[10.0] * 5,
         max_memory_reserved=reserved,
         gpus=[
             {
@@ -94,7 +97,7 @@ def point(seq_len: int, config: dict, *, series: str = "s", dtype: str = "fp32",
         ],
         device_total_bytes=80 * GIB,
         env=ENV,
-        **fields,
+        **{"time_ms": 10.0, "times_ms": [10.0] * 5, "dispatch_share": 0.01, **fields},  # GPU-bound unless said
     )
 
 
@@ -117,20 +120,24 @@ def test_claims_file_loads_with_unique_ids_a_matcher_or_a_reason_for_every_claim
     assert all(n >= 8 for n in per_seed.values()), per_seed
 
 
+SEED_000 = '[[seed]]\nid = "000"\ndtype = "bf16"\nwhy = "w"\nshape_stated = false\n'
+CLAIM_X = '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\ngpus = 1\n'
+
+
 def test_a_malformed_claims_file_is_one_line_error(tmp_path):
     bad = tmp_path / "claims.toml"
-    bad.write_text(
-        '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
-        'gpus = 1\nmetric = "speed"\ncomparable = false\nnote = "n"\n'
-    )
-    with pytest.raises(cl.AttnbenchError, match="metric must be one of"):
-        cl.load_claims(bad)
-    bad.write_text(
-        '[[claim]]\nid = "x"\nseed = "000"\nsays = "s"\nvalue = 1\nunit = "x"\nworkload = "w"\n'
-        'gpus = 1\nmetric = "time_ms"\ncomparable = false\n'
-    )
-    with pytest.raises(cl.AttnbenchError, match="says why in its note"):
-        cl.load_claims(bad)
+    for text, error in (
+        (SEED_000 + CLAIM_X + 'metric = "speed"\ncomparable = false\nnote = "n"\n', "metric must be one of"),
+        (SEED_000 + CLAIM_X + 'metric = "time_ms"\ncomparable = false\n', "says why in its note"),
+        (CLAIM_X + 'metric = "time_ms"\ncomparable = false\nnote = "n"\n', "seed 000 has no \\[\\[seed\\]\\] entry"),
+        (
+            SEED_000.replace("bf16", "fp64") + CLAIM_X + 'metric = "time_ms"\ncomparable = false\nnote = "n"\n',
+            "dtype must",
+        ),
+    ):
+        bad.write_text(text)
+        with pytest.raises(cl.AttnbenchError, match=error):
+            cl.load_claims(bad)
 
 
 def test_seeds_md_and_its_csv_hold_every_claim_exactly_once_by_seed_report(tmp_path):
@@ -193,9 +200,17 @@ def test_direction_and_magnitude_are_judged_apart():
 
 
 def test_an_interval_that_spans_the_threshold_is_inconclusive_or_refuted_by_its_size():
-    rows = [speedup_row("single", [40.0, 50.0, 60.0], 1), speedup_row("dp", [40.0, 50.0, 60.0], 2)]
-    assert verdict_of(made_up(value=1.1, direction="above:1"), rows).verdict == v.INCONCLUSIVE
-    assert verdict_of(made_up(value=2.21, direction="above:1"), rows).verdict == v.REFUTED
+    # one call over another, both 40-60 ms: a ratio near 1 whose interval spans 1
+    spread = dict(times_ms=[40.0, 50.0, 55.0, 60.0, 45.0], time_ms=50.0)
+    rows = [point(8192, {}, impl="a", series="a", **spread), point(8192, {}, impl="b", series="b", **spread)]
+    ratio = dict(metric="time_ms", match={"impl": "a"}, over={"impl": "b"}, direction="above:1", gpus=1)
+    assert verdict_of(made_up(value=1.1, **ratio), rows).verdict == v.INCONCLUSIVE
+    assert verdict_of(made_up(value=2.21, **ratio), rows).verdict == v.REFUTED  # not 2.21 at any point of it
+    # a speedup case whose interval includes 1 is one the speedup tables flag: it settles nothing
+    cases = [speedup_row("single", [40.0, 50.0, 60.0], 1), speedup_row("dp", [40.0, 50.0, 60.0], 2)]
+    for value in (1.1, 2.21):
+        got = verdict_of(made_up(value=value, direction="above:1"), cases)
+        assert got.verdict == v.INCONCLUSIVE and "(anomaly: interval includes 1)" in got.why
 
 
 def search(lengths: list[int], failed: int | None, *, series: str = "a", cfg: dict | None = None, **fields) -> list:
@@ -205,7 +220,13 @@ def search(lengths: list[int], failed: int | None, *, series: str = "a", cfg: di
     rows = [point(n, cfg, kind="max-seq", series=series, **fields) for n in lengths]
     if failed:
         rows.append(point(failed, cfg, kind="max-seq", series=series, status="oom", **fields))
-    result = dict(seq_len=max(lengths), config=cfg, dtype="fp32", env=ENV, memory_limit=fields.get("memory_limit"))
+    result = dict(
+        seq_len=max(lengths),
+        config=cfg,
+        dtype=fields.get("dtype", "fp32"),
+        env=ENV,
+        memory_limit=fields.get("memory_limit"),
+    )
     return rows + [typed_row(kind="max-seq-result", series=series, **result)]
 
 
@@ -234,15 +255,17 @@ def test_absolute_speed_is_never_compared_even_where_measured():
 
 
 def test_claims_without_rows_say_where_their_rows_come_from():
-    two = verdict_of("000-dp-16k-speedup", [])
+    two = verdict_of("001-dp-2k-speedup", [])
     assert two.verdict == v.NOT_MEASURED
     assert two.why.startswith(
         "needs two GPUs: `attnbench run --profile multi-gpu`; speedup over one GPU: two GTX 1080s"
     )
     one = verdict_of("002-dp-64k-gpu0", [])  # batch-1 DataParallel: one GPU holds everything
     assert one.verdict == v.NOT_MEASURED and "attnbench run --profile seeds" in one.why
-    ring = verdict_of("004-ring-overhead", [])  # the ring moves keys and values only on two GPUs
-    assert ring.verdict == v.NOT_MEASURED and "attnbench run --profile multi-gpu" in ring.why
+    # where no profile runs it at the seed's terms, the claim names the command that does
+    ring = verdict_of("004-ring-overhead", [])  # fp32, seed 004's dtype, on two GPUs
+    assert ring.verdict == v.NOT_MEASURED and ring.why.startswith("needs the ring on two GPUs in fp32")
+    assert "`attnbench bench --impl ring-dilated --gpus 2 --dtype fp32" in ring.why
 
 
 def test_a_ratio_claim_is_measured_from_two_rows():
@@ -285,7 +308,7 @@ def test_a_search_stopped_by_its_cap_is_a_lower_bound():
     # 002's ring variant: 65,536 ran and 131,072 did not, so the seed's largest is 65,536-131,072,
     # agreeing up to 131,072 x 1.25 = 163,840
     cfg = {"sparsity_ratio": 0.05, "block_size": 256}
-    shape = dict(impl="block-sparse", heads=2, head_dim=32, memory_limit=8 * GIB)
+    shape = dict(impl="block-sparse", dtype="fp16", heads=2, head_dim=32, memory_limit=8 * GIB)
     capped = search([131072, 1 << 20], None, cfg=cfg, **shape)
     got = verdict_of("002-single-max-ring", capped)
     assert got.verdict == v.REFUTED and got.measured.bound  # 1M ran: 16x the seed's 65,536 at least
@@ -302,22 +325,43 @@ def test_a_search_stopped_by_its_cap_is_a_lower_bound():
 def test_standard_attention_is_the_n_by_n_one():
     # under 8 GiB a fused sdpa reaches 1M, the N x N attention stops at 11,264 by memory: the seed's
     # "standard attention runs out of memory at 32K and 65K" holds for the one it meant
-    fused = search([65536, 1 << 20], None, series="f", impl="sdpa", memory_limit=8 * GIB)
-    n_by_n = search([8192, 11264], 12288, series="n", impl="naive", memory_limit=8 * GIB)
+    bf16 = dict(dtype="bf16", memory_limit=8 * GIB)  # seed 001's dtype
+    fused = search([65536, 1 << 20], None, series="f", impl="sdpa", **bf16)
+    n_by_n = search([8192, 11264], 12288, series="n", impl="naive", **bf16)
     got = verdict_of("001-standard-attention-oom", fused + n_by_n)
     assert (got.verdict, got.measured.value) == (v.CONFIRMED, 11264) and got.measured.workload.startswith("naive")
     assert verdict_of("001-standard-attention-oom", fused).verdict == v.NOT_MEASURED
 
 
-def test_the_seeds_numbers_set_the_dtype_they_imply():
-    # q, k, v of H=2, D=32 at 128K: 3 x 131,072 x 64 x 4 bytes = 100,663,296 in fp32 (the seed's
-    # 0.10 GB), half that in fp16; only the fp32 row measures the claim
+def test_every_claim_of_a_seed_is_judged_in_its_one_dtype():
+    # seed 002 is fp16 (its code asks for it, its DataParallel table reads so): q, k, v of H=2, D=32 at
+    # 128K are 3 x 131,072 x 64 x 2 = 50,331,648 bytes, half the seed's 0.10 GB (what fp32 would hold);
+    # an fp32 row, though it matches the seed's number, never measures a claim of seed 002
     shape = dict(impl="block-sparse", heads=2, head_dim=32)
-    fp16 = point(131072, {}, dtype="fp16", inputs_bytes=50_331_648, **shape)
-    assert verdict_of("002-ring-128k-qkv", [fp16]).verdict == v.NOT_MEASURED
     fp32 = point(131072, {}, dtype="fp32", inputs_bytes=100_663_296, series="b", **shape)
+    assert verdict_of("002-ring-128k-qkv", [fp32]).verdict == v.NOT_MEASURED
+    fp16 = point(131072, {}, dtype="fp16", inputs_bytes=50_331_648, **shape)
     got = verdict_of("002-ring-128k-qkv", [fp16, fp32])
-    assert (got.verdict, got.measured.value) == (v.CONFIRMED, 100_663_296)
+    assert (got.verdict, got.measured.value) == (v.REFUTED, 50_331_648) and "reads as fp32" in v_why(got)
+    seeds = cl.load_seeds()
+    assert {s: seeds[s].dtype for s in seeds} == {
+        "000": "bf16",
+        "001": "bf16",
+        "002": "fp16",
+        "003": "fp32",
+        "004": "fp32",
+    }
+    for c in cl.load_claims():
+        for m in (c.match, c.over or {}):
+            # only a claim whose words name another dtype matches it (003: "fp16 would hold ...")
+            assert m.get("dtype", c.dtype) == c.dtype or m["dtype"] in c.says, c.id
+
+
+def v_why(verdict: v.Verdict) -> str:
+    """A verdict's reason with its notes, as seeds.md shows it."""
+    from attnbench.report.seeds.page import why_text
+
+    return why_text(verdict)
 
 
 def test_a_stand_in_measures_only_where_the_seeds_setting_did_not_run():
@@ -335,11 +379,12 @@ def test_a_stand_in_measures_only_where_the_seeds_setting_did_not_run():
 
 
 def test_a_claim_at_best_takes_the_best_case_but_never_an_anomaly():
+    train = dict(mode="fwd_bwd", module="multihead")  # DDP's claim: training steps only
     rows = [
-        speedup_row("single", [100.0] * 3, 1, batch=8),
-        speedup_row("mp", [20.0] * 3, 2, batch=8),  # 5x on 2 GPUs: efficiency 2.5, an anomaly
-        speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192),
-        speedup_row("mp", [55.0] * 3, 2, batch=8, seq_len=8192),
+        speedup_row("single", [100.0] * 3, 1, batch=8, **train),
+        speedup_row("mp", [20.0] * 3, 2, batch=8, **train),  # 5x on 2 GPUs: efficiency 2.5, an anomaly
+        speedup_row("single", [100.0] * 3, 1, batch=8, seq_len=8192, **train),
+        speedup_row("mp", [55.0] * 3, 2, batch=8, seq_len=8192, **train),
     ]
     got = verdict_of("001-distributed-efficiency", rows)
     assert got.measured.value == pytest.approx(100 / 55 / 2) and got.verdict == v.CONFIRMED
@@ -373,16 +418,18 @@ def test_the_findings_are_the_seeds_headlines_furthest_refuted_one_per_seed():
 # --- comparable terms: fits, rings that sent nothing, CPUs for GPUs ------------------------------------
 
 RING_CFG = {"segment_lengths": [8192], "dilation_rates": [2]}
+SHARD_KV = 2 * 4096 * 8 * 64 * 4  # k and v of one rank's 4,096 tokens, H=8, D=64, fp32: 16,777,216 bytes
 
 
 def timed(impl: str, world: int, ms: float, *, device: str = "cuda", sent: int | None = None, date: str = ENV["date"]):
-    """004's workload as the multi-gpu profile runs it (bf16, H=8, D=64, one segment of 8K at rate 2
-    across the ranks) taking ``ms`` per call, on one device or as a ring over ``world`` ranks that
+    """004's workload in its dtype (fp32, H=8, D=64, one segment of 8K at rate 2 across the ranks)
+    taking ``ms`` per call, on one device (a GPU-bound call) or as a ring over ``world`` ranks that
     sent ``sent`` bytes per call."""
     return typed_row(
-        impl=impl, world_size=world, strategy="ring" if world > 1 else None, device=device, dtype="bf16",
+        impl=impl, world_size=world, strategy="ring" if world > 1 else None, device=device, dtype="fp32",
         seq_len=8192, config=RING_CFG, series=f"{impl}x{world}", label=impl, mode="fwd", time_ms=ms,
         times_ms=[ms] * 5, sent_bytes=sent if world > 1 else None, env={**ENV, "date": date},
+        dispatch_share=0.01 if world == 1 else None,
     )  # fmt: skip
 
 
@@ -405,30 +452,37 @@ def test_a_fitted_value_is_never_a_headline():
     assert (got.verdict, got.measured.value) == (v.REFUTED, 1 << 20) and findings([got]) == [got]
 
 
-def test_a_ring_that_sent_nothing_never_settles_a_ring_claim():
+def test_a_ring_settles_a_claim_only_where_it_sent_a_tenth_of_a_shards_keys_and_values():
     # 004: the ring over 2 GPUs 2.0 ms, one GPU 1.25 ms: 1.6x against the seed's 1,600x
     single = timed("dilated", 1, 1.25)
-    idle = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0, sent=0), single], [])
-    assert idle.verdict == v.NOT_COMPARABLE and idle.why.startswith("the ring sent 0 bytes per call")
-    assert "time per call ratio: two GTX 1080s (8 GB each) against GPU box" in idle.why
+    for sent, share in ((0, "0%"), (SHARD_KV * 95 // 1000, "9.5%")):  # nothing, or 9.5% of a shard's K/V
+        got = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0, sent=sent), single], [])
+        assert got.verdict == v.NOT_MEASURED and got.measured is None
+        assert f"sent {share} of a shard's keys and values per call, under the 10%" in got.why
+        assert "on GPU box" in got.why and "`attnbench bench --impl ring-dilated --gpus 2 --dtype fp32" in got.why
     unknown = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0), single], [])
     assert unknown.verdict == v.NOT_MEASURED and "do not record the bytes" in unknown.why
-    moved = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0, sent=1 << 20), single], [])
-    assert moved.verdict == v.DIRECTION_ONLY and moved.measured.value == pytest.approx(1.6)
+    tenth = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0, sent=SHARD_KV // 10 + 1), single], [])
+    assert tenth.verdict == v.DIRECTION_ONLY and tenth.measured.value == pytest.approx(1.6)
+    assert (
+        tenth.measured.moved == [pytest.approx(0.1)] and "the ring sent 10% of a shard's keys and values" in tenth.why
+    )
+    whole = judged("004-ring-overhead", [timed("ring-dilated", 2, 2.0, sent=SHARD_KV), single], [])
+    assert "the ring sent 100% of a shard's keys and values per call" in whole.why
 
 
 def test_a_cpu_never_settles_a_gpu_claim():
     from attnbench.report.seeds.page import findings
 
     old = "2026-01-01T00:00:00+00:00"  # the GPU's rows are older than the CPU's: still they measure
-    cpu = [timed("ring-dilated", 2, 1000.0, device="cpu", sent=1 << 20), timed("dilated", 1, 1300.0, device="cpu")]
-    gpu = [timed("ring-dilated", 2, 2000.0, sent=1 << 20, date=old), timed("dilated", 1, 1.25, date=old)]
+    cpu = [timed("ring-dilated", 2, 1000.0, device="cpu", sent=SHARD_KV), timed("dilated", 1, 1300.0, device="cpu")]
+    gpu = [timed("ring-dilated", 2, 2000.0, sent=SHARD_KV, date=old), timed("dilated", 1, 1.25, date=old)]
     got = judged("004-ring-overhead", gpu, cpu)  # 1,600x, as the seed says
     assert (got.verdict, got.measured.device, got.measured.value) == (v.CONFIRMED, "cuda", pytest.approx(1600))
     # a GPU pair whose ring sent nothing leaves the claim unsettled; the CPU's rows do not step in
     idle_gpu = [timed("ring-dilated", 2, 2000.0, sent=0, date=old), timed("dilated", 1, 1.25, date=old)]
     got = judged("004-ring-overhead", idle_gpu, cpu)
-    assert got.verdict == v.NOT_COMPARABLE and got.measured.device == "cuda"
+    assert got.verdict == v.NOT_MEASURED and "on GPU box sent 0%" in got.why
     # with no GPU rows two CPU processes never stand in for two GPUs
     got = judged("004-ring-overhead", [], cpu)
     assert got.verdict == v.NOT_MEASURED and got.measured is None and findings([got]) == []
@@ -437,10 +491,24 @@ def test_a_cpu_never_settles_a_gpu_claim():
 RING_VARIANT_TABLE = [f"002-ring-{n}k-qkv" for n in (16, 32, 64, 128)] + [f"002-ring-{n}k-peak" for n in (16, 32, 64)]
 
 
+# Claims judged in their seed's one dtype that the seeds-8gib profile runs in another (fp32): its owner
+# adds them (bf16 for seed 001, fp16 for seed 002); until then each names the command that measures it.
+NOT_IN_SEEDS_8GIB = {
+    "001-alloc-32k",
+    "001-alloc-65k",
+    "001-standard-attention-oom",
+    *(c for c in RING_VARIANT_TABLE if c != "002-ring-128k-qkv"),  # its fp16 98% search holds q, k, v at 128K
+    "002-ring-memory-per-token",
+    "002-ring-vs-dense-memory",
+    "002-base-vs-ring-max",
+}
+
+
 def test_the_seeds_8gib_profile_measures_the_claims_it_is_named_for():
-    """Rows as the seeds-8gib profile's series write them settle every one-GPU claim about the
-    seeds' 8 GB (searched under 8 GiB, never fitted) and 002's ring-variant table: the verdicts
-    read row fields, not the directory the rows sit in."""
+    """Rows as the seeds-8gib profile's series write them settle every one-GPU claim about a GPU's
+    memory (searched under 8 GiB, never fitted; a projection onto a larger GPU from below) and 002's
+    ring-variant table, in each seed's dtype: the verdicts read row fields, not the directory the
+    rows sit in."""
     from attnbench.plan import build_plan
 
     rows = []
@@ -453,10 +521,13 @@ def test_the_seeds_8gib_profile_measures_the_claims_it_is_named_for():
         else:
             rows += [point(n, s.config, series=f"s{i}", **sizes) for n in st.seq_lens]
     capacity = [c.id for c in cl.load_claims() if c.comparable and c.metric == "max_seq_8gb" and c.where == "one GPU"]
-    assert len(capacity) == 11
+    assert len(capacity) == 15
     table = [*RING_VARIANT_TABLE, "002-ring-memory-per-token", "002-ring-vs-dense-memory", "002-base-vs-ring-max"]
     for cid in capacity + table:
         got = verdict_of(cid, rows)
+        if cid in NOT_IN_SEEDS_8GIB:
+            assert got.verdict == v.NOT_MEASURED and "`attnbench " in got.why, cid
+            continue
         assert got.verdict != v.NOT_MEASURED and got.measured is not None, (cid, got.why)
         if cid in capacity:
             assert got.measured.limit == 8 * GIB and not got.measured.fitted, cid

@@ -4,6 +4,10 @@ which rows measure it, and how its numbers are written.
 A claim names one quantity (``metric``) and the rows that measure it (``match``), or the ratio
 of two quantities (``match`` over ``over``). ``seeds.measured`` gives the quantity on one
 machine; whether that confirms the seed is ``seeds.verdicts``'s rule (docs/design/verdicts.md).
+
+Each seed report has one dtype (its ``[[seed]]`` entry, with why): every claim of that seed is
+judged in it, its matchers carry it, and only a claim whose words name another dtype ("fp16
+would hold ...") matches that one.
 """
 
 from __future__ import annotations
@@ -40,10 +44,22 @@ HARDWARE_BOUND = ("time_ms", "tokens_per_s")  # the speed of one device: never c
 BYTES = ("peak_bytes", "peak_per_gpu", "inputs_bytes", "added_bytes", "gpu0_bytes", "gpu1_bytes")
 TOKENS = ("max_seq", "max_seq_8gb")
 UNIT_SCALE = {"GB": 1e9, "MB": 1e6, "KB": 1e3, "%": 0.01}  # seed units to the rows' (bytes, ratios); others as is
-ROW_KEYS = tuple("kind impl strategy seq_len batch world_size dtype heads head_dim mode device memory_limit".split())
+ROW_KEYS = tuple(
+    "kind impl strategy seq_len batch world_size dtype heads head_dim mode module device memory_limit".split()
+)
+DTYPES = ("fp32", "fp16", "bf16")
 SETTLES = ("one GPU", "two GPUs")
-EIGHT_GIB = 8 * GIB  # the seeds' GTX 1080
 SEED_GPUS = {1: "one GTX 1080 (8 GB)", 2: "two GTX 1080s (8 GB each)"}  # what the seeds ran on
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One seed report's settings, stated once for all its claims."""
+
+    id: str
+    dtype: str  # the one dtype every claim of the seed is judged in
+    why: str  # why that dtype: what the seed says, or what its numbers imply
+    shape_stated: bool  # the seed states its heads and head dim (else its memory is judged over the floor)
 
 
 @dataclass
@@ -70,15 +86,29 @@ class Claim:
     stand_in: dict[str, Any] | None = None  # overrides of match tried where no row matches it (the note says why)
     headline: bool = False  # a finding the seed put in its summary or conclusion: what a reader took away
     compares: str = ""  # what is compared, in words, where the metric's name does not say it
+    replicas: int | None = None  # DataParallel replicas the seed's own numbers show ran (GPU 1 held memory: 2)
+    training: bool = False  # a claim about training (DDP): only training steps of the multi-head module measure it
+    budget_gib: int = 8  # max_seq_8gb: the GPU memory the longest sequence is claimed in (8: the seeds' GTX 1080)
+    projected_to: str = ""  # a projection onto another GPU: which ("an RTX 3090 (24 GB)")
+    bound_stand_in: bool = False  # the stand-in is a heavier workload: its longest sequence bounds the seed's below
+    rows_from: str = ""  # what would measure it where no row does, where the general suggestion is not it
+    dtype: str = ""  # set from the seed's [[seed]] entry, never by the claim
+    shape_stated: bool = True  # set from the seed's [[seed]] entry
 
     @property
     def quantity(self) -> str:
         """What is compared, in words: 'peak memory', 'throughput ratio'."""
-        return self.compares or METRICS[self.metric] + (" ratio" if self.over is not None else "")
+        name = METRICS[self.metric].replace("8 GB", f"{self.budget_gib} GB")
+        return self.compares or name + (" ratio" if self.over is not None else "")
 
     @property
     def seed_hardware(self) -> str:
-        return SEED_GPUS[self.gpus]
+        return SEED_GPUS[self.gpus] + (f", projected to {self.projected_to}" if self.projected_to else "")
+
+    @property
+    def budget(self) -> int:
+        """The allocator limit a max_seq_8gb claim's searches run under, in bytes."""
+        return self.budget_gib * GIB
 
     @property
     def _to_rows(self) -> float:
@@ -119,17 +149,51 @@ class Claim:
         return "two GPUs" if wide else "one GPU"
 
 
-def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
+def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        return tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise AttnbenchError(f"cannot read seed claims {path}: {e}: fix or restore the file") from None
+
+
+def load_seeds(path: Path = CLAIMS_FILE) -> dict[str, Seed]:
+    """Each seed report's settings by its id."""
+    return _seeds(_read(path), path)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The verdicts an earlier rule gave, by claim id, and which rule on which rows (``rule``)."""
+
+    rule: str
+    verdict: dict[str, str]
+
+
+def load_previous(path: Path = CLAIMS_FILE) -> Previous | None:
+    """The previous rule's verdicts the claims file records, or None where it records none."""
+    entry = _read(path).get("previous")
+    if entry is None:
+        return None
+    try:
+        return Previous(**entry)
+    except TypeError as e:
+        raise AttnbenchError(f"{path}: [previous]: {e}") from None
+
+
+def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
+    raw = _read(path)
+    seeds = _seeds(raw, path)
     claims, seen = [], set()
     for entry in raw.get("claim", []):
         try:
+            if "dtype" in entry or "shape_stated" in entry:
+                raise TypeError("dtype and shape_stated are the seed's: set them in its [[seed]] entry")
             c = Claim(**entry)
         except TypeError as e:
             raise AttnbenchError(f"{path}: claim {entry.get('id', '?')}: {e}") from None
+        if c.seed not in seeds:
+            raise AttnbenchError(f"{path}: claim {c.id}: seed {c.seed} has no [[seed]] entry")
+        in_seed_dtype(c, seeds[c.seed], path)
         side, _, threshold = (c.direction or "above:0").partition(":")
         if (
             c.metric not in METRICS
@@ -151,6 +215,34 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
         seen.add(c.id)
         claims.append(c)
     return claims
+
+
+def _seeds(raw: dict[str, Any], path: Path) -> dict[str, Seed]:
+    out = {}
+    for entry in raw.get("seed", []):
+        try:
+            s = Seed(**entry)
+        except TypeError as e:
+            raise AttnbenchError(f"{path}: seed {entry.get('id', '?')}: {e}") from None
+        if s.dtype not in DTYPES:
+            raise AttnbenchError(f"{path}: seed {s.id}: dtype must be one of {', '.join(DTYPES)}")
+        out[s.id] = s
+    return out
+
+
+def in_seed_dtype(c: Claim, seed: Seed, path: Path) -> None:
+    """Every matcher of the claim carries its seed's dtype; another dtype only where the claim's
+    own words name it (a stand-in may change it: its note says why nothing measured depends on it)."""
+    c.dtype, c.shape_stated = seed.dtype, seed.shape_stated
+    for m in (c.match, c.over):
+        if not m:
+            continue
+        own = m.setdefault("dtype", seed.dtype)
+        if own != seed.dtype and own not in c.says:
+            raise AttnbenchError(
+                f"{path}: claim {c.id}: matches {own} where seed {seed.id} is judged in {seed.dtype}; "
+                "only a claim whose words name another dtype may match it"
+            )
 
 
 def _number(text: str) -> bool:

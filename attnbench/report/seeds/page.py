@@ -11,7 +11,7 @@ from typing import Any
 
 from attnbench.report.markdown import Table, inline
 from attnbench.report.seeds import verdicts as v
-from attnbench.report.seeds.claims import LEGEND, value_text
+from attnbench.report.seeds.claims import LEGEND, Previous, Seed, load_previous, load_seeds, value_text
 
 SEEDS_FILE = "seeds.md"
 HARDWARE = "two NVIDIA GeForce GTX 1080 (Pascal, 8 GB each)"
@@ -137,6 +137,9 @@ def summary(vs: list[v.Verdict]) -> str:
         f"by one rule (docs/design/verdicts.md), claim by claim in [{SEEDS_FILE}]({SEEDS_FILE}).",
         tally(vs),
     ]
+    moved = changed(vs, load_previous())
+    if moved:
+        lines.append(f"{len(moved)} verdicts differ from the previous rule's ({SEEDS_FILE} lists them).")
     furthest = findings(vs)
     if furthest:
         lines += [
@@ -148,8 +151,38 @@ def summary(vs: list[v.Verdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def seeds_markdown(vs: list[v.Verdict]) -> str:
-    """seeds.md: the rule in brief, then every claim by seed report."""
+def changed(vs: list[v.Verdict], previous: Previous | None) -> list[tuple[v.Verdict, str]]:
+    """The verdicts that differ from the previous rule's, each with the verdict it had."""
+    if previous is None:
+        return []
+    was = previous.verdict
+    return [(x, was[x.claim.id]) for x in vs if x.claim.id in was and was[x.claim.id] != x.verdict]
+
+
+def changed_text(vs: list[v.Verdict], previous: Previous | None) -> str:
+    """'33 of 107 verdicts differ from rule v2's ...: - id: was -> now' (nothing without a record)."""
+    moved = changed(vs, previous)
+    if previous is None:
+        return ""
+    head = f"{len(moved)} of {len(vs)} verdicts differ from those of the previous rule ({previous.rule})"
+    if not moved:
+        return head + ".\n"
+    lines = [f"- {x.claim.id}: {was} -> **{x.verdict}**" for x, was in moved]
+    return head + ":\n\n" + "\n".join(lines) + "\n"
+
+
+def seed_line(seed: Seed | None) -> str:
+    """A seed section's settings, stated once: the dtype every claim of it is judged in."""
+    if seed is None:
+        return ""
+    shape = "" if seed.shape_stated else " It states no heads or head dim: its memory is also read over the floor."
+    return f"Every claim judged in {seed.dtype}: {seed.why}.{shape}\n\n"
+
+
+def seeds_markdown(vs: list[v.Verdict], previous: Previous | None = None, seeds: dict[str, Seed] | None = None) -> str:
+    """seeds.md: the rule in brief, what changed since the previous rule, then every claim by seed report."""
+    previous = load_previous() if previous is None else previous
+    seeds = load_seeds() if seeds is None else seeds
     out = [
         "# The seed reports against the measurements\n\n",
         f"Five seed reports measured dilated, block-sparse and ring attention on {HARDWARE}. Each number\n",
@@ -160,14 +193,22 @@ def seeds_markdown(vs: list[v.Verdict]) -> str:
         "- a claim that also says on which side of a threshold the quantity lies (slower than one GPU:\n"
         "  below 1) holds there when its whole interval does: *direction confirmed, magnitude refuted*\n"
         "  when the side holds and the size does not;\n",
-        "- another device's absolute speed, the seeds' arithmetic and projections are *not comparable*;\n"
-        "  a number rounded more coarsely than the tolerance cannot be tested by its size;\n",
-        "- only a measurement on the seed's terms settles a claim: a longest sequence in 8 GB is searched\n"
-        "  under an 8 GiB allocator limit (a fit's prediction leaves it *not measured yet*), a ring that\n"
-        "  sent 0 bytes is *not comparable*, and a CPU never stands in for a speed a GPU measured;\n"
+        "- another device's absolute speed and the seeds' arithmetic are *not comparable*; a number\n"
+        "  rounded more coarsely than the tolerance cannot be tested by its size;\n",
+        "- only a measurement on the seed's terms settles a claim: each seed is judged in one dtype; a\n"
+        "  longest sequence in a GPU's memory is searched under that allocator limit (a search under less\n"
+        "  memory is a lower bound, a fit's prediction leaves it *not measured yet*); a ring settles a claim\n"
+        f"  only where it sent at least {v.RING_SHARE:.0%} of a shard's keys and values per call; a speed ratio's size is\n"
+        f"  judged only where its one-GPU calls spend under {v.HOST_SHARE:.0%} of their time on the host (else its\n"
+        "  direction alone); DDP claims are held against training steps, DataParallel memory against\n"
+        "  cases with the replicas the seed's GPU 1 shows, never a case the speedup tables flag as an\n"
+        "  anomaly; and a CPU never stands in for a speed a GPU measured;\n",
+        "- memory of a seed that states no heads or head dim is also read over the floor: where half to\n"
+        "  twice the assumed width closes the gap, the verdict is *inconclusive* and says so;\n",
         "- each reason names the quantity and the hardware on each side, and what was assumed where the\n"
         "  seed said nothing.\n\n",
         f"{tally(vs)}\n\n",
+        changed_text(vs, previous) + ("\n" if previous is not None else ""),
         f"{LEGEND} Measured: value [95% interval] and n samples (a/b: both sides of a ratio); "
         "memory in GB = 10^9 bytes. The CSV `csv/seed-claims.csv` adds each claim's id, the seed's "
         "workload and the rows (FILE:LINE) behind the measurement.\n",
@@ -176,6 +217,6 @@ def seeds_markdown(vs: list[v.Verdict]) -> str:
         mine = [x for x in vs if x.claim.seed == seed]
         if not mine:
             continue
-        out.append(f"\n## {seed}: {title}\n\n{tally(mine)}\n\n")
+        out.append(f"\n## {seed}: {title}\n\n{seed_line(seeds.get(seed))}{tally(mine)}\n\n")
         out.append(Table.of("seeds", {h: COLUMNS[h] for h in PAGE_COLUMNS}, mine).markdown())
     return "".join(out)
