@@ -63,8 +63,8 @@ def search_outcome(trials: list[Trial], result: MaxSeqResult | None) -> SearchOu
 
 def _promised_gap(result: MaxSeqResult | None, best: int) -> int | None:
     """A finished search brackets its answer to 1% of it, or to its resolution or grid where those are wider."""
-    if result is None or not best:
-        return None
+    if result is None or not best or (result.resolution is None and result.granularity is None):
+        return None  # a row that does not say what the search was asked for is not judged
     return max(int(0.01 * best), result.resolution or 0, result.granularity or 0)
 
 
