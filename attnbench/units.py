@@ -25,6 +25,8 @@ _BYTE_UNITS = {
 }
 SIZE_FORMS = "e.g. 2GiB, 512MiB, 80GB or 1048576B (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 _TOKEN_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+# How a length (or another count) may be written: digits, or K, M, G in binary multiples.
+TOKEN_FORMS = "a whole number, as digits or with K, M or G (binary: 16K = 16,384)"
 # The longest sequence any row or option may name: q, k, v and the output of one head of
 # dimension one, a byte each, at 2^40 tokens hold 4 TiB, more than a node's GPUs hold. A
 # longer length is a typing error on the command line and a corrupt row in a file.
@@ -38,14 +40,16 @@ def parse_bytes(text: str | int) -> int:
     and come to at least one byte."""
     if isinstance(text, int) and not isinstance(text, bool):
         text = str(text)  # a TOML integer: a number without a unit
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
+    match = re.fullmatch(r"\s*(-?)\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
     if not match:
         raise AttnbenchError(f"cannot read memory size {brief(text)}: write {SIZE_FORMS}")
-    unit = match.group(2).lower()
+    if match.group(1) and float(match.group(2)) > 0:
+        raise AttnbenchError(f"memory size {brief(text)} is negative: a size must be positive, {SIZE_FORMS}")
+    unit = match.group(3).lower()
     if unit not in _BYTE_UNITS:
-        what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(2)!r}"
+        what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(3)!r}"
         raise AttnbenchError(f"memory size {brief(text)} {what}: write {SIZE_FORMS}")
-    size = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    size = int(float(match.group(2)) * _BYTE_UNITS[unit])
     if size < 1:
         raise AttnbenchError(f"memory size {brief(text)} is less than one byte: write {SIZE_FORMS}")
     return size
@@ -56,7 +60,7 @@ def parse_tokens(text: str | int) -> int:
     MAX_TOKENS."""
     n = _tokens(text)
     if n is None:
-        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write e.g. 4096, 64K or 1M")
+        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write {TOKEN_FORMS}, e.g. 4096, 16K or 1M")
     if n > MAX_TOKENS:
         raise AttnbenchError(
             f"sequence length {brief(text)} is beyond {MAX_TOKENS:,} tokens (2^40), more than any device holds: "
@@ -85,7 +89,9 @@ def parse_int_list(text: str | list[int], what: str) -> list[int]:
         return [int(x) for x in text]
     parts = [part for part in str(text).split(",") if part.strip()]
     if any(_tokens(part) is None for part in parts):
-        raise AttnbenchError(f"cannot read {what} {brief(text)}: write comma-separated integers, e.g. 2048,4096")
+        raise AttnbenchError(
+            f"cannot read {what} {brief(text)}: write comma-separated values, each {TOKEN_FORMS}, e.g. 4096,16K,1M"
+        )
     return [parse_tokens(part) for part in parts]
 
 

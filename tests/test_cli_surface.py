@@ -28,7 +28,7 @@ def test_a_size_with_its_unit_reads_as_written(text, expected):
         ("0.0001", "has no unit"),
         ("256M", "ambiguous unit 'M'"),  # 256 MB or 256 MiB: the user says which
         ("0.1B", "less than one byte"),
-        ("-1GiB", "cannot read"),
+        ("-1GiB", "is negative: a size must be positive"),  # read, and refused for its sign
         ("lots", "cannot read"),
     ],
 )
@@ -206,3 +206,20 @@ def test_list_fits_120_columns_and_keeps_every_parameter(cli):
         assert any(line.startswith(f"{name}  ") for line in lines), name
         for p in impls.spec(name).params:
             assert any(line.startswith(f"    --param {p.name}=") for line in lines), (name, p.name)
+
+
+# --- what a newcomer meets first: help at 80 columns, a typo, a length's forms, two lengths apart ---------------------
+
+
+@pytest.mark.parametrize("option, value", [("seq_lens", "1X"), ("seq_lens", "1.5K"), ("start", "1X")])
+def test_a_length_that_cannot_be_read_names_the_forms_that_can(option, value):
+    """The examples the message gives are lengths the same option reads: 4096, 16K (16,384), 1M."""
+    from attnbench.plan import COMMAND_LINE, parse_settings
+
+    with pytest.raises(AttnbenchError) as err:
+        parse_settings({option: value}, COMMAND_LINE)
+    message = str(err.value)
+    examples = re.findall(r"\b\d+[KMG]?\b(?=[,\s]|$)", message.split("e.g.")[1])
+    assert {"4096", "16K", "1M"} <= set(examples), message
+    read = [parse_settings({option: example}, COMMAND_LINE)[option] for example in ("4096", "16K", "1M")]
+    assert read == ([(4096,), (16384,), (2**20,)] if option == "seq_lens" else [4096, 16384, 2**20])
