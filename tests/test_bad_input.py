@@ -203,6 +203,7 @@ REFUSED_BEFORE_TORCH = {
     "a bad speedup case": ["speedup", "--impl", "naive", "--cases", "256x0"],
     "a pattern beyond any device": ["pattern", "--seq-len", str(10**18)],
     "an unknown dtype to verify": ["verify", "--impl", "naive", "--dtype", "fp8"],
+    "a mistyped implementation": ["max-seq", "--impl", "sdpaa", "--device", "cpu"],
 }
 
 

@@ -211,6 +211,17 @@ def test_list_fits_120_columns_and_keeps_every_parameter(cli):
 # --- what a newcomer meets first: help at 80 columns, a typo, a length's forms, two lengths apart ---------------------
 
 
+def test_a_mistyped_implementation_is_refused_with_the_nearest_name():
+    from attnbench import impls
+
+    for typo, meant in (("sdpaa", "sdpa"), ("blocksparse", "block-sparse"), ("dilatd", "dilated")):
+        with pytest.raises(AttnbenchError, match=rf"unknown implementation '{typo}' \(did you mean {meant}\?\)"):
+            impls.spec(typo)
+    with pytest.raises(AttnbenchError) as far:  # nothing near: no suggestion, the names to choose from
+        impls.spec("zzz")
+    assert "did you mean" not in str(far.value) and all(n in str(far.value) for n in impls.names())
+
+
 @pytest.mark.parametrize("option, value", [("seq_lens", "1X"), ("seq_lens", "1.5K"), ("start", "1X")])
 def test_a_length_that_cannot_be_read_names_the_forms_that_can(option, value):
     """The examples the message gives are lengths the same option reads: 4096, 16K (16,384), 1M."""
