@@ -133,9 +133,10 @@ def format_gib(n: float) -> str:
     return f"{n / size:.4g} {unit}"
 
 
-def short_tokens(n: int, exact: bool = False) -> str:
-    """65536 -> '64K', 1572864 -> '1.5M', 2**31 -> '2G' (binary multiples, one decimal). ``exact``:
-    only where the short form is the exact length (to 1/8 K, M or G, '2.875M'), else the digits."""
+def short_tokens(n: int, exact: bool = False, decimals: int = 1) -> str:
+    """65536 -> '64K', 1572864 -> '1.5M', 2**31 -> '2G' (binary multiples, ``decimals`` decimals
+    where the multiple is not whole). ``exact``: only where the short form is the exact length (to
+    1/8 K, M or G, '2.875M'), else the digits."""
     for suffix, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n >= size:
             short = n / size
@@ -143,13 +144,43 @@ def short_tokens(n: int, exact: bool = False) -> str:
                 if n % (size // 8) == 0:
                     return f"{short:g}{suffix}"
                 continue
-            return (f"{short:.0f}" if short == int(short) else f"{short:.1f}") + suffix
+            return (f"{short:.0f}" if short == int(short) else f"{short:.{decimals}f}") + suffix
     return str(n)
 
 
-def format_tokens(n: int) -> str:
+def format_tokens(n: int, decimals: int = 1) -> str:
     """65536 -> '65,536 (64K)', 33554432 -> '33,554,432 (32M)'."""
-    return f"{n:,} ({short_tokens(n)})" if n >= 2**10 else f"{n:,}"
+    return f"{n:,} ({short_tokens(n, decimals=decimals)})" if n >= 2**10 else f"{n:,}"
+
+
+# Most decimals a short length gets to tell it from another: 1.875M from 1.898M takes two.
+MAX_SHORT_DECIMALS = 3
+
+
+def _distinct_decimals(a: int, b: int) -> int | None:
+    """The fewest decimals (from one) at which the short forms of lengths ``a`` and ``b`` read
+    as different numbers where the lengths differ (1.875M and 1.898M: two, '1.88M' and
+    '1.90M', never '1.9M' twice); None where three do not tell them apart."""
+    for decimals in range(1, MAX_SHORT_DECIMALS + 1):
+        if a == b or _read_short(short_tokens(a, decimals=decimals)) != _read_short(short_tokens(b, decimals=decimals)):
+            return decimals
+    return None
+
+
+def token_pair(a: int, b: int, fmt=format_tokens) -> tuple[str, str]:
+    """Two lengths by ``fmt`` (short_tokens or format_tokens) with their ``_distinct_decimals``:
+    a search's answer and its first failure. Lengths closer than three decimals tell apart are
+    written in digits alone."""
+    decimals = _distinct_decimals(a, b)
+    if decimals is None:
+        return f"{a:,}", f"{b:,}"
+    return fmt(a, decimals=decimals), fmt(b, decimals=decimals)
+
+
+def _read_short(text: str) -> tuple[float, str]:
+    """A short length as its reader takes it: '2.0M' and '2M' are one number, 2 M."""
+    number, suffix = (text[:-1], text[-1]) if text[-1] in "KMG" else (text, "")
+    return float(number), suffix
 
 
 def format_ms(t: float | None, adaptive: bool = False, space: bool = True) -> str:

@@ -234,3 +234,44 @@ def test_a_length_that_cannot_be_read_names_the_forms_that_can(option, value):
     assert {"4096", "16K", "1M"} <= set(examples), message
     read = [parse_settings({option: example}, COMMAND_LINE)[option] for example in ("4096", "16K", "1M")]
     assert read == ([(4096,), (16384,), (2**20,)] if option == "seq_lens" else [4096, 16384, 2**20])
+
+
+@pytest.mark.parametrize(
+    "ran, failed, shown",
+    [
+        (1_966_080, 1_990_656, ("1.88M", "1.90M")),  # 1.875 and 1.898 x 2**20: one decimal reads 1.9M twice
+        (3_328, 3_584, ("3.2K", "3.5K")),  # 3.25 and 3.5 x 2**10: one decimal tells them apart
+        (2_096_128, 2**21, ("1.999M", "2M")),  # 1.99902 x 2**20: '2.0M' would read as 2M
+        (1_990_656, 1_990_657, ("1,990,656", "1,990,657")),  # closer than three decimals: the digits
+    ],
+)
+def test_an_answer_and_its_first_failure_never_read_as_one_length(ran, failed, shown):
+    from attnbench.report.intervals import bracket
+    from attnbench.units import format_tokens, short_tokens, token_pair
+
+    assert token_pair(ran, failed, short_tokens) == shown
+    assert bracket(ran, failed, short_tokens) == f"{shown[0]} – {shown[1]}"
+    long_ran, long_failed = token_pair(ran, failed, format_tokens)
+    assert long_ran.startswith(f"{ran:,}") and long_failed.startswith(f"{failed:,}")
+    assert long_ran.split(" ")[-1] != long_failed.split(" ")[-1]  # a short form in brackets differs too, or is left out
+
+
+def test_the_terminal_summary_gives_the_answer_and_the_failure_apart(tmp_path, capsys):
+    """A search that ran 1,966,080 tokens and failed at 1,990,656: the summary table reads
+    1.88M and 1.90M, the progress line as well."""
+    import json
+    from types import SimpleNamespace
+
+    from attnbench.cli.progress import RichReporter
+    from attnbench.cli.sweep import _print_summary
+
+    rows = [
+        typed_row("max-seq", seq_len=1_966_080, device="cpu", peak_bytes=2**20),
+        typed_row("max-seq", seq_len=1_990_656, device="cpu", status="oom"),
+        typed_row("max-seq-result", seq_len=1_966_080, device="cpu", max_seq_len=1_966_080, first_failure=1_990_656),
+    ]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    _print_summary(tmp_path)
+    RichReporter().series_done(None, SimpleNamespace(best=1_966_080, first_failure=1_990_656, stopped_by="memory"))
+    out = capsys.readouterr().out
+    assert "1,966,080 (1.88M)" in out and "at 1,990,656 (1.90M)" in out and "(1.9M)" not in out, out

@@ -242,7 +242,7 @@ def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
     from attnbench.report.tables.sweep import max_seq_summary, max_seq_text
     from attnbench.results import load_rows
-    from attnbench.units import format_bytes, format_tokens
+    from attnbench.units import format_bytes, token_pair
 
     summary = max_seq_summary(load_rows(out_dir)[0])
     if not summary:
@@ -251,12 +251,13 @@ def _print_summary(out_dir: Path) -> None:
     for col in ("implementation", "dtype", "mode", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
+        ran, failed = token_pair(s.max_seq_len or 0, s.first_failure or 0)  # written so that they read apart
         t.add_row(
             s.label,
             s.dtype,
             s.mode,
-            max_seq_text(s),
-            s.stopped_by + (f" at {format_tokens(s.first_failure)}" if s.first_failure else ""),
+            max_seq_text(s, {s.max_seq_len: ran}.get),
+            s.stopped_by + (f" at {failed}" if s.first_failure else ""),
             format_bytes(s.peak_bytes),
             f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
         )
