@@ -211,6 +211,23 @@ def test_list_fits_120_columns_and_keeps_every_parameter(cli):
 # --- what a newcomer meets first: help at 80 columns, a typo, a length's forms, two lengths apart ---------------------
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["list", "models", "verify", "max-seq", "bench", "run", "report", "predict", "check", "speedup", "pattern"],
+)
+def test_every_commands_help_reads_whole_at_80_columns(command):
+    """No help text cut with '…' in an 80-column terminal, no line wider, and every option named."""
+    import typer
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"}).stdout
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    options = [o for p in typer.main.get_command(app).commands[command].params for o in p.opts if o.startswith("--")]
+    assert [o for o in options if not re.search(rf"{o}\b", text)] == [], text
+
+
 def test_a_mistyped_implementation_is_refused_with_the_nearest_name():
     from attnbench import impls
 

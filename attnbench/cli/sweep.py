@@ -60,12 +60,16 @@ def max_seq(
     dilation_rates: DilOpt = None,
     backend: BackendOpt = None,
     param: ParamOpt = None,
-    start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
-    max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
+    start: Annotated[Optional[str], typer.Option("--start", metavar="N", help="first length, e.g. 4096 or 64K")] = None,
+    max_seq_len: Annotated[
+        Optional[str], typer.Option("--max-seq-len", metavar="N", help="never try longer than this")
+    ] = None,
     resolution: Annotated[
         Optional[str],
         typer.Option(
-            "--resolution", help="stop bisecting at this gap \\[default: 1% of the answer, at least the granularity]"
+            "--resolution",
+            metavar="N",
+            help="stop once a length that runs and one that fails are this close \\[default: 1% of the answer, at least the step every length of the implementation is a multiple of]",
         ),
     ] = None,
     max_trial_seconds: TrialSecOpt = None,
@@ -78,7 +82,7 @@ def max_seq(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
 ) -> None:
-    """Largest sequence length each implementation runs: predicted from short trials, bracketed, confirmed."""
+    """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
     flags = sweep_flags(
         kind="max-seq",
         model=model,
@@ -111,7 +115,9 @@ def max_seq(
 
 @app.command(order=50)
 def bench(
-    seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
+    seq_lens: Annotated[
+        str, typer.Option("--seq-lens", metavar="LIST", help="lengths to time, e.g. 65536,131072 or 64K,1M")
+    ],
     impl: ImplOpt = None,
     model: ModelOpt = None,
     heads: HeadsOpt = None,
@@ -165,7 +171,10 @@ def bench(
 @app.command(order=60)
 def run(
     profile: Annotated[
-        str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")
+        str,
+        typer.Option(
+            "--profile", metavar="NAME", help="profile name or file; 'auto': default with a GPU, else default-cpu"
+        ),
     ] = "auto",
     out: OutOpt = None,
     resume: ResumeOpt = False,
@@ -174,6 +183,7 @@ def run(
         Optional[list[str]],
         typer.Option(
             "--part",
+            metavar="PART",
             help="run only this part of the profile (repeatable); the next part continues the same --out with --resume",
         ),
     ] = None,
