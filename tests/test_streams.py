@@ -69,6 +69,26 @@ def test_a_reader_that_goes_away_stops_the_run_as_an_interrupt_does(tmp_path):
     assert sorted(r["seq_len"] for r in rows(out)) == [128, 256, 512, 1024]
 
 
+def test_a_reader_that_goes_away_from_a_listing_is_a_quiet_exit():
+    """`attnbench list | head -1`: nothing was running, nothing is lost; no word on stderr, and
+    the exit a closed pipe gives (141). The pipe's reading end is closed before the command
+    starts, so its first line already finds no reader."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "attnbench", "list"],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 def test_a_run_in_an_ascii_locale_writes_every_trial(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("bench", "--impl", "naive", "--seq-lens", "128,256", *TINY, "--out", out, env=ASCII)
