@@ -203,9 +203,17 @@ def format_tokens_per_s(x: float) -> str:
     return f"{x:,.0f} tok/s"
 
 
+def flop_unit(tflops: float) -> tuple[str, float]:
+    """The unit a rate of ``tflops`` (or a plot whose highest rate it is) reads in, and the
+    factor from TFLOP/s to it: GFLOP/s under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s
+    otherwise), else TFLOP/s."""
+    return ("GFLOP/s", 1e3) if tflops < 1 else ("TFLOP/s", 1.0)
+
+
 def flop_rate(tflops: float) -> str:
-    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
-    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
+    """'85.3 GFLOP/s' under one TFLOP/s, else '312.4 TFLOP/s' (``flop_unit``)."""
+    unit, factor = flop_unit(tflops)
+    return f"{tflops * factor:.1f} {unit}"
 
 
 def format_ratio(x: float | None, decimals: int = 2) -> str:
