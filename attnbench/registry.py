@@ -8,6 +8,7 @@ module under it first (``import_all``). Adding one is adding a module: no list t
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from typing import Generic, TypeVar
@@ -24,6 +25,13 @@ def import_all(package: str, first: str = "") -> None:
         importlib.import_module(f"{package}.{module.name}")
         if module.ispkg:
             import_all(f"{package}.{module.name}")
+
+
+def did_you_mean(name: str, names: list[str]) -> str:
+    """' (did you mean NAME?)' for the registered name nearest a mistyped one ('sdpaa': sdpa),
+    or '' where none is near."""
+    near = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
 
 
 class Registry(Generic[T]):

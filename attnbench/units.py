@@ -25,6 +25,8 @@ _BYTE_UNITS = {
 }
 SIZE_FORMS = "e.g. 2GiB, 512MiB, 80GB or 1048576B (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 _TOKEN_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+# How a length (or another count) may be written: digits, or K, M, G in binary multiples.
+TOKEN_FORMS = "a whole number, as digits or with K, M or G (binary: 16K = 16,384)"
 # The longest sequence any row or option may name: q, k, v and the output of one head of
 # dimension one, a byte each, at 2^40 tokens hold 4 TiB, more than a node's GPUs hold. A
 # longer length is a typing error on the command line and a corrupt row in a file.
@@ -38,14 +40,16 @@ def parse_bytes(text: str | int) -> int:
     and come to at least one byte."""
     if isinstance(text, int) and not isinstance(text, bool):
         text = str(text)  # a TOML integer: a number without a unit
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
+    match = re.fullmatch(r"\s*(-?)\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text) if isinstance(text, str) else None
     if not match:
         raise AttnbenchError(f"cannot read memory size {brief(text)}: write {SIZE_FORMS}")
-    unit = match.group(2).lower()
+    if match.group(1) and float(match.group(2)) > 0:
+        raise AttnbenchError(f"memory size {brief(text)} is negative: a size must be positive, {SIZE_FORMS}")
+    unit = match.group(3).lower()
     if unit not in _BYTE_UNITS:
-        what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(2)!r}"
+        what = "has no unit" if not unit else f"has an unknown or ambiguous unit {match.group(3)!r}"
         raise AttnbenchError(f"memory size {brief(text)} {what}: write {SIZE_FORMS}")
-    size = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    size = int(float(match.group(2)) * _BYTE_UNITS[unit])
     if size < 1:
         raise AttnbenchError(f"memory size {brief(text)} is less than one byte: write {SIZE_FORMS}")
     return size
@@ -56,7 +60,7 @@ def parse_tokens(text: str | int) -> int:
     MAX_TOKENS."""
     n = _tokens(text)
     if n is None:
-        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write e.g. 4096, 64K or 1M")
+        raise AttnbenchError(f"cannot read sequence length {brief(text)}: write {TOKEN_FORMS}, e.g. 4096, 16K or 1M")
     if n > MAX_TOKENS:
         raise AttnbenchError(
             f"sequence length {brief(text)} is beyond {MAX_TOKENS:,} tokens (2^40), more than any device holds: "
@@ -85,7 +89,9 @@ def parse_int_list(text: str | list[int], what: str) -> list[int]:
         return [int(x) for x in text]
     parts = [part for part in str(text).split(",") if part.strip()]
     if any(_tokens(part) is None for part in parts):
-        raise AttnbenchError(f"cannot read {what} {brief(text)}: write comma-separated integers, e.g. 2048,4096")
+        raise AttnbenchError(
+            f"cannot read {what} {brief(text)}: write comma-separated values, each {TOKEN_FORMS}, e.g. 4096,16K,1M"
+        )
     return [parse_tokens(part) for part in parts]
 
 
@@ -127,9 +133,10 @@ def format_gib(n: float) -> str:
     return f"{n / size:.4g} {unit}"
 
 
-def short_tokens(n: int, exact: bool = False) -> str:
-    """65536 -> '64K', 1572864 -> '1.5M', 2**31 -> '2G' (binary multiples, one decimal). ``exact``:
-    only where the short form is the exact length (to 1/8 K, M or G, '2.875M'), else the digits."""
+def short_tokens(n: int, exact: bool = False, decimals: int = 1) -> str:
+    """65536 -> '64K', 1572864 -> '1.5M', 2**31 -> '2G' (binary multiples, ``decimals`` decimals
+    where the multiple is not whole). ``exact``: only where the short form is the exact length (to
+    1/8 K, M or G, '2.875M'), else the digits."""
     for suffix, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n >= size:
             short = n / size
@@ -137,13 +144,43 @@ def short_tokens(n: int, exact: bool = False) -> str:
                 if n % (size // 8) == 0:
                     return f"{short:g}{suffix}"
                 continue
-            return (f"{short:.0f}" if short == int(short) else f"{short:.1f}") + suffix
+            return (f"{short:.0f}" if short == int(short) else f"{short:.{decimals}f}") + suffix
     return str(n)
 
 
-def format_tokens(n: int) -> str:
+def format_tokens(n: int, decimals: int = 1) -> str:
     """65536 -> '65,536 (64K)', 33554432 -> '33,554,432 (32M)'."""
-    return f"{n:,} ({short_tokens(n)})" if n >= 2**10 else f"{n:,}"
+    return f"{n:,} ({short_tokens(n, decimals=decimals)})" if n >= 2**10 else f"{n:,}"
+
+
+# Most decimals a short length gets to tell it from another: 1.875M from 1.898M takes two.
+MAX_SHORT_DECIMALS = 3
+
+
+def _distinct_decimals(a: int, b: int) -> int | None:
+    """The fewest decimals (from one) at which the short forms of lengths ``a`` and ``b`` read
+    as different numbers where the lengths differ (1.875M and 1.898M: two, '1.88M' and
+    '1.90M', never '1.9M' twice); None where three do not tell them apart."""
+    for decimals in range(1, MAX_SHORT_DECIMALS + 1):
+        if a == b or _read_short(short_tokens(a, decimals=decimals)) != _read_short(short_tokens(b, decimals=decimals)):
+            return decimals
+    return None
+
+
+def token_pair(a: int, b: int, fmt=format_tokens) -> tuple[str, str]:
+    """Two lengths by ``fmt`` (short_tokens or format_tokens) with their ``_distinct_decimals``:
+    a search's answer and its first failure. Lengths closer than three decimals tell apart are
+    written in digits alone."""
+    decimals = _distinct_decimals(a, b)
+    if decimals is None:
+        return f"{a:,}", f"{b:,}"
+    return fmt(a, decimals=decimals), fmt(b, decimals=decimals)
+
+
+def _read_short(text: str) -> tuple[float, str]:
+    """A short length as its reader takes it: '2.0M' and '2M' are one number, 2 M."""
+    number, suffix = (text[:-1], text[-1]) if text[-1] in "KMG" else (text, "")
+    return float(number), suffix
 
 
 def format_ms(t: float | None, adaptive: bool = False, space: bool = True) -> str:
@@ -166,9 +203,17 @@ def format_tokens_per_s(x: float) -> str:
     return f"{x:,.0f} tok/s"
 
 
+def flop_unit(tflops: float) -> tuple[str, float]:
+    """The unit a rate of ``tflops`` (or a plot whose highest rate it is) reads in, and the
+    factor from TFLOP/s to it: GFLOP/s under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s
+    otherwise), else TFLOP/s."""
+    return ("GFLOP/s", 1e3) if tflops < 1 else ("TFLOP/s", 1.0)
+
+
 def flop_rate(tflops: float) -> str:
-    """'85.3 GFLOP/s' under one TFLOP/s (a CPU's rates read as 0.1 TFLOP/s otherwise), else '312.4 TFLOP/s'."""
-    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
+    """'85.3 GFLOP/s' under one TFLOP/s, else '312.4 TFLOP/s' (``flop_unit``)."""
+    unit, factor = flop_unit(tflops)
+    return f"{tflops * factor:.1f} {unit}"
 
 
 def rate_per_device(tflops: float, devices: int = 1) -> str:

@@ -55,6 +55,8 @@ BAD = {
     "unknown dtype": (["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp8"], "dtype"),
     "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
+    "negative memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "-1GiB"], "must be positive"),
+    "a length in no accepted form": (["bench", "--impl", "naive", "--seq-lens", "1X", *CPU], "16K = 16,384"),
     "zero timing budget": (
         ["bench", "--impl", "naive", "--seq-lens", "128", *CPU, "--timing-budget", "0"],
         "--timing-budget must be a positive number of seconds",
@@ -201,6 +203,7 @@ REFUSED_BEFORE_TORCH = {
     "a bad speedup case": ["speedup", "--impl", "naive", "--cases", "256x0"],
     "a pattern beyond any device": ["pattern", "--seq-len", str(10**18)],
     "an unknown dtype to verify": ["verify", "--impl", "naive", "--dtype", "fp8"],
+    "a mistyped implementation": ["max-seq", "--impl", "sdpaa", "--device", "cpu"],
 }
 
 

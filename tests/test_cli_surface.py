@@ -28,7 +28,7 @@ def test_a_size_with_its_unit_reads_as_written(text, expected):
         ("0.0001", "has no unit"),
         ("256M", "ambiguous unit 'M'"),  # 256 MB or 256 MiB: the user says which
         ("0.1B", "less than one byte"),
-        ("-1GiB", "cannot read"),
+        ("-1GiB", "is negative: a size must be positive"),  # read, and refused for its sign
         ("lots", "cannot read"),
     ],
 )
@@ -206,3 +206,89 @@ def test_list_fits_120_columns_and_keeps_every_parameter(cli):
         assert any(line.startswith(f"{name}  ") for line in lines), name
         for p in impls.spec(name).params:
             assert any(line.startswith(f"    --param {p.name}=") for line in lines), (name, p.name)
+
+
+# --- what a newcomer meets first: help at 80 columns, a typo, a length's forms, two lengths apart ---------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["list", "models", "verify", "max-seq", "bench", "run", "report", "predict", "check", "speedup", "pattern"],
+)
+def test_every_commands_help_reads_whole_at_80_columns(command):
+    """No help text cut with '…' in an 80-column terminal, no line wider, and every option named."""
+    import typer
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"}).stdout
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    options = [o for p in typer.main.get_command(app).commands[command].params for o in p.opts if o.startswith("--")]
+    assert [o for o in options if not re.search(rf"{o}\b", text)] == [], text
+
+
+def test_a_mistyped_implementation_is_refused_with_the_nearest_name():
+    from attnbench import impls
+
+    for typo, meant in (("sdpaa", "sdpa"), ("blocksparse", "block-sparse"), ("dilatd", "dilated")):
+        with pytest.raises(AttnbenchError, match=rf"unknown implementation '{typo}' \(did you mean {meant}\?\)"):
+            impls.spec(typo)
+    with pytest.raises(AttnbenchError) as far:  # nothing near: no suggestion, the names to choose from
+        impls.spec("zzz")
+    assert "did you mean" not in str(far.value) and all(n in str(far.value) for n in impls.names())
+
+
+@pytest.mark.parametrize("option, value", [("seq_lens", "1X"), ("seq_lens", "1.5K"), ("start", "1X")])
+def test_a_length_that_cannot_be_read_names_the_forms_that_can(option, value):
+    """The examples the message gives are lengths the same option reads: 4096, 16K (16,384), 1M."""
+    from attnbench.plan import COMMAND_LINE, parse_settings
+
+    with pytest.raises(AttnbenchError) as err:
+        parse_settings({option: value}, COMMAND_LINE)
+    message = str(err.value)
+    examples = re.findall(r"\b\d+[KMG]?\b(?=[,\s]|$)", message.split("e.g.")[1])
+    assert {"4096", "16K", "1M"} <= set(examples), message
+    read = [parse_settings({option: example}, COMMAND_LINE)[option] for example in ("4096", "16K", "1M")]
+    assert read == ([(4096,), (16384,), (2**20,)] if option == "seq_lens" else [4096, 16384, 2**20])
+
+
+@pytest.mark.parametrize(
+    "ran, failed, shown",
+    [
+        (1_966_080, 1_990_656, ("1.88M", "1.90M")),  # 1.875 and 1.898 x 2**20: one decimal reads 1.9M twice
+        (3_328, 3_584, ("3.2K", "3.5K")),  # 3.25 and 3.5 x 2**10: one decimal tells them apart
+        (2_096_128, 2**21, ("1.999M", "2M")),  # 1.99902 x 2**20: '2.0M' would read as 2M
+        (1_990_656, 1_990_657, ("1,990,656", "1,990,657")),  # closer than three decimals: the digits
+    ],
+)
+def test_an_answer_and_its_first_failure_never_read_as_one_length(ran, failed, shown):
+    from attnbench.report.intervals import bracket
+    from attnbench.units import format_tokens, short_tokens, token_pair
+
+    assert token_pair(ran, failed, short_tokens) == shown
+    assert bracket(ran, failed, short_tokens) == f"{shown[0]} – {shown[1]}"
+    long_ran, long_failed = token_pair(ran, failed, format_tokens)
+    assert long_ran.startswith(f"{ran:,}") and long_failed.startswith(f"{failed:,}")
+    assert long_ran.split(" ")[-1] != long_failed.split(" ")[-1]  # a short form in brackets differs too, or is left out
+
+
+def test_the_terminal_summary_gives_the_answer_and_the_failure_apart(tmp_path, capsys):
+    """A search that ran 1,966,080 tokens and failed at 1,990,656: the summary table reads
+    1.88M and 1.90M, the progress line as well."""
+    import json
+    from types import SimpleNamespace
+
+    from attnbench.cli.progress import RichReporter
+    from attnbench.cli.sweep import _print_summary
+
+    rows = [
+        typed_row("max-seq", seq_len=1_966_080, device="cpu", peak_bytes=2**20),
+        typed_row("max-seq", seq_len=1_990_656, device="cpu", status="oom"),
+        typed_row("max-seq-result", seq_len=1_966_080, device="cpu", max_seq_len=1_966_080, first_failure=1_990_656),
+    ]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    _print_summary(tmp_path)
+    RichReporter().series_done(None, SimpleNamespace(best=1_966_080, first_failure=1_990_656, stopped_by="memory"))
+    out = capsys.readouterr().out
+    assert "1,966,080 (1.88M)" in out and "at 1,990,656 (1.90M)" in out and "(1.9M)" not in out, out

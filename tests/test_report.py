@@ -511,6 +511,30 @@ def test_predict_warns_of_a_cpu_fit_and_of_a_length_far_past_the_measured_ones()
     assert f"{predicted / longest:,.0f}x beyond" in far.stderr and "beyond" not in near.stderr
 
 
+def test_predict_says_in_words_when_its_fit_misses_a_measured_peak_by_more_than_a_fifth(tmp_path):
+    """Peaks of 1, 1 and 4 MiB at 1K, 2K and 3K tokens: the least-squares line through them is
+    0.5, 2 and 3.5 MiB (slope 1.5 MiB per 1K, through the means 2K and 2 MiB), 100% over the
+    peak at 2K. A series on one line gets no such warning."""
+    from attnbench.cli.predict import predict_lines
+
+    def rows(label, peaks_mib):
+        return [
+            typed_row(
+                "max-seq", series=label, label=label, impl="dilated", device="cpu", seq_len=n, peak_bytes=p * 2**20
+            )
+            for n, p in zip((1024, 2048, 3072), peaks_mib)
+        ]
+
+    (tmp_path / "trials.jsonl").write_text(
+        "".join(json.dumps(r.to_json()) + "\n" for r in rows("bent", (1, 1, 4)) + rows("straight", (1, 2, 3)))
+    )
+    bent = predict_lines("dilated", "8MiB", tmp_path, "bent")
+    warned = [line for line in bent if "not trustworthy" in line]
+    assert len(warned) == 1 and "the linear fit misses the peak measured at 2,048 (2K) tokens by 100%" in warned[0]
+    assert "more than 20%" in warned[0] and warned[0].startswith("warning: bent: ")
+    assert not any("not trustworthy" in line for line in predict_lines("dilated", "8MiB", tmp_path, "straight"))
+
+
 def test_predict_without_a_matching_series_says_what_the_results_hold():
     trial_rows = [r for r in fixture_rows() if r["kind"] in ("points", "max-seq")]
     wrong_label = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", "x")

@@ -150,3 +150,34 @@ def test_a_report_holds_its_figures_as_png_bytes_with_none_left_open(tmp_path):
     doc = render(load(tmp_path))
     assert doc.figures and all(data.startswith(b"\x89PNG") for _, data in doc.figures)
     assert plt.get_fignums() == []
+
+
+def test_a_cpus_throughput_axis_reads_in_gflops_as_the_terminal_does():
+    """Rates under one TFLOP/s (0.0153 TFLOP/s = 15.3 GFLOP/s) are drawn in GFLOP/s, the unit
+    the terminal prints them in; a GPU's 312 TFLOP/s stays in TFLOP/s."""
+    cpu = [trial("s", n, device="cpu", tflops_useful=t) for n, t in ((1024, 0.0153), (2048, 0.0201))]
+    ax = next(a for a in plots.tflops_plot(cpu, "cpu").axes if a.get_legend())
+    assert ax.get_ylabel() == "GFLOP/s (useful)" and "GFLOP/s" in ax.figure.get_suptitle()
+    drawn = next(line for line in ax.get_lines() if not line.get_label().startswith("_"))
+    assert [round(y, 6) for y in drawn.get_ydata()] == [15.3, 20.1]
+    gpu = [trial("s", n, tflops_useful=t) for n, t in ((1024, 0.5), (2048, 312.0))]
+    ax = next(a for a in plots.tflops_plot(gpu, "GPU box").axes if a.get_legend())
+    assert ax.get_ylabel() == "TFLOP/s (useful)" and list(ax.get_lines()[0].get_ydata()) == [0.5, 312.0]
+
+
+def test_the_answer_figure_has_a_legend_entry_only_for_modes_it_draws():
+    """Forward searches alone: one legend entry, forward; a training search adds its own."""
+    from types import SimpleNamespace
+
+    def search(n):
+        summary = SimpleNamespace(max_seq_len=n, first_failure=2 * n, stopped_by="memory", complete=True)
+        return SimpleNamespace(summary=summary, limit=None)
+
+    def config(training):
+        return SimpleNamespace(label="sdpa", settings="fp32", forward=search(4096), training=training)
+
+    def legend(configs):
+        return [t.get_text() for t in plots.answer_plot([("cpu", configs)]).axes[0].get_legend().get_texts()]
+
+    assert legend([config(None)]) == ["forward"]
+    assert legend([config(None), config(search(1024))]) == ["forward", "training (forward + backward)"]

@@ -69,6 +69,55 @@ def test_a_reader_that_goes_away_stops_the_run_as_an_interrupt_does(tmp_path):
     assert sorted(r["seq_len"] for r in rows(out)) == [128, 256, 512, 1024]
 
 
+def test_a_reader_that_goes_away_from_a_listing_is_a_quiet_exit():
+    """`attnbench list | head -1`: nothing was running, nothing is lost; no word on stderr, and
+    the exit a closed pipe gives (141). The pipe's reading end is closed before the command
+    starts, so its first line already finds no reader."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "attnbench", "list"],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_a_closed_pipe_met_by_a_heartbeat_thread_stops_the_main_thread_once():
+    """Under load a trial's heartbeat line can be the first to find the reader gone: that thread
+    goes on quietly, and the main thread's next line stops the run (once), as if it had met it."""
+    import threading
+
+    from attnbench.cli.base import GuardedStream
+    from attnbench.errors import OutputClosed
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = GuardedStream(open(write_end, "w", buffering=1), write_end)
+    met_in_thread = []
+
+    def heartbeat():
+        try:
+            stream.write("    ... 10 s: timing\n")
+        except OutputClosed:
+            met_in_thread.append(True)
+
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    beat.join()
+    assert met_in_thread == []
+    with pytest.raises(OutputClosed):
+        stream.write("  grow  2,048 (2K)  ok\n")
+    stream.write("the tables, written after the stop\n")  # once: the run then writes its tables quietly
+    stream.stream.close()
+
+
 def test_a_run_in_an_ascii_locale_writes_every_trial(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("bench", "--impl", "naive", "--seq-lens", "128,256", *TINY, "--out", out, env=ASCII)

@@ -16,7 +16,13 @@ import typer
 from rich.markup import escape
 
 from attnbench.cli.base import app, err_console, guard_streams
-from attnbench.errors import AttnbenchError, install_interrupt_handlers, interrupt_behind, interrupt_exit_code
+from attnbench.errors import (
+    AttnbenchError,
+    OutputClosed,
+    install_interrupt_handlers,
+    interrupt_behind,
+    interrupt_exit_code,
+)
 from attnbench.registry import import_all
 
 # every module of this package: each command group registers its commands on ``app``
@@ -64,7 +70,10 @@ def error_line(message: str) -> str:
 
 
 def _interrupted(interrupt: KeyboardInterrupt) -> None:
-    err_console.print("interrupted")
+    """Exit as the interrupt asks; a reader that went away (``list | head``) is a quiet exit:
+    nothing was lost that a word could save (a sweep names its resume line itself)."""
+    if not isinstance(interrupt, OutputClosed):
+        err_console.print("interrupted")
     sys.exit(interrupt_exit_code(interrupt))
 
 

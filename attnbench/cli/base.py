@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
@@ -90,13 +91,17 @@ def _options(
 class GuardedStream:
     """stdout or stderr as the command line uses it: a character its encoding lacks is
     written escaped, never raised, and a reader that went away (``| head`` exited) sends the
-    rest of the output to /dev/null and stops the run as an interrupt does (once)."""
+    rest of the output to /dev/null and stops the run as an interrupt does (once, in the main
+    thread: a trial's heartbeat thread that meets the closed pipe leaves the stop to the main
+    thread's next line)."""
 
     def __init__(self, stream, fd: int) -> None:
         self.stream, self.fd = stream, fd
+        self._stop_pending = False
         stream.reconfigure(errors="backslashreplace")
 
     def write(self, text: str) -> int:
+        self._stop_if_pending()
         return self._guarded(self.stream.write, text)
 
     def flush(self) -> None:
@@ -109,6 +114,13 @@ class GuardedStream:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
             os.close(null)
+            self._stop_pending = True
+            self._stop_if_pending()
+            return None
+
+    def _stop_if_pending(self) -> None:
+        if self._stop_pending and threading.current_thread() is threading.main_thread():
+            self._stop_pending = False
             raise OutputClosed() from None
 
     def __getattr__(self, name: str) -> Any:

@@ -13,64 +13,88 @@ from attnbench.errors import AttnbenchError
 from attnbench.units import brief
 
 ImplOpt = Annotated[
-    Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); see `attnbench list`")
+    Optional[list[str]],
+    typer.Option("--impl", metavar="NAME", help="implementation (repeatable); see `attnbench list`"),
 ]
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="attention heads H \\[default: 8]")]
-HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="head dimension D \\[default: 64]")]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", metavar="H", help="attention heads H \\[default: 8]")]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", metavar="D", help="head dimension D \\[default: 64]")]
 KvHeadsOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--kv-heads", help="key/value heads shared by groups of query heads (divides --heads) \\[default: --heads]"
+        "--kv-heads",
+        metavar="H",
+        help="key/value heads shared by groups of query heads (divides --heads) \\[default: --heads]",
     ),
 ]
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", help="a model's heads, kv heads, head dim and mask, e.g. llama3-8b (attnbench models)"),
+    typer.Option(
+        "--model",
+        metavar="NAME",
+        help="a model's heads, kv heads, head dim and mask, e.g. llama3-8b (attnbench models)",
+    ),
 ]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="batch size B \\[default: 1]")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="fp32 | fp16 | bf16 \\[default: bf16]")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto \\[default: auto]")]
-ModeOpt = Annotated[Optional[str], typer.Option("--mode", help="fwd | fwd_bwd \\[default: fwd]")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch", metavar="B", help="batch size B \\[default: 1]")]
+DtypeOpt = Annotated[
+    Optional[str], typer.Option("--dtype", metavar="DTYPE", help="fp32 | fp16 | bf16 \\[default: bf16]")
+]
+DeviceOpt = Annotated[
+    Optional[str], typer.Option("--device", metavar="DEVICE", help="cpu | cuda | auto \\[default: auto]")
+]
+ModeOpt = Annotated[Optional[str], typer.Option("--mode", metavar="MODE", help="fwd | fwd_bwd \\[default: fwd]")]
 CausalOpt = Annotated[
     Optional[bool], typer.Option("--causal/--no-causal", help="causal masking \\[default: no-causal]")
 ]
-SegOpt = Annotated[Optional[str], typer.Option("--segment-lengths", help="dilated: e.g. 2048,4096")]
-DilOpt = Annotated[Optional[str], typer.Option("--dilation-rates", help="dilated: e.g. 1,2")]
-BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="sdpa: auto|flash|cudnn|efficient|math")]
+SegOpt = Annotated[Optional[str], typer.Option("--segment-lengths", metavar="LIST", help="dilated: e.g. 2048,4096")]
+DilOpt = Annotated[Optional[str], typer.Option("--dilation-rates", metavar="LIST", help="dilated: e.g. 1,2")]
+BackendOpt = Annotated[
+    Optional[str], typer.Option("--backend", metavar="NAME", help="sdpa: auto, flash, cudnn, efficient or math")
+]
 ParamOpt = Annotated[
-    Optional[list[str]], typer.Option("--param", help="any implementation parameter, KEY=VALUE (repeatable)")
+    Optional[list[str]],
+    typer.Option("--param", metavar="KEY=VALUE", help="any implementation parameter, KEY=VALUE (repeatable)"),
 ]
 TrialSecOpt = Annotated[
     Optional[float],
-    typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit \\[default: 60]"),
+    typer.Option("--max-trial-seconds", metavar="S", help="one call longer than this is a time-limit \\[default: 60]"),
 ]
 SearchBudgetOpt = Annotated[
     Optional[float],
     typer.Option(
         "--search-budget",
+        metavar="S",
         help="a search starts no trial it expects to end after this many seconds (its answer is then a lower bound) \\[default: 300 on the CPU, 3600 on a GPU]",
     ),
 ]
-MemLimitOpt = Annotated[Optional[str], typer.Option("--memory-limit", help="cap a trial's memory, e.g. 2GiB")]
-ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="TOML profile (file or name under profiles/)")]
+MemLimitOpt = Annotated[
+    Optional[str], typer.Option("--memory-limit", metavar="SIZE", help="cap a trial's memory, e.g. 2GiB")
+]
+ProfileOpt = Annotated[
+    Optional[str], typer.Option("--profile", metavar="NAME", help="TOML profile (file or name under profiles/)")
+]
 OutOpt = Annotated[
-    Optional[Path], typer.Option("--out", help="results directory \\[default: runs/<date>-<machine>-<name>]")
+    Optional[Path], typer.Option("--out", metavar="DIR", help="results directory \\[default: runs/DATE-MACHINE-NAME]")
 ]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue an interrupted sweep in --out")]
 GpusOpt = Annotated[
     Optional[str],
-    typer.Option("--gpus", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4"),
+    typer.Option(
+        "--gpus", metavar="RANKS", help="sequence-parallel implementations: ranks, e.g. 2 (runs 1 and 2) or 1,2,4"
+    ),
 ]
 InProcOpt = Annotated[
     Optional[bool],
     typer.Option("--in-process/--isolate", help="run trials in this process instead of one fresh process each"),
 ]
 BudgetOpt = Annotated[
-    Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial \\[default: 30]")
+    Optional[float],
+    typer.Option("--timing-budget", metavar="S", help="seconds of timed calls per trial \\[default: 30]"),
 ]
 RepeatOpt = Annotated[
     Optional[int],
-    typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"),
+    typer.Option(
+        "--repeat", metavar="K", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"
+    ),
 ]
 
 

@@ -13,12 +13,16 @@ from rich.markup import escape
 from attnbench import impls
 from attnbench.cli.base import app, console, err_console
 from attnbench.errors import AttnbenchError
+from attnbench.registry import did_you_mean
 from attnbench.units import brief, format_bytes, format_tokens, parse_bytes, parse_tokens
 
 if TYPE_CHECKING:
     from attnbench.report.fit import Capacity
 
 FAR_BEYOND = 16  # a prediction this many times the longest fitted length is flagged
+# A fit that misses one of its own measured peaks by more than this follows no curve of the
+# model: its extension to another device is not a prediction.
+UNTRUSTED_FIT_ERROR = 0.20
 
 
 @app.command(order=80)
@@ -103,6 +107,7 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
             n = c.predict_for(device_bytes)
             lines.append(_prediction_line(machine, c, n, gpu_memory))
             lines.extend(_prediction_warning(c, n))
+            lines.extend(_fit_warning(c))
     if not lines:
         scope = f" with label {label!r}" if label else ""
         raise AttnbenchError(
@@ -116,7 +121,8 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
 def _check_known(impl: str, measured: list[str]) -> None:
     if impl not in measured and impl not in impls.names():
         raise AttnbenchError(
-            f"unknown implementation {brief(impl)}: the results hold {', '.join(measured) or 'no trials'}"
+            f"unknown implementation {brief(impl)}{did_you_mean(impl, measured or impls.names())}: "
+            f"the results hold {', '.join(measured) or 'no trials'}"
         )
 
 
@@ -163,3 +169,20 @@ def _prediction_warning(c: Capacity, n: float | None) -> list[str]:
         why.append(f"{n / c.longest_ok:,.0f}x beyond the longest measured length")
     measured = f"measured up to {format_tokens(c.longest_ok)} tokens on {c.device}"
     return [f"warning: {c.label}: {'; '.join(why)} ({measured})"] if why else []
+
+
+def _fit_warning(c: Capacity) -> list[str]:
+    """Where the fit misses one of its own peaks by more than UNTRUSTED_FIT_ERROR: which one,
+    by how much, and why that makes the prediction untrustworthy."""
+    errors = c.fit.errors()
+    worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
+    if abs(errors[worst]) <= UNTRUSTED_FIT_ERROR:
+        return []
+    model = "quadratic" if c.fit.degree == 2 else "linear"
+    return [
+        f"warning: {c.label}: the prediction is not trustworthy: the {model} fit misses the peak measured at "
+        f"{format_tokens(c.fit.seq_lens[worst])} tokens by {abs(errors[worst]):.0%} (more than "
+        f"{UNTRUSTED_FIT_ERROR:.0%}), so these peaks do not follow one {model} curve in the length (fixed costs at "
+        "short lengths, or noise in the measured peaks) and extending it says little; measure lengths nearer "
+        "the one predicted"
+    ]

@@ -79,13 +79,14 @@ class RichReporter:
         console.print("  ".join(bits))
 
     def series_done(self, series, result) -> None:
-        from attnbench.units import format_tokens
+        from attnbench.units import token_pair
 
         if result is None:
             return
-        best = format_tokens(result.best) if result.best else "none"
+        ran, failed = token_pair(result.best or 0, result.first_failure or 0)  # with decimals that tell them apart
+        best = ran if result.best else "none"
         best += ", confirmed in a fresh process" if getattr(result, "confirmed", False) else ""
-        fail = f" at {format_tokens(result.first_failure)}" if result.first_failure else ""
+        fail = f" at {failed}" if result.first_failure else ""
         fail += " (predicted, not run)" if getattr(result, "failure_predicted", False) else ""
         console.print(f"  [bold]-> largest length {best}; stopped by {result.stopped_by}{fail}[/]")
 

@@ -25,37 +25,45 @@ from attnbench.errors import interrupt_exit_code
 
 @app.command(order=100)
 def speedup(
-    impl: Annotated[str, typer.Option("--impl", help="implementation; see `attnbench list`")],
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread over (on --device cpu: processes)")] = 2,
+    impl: Annotated[str, typer.Option("--impl", metavar="NAME", help="implementation; see `attnbench list`")],
+    gpus: Annotated[
+        int, typer.Option("--gpus", metavar="P", help="GPUs to spread over (on --device cpu: processes)")
+    ] = 2,
     cases: Annotated[
         Optional[str],
         typer.Option(
             "--cases",
-            help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 \\[default: the seed reports' 2048x8,4096x4,8192x2,16384x1; mp skips 16384x1, which one batch cannot split]",
+            metavar="LIST",
+            help="SEQLENxBATCH cases, e.g. 2048x8,4096x4 or 64Kx2 \\[default: the seed reports' 2048x8, 4096x4, 8192x2 and 16384x1; mp skips 16384x1, which one batch cannot split]",
         ),
     ] = None,
     strategy: Annotated[
-        str, typer.Option("--strategy", help="dp, mp, thread (comma-separated; single always runs as the baseline)")
+        str,
+        typer.Option(
+            "--strategy", metavar="LIST", help="dp, mp, thread (comma-separated; single always runs as the baseline)"
+        ),
     ] = "dp,mp",
     module: Annotated[
-        str, typer.Option("--module", help="attention | multihead (q/k/v/out projections around it)")
+        str, typer.Option("--module", metavar="NAME", help="attention | multihead (q/k/v/out projections around it)")
     ] = "attention",
     grad_compression: Annotated[
         Optional[str],
-        typer.Option("--grad-compression", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)"),
+        typer.Option(
+            "--grad-compression", metavar="DTYPE", help="bf16 | fp16: DDP gradient compression (multihead fwd_bwd mp)"
+        ),
     ] = None,
-    heads: Annotated[int, typer.Option("--heads", help="attention heads H")] = 8,
-    head_dim: Annotated[int, typer.Option("--head-dim", help="head dimension D")] = 64,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | fp16 | bf16")] = "bf16",
-    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto")] = "auto",
-    mode: Annotated[str, typer.Option("--mode", help="fwd | fwd_bwd")] = "fwd",
+    heads: Annotated[int, typer.Option("--heads", metavar="H", help="attention heads H")] = 8,
+    head_dim: Annotated[int, typer.Option("--head-dim", metavar="D", help="head dimension D")] = 64,
+    dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="fp32 | fp16 | bf16")] = "bf16",
+    device: Annotated[str, typer.Option("--device", metavar="DEVICE", help="cpu | cuda | auto")] = "auto",
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="fwd | fwd_bwd")] = "fwd",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="causal masking")] = False,
     segment_lengths: SegOpt = None,
     dilation_rates: DilOpt = None,
     backend: BackendOpt = None,
     param: ParamOpt = None,
     max_trial_seconds: Annotated[
-        float, typer.Option("--max-trial-seconds", help="one call longer than this is a time-limit")
+        float, typer.Option("--max-trial-seconds", metavar="S", help="one call longer than this is a time-limit")
     ] = 60.0,
     out: OutOpt = None,
     resume: ResumeOpt = False,

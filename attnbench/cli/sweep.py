@@ -60,12 +60,16 @@ def max_seq(
     dilation_rates: DilOpt = None,
     backend: BackendOpt = None,
     param: ParamOpt = None,
-    start: Annotated[Optional[str], typer.Option("--start", help="first length, e.g. 4096 or 64K")] = None,
-    max_seq_len: Annotated[Optional[str], typer.Option("--max-seq-len", help="never try longer than this")] = None,
+    start: Annotated[Optional[str], typer.Option("--start", metavar="N", help="first length, e.g. 4096 or 64K")] = None,
+    max_seq_len: Annotated[
+        Optional[str], typer.Option("--max-seq-len", metavar="N", help="never try longer than this")
+    ] = None,
     resolution: Annotated[
         Optional[str],
         typer.Option(
-            "--resolution", help="stop bisecting at this gap \\[default: 1% of the answer, at least the granularity]"
+            "--resolution",
+            metavar="N",
+            help="stop once a length that runs and one that fails are this close \\[default: 1% of the answer, at least the step every length of the implementation is a multiple of]",
         ),
     ] = None,
     max_trial_seconds: TrialSecOpt = None,
@@ -78,7 +82,7 @@ def max_seq(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
 ) -> None:
-    """Largest sequence length each implementation runs: predicted from short trials, bracketed, confirmed."""
+    """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
     flags = sweep_flags(
         kind="max-seq",
         model=model,
@@ -111,7 +115,9 @@ def max_seq(
 
 @app.command(order=50)
 def bench(
-    seq_lens: Annotated[str, typer.Option("--seq-lens", help="lengths to time, e.g. 65536,131072 or 64K,1M")],
+    seq_lens: Annotated[
+        str, typer.Option("--seq-lens", metavar="LIST", help="lengths to time, e.g. 65536,131072 or 64K,1M")
+    ],
     impl: ImplOpt = None,
     model: ModelOpt = None,
     heads: HeadsOpt = None,
@@ -165,7 +171,10 @@ def bench(
 @app.command(order=60)
 def run(
     profile: Annotated[
-        str, typer.Option("--profile", help="profile name or file; 'auto': default with a GPU, else default-cpu")
+        str,
+        typer.Option(
+            "--profile", metavar="NAME", help="profile name or file; 'auto': default with a GPU, else default-cpu"
+        ),
     ] = "auto",
     out: OutOpt = None,
     resume: ResumeOpt = False,
@@ -174,6 +183,7 @@ def run(
         Optional[list[str]],
         typer.Option(
             "--part",
+            metavar="PART",
             help="run only this part of the profile (repeatable); the next part continues the same --out with --resume",
         ),
     ] = None,
@@ -242,7 +252,7 @@ def _print_summary(out_dir: Path) -> None:
     """Each implementation's largest successful length and what stopped it."""
     from attnbench.report.tables.sweep import max_seq_summary, max_seq_text
     from attnbench.results import load_rows
-    from attnbench.units import format_bytes, format_tokens
+    from attnbench.units import format_bytes, token_pair
 
     summary = max_seq_summary(load_rows(out_dir)[0])
     if not summary:
@@ -251,12 +261,13 @@ def _print_summary(out_dir: Path) -> None:
     for col in ("implementation", "dtype", "mode", "max sequence", "stopped by", "peak at max", "peak / floor"):
         t.add_column(col)
     for s in summary:
+        ran, failed = token_pair(s.max_seq_len or 0, s.first_failure or 0)  # written so that they read apart
         t.add_row(
             s.label,
             s.dtype,
             s.mode,
-            max_seq_text(s),
-            s.stopped_by + (f" at {format_tokens(s.first_failure)}" if s.first_failure else ""),
+            max_seq_text(s, {s.max_seq_len: ran}.get),
+            s.stopped_by + (f" at {failed}" if s.first_failure else ""),
             format_bytes(s.peak_bytes),
             f"{s.peak_over_floor:.2f}x" if s.peak_over_floor else "-",
         )

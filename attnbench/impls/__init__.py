@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.registry import Registry
+from attnbench.registry import Registry, did_you_mean
 from attnbench.units import brief
 
 if TYPE_CHECKING:
@@ -79,19 +79,26 @@ def names() -> list[str]:
 def spec(name: str) -> ImplSpec:
     """A built-in by name; else an import path ``pkg.module:factory`` or an installed entry
     point, imported on first use (the only way user code is imported)."""
-    from attnbench.impls import outside
+    from attnbench.impls.entry import entry_points, is_import_path
 
     if is_builtin(name):
         return BUILT_IN.entries()[name]
     if name not in _OUTSIDE:
-        found = (_outside_resolver or outside.find_spec)(name)
+        # a name that is neither: refused before outside.py's torch import (a typo costs no seconds)
+        found = _find_outside(name) if is_import_path(name) or name in entry_points() else None
         if found is None:
             raise AttnbenchError(
-                f"unknown implementation {brief(name)}: choose one of {', '.join(names())} (see `attnbench list`) "
-                "or name your own as pkg.module:factory"
+                f"unknown implementation {brief(name)}{did_you_mean(name, names())}: choose one of "
+                f"{', '.join(names())} (see `attnbench list`) or name your own as pkg.module:factory"
             )
         _OUTSIDE[name] = found
     return _OUTSIDE[name]
+
+
+def _find_outside(name: str) -> ImplSpec | None:
+    from attnbench.impls import outside
+
+    return (_outside_resolver or outside.find_spec)(name)
 
 
 def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 from attnbench.measure import stats
 from attnbench.measure.stats import Interval
 from attnbench.results.schema import Row
+from attnbench.units import token_pair
 
 TIMERS = {"gpu": "gpu_times_ms", "eager": "times_ms"}
 
@@ -102,7 +103,11 @@ def ratio_cell(iv: Interval | None, anomaly_above_one: bool = False) -> str:
 
 
 def bracket(largest: int | None, first_failure: int | None, fmt) -> str:
-    """A max-seq as the search found it: the largest length that ran and the first that failed."""
+    """A max-seq as the search found it: the largest length that ran and the first that failed,
+    with the decimals that tell them apart (``fmt``: short_tokens or format_tokens)."""
     if not largest:
         return f"none (fails {fmt(first_failure)})" if first_failure else "none"
-    return f"{fmt(largest)} – {fmt(first_failure)}" if first_failure else f"≥ {fmt(largest)}"
+    if not first_failure:
+        return f"≥ {fmt(largest)}"
+    ran, failed = token_pair(largest, first_failure, fmt)
+    return f"{ran} – {failed}"

@@ -21,7 +21,7 @@ from attnbench.report.data import describe, heads_text, ok, peak_per_gpu, world_
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
 from attnbench.results.series import is_superseded, row_date
-from attnbench.units import format_gib, short_tokens
+from attnbench.units import flop_unit, format_gib, short_tokens
 
 if TYPE_CHECKING:
     from attnbench.report.tables.multigpu import SpeedupCase
@@ -212,11 +212,15 @@ def time_plot(rows: list[Row], machine: str):
 
 
 def tflops_plot(rows: list[Row], machine: str):
+    """Useful throughput against length, in the unit the terminal and the tables give these
+    rates (``flop_unit``: GFLOP/s where every rate is under one TFLOP/s, a CPU's)."""
+    top = max((r.tflops_useful for r in rows if isinstance(r, Trial) and r.tflops_useful), default=0.0)
+    unit, factor = flop_unit(top)
     return _series_figure(
         rows,
-        lambda r: r.tflops_useful,
-        f"Useful TFLOP/s (attended pairs) — {machine}",
-        "TFLOP/s (useful)",
+        lambda r: r.tflops_useful * factor if r.tflops_useful else None,
+        f"Useful {unit} (attended pairs) — {machine}",
+        f"{unit} (useful)",
         yscale="linear",
     )
 
@@ -273,6 +277,10 @@ def _kind(c: SpeedupCase) -> tuple:
     return (c.row.strategy, world_size(c.row), c.row.impl, c.row.mode)
 
 
+# the answer's bars: a configuration's attribute, its colour and its legend entry
+ANSWER_MODES = (("forward", "tab:blue", "forward"), ("training", "tab:orange", "training (forward + backward)"))
+
+
 def answer_plot(machines: list[tuple[str, list[Any]]]):
     """The answer in one figure: per machine a panel of bars, the longest forward and training
     sequence of each configuration (log scale), the end marked by what stopped the search."""
@@ -297,12 +305,11 @@ def answer_plot(machines: list[tuple[str, list[Any]]]):
     span = (2 ** math.floor(math.log2(min(lengths))) / 2, 2 ** math.ceil(math.log2(max(lengths))) * 2)
     for ax, (name, configs) in zip(axes[:, 0], shown):
         ys = list(range(len(configs)))
-        for offset, mode, color in ((-0.18, "forward", "tab:blue"), (0.18, "training", "tab:orange")):
+        for offset, (mode, color, _) in zip((-0.18, 0.18), ANSWER_MODES):
             for y, c in zip(ys, configs):
-                search = c.forward if mode == "forward" else c.training
-                if not search or not search.summary.max_seq_len:
+                if not _has_bar(c, mode):
                     continue
-                s = search.summary
+                s = getattr(c, mode).summary
                 ax.barh(y + offset, s.max_seq_len, 0.34, color=color, alpha=0.85 if s.complete else 0.35)
                 end = s.max_seq_len
                 marker = STOP_MARKERS.get(s.stopped_by)
@@ -318,12 +325,19 @@ def answer_plot(machines: list[tuple[str, list[Any]]]):
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.tick_params(axis="x", labelsize=7)
         ax.set_xlabel("tokens", fontsize=7)
-    handles = [
-        plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.85),
-        plt.Rectangle((0, 0), 1, 1, color="tab:orange", alpha=0.85),
+    # an entry for each mode with a bar: no training entry without training data
+    drawn = [
+        (color, text) for mode, color, text in ANSWER_MODES if any(_has_bar(c, mode) for _, cs in shown for c in cs)
     ]
-    axes[0, 0].legend(handles, ["forward", "training (forward + backward)"], fontsize=7, loc="lower right")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color, alpha=0.85) for color, _ in drawn]
+    axes[0, 0].legend(handles, [text for _, text in drawn], fontsize=7, loc="lower right")
     return fig
+
+
+def _has_bar(c, mode: str) -> bool:
+    """Whether configuration ``c``'s search of ``mode`` (forward, training) ran some length."""
+    search = getattr(c, mode)
+    return bool(search and search.summary.max_seq_len)
 
 
 def _answer_label(c) -> str:
