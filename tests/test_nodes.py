@@ -372,3 +372,29 @@ def test_another_node_makes_the_single_output_its_mp_ranks_compare_with(tmp_path
     for b in range(2):
         assert torch.equal(torch.load(tmp_path / "node0" / f"out{b}.pt"), torch.load(tmp_path / "node1" / f"out{b}.pt"))
     assert single_output_here({**elsewhere, "reference_dir": str(tmp_path / "node0")}, mp_rank) is None
+
+
+def own_tmp() -> list[str]:
+    """A command prefix that gives a node a /tmp of its own, as a machine of its own has (a
+    mount namespace); skips where this machine does not allow one."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -m is not permitted here: a node cannot have a /tmp of its own")
+    return ["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs /tmp && exec "$@"', "sh"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_speedup_mp_over_two_nodes_checks_every_ranks_output(tmp_path):
+    """Node 1 has its own /tmp, so node 0's single-GPU output is not there: its ranks compare
+    with the one it makes, and the row's output check covers all four ranks."""
+    args = ("speedup", "--impl", "naive", "--device", "cpu", "--gpus", "4", "--strategy", "mp", "--cases", "256x4")
+    args += ("--dtype", "fp32", "--heads", "2", "--head-dim", "16")
+    port = free_port()
+    node1 = start_node(own_tmp() + node_command(1, port, tmp_path, *args))
+    node0 = start_node(node_command(0, port, tmp_path, *args))
+    for proc in (node0, node1):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    mp = [r for r in rows(tmp_path / "node0") if r["kind"] == "speedup" and r["strategy"] == "mp"]
+    assert len(mp) == 1 and mp[0]["status"] == "ok" and mp[0]["world_size"] == 4, mp
+    assert mp[0]["output_match"] and mp[0]["output_rel_err"] <= 1e-4  # fp32's tolerance, over every rank's share
