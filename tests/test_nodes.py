@@ -194,6 +194,11 @@ def test_a_node_whose_launcher_failed_gives_its_ranks_its_account():
     assert part_failure(parts[1]) == failed["message"]
     status, message = agreed_status(combine_parts(parts, 4, {}))
     assert status == "error" and message == "rank 0: on node 1: the launcher exited with 1: RendezvousTimeoutError"
+    # a node whose ranks all left their results tells nothing, however its launcher ended
+    finished = {"status": "error", "message": "trial process exited with 0 before writing its result"}
+    ok = [{"status": "ok", "rank": r, "times_ms": [1.0]} for r in (0, 1)]
+    parts = {0: _part(0, ok, finished), 1: _part(1, [], failed)}
+    assert agreed_status(combine_parts(parts, 4, {}))[1] == f"rank 2: on node 1: {failed['message']}"
 
 
 def test_every_rank_ok_is_a_whole_trial():

@@ -199,10 +199,11 @@ def combine_parts(parts: dict[int, dict[str, Any]], world: int, lost: dict[int, 
         why = "; ".join(f"node {n} was lost: {reason}" for n, reason in sorted(lost.items()))
         missing = {"status": "killed", "outcome": distributed.NODE_LOST, "message": why}
     else:
-        # a launcher stopped because of another node says so; the other node's account comes first
-        ended = [(n, p["outcome"]) for n, p in sorted(parts.items()) if p["outcome"].get("status") != "ok"]
-        ended.sort(key=lambda item: bool(item[1].get("stopped")))
-        node, outcome = ended[0] if ended else (0, {})
+        # the nodes short of ranks tell why; one stopped because of another node says so, so the
+        # other's account comes first
+        short = [(n, p["outcome"]) for n, p in sorted(parts.items()) if len(p["ranks"]) < p["expected"]]
+        short.sort(key=lambda item: bool(item[1].get("stopped")))
+        node, outcome = short[0] if short else (0, {})
         missing = {
             "status": "killed",
             "outcome": outcome.get("status"),
