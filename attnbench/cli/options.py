@@ -4,12 +4,17 @@ handling, the device choice and the name of a results directory written without 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
-from attnbench.errors import AttnbenchError
+from attnbench.cli.base import console, err_console
+from attnbench.errors import AttnbenchError, interrupt_exit_code
+from attnbench.runtime.nodes import Nodes, check_endpoint_here, check_ranks, from_options, use
 from attnbench.units import brief
 
 ImplOpt = Annotated[
@@ -96,6 +101,76 @@ RepeatOpt = Annotated[
         "--repeat", metavar="K", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"
     ),
 ]
+
+NnodesOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--nnodes",
+        help="machines the run spans, each running this same command; node 0 writes every row \\[default: PET_NNODES, SLURM_NNODES, else 1]",
+    ),
+]
+NodeRankOpt = Annotated[
+    Optional[int],
+    typer.Option("--node-rank", help="this machine's node rank, 0 to N-1 \\[default: PET_NODE_RANK, SLURM_NODEID]"),
+]
+EndpointOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rdzv-endpoint",
+        help="HOST:PORT on node 0 where the nodes meet (c10d rendezvous) \\[default: PET_RDZV_ENDPOINT, MASTER_ADDR:MASTER_PORT]",
+    ),
+]
+
+
+def nodes_of(nnodes: int | None, node_rank: int | None, endpoint: str | None, worlds: Iterable[int] = ()) -> Nodes:
+    """This machine's place among the run's nodes, checked (before torch is imported) with
+    the ranks every multi-process trial spreads over them; node 0 checks it can serve the
+    endpoint."""
+    nodes = from_options(nnodes, node_rank, endpoint)
+    check_ranks(nodes, worlds)
+    if nodes.multi and nodes.leads:
+        check_endpoint_here(nodes)
+    use(nodes)
+    return nodes
+
+
+@contextmanager
+def across_nodes(nodes: Nodes, label: str) -> Iterator[list[str] | None]:
+    """Run a command's body on node 0, with the other nodes running its multi-process trials
+    (yields the nodes' host names; None on one node). Any other node does not run the body:
+    it runs node 0's trials until node 0 ends the run, then exits with node 0's exit code."""
+    if not nodes.multi:
+        yield None
+        return
+    from attnbench.runtime import cluster
+
+    def say(line: str) -> None:
+        console.print(escape(line))
+
+    if not nodes.leads:
+        try:
+            code = cluster.Follower(nodes, say).follow()
+        except cluster.NodeLost as exc:
+            err_console.print(f"error: {escape(str(exc))}")
+            raise typer.Exit(1) from None
+        raise typer.Exit(code)
+    leader = cluster.Leader(nodes, label, say)
+    code, why = 1, None
+    try:
+        leader.meet()
+        yield leader.hosts
+        code = 0
+    except typer.Exit as exc:
+        code = exc.exit_code
+        raise
+    except KeyboardInterrupt as exc:
+        code, why = interrupt_exit_code(exc), "interrupted"
+        raise
+    except BaseException as exc:
+        code, why = (2 if isinstance(exc, AttnbenchError) else 1), str(exc) or type(exc).__name__
+        raise
+    finally:
+        leader.end(code, why)
 
 
 def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:

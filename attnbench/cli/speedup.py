@@ -11,12 +11,17 @@ from attnbench.cli.base import app, console, err_console
 from attnbench.cli.options import (
     BackendOpt,
     DilOpt,
+    EndpointOpt,
+    NnodesOpt,
+    NodeRankOpt,
     OutOpt,
     ParamOpt,
     ResumeOpt,
     SegOpt,
+    across_nodes,
     dated_results_dir,
     impl_params,
+    nodes_of,
     resolve_device,
 )
 from attnbench.cli.progress import SpeedupReporter
@@ -67,9 +72,12 @@ def speedup(
     ] = 60.0,
     out: OutOpt = None,
     resume: ResumeOpt = False,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: EndpointOpt = None,
 ) -> None:
     """Single GPU vs DataParallel vs multi-process data parallel at (sequence length x batch) cases."""
-    from attnbench.plan import COMMAND_LINE, SEED_CASES, Plan, parse_settings, speedup_series
+    from attnbench.plan import COMMAND_LINE, SEED_CASES, parse_settings, speedup_series
     from attnbench.results import check_output_dir
 
     # every value by type and range before torch is imported
@@ -90,23 +98,34 @@ def speedup(
         COMMAND_LINE,
     )
     params = impl_params(segment_lengths, dilation_rates, backend, param)
+    nodes = nodes_of(nnodes, node_rank, rdzv_endpoint, worlds=[gpus])
     if out:
         check_output_dir(out)
     from attnbench.trials.supervised import run_outside_in_workers
 
     run_outside_in_workers(max_trial_seconds)  # an outside implementation is never imported here
 
-    from attnbench.report.run_files import write_run_files
-    from attnbench.results.environment import capture_env
-    from attnbench.sweeps.kinds.speedup.runner import check_settings, order
-    from attnbench.sweeps.runner import SweepRunner
+    from attnbench.sweeps.kinds.speedup.runner import check_settings
 
     series = check_settings(
         speedup_series(impl, params, gpus=gpus, **{**given, "device": resolve_device(device)}),
-        _cuda_device_count() if device == "cuda" else 0,
+        _cuda_device_count() * nodes.count if device == "cuda" else 0,  # each node has this one's GPUs
         cases_given=cases is not None,
     )
+    with across_nodes(nodes, f"speedup-{impl}") as hosts:  # any node but node 0 runs node 0's trials instead
+        _run_speedup(series, hosts, impl, gpus, device, out, resume)
+
+
+def _run_speedup(series, hosts, impl: str, gpus: int, device: str, out, resume: bool) -> None:
+    from attnbench.plan import Plan
+    from attnbench.report.run_files import write_run_files
+    from attnbench.results.environment import capture_env
+    from attnbench.sweeps.kinds.speedup.runner import order
+    from attnbench.sweeps.runner import SweepRunner
+
     env = capture_env()
+    if hosts:  # its multi-process trials spanned these nodes
+        env["nodes"] = hosts
     out_dir = Path(out) if out else _speedup_out(series, env)
     plan = Plan(f"speedup-{impl}", (series,))
     runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())

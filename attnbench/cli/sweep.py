@@ -19,6 +19,7 @@ from attnbench.cli.options import (
     DeviceOpt,
     DilOpt,
     DtypeOpt,
+    EndpointOpt,
     GpusOpt,
     HeadDimOpt,
     HeadsOpt,
@@ -28,6 +29,8 @@ from attnbench.cli.options import (
     MemLimitOpt,
     ModelOpt,
     ModeOpt,
+    NnodesOpt,
+    NodeRankOpt,
     OutOpt,
     ParamOpt,
     ProfileOpt,
@@ -36,8 +39,10 @@ from attnbench.cli.options import (
     SearchBudgetOpt,
     SegOpt,
     TrialSecOpt,
+    across_nodes,
     dated_results_dir,
     impl_params,
+    nodes_of,
     sweep_flags,
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
@@ -81,6 +86,9 @@ def max_seq(
     resume: ResumeOpt = False,
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: EndpointOpt = None,
 ) -> None:
     """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
     flags = sweep_flags(
@@ -108,9 +116,8 @@ def max_seq(
         flags.pop("kind")
     elif not impl:
         raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile FILE")
-    _run_plan(
-        "max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume
-    )
+    params = impl_params(segment_lengths, dilation_rates, backend, param)
+    _run_plan("max-seq", impl or [], flags, params, profile, out, resume, nodes=(nnodes, node_rank, rdzv_endpoint))
 
 
 @app.command(order=50)
@@ -140,6 +147,9 @@ def bench(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
     repeat: RepeatOpt = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: EndpointOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
@@ -163,9 +173,8 @@ def bench(
         timing_budget_s=timing_budget,
         repeat=repeat,
     )
-    _run_plan(
-        "bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume
-    )
+    params = impl_params(segment_lengths, dilation_rates, backend, param)
+    _run_plan("bench", impl or [], flags, params, None, out, resume, nodes=(nnodes, node_rank, rdzv_endpoint))
 
 
 @app.command(order=60)
@@ -187,16 +196,20 @@ def run(
             help="run only this part of the profile (repeatable); the next part continues the same --out with --resume",
         ),
     ] = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: EndpointOpt = None,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
         from attnbench.sweeps.runner import cuda_available
 
         profile = "default" if cuda_available() else "default-cpu"
-    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or ())
+    nodes = (nnodes, node_rank, rdzv_endpoint)
+    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or (), nodes=nodes)
 
 
-def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
+def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=(), nodes=(None, None, None)) -> None:
     from attnbench.plan import build_plan
     from attnbench.results import check_output_dir
     from attnbench.trials.supervised import run_outside_in_workers
@@ -205,15 +218,34 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
         check_output_dir(out)
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
+    spread = nodes_of(*nodes, worlds=_world_sizes(planned))
 
-    from attnbench.report.run_files import write_run_files
-    from attnbench.results.environment import capture_env
-    from attnbench.sweeps.runner import SweepRunner, resolve
+    from attnbench.sweeps.runner import resolve
 
     plan = resolve(planned)
+    with across_nodes(spread, plan.name) as hosts:  # any node but node 0 runs node 0's trials instead
+        _run_resolved(plan, hosts, out, resume)
+
+
+def _world_sizes(plan) -> list[int]:
+    """The ranks of every multi-process trial the plan may start (a speedup series: its GPUs)."""
+    return [
+        (s.settings.gpus[0] if s.settings.gpus else 2) if s.settings.kind == "speedup" else s.world_size
+        for s in plan.series
+    ]
+
+
+def _run_resolved(plan, hosts, out, resume) -> None:
+    from attnbench.report.run_files import write_run_files
+    from attnbench.results import check_output_dir
+    from attnbench.results.environment import capture_env
+    from attnbench.sweeps.runner import SweepRunner
+
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
         env["clipped"] = list(plan.clipped)
+    if hosts:  # its multi-process trials spanned these nodes
+        env["nodes"] = hosts
     out_dir = Path(out) if out else _default_out(plan, env)
     check_output_dir(out_dir)
     runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter(), speedup_reporter=SpeedupReporter())

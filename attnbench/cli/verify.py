@@ -11,7 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.base import app, config_short, console, show
-from attnbench.cli.options import impl_params, resolve_device
+from attnbench.cli.options import (
+    EndpointOpt,
+    NnodesOpt,
+    NodeRankOpt,
+    across_nodes,
+    impl_params,
+    nodes_of,
+    resolve_device,
+)
 
 if TYPE_CHECKING:
     from attnbench.results.schema import Verify
@@ -75,6 +83,9 @@ def verify(
             help="KEY=VALUE: verify the implementations that have this parameter at this value instead of their verify configurations (repeatable)",
         ),
     ] = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: EndpointOpt = None,
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
     (sequence-parallel ones on several ranks, also against their single-device counterpart)."""
@@ -82,9 +93,11 @@ def verify(
     from attnbench.results.environment import capture_env
     from attnbench.trials.supervised import run_outside_in_workers
     from attnbench.trials.workload import check_workload_fields
+    from attnbench.units import parse_int_list
 
     for d in dtype or ():  # before torch is imported
         check_workload_fields(d, mode, "cpu")
+    nodes = nodes_of(nnodes, node_rank, rdzv_endpoint, worlds=parse_int_list(gpus or "2", "gpus"))
     if out:
         check_output_dir(out)
     device = resolve_device(device)
@@ -94,10 +107,18 @@ def verify(
 
     given = impl_params(None, None, None, param)
     plan = plan_verify(impl, device, dtype or ["fp32", "bf16"], mode, gpus, given or None)
-    env = capture_env() if out else None
-    if out:
-        check_same_machine(out, env["machine"])
-    rows = _run_groups(plan, device, out, env)
+    with across_nodes(nodes, "verify") as hosts:  # any node but node 0 runs node 0's checks instead
+        env = capture_env() if out else None
+        if out:
+            check_same_machine(out, env["machine"])
+        if env and hosts:
+            env["nodes"] = hosts
+        rows = _run_groups(plan, device, out, env)
+        _report(rows, plan, device, mode)
+
+
+def _report(rows: list[Verify], plan, device: str, mode: str) -> None:
+    """The table and the count of passing cases; exit 1 if any failed."""
     console.print(_table(rows, device, mode))
     # a kernel without the shape (a backend with no grouped-query kernel) computed nothing wrong
     unsupported = [r for r in rows if r.status == "unsupported"]

@@ -60,6 +60,7 @@ class Environment:
     gpu_settings: list[dict[str, Any]] | None = None  # per GPU: persistence mode, application and max clocks
     pytorch_cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the run saw it
     clipped: list[str] | None = None  # parts of a profile dropped for want of GPUs, in words
+    nodes: list[str] | None = None  # the host names of the nodes a run spanned, by node rank (node 0 first)
     extra: dict[str, Any] = field(default_factory=dict)
     layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 

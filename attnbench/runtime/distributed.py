@@ -9,8 +9,10 @@ at once: torchrun then stops every other rank, so no rank waits forever in a col
 the caller reads which rank failed and why. A collective timeout and the parent's phase
 deadline are the last resorts.
 
-Multi-node: run the same module under torchrun with the usual rendezvous flags
-(``--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT``); ``launch`` covers one node.
+Several nodes: while node 0 leads a run over them (``runtime.cluster``), ``launch`` hands a
+multi-process job to it, and each node runs its share of the ranks through ``run_on_node``
+under torchrun joined to the trial's c10d rendezvous; a rank on a node that was lost is
+``killed`` with ``outcome`` ``NODE_LOST``, and is the trial's cause.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +47,9 @@ from attnbench.runtime.worker import function_ref, owned_temp_dir, resolve, writ
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
 RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
 
+# The ``outcome`` of a rank whose node was lost in a run over several nodes.
+NODE_LOST = "node-lost"
+
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -58,59 +64,105 @@ def launch(
     memory_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``job`` (a function or ``"module:function"``) on ``nprocs`` ranks; one result
-    per rank, in rank order.
+    per rank, in rank order. In a run over several nodes (``across_nodes`` is set) the ranks
+    of a multi-process job are spread over them; a one-process job runs here.
 
     A rank that left no result (killed by torchrun after another rank failed, or by the
     deadline) gets ``{"status": "killed", ...}``; the failing rank's row says why.
     ``memory_limit`` (bytes a rank may use) is evidence for telling the OOM killer from
     another kill, as for a one-process trial.
     """
+    spec = {
+        "function": function_ref(job),
+        "payload": payload,
+        "device": device,
+        "collective_timeout_s": collective_timeout_s,
+    }
+    if nprocs > 1 and across_nodes is not None:
+        return across_nodes(spec, nprocs, phase_limit_s, memory_limit)
+    found, outcome = run_on_node(spec, nprocs, phase_limit_s, memory_limit)
+    return [found.get(rank) or left_nothing(rank, outcome) for rank in range(nprocs)]
+
+
+# Set by ``runtime.cluster`` while node 0 leads a run over several nodes: spreads a
+# multi-process job's ranks over them, each node's share through ``run_on_node``.
+across_nodes: Callable[[dict[str, Any], int, float, int | None], list[dict[str, Any]]] | None = None
+
+
+def run_on_node(
+    spec: dict[str, Any],
+    nprocs: int,
+    phase_limit_s: float,
+    memory_limit: int | None = None,
+    rdzv: list[str] | None = None,
+    stop: Callable[[], str | None] | None = None,
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """This node's ranks of the job ``spec``: the result of each rank that left one (or that
+    torchrun's summary says a signal ended), by rank, and how the launcher ended. ``rdzv``:
+    this node's torchrun options in a run over several nodes (else one node, standalone);
+    ``stop``: asked while the launcher runs, a reason it gives ends the launcher (another
+    node's ranks failed, or a node was lost)."""
     with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(
-            json.dumps(
-                {
-                    "function": function_ref(job),
-                    "payload": payload,
-                    "device": device,
-                    "collective_timeout_s": collective_timeout_s,
-                }
-            )
-        )
+        job_path.write_text(json.dumps(spec))
         worker = ["-m", "attnbench.runtime.distributed", str(job_path), tmp]
-        if nprocs == 1:
+        if nprocs == 1 and rdzv is None:
             # one rank needs no agent: set torchrun's environment ourselves and save its start-up
             cmd, env = [sys.executable, *worker], {**MULTICAST_OFF, **_single_rank_env()}
         else:
-            cmd = python_module(
-                "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0", *worker
-            )
+            standalone = ["--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0"]
+            cmd = python_module("torch.distributed.run", *(rdzv or standalone), *worker)
             env = MULTICAST_OFF
         oom_kills = cgroup_oom_kills()
         launcher = Child(cmd, env)
+        stopped = _stop_when(launcher, stop) if stop else {}
         outcome = launcher.watch(phase_limit_s, memory_limit)
+        if stopped:
+            outcome = {"status": "killed", "message": f"stopped: {stopped['why']}", "stopped": True, "times_ms": []}
         # a rank that died of a signal attnbench did not send (the deadline's is the launcher's time-limit)
-        signals = {} if outcome.get("status") == "time-limit" else rank_signals(launcher.stderr_tail)
+        signals = {} if outcome.get("status") == "time-limit" or stopped else rank_signals(launcher.stderr_tail)
         evidence = {"oom_kills": (oom_kills, cgroup_oom_kills()), "memory_limit": memory_limit}
-        results = []
-        for rank in range(nprocs):
-            path = Path(tmp) / f"rank{rank}.json"
-            if path.exists():
-                results.append(json.loads(path.read_text()))
-            elif rank in signals:
-                died = classify_exit(-signals[rank], [], evidence, what="the rank's process")
-                results.append({**died, "rank": rank, "signal": signals[rank]})
-            else:
-                results.append(
-                    {
-                        "status": "killed",
-                        "rank": rank,
-                        "outcome": outcome.get("status"),
-                        "message": outcome.get("message") or "stopped before writing a result",
-                        "times_ms": [],
-                    }
-                )
-        return results
+        found = {}
+        for path in Path(tmp).glob("rank*.json"):
+            result = json.loads(path.read_text())
+            found[result["rank"]] = result
+        for rank, sig in signals.items():
+            if rank not in found:
+                died = classify_exit(-sig, [], evidence, what="the rank's process")
+                found[rank] = {**died, "rank": rank, "signal": sig}
+        return found, outcome
+
+
+def left_nothing(rank: int, outcome: dict[str, Any]) -> dict[str, Any]:
+    """A rank that left no result: the launcher's account of how the job ended."""
+    return {
+        "status": "killed",
+        "rank": rank,
+        "outcome": outcome.get("status"),
+        "message": outcome.get("message") or "stopped before writing a result",
+        "times_ms": [],
+    }
+
+
+def _stop_when(launcher: Child, stop: Callable[[], str | None]) -> dict[str, str]:
+    """End the launcher's process group (its ranks with it) once ``stop`` gives a reason; the
+    reason lands in the returned dict."""
+    stopped: dict[str, str] = {}
+
+    def poll() -> None:
+        while launcher.proc.poll() is None:
+            why = stop()
+            if why:
+                stopped["why"] = why
+                try:
+                    os.killpg(launcher.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                return
+            time.sleep(0.25)
+
+    threading.Thread(target=poll, daemon=True).start()
+    return stopped
 
 
 # torchrun's failure summary names each rank that failed and how it ended ("rank      : 1
@@ -155,17 +207,20 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     # fail on a broken connection), else the rank that failed first (the others then fail on a
     # broken connection or are stopped by torchrun). torchrun stops a failed rank's peers with
     # SIGTERM: such a rank is no cause where another wrote why it failed, and any other signal
-    # comes before it
+    # comes before it. A rank whose node was lost is a cause as a signalled one is (its peers
+    # then fail on broken connections), before any signal.
     ooms = [r for r in failed if r.get("status") in ("oom", "host-oom")]
     wrote_why = any("failed_at" in r for r in failed)
+    lost = [r for r in failed if r.get("outcome") == NODE_LOST]
     signalled = [r for r in failed if r.get("signal") and not (r["signal"] == signal.SIGTERM and wrote_why)]
     signalled.sort(key=lambda r: r["signal"] == signal.SIGTERM)
-    if ooms or not signalled:
+    if ooms or not (lost or signalled):
         first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
     else:
-        first = signalled[0]
+        first = (lost or signalled)[0]
     status = first["status"]
-    if status == "killed" and not first.get("signal"):  # no rank said why: the deadline, the OOM killer, a crash
+    said_how = first.get("signal") or first.get("outcome") == NODE_LOST
+    if status == "killed" and not said_how:  # no rank said why: the deadline, the OOM killer, a crash
         status = first.get("outcome") if first.get("outcome") in ("time-limit", "host-oom", "killed") else "error"
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 

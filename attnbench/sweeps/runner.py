@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from attnbench.plan import Plan, Series
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.results.schema import Row, Trial, Verify, join
+from attnbench.runtime import nodes
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
 from attnbench.sweeps import kinds
@@ -53,9 +54,10 @@ def cuda_available() -> bool:
 
 
 def visible_gpus() -> int:
+    """CUDA GPUs a trial may spread over: this machine's, on every node of the run."""
     import torch
 
-    return torch.cuda.device_count()
+    return torch.cuda.device_count() * nodes.current().count
 
 
 def resolve(plan: Plan) -> Plan:

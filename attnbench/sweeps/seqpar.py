@@ -25,6 +25,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.results.schema import GpuMemory, Measured, RankLine, received
+from attnbench.runtime import nodes
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.measured import set_peak, take_accounting
@@ -44,12 +45,12 @@ def is_distributed(name: str) -> bool:
 
 def max_ranks(device: str) -> int:
     """GPUs visible on CUDA; on the CPU one gloo rank per core, at least 8 (so the paths of a
-    node of 8 GPUs run on any machine, slowly)."""
+    node of 8 GPUs run on any machine, slowly); on every node of the run, each as this one."""
     if device == "cuda":
         import torch
 
-        return torch.cuda.device_count()
-    return max(8, os.cpu_count() or 1)
+        return torch.cuda.device_count() * nodes.current().count
+    return max(8, os.cpu_count() or 1) * nodes.current().count
 
 
 def check_world(device: str, world: int) -> None:
@@ -57,6 +58,12 @@ def check_world(device: str, world: int) -> None:
         raise AttnbenchError(f"--gpus {world}: give a positive number of ranks")
     limit = max_ranks(device)
     if world > limit:
+        count = nodes.current().count
+        if device == "cuda" and count > 1:
+            raise AttnbenchError(
+                f"--gpus {world}: {limit // count} CUDA GPU(s) visible on each of {count} nodes; "
+                f"choose --gpus {limit} or fewer"
+            )
         if device == "cuda":
             raise AttnbenchError(f"--gpus {world}: only {limit} CUDA GPU(s) visible; choose --gpus {limit} or fewer")
         raise AttnbenchError(

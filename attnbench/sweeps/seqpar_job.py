@@ -10,6 +10,7 @@ others. Memory is per GPU: each rank's allocator peaks and NVML on its own GPU.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -130,8 +131,10 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     impl.check_causal(wl.causal)
     shard = Workload(**{**wl.to_dict(), "seq_len": wl.seq_len // world, "device": str(dev)})
 
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+
     def phase(name: str, limit_s: float | None = None) -> None:
-        if rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
+        if local_rank == 0:  # each node's launcher supervisor reads these from its torchrun's stdout
             announce_phase(name, limit_s)
 
     link_gbps = _link(dev, rank, world)  # before anything is allocated or sampled, freed after

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,35 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
     importlib.import_module(payload["strategy_module"])  # registers strategies defined elsewhere
     strategy = strategies.get(payload["strategy"])
     ctx = context(payload, rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+    made = single_output_here(payload, ctx) if payload.get("remake_reference") and ctx.local_rank == 0 else None
+    try:
+        result = _measured(strategy, ctx, payload)
+        if payload.get("remake_reference"):
+            _barrier(ctx)  # every rank of this node compared with it before it goes
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    return result
+
+
+def single_output_here(payload: dict[str, Any], ctx: RankContext) -> Path | None:
+    """On a node other than the single run's, before its ranks time anything: the single-GPU
+    output they compare with, made here by the single strategy from the same seeded inputs
+    (the single run's own stays on its node's disk). The directory it made, or None where
+    the single run's output is already here."""
+    ref = Path(payload["reference_dir"])
+    if ref.exists():
+        return None
+    single = context(payload, local_rank=ctx.local_rank)
+    prepared = strategies.get("single").prepare(single)
+    save_reference(prepared, ref, single)
+    del prepared
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    return ref
+
+
+def _measured(strategy: Strategy, ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     nvml, nvml_note = (None, "")
     if ctx.cuda and ctx.local_rank == 0:
         from attnbench.measure.memory import open_nvml

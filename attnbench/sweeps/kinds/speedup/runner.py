@@ -30,6 +30,7 @@ from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
 from attnbench.results.schema import Speedup, StepMeasured, join
+from attnbench.runtime import nodes
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_fits_device
 from attnbench.sweeps.kinds.speedup import strategies
@@ -97,10 +98,11 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
     check_strategies(s.settings.strategies)
     if not (math.isfinite(s.settings.max_trial_seconds) and s.settings.max_trial_seconds > 0):
         raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
-    if s.settings.device == "cpu" and gpus_of(s) > (os.cpu_count() or 1):
+    cores = (os.cpu_count() or 1) * nodes.current().count  # each node as this one
+    if s.settings.device == "cpu" and gpus_of(s) > cores:
         raise AttnbenchError(
-            f"--gpus {gpus_of(s)} on the CPU starts {gpus_of(s)} processes but this machine has "
-            f"{os.cpu_count()} cores: use --gpus {os.cpu_count() or 1} or fewer"
+            f"--gpus {gpus_of(s)} on the CPU starts {gpus_of(s)} processes but {cores} cores run them: "
+            f"use --gpus {cores} or fewer"
         )
     if s.settings.device == "cuda" and gpus_of(s) > cuda_devices:
         raise AttnbenchError(
@@ -240,7 +242,10 @@ class SpeedupRunner:
                 have_reference = self._replay_reference(case, reference)
             started, t0 = now_utc(), time.monotonic()
             role = "reference" if name == "single" else "measure"
-            measured = merge_ranks(self._launch(case, strategy, reference, role), self.s, case, strategy)
+            # across nodes the single output stays on node 0's disk: the other nodes make their own
+            remake = have_reference and nodes.current().multi and strategy.processes(gpus_of(self.s)) > 1
+            sent = self._launch(case, strategy, reference, role, remake)
+            measured = merge_ranks(sent, self.s, case, strategy)
             if name == "single":
                 have_reference = measured.status == "ok"
             elif not have_reference and measured.status == "ok":
@@ -261,7 +266,9 @@ class SpeedupRunner:
         results = self._launch(case, single, reference, "reference-only")
         return all(r.status == "ok" for r in results)
 
-    def _launch(self, case: Case, strategy: Strategy, reference: Path, role: str) -> list[RankResult]:
+    def _launch(
+        self, case: Case, strategy: Strategy, reference: Path, role: str, remake: bool = False
+    ) -> list[RankResult]:
         s = self.s
         payload = {
             "strategy": strategy.name,
@@ -275,6 +282,7 @@ class SpeedupRunner:
             "max_trial_seconds": s.settings.max_trial_seconds,
             "reference_dir": str(reference),
             "role": role,
+            "remake_reference": remake,
         }
         sent = self.launch(
             RANK_JOB,
