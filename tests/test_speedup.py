@@ -241,6 +241,11 @@ def test_a_failing_rank_ends_its_trial_quickly_and_a_wrong_output_fails_its_row(
     swapped = rows[("256x2", "swapped-shards")]
     assert swapped["status"] == "error" and swapped["output_match"] is False
     assert swapped["output_rel_err"] > 0.1 and "differs from the single-GPU run" in swapped["message"]
+    # the command exits 1 on it, naming the trial (and shows no speedup beside it)
+    from attnbench.cli.speedup import wrong_outputs
+
+    (wrong,) = wrong_outputs(tmp_path / "run")
+    assert wrong.startswith("256x2 swapped-shards: differs from the single-GPU run")
 
 
 class ScriptedNvml:

@@ -123,7 +123,7 @@ class SpeedupReporter:
             bits.append(f"{row.time_ms:,.3f} ms")
             if row.strategy == "single" and row.status == "ok":
                 self._single[row.case] = row.time_ms
-            elif row.case in self._single:
+            elif row.case in self._single and row.status == "ok":  # no speedup for a wrong output
                 bits.append(f"{self._single[row.case] / row.time_ms:.2f}x")
         if replayed:
             bits.append("(from earlier run)")

@@ -150,6 +150,26 @@ def _run_speedup(series, hosts, impl: str, gpus: int, device: str, out, resume: 
     if not verified:
         err_console.print("the configuration failed the reference check; no speedup trial ran")
         raise typer.Exit(1)
+    wrong = wrong_outputs(out_dir)
+    if wrong:
+        err_console.print(
+            f"{len(wrong)} trial(s) returned an output that differs from the single-GPU run "
+            f"({wrong[0]}): no speedup is shown for them"
+        )
+        raise typer.Exit(1)
+
+
+def wrong_outputs(out_dir: Path) -> list[str]:
+    """The speedup rows of this directory whose output did not match the single-GPU run's."""
+    from attnbench.results import load_rows
+    from attnbench.results.schema import Speedup
+
+    if not (out_dir / "trials.jsonl").exists():
+        return []
+    rows, _ = load_rows(out_dir)
+    return [
+        f"{r.case} {r.strategy}: {r.output_message}" for r in rows if isinstance(r, Speedup) and r.output_match is False
+    ]
 
 
 def _cuda_device_count() -> int:
