@@ -220,11 +220,14 @@ def test_the_answer_table_is_within_the_first_40_lines_and_matches_the_rows(repo
     assert headers[:6] == ["Configuration", "Settings", "Longest forward", "Stopped by", "Per token", "Peak/floor"]
     assert {row[0] for row in body} == set(expect)
     (limit,) = {r["memory_limit"] for r in rows if r.get("kind") == "max-seq"}
+    (call_seconds,) = {r["max_trial_seconds"] for r in rows if r.get("kind") == "max-seq"}
     for row in body:
         e = expect[row[0]]
         failed = min(r["seq_len"] for r in e["trials"] if r["status"] != "ok" and r["seq_len"] > e["max"])
         assert row[2] == f"{short(e['max'])} – {short(failed)}"
-        assert row[3] == f"{e['stopped_by']} ({limit // 2**20} MiB limit)"
+        # a stop names the one limit of its cause: memory its memory limit, time a call's time limit
+        cause = f"{limit // 2**20} MiB limit" if e["stopped_by"] == "memory" else f"{call_seconds:g} s a call"
+        assert row[3] == f"{e['stopped_by']} ({cause})"
         assert row[4] == format_bytes(e["per_token"]) and row[5] == f"{e['ratio']:.2f}x"
     for rec in read_csv(out, "answer"):
         e = expect[rec["Configuration"]]
@@ -476,7 +479,7 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
     assert second["Single segment, no dilation"]["Forward Stopped By"] == "search interrupted"
     # an unfinished search is a lower bound: the answer says so
     answer = section(md, "The answer").split("### cpu: second host")[1]
-    assert "| Single segment, no dilation | fp32 H4 D16 | ≥ 64K | search interrupted (256 MiB limit) |" in answer
+    assert "| Single segment, no dilation | fp32 H4 D16 | ≥ 64K | search interrupted |" in answer
     env_b = dict(md_table(section(md, "Environment and commands").split("### cpu: second host")[1], "Item")[1])
     assert env_b["Host"] == "second"
 
