@@ -225,9 +225,6 @@ def test_processes_are_the_unit_and_one_process_is_not_gated():
     # a move beyond both the factor and the noise between processes is a regression
     v = compare_times(base, [[x * 1.5 for x in p] for p in base], "cuda", 1.10)
     assert v.verdict == "regression" and v.ratio == pytest.approx(1.5) and v.noise == pytest.approx(1.2, rel=1e-3)
-    # the noise seen on other trials of the same device counts too
-    v = compare_times(base, [[x * 1.5 for x in p] for p in base], "cuda", 1.10, noise=1.6)
-    assert v.verdict == "not gated" and "x1.60" in v.evidence
 
 
 def test_on_a_cpu_a_process_is_its_fastest_call():
@@ -258,7 +255,10 @@ def test_too_few_samples_or_too_short_calls_are_not_gated():
 def test_a_slowdown_in_runs_of_one_process_each_is_not_gated_and_says_why(runs, tmp_path, capsys):
     # the current side is the base run with every raw sample doubled; each point ran in one process
     slow = [
-        {**r, "times_ms": [x * 2 for x in r["times_ms"]]} if r["kind"] == "points" else r for r in rows_of(runs["base"])
+        {**r, **{k: [x * 2 for x in r[k]] for k in ("times_ms", "cpu_times_ms") if r.get(k)}}
+        if r["kind"] == "points"
+        else r
+        for r in rows_of(runs["base"])
     ]
     code, report = check_json(capsys, "--baseline", runs["base"], "--current", write_rows(tmp_path / "slow", slow))
     assert code == 0 and report["result"] == "pass"

@@ -72,6 +72,12 @@ RepeatOpt = Annotated[
     Optional[int],
     typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"),
 ]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads", help="CPU trials: torch threads per trial process (times compare at one count) \\[default: 1]"
+    ),
+]
 
 
 def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from attnbench.cli.options import (
     ResumeOpt,
     SearchBudgetOpt,
     SegOpt,
+    ThreadsOpt,
     TrialSecOpt,
     dated_results_dir,
     impl_params,
@@ -77,6 +78,7 @@ def max_seq(
     resume: ResumeOpt = False,
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Largest sequence length each implementation runs: predicted from short trials, bracketed, confirmed."""
     flags = sweep_flags(
@@ -99,6 +101,7 @@ def max_seq(
         isolate=in_process,
         gpus=gpus,
         timing_budget_s=timing_budget,
+        threads=threads,
     )
     if profile:
         flags.pop("kind")
@@ -134,6 +137,7 @@ def bench(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
     repeat: RepeatOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
@@ -156,6 +160,7 @@ def bench(
         gpus=gpus,
         timing_budget_s=timing_budget,
         repeat=repeat,
+        threads=threads,
     )
     _run_plan(
         "bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume
@@ -170,6 +175,7 @@ def run(
     out: OutOpt = None,
     resume: ResumeOpt = False,
     repeat: RepeatOpt = None,
+    threads: ThreadsOpt = None,
     part: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -183,7 +189,7 @@ def run(
         from attnbench.sweeps.runner import cuda_available
 
         profile = "default" if cuda_available() else "default-cpu"
-    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or ())
+    _run_plan(profile, [], sweep_flags(repeat=repeat, threads=threads), {}, profile, out, resume, part or ())
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
