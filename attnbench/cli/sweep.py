@@ -4,7 +4,7 @@ profile, run it, then write its tables and print the largest sequence per implem
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -43,6 +43,9 @@ from attnbench.cli.options import (
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
 from attnbench.errors import AttnbenchError, interrupt_exit_code
+
+if TYPE_CHECKING:
+    from attnbench.results.schema import Row
 
 
 @app.command("max-seq", order=40)
@@ -229,10 +232,13 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
-        for path in write_run_files(out_dir):
+        from attnbench.results import load_rows
+
+        loaded = load_rows(out_dir)  # read once for every file and readout below
+        for path in write_run_files(out_dir, loaded):
             console.print(f"wrote {path}")
-        _print_summary(out_dir)
-        _scaling_readout(out_dir)
+        _print_summary(out_dir, loaded[0])
+        _scaling_readout(out_dir, loaded[0])
     if interrupted:
         err_console.print(
             f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
@@ -244,13 +250,13 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
         raise typer.Exit(1)
 
 
-def _print_summary(out_dir: Path) -> None:
-    """Each implementation's largest successful length and what stopped it."""
+def _print_summary(out_dir: Path, rows: list[Row] | None = None) -> None:
+    """Each implementation's largest successful length and what stopped it (``rows``: out_dir's, read already)."""
     from attnbench.report.tables.sweep import max_seq_summary, max_seq_text
     from attnbench.results import load_rows
     from attnbench.units import format_bytes, format_tokens
 
-    summary = max_seq_summary(load_rows(out_dir)[0])
+    summary = max_seq_summary(load_rows(out_dir)[0] if rows is None else rows)
     if not summary:
         return
     t = Table(title="largest sequence per implementation")
@@ -269,16 +275,17 @@ def _print_summary(out_dir: Path) -> None:
     console.print(t)
 
 
-def _scaling_readout(out_dir: Path) -> None:
+def _scaling_readout(out_dir: Path, rows: list[Row] | None = None) -> None:
     """Sequence-parallel runs against one device in the few columns a terminal holds (ranks:
-    GPUs, or processes on the CPU); sweep.md has every column."""
+    GPUs, or processes on the CPU); sweep.md has every column. ``rows``: out_dir's, read already."""
     from attnbench.report.data import describe
     from attnbench.report.intervals import ratio_text
     from attnbench.report.tables.multigpu import ring_pairs, scaling_families
     from attnbench.results import load_rows
     from attnbench.units import format_tokens
 
-    rows, _ = load_rows(out_dir)
+    if rows is None:
+        rows, _ = load_rows(out_dir)
     pairs, families = ring_pairs(rows), scaling_families(rows)
     if pairs:
         t = Table(title="sequence parallel against one device")

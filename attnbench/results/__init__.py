@@ -25,6 +25,7 @@ from attnbench.results.paths import (
 from attnbench.results.read import (
     REQUIRED_KEYS,
     check_same_machine,
+    iter_rows,
     load_rows,
     read_file,
     read_rows,
@@ -59,6 +60,7 @@ __all__ = [
     "check_output_file",
     "check_same_machine",
     "clean_floats",
+    "iter_rows",
     "load_rows",
     "now_utc",
     "read_file",

@@ -144,8 +144,7 @@ def _row_value(metric: str, row: Row) -> float | None:
 
 
 def _row_metric(m, metric: str, match: dict[str, Any], pick: str) -> Measured | None:
-    pool = d.trials(m.rows) + d.speedup_rows(m.rows)
-    rows = [r for r in d.ok(pool) if matches(r, match) and _row_value(metric, r) is not None]
+    rows = [r for r, ident in m.ran if matches(r, match, ident) and _row_value(metric, r) is not None]
     row, others = _chosen(rows, lambda r: _row_value(metric, r), pick)
     if row is None:
         return None
