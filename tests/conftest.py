@@ -44,7 +44,7 @@ def main_in_process(*args) -> int:
     stdout and stderr) and argv are put back (the outside-code resolver: by the fixture below)."""
     from attnbench import cli
 
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     argv, hook, streams = sys.argv, sys.unraisablehook, (sys.stdout, sys.stderr)
     sys.argv = ["attnbench", *map(str, args)]
     try:

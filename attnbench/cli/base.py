@@ -3,6 +3,7 @@ short forms of values that several commands show."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -90,7 +91,9 @@ def _options(
 class GuardedStream:
     """stdout or stderr as the command line uses it: a character its encoding lacks is
     written escaped, never raised, and a reader that went away (``| head`` exited) sends the
-    rest of the output to /dev/null and stops the run as an interrupt does (once)."""
+    rest of the output to /dev/null and stops the run as an interrupt does (once); a terminal
+    that is gone (hung up: the write fails with EIO) sends it there too, and the run, stopping
+    on its SIGHUP, still writes its tables."""
 
     def __init__(self, stream, fd: int) -> None:
         self.stream, self.fd = stream, fd
@@ -106,10 +109,18 @@ class GuardedStream:
         try:
             return call(*args)
         except BrokenPipeError:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
-            os.close(null)
+            self._to_null()
             raise OutputClosed() from None
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            self._to_null()
+            return 0
+
+    def _to_null(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
+        os.close(null)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
