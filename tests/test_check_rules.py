@@ -132,3 +132,24 @@ def test_cpu_times_at_different_thread_counts_are_not_gated(tmp_path):
     # a count one side did not record is not held against the other's
     report, found = timed(tmp_path / "unrecorded", one, processes(1024, [20.0, 20.1, 20.2], threads=None))
     assert found[1024].verdict == "regression"
+
+
+def check_row(status: str, message: str = "") -> dict:
+    """A reference check of naive at 128 tokens with this outcome."""
+    row = {**COMMON, "kind": "verify", "seq_len": 128, "status": status, "message": message}
+    return {k: v for k, v in row.items() if k not in ("series", "label", "memory_limit", "mode")}
+
+
+def test_a_reference_check_unsupported_on_both_sides_is_unchanged_and_one_that_stopped_passing_fails(tmp_path):
+    """A shape the implementation declines (no grouped kernel) has no output to be wrong: the
+    committed results checked against themselves failed on two such rows."""
+    unsupported = check_row("unsupported", "no grouped-query kernel")
+
+    def correctness(name, base, cur):
+        report = run_check(write(tmp_path / f"{name}-b", base), write(tmp_path / f"{name}-c", cur))
+        return report, [f.verdict for f in report.findings if f.aspect == "correctness"]
+
+    report, found = correctness("same", [unsupported], [unsupported])
+    assert report.exit_code == 0 and found == ["unchanged"]
+    report, found = correctness("lost", [check_row("pass")], [unsupported])
+    assert report.exit_code == 1 and found == ["regression"]

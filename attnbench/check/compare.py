@@ -302,7 +302,12 @@ class Comparison:
         for key, rows in cur.items():
             for r in rows:
                 was = base[key].status if key in base else "not checked"
-                if r.status == "pass":
+                if r.status == UNSUPPORTED and was in (UNSUPPORTED, "not checked"):
+                    # a shape the implementation declines, as it did before: no output to be wrong
+                    verdict = "unchanged" if was == UNSUPPORTED else NOT_GATED
+                    why = f"unsupported: {clip_text(r.message or 'no output', 200)}"
+                    self._add("correctness", verdict, verify_name(r), r.device, was, r.status, "", why)
+                elif r.status == "pass":
                     self._add(
                         "correctness",
                         "unchanged",
@@ -384,6 +389,9 @@ class Pooled:
         """Every timed process recorded its calls' CPU time."""
         return bool(self.processes) and len(self.cpu_processes) == len(self.processes)
 
+
+# A reference check's status for a shape the implementation declines (no grouped kernel, say).
+UNSUPPORTED = "unsupported"
 
 # The CPU's exact memory count, where both sides recorded it.
 TENSOR_PEAK = "cpu.tensor_peak_bytes"
