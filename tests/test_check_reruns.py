@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, main_in_process
 
 FIXTURES = ROOT / "tests" / "fixtures" / "cpu-gate"
 RUNS = [FIXTURES / f"run{i}" for i in (1, 2, 3)]
@@ -27,11 +27,17 @@ POINTS = 4  # sdpa and dilated at 1K and 4K
 SAMPLES = ("times_ms", "cpu_times_ms")
 
 
-def check(*args) -> tuple[int, dict]:
-    """The README's check line, as CI runs it (a fresh process), with JSON to read the verdicts."""
-    proc = run_cli("check", *map(str, args), "--format", "json")
-    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+@pytest.fixture
+def check(capsys):
+    """The README's check line through the console entry point, with JSON to read the verdicts."""
+
+    def run(*args) -> tuple[int, dict]:
+        code = main_in_process("check", *map(str, args), "--format", "json")
+        out, err = capsys.readouterr()
+        assert code in (0, 1), err
+        return code, json.loads(out)
+
+    return run
 
 
 def time_findings(report: dict) -> list[dict]:
@@ -51,7 +57,7 @@ def test_the_fixtures_are_three_real_runs_of_three_processes_a_point_at_one_thre
 
 
 @pytest.mark.parametrize("base, cur", list(itertools.combinations(RUNS, 2)), ids=lambda p: p.name)
-def test_identical_runs_pass(base, cur):
+def test_identical_runs_pass(check, base, cur):
     code, report = check("--baseline", base, "--current", cur)
     timed = time_findings(report)
     # every point was judged on its processes' CPU time, not waved through for want of them
@@ -73,7 +79,7 @@ def doubled(run: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
-def test_a_copy_with_every_time_sample_doubled_fails(run, tmp_path):
+def test_a_copy_with_every_time_sample_doubled_fails(check, run, tmp_path):
     code, report = check("--baseline", run, "--current", doubled(run, tmp_path / "doubled"))
     timed = time_findings(report)
     assert code == 1 and report["result"] == "fail"
@@ -82,7 +88,7 @@ def test_a_copy_with_every_time_sample_doubled_fails(run, tmp_path):
 
 
 @pytest.mark.parametrize("base, cur", list(itertools.combinations(SEARCHES, 2)), ids=lambda p: p.name)
-def test_identical_cpu_searches_pass(base, cur):
+def test_identical_cpu_searches_pass(check, base, cur):
     code, report = check("--baseline", base, "--current", cur)
     memory = [f for f in report["findings"] if f["aspect"] == "memory"]
     # each length both searches ran is judged, by the exact count, and found unchanged
