@@ -8,7 +8,9 @@ in turn, each copy under a run name and trial id of its own (``RUN~COPY``), as r
 same profiles made day after day would add them. The rows of tests/fixtures/cpu-gate/run1
 (a `bench --repeat 3` on the CPU) come first, their machine set to this one's, so that the
 history is this machine's run to resume. Then it runs, each in a fresh process, and prints
-the wall seconds and peak resident memory (the process's own, from wait4) of:
+the wall seconds, the CPU seconds (user and system: on a machine shared with other work the
+wall time grows with the load, the CPU time much less) and the peak resident memory (the
+process's own, from wait4) of:
 
     report   attnbench report DIR --out TMP/report
     check    attnbench check --baseline DIR --current DIR --format json
@@ -82,8 +84,8 @@ def build(rows: int, seeds: list[dict], out: Path) -> int:
     return (out / "trials.jsonl").stat().st_size
 
 
-def measure(argv: list[str], cap: int) -> tuple[float, int, int]:
-    """(wall seconds, peak resident bytes, exit code) of ``python -m attnbench ARGV``."""
+def measure(argv: list[str], cap: int) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds, peak resident bytes, exit code) of ``python -m attnbench ARGV``."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
@@ -103,7 +105,7 @@ def measure(argv: list[str], cap: int) -> tuple[float, int, int]:
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):
         print(f"    {argv[0]} exited {code}: {err.decode(errors='replace').strip().splitlines()[-1:]}", flush=True)
-    return seconds, usage.ru_maxrss * 1024, code
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, code
 
 
 def commands(history: Path, scratch: Path) -> dict[str, list[str]]:
@@ -127,7 +129,7 @@ def main() -> None:
     cap = parse_bytes(args.memory_cap)
     seeds = seed_rows()
     print(f"{len(seeds)} committed rows; histories under {root}; memory cap {format_bytes(cap)}")
-    print(f"{'rows':>9} {'MB':>7} {'command':>8} {'seconds':>8} {'peak RSS':>10}  exit")
+    print(f"{'rows':>9} {'MB':>7} {'command':>8} {'wall s':>8} {'CPU s':>8} {'peak RSS':>10}  exit")
     try:
         for n in (count(x) for x in args.rows.split(",")):
             history = root / str(n)
@@ -136,11 +138,9 @@ def main() -> None:
                 for name, argv in commands(history, Path(scratch)).items():
                     if name not in args.only.split(","):
                         continue
-                    seconds, peak, code = measure(argv, cap)
-                    print(
-                        f"{n:>9,} {size / 1e6:>7.0f} {name:>8} {seconds:>8.1f} {format_bytes(peak):>10}  {code}",
-                        flush=True,
-                    )
+                    wall, cpu, peak, code = measure(argv, cap)
+                    line = f"{n:>9,} {size / 1e6:>7.0f} {name:>8} {wall:>8.1f} {cpu:>8.1f} {format_bytes(peak):>10}  {code}"
+                    print(line, flush=True)
             if not args.keep:
                 shutil.rmtree(history)
     finally:
