@@ -194,6 +194,7 @@ def test_a_profile_that_is_a_directory_is_one_line(tmp_path, in_process):
 HUGE = "8" * 10**7  # 10 MB: only a profile carries that much (one argument is at most 128 KiB)
 
 
+@pytest.mark.slow  # a 10 MB profile read three times
 @pytest.mark.parametrize("line", [f'heads = "{HUGE}"', f'model = "{HUGE}"', f'memory_limit = "{HUGE}"'])
 def test_an_error_echoes_only_the_start_of_a_huge_value(tmp_path, line, in_process):
     profile = write(tmp_path / "p.toml", f'{line}\n[[sweep]]\nimpl = "naive"\n')

@@ -111,6 +111,7 @@ def gate_failures(runs, tmp_path, shift, seeds, processes=3):
     return failed
 
 
+@pytest.mark.slow  # 100 checks
 def test_the_gate_passes_identical_distributions_in_100_of_100_seeds(runs, tmp_path):
     assert gate_failures(runs, tmp_path, 1.0, 100) == 0
 
