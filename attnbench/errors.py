@@ -22,6 +22,11 @@ class Terminated(KeyboardInterrupt):
     so a supervisor sees the signal it sent."""
 
 
+class HungUp(Terminated):
+    """SIGHUP (a closed terminal or ssh session): stops a run as SIGTERM does (finished trials
+    kept, tables written, the --resume line printed), exiting 128 + 1 = 129."""
+
+
 class OutputClosed(KeyboardInterrupt):
     """The reader of stdout or stderr went away (``| head`` exited): the run stops as an
     interrupt does (finished trials kept), exiting 128 + SIGPIPE = 141 as a shell expects."""
@@ -42,16 +47,22 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
 
 
 def interrupt_exit_code(exc: BaseException) -> int:
-    """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM, 141 for a closed output (SIGPIPE)."""
+    """130 for Ctrl-C (128 + SIGINT), 143 for SIGTERM, 129 for SIGHUP, 141 for a closed output (SIGPIPE)."""
     if isinstance(exc, OutputClosed):
         return 128 + signal.SIGPIPE
+    if isinstance(exc, HungUp):
+        return 128 + signal.SIGHUP
     return 143 if isinstance(exc, Terminated) else 130
 
 
+# The interrupt each handled signal raises.
+INTERRUPTS: dict[int, type[KeyboardInterrupt]] = {signal.SIGTERM: Terminated, signal.SIGHUP: HungUp}
+
+
 def interrupt_on_signal(signum: int, frame: object) -> None:
-    """The handler of SIGINT and SIGTERM: raise the interrupt, and keep it in case it is lost."""
+    """The handler of SIGINT, SIGTERM and SIGHUP: raise the interrupt, and keep it in case it is lost."""
     global _pending
-    _pending = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    _pending = INTERRUPTS.get(signum, KeyboardInterrupt)
     raise _pending
 
 
@@ -66,10 +77,13 @@ def raise_pending_interrupt() -> None:
 
 
 def install_interrupt_handlers() -> None:
-    """SIGINT and SIGTERM raise their interrupts; one that Python would report as ignored is
-    not printed (a traceback for an interrupt the run then honours) but raised again later."""
+    """SIGINT, SIGTERM and SIGHUP raise their interrupts; one that Python would report as
+    ignored is not printed (a traceback for an interrupt the run then honours) but raised again
+    later. A SIGHUP ignored when attnbench started (``nohup``) stays ignored."""
     signal.signal(signal.SIGTERM, interrupt_on_signal)
     signal.signal(signal.SIGINT, interrupt_on_signal)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, interrupt_on_signal)
     sys.unraisablehook = _quiet_lost_interrupts
 
 

@@ -27,6 +27,20 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def in_process(capsys):
+    """``run_cli`` through the console entry point in this process (``main_in_process``): no
+    interpreter start or imports per call, which a fresh process pays for seconds on a busy
+    machine. Returns what ``run_cli`` does: ``returncode``, ``stdout``, ``stderr``."""
+
+    def call(*args):
+        code = main_in_process(*args)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+    return call
+
+
 @pytest.fixture(autouse=True)
 def outside_code_imported_here():
     """A command run in this process (main_in_process, typer's CliRunner) installs the resolver
@@ -38,13 +52,20 @@ def outside_code_imported_here():
     impls.resolve_outside_with(None, None)
 
 
+def not_timed_out(rank: dict) -> bool:
+    """A rank of a run another rank failed that did not wait out its collective timeout:
+    stopped by torchrun (no result of its own), or failed on the broken connection at once."""
+    message = str(rank.get("message") or "").lower()
+    return rank.get("status") == "killed" or ("timed out" not in message and "timeout" not in message)
+
+
 def main_in_process(*args) -> int:
     """`attnbench ARGS` through the console entry point, in this process (no torch import per
     call): its exit code. What main() installs (signal handlers, the unraisable hook, guarded
     stdout and stderr) and argv are put back (the outside-code resolver: by the fixture below)."""
     from attnbench import cli
 
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     argv, hook, streams = sys.argv, sys.unraisablehook, (sys.stdout, sys.stderr)
     sys.argv = ["attnbench", *map(str, args)]
     try:

@@ -1,5 +1,10 @@
 """Bad input: a one-line error that names the fix, exit code 2, no traceback, and no
-results file created or changed."""
+results file created or changed.
+
+Each case runs the command through the console entry point in this process (``in_process``:
+main() as a console script calls it, its handlers and streams put back after), which costs no
+interpreter start and no imports per case; a few run as the real command in a fresh process,
+where the process is the point (what it imports before refusing, a user's shell)."""
 
 import re
 from pathlib import Path
@@ -7,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-
-pytestmark = pytest.mark.slow  # each case is the real command in a fresh process
 
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 2, "--head-dim", 16]
 
@@ -78,16 +81,25 @@ BAD = {
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, in_process):
     args, hint = BAD[name]
     out = tmp_path / "out"
-    proc = run_cli(*args, "--out", out) if args[0] != "run" else run_cli(*args, "--out", out)
+    proc = in_process(*args, "--out", out)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and hint in lines[0], lines[0]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_bad_input_in_a_fresh_process_as_a_user_types_it(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("max-seq", "--impl", "flash9000", *CPU, "--out", out)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "attnbench list" in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout and not out.exists()
 
 
 PROFILES = {
@@ -113,23 +125,23 @@ PROFILES = {
 
 
 @pytest.mark.parametrize("name", list(PROFILES))
-def test_malformed_profile_names_the_key(name, tmp_path):
+def test_malformed_profile_names_the_key(name, tmp_path, in_process):
     text, hint = PROFILES[name]
     profile = write(tmp_path / "p.toml", text)
     out = tmp_path / "out"
-    proc = run_cli("max-seq", "--profile", profile, "--device", "cpu", "--out", out)
+    proc = in_process("max-seq", "--profile", profile, "--device", "cpu", "--out", out)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and hint in lines[0], proc.stderr
     assert not out.exists()
 
 
-def test_bad_input_leaves_existing_results_unchanged(tmp_path):
+def test_bad_input_leaves_existing_results_unchanged(tmp_path, in_process):
     out = tmp_path / "out"
     out.mkdir()
     (out / "trials.jsonl").write_text('{"schema": 1, "kind": "verify"}\n')
     before = (out / "trials.jsonl").read_bytes()
-    proc = run_cli(
+    proc = in_process(
         "max-seq",
         "--impl",
         "dilated",
@@ -147,10 +159,10 @@ def test_bad_input_leaves_existing_results_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["bench", "--seq-lens", "1K"], ["max-seq"]])
-def test_a_missing_implementation_names_only_options_the_command_has(command, tmp_path):
-    proc = run_cli(*command, *CPU, "--out", tmp_path / "out")
+def test_a_missing_implementation_names_only_options_the_command_has(command, tmp_path, in_process):
+    proc = in_process(*command, *CPU, "--out", tmp_path / "out")
     options = re.findall(r"--[a-z][a-z-]*", proc.stderr)
-    help_text = run_cli(command[0], "--help").stdout  # the command's own options: the truth
+    help_text = in_process(command[0], "--help").stdout  # the command's own options: the truth
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "--impl" in options, proc.stderr
     assert all(re.search(rf"{o}(?![\w-])", help_text) for o in options), (options, proc.stderr)
 
@@ -170,13 +182,13 @@ def test_a_length_off_the_segments_names_one_rule_and_lengths_that_follow_it():
         impls.build("sdpa").check_shape(0, 2)
 
 
-def test_a_pattern_beyond_any_device_is_one_line():
-    proc = run_cli("pattern", "--seq-len", 10**18)
+def test_a_pattern_beyond_any_device_is_one_line(in_process):
+    proc = in_process("pattern", "--seq-len", 10**18)
     assert proc.returncode == 2 and "2^40" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_a_profile_that_is_a_directory_is_one_line(tmp_path):
-    proc = run_cli("max-seq", "--profile", tmp_path, "--device", "cpu", "--out", tmp_path / "out")
+def test_a_profile_that_is_a_directory_is_one_line(tmp_path, in_process):
+    proc = in_process("max-seq", "--profile", tmp_path, "--device", "cpu", "--out", tmp_path / "out")
     assert proc.returncode == 2 and "is not a file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -184,15 +196,16 @@ def test_a_profile_that_is_a_directory_is_one_line(tmp_path):
 HUGE = "8" * 10**7  # 10 MB: only a profile carries that much (one argument is at most 128 KiB)
 
 
+@pytest.mark.slow  # a 10 MB profile read three times
 @pytest.mark.parametrize("line", [f'heads = "{HUGE}"', f'model = "{HUGE}"', f'memory_limit = "{HUGE}"'])
-def test_an_error_echoes_only_the_start_of_a_huge_value(tmp_path, line):
+def test_an_error_echoes_only_the_start_of_a_huge_value(tmp_path, line, in_process):
     profile = write(tmp_path / "p.toml", f'{line}\n[[sweep]]\nimpl = "naive"\n')
-    proc = run_cli("max-seq", "--profile", profile, "--device", "cpu", "--out", tmp_path / "out")
+    proc = in_process("max-seq", "--profile", profile, "--device", "cpu", "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr) < 1000, proc.stderr[:300]
 
 
-def test_an_option_too_long_for_its_type_is_echoed_in_part(tmp_path):
-    proc = run_cli("max-seq", "--impl", "naive", "--heads", "x" * 100_000, "--out", tmp_path / "out")
+def test_an_option_too_long_for_its_type_is_echoed_in_part(tmp_path, in_process):
+    proc = in_process("max-seq", "--impl", "naive", "--heads", "x" * 100_000, "--out", tmp_path / "out")
     assert proc.returncode == 2 and len(proc.stderr) < 1100 and "--heads" in proc.stderr, proc.stderr[:300]
 
 
@@ -207,6 +220,7 @@ REFUSED_BEFORE_TORCH = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REFUSED_BEFORE_TORCH))
 def test_a_bad_option_is_refused_before_torch_is_imported(name, tmp_path):
     """torch takes seconds to import: an option is checked by type and range first."""

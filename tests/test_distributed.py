@@ -2,7 +2,6 @@
 quickly with its own error named."""
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.worker import function_ref
 
+from conftest import not_timed_out
 from distributed_selftest import selftest
 
 
@@ -39,9 +39,10 @@ def test_all_ranks_run_a_collective(ranks):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_failing_rank_ends_the_run_with_its_error():
-    t0 = time.monotonic()
-    results = launch(selftest, {"fail_rank": 1}, 2, "cpu", phase_limit_s=60, collective_timeout_s=60)
-    assert time.monotonic() - t0 < 45, "the other rank must not wait for its collective timeout"
+    results = launch(selftest, {"fail_rank": 1}, 2, "cpu", phase_limit_s=600, collective_timeout_s=60)
+    # rank 0 did not wait out its collective timeout (the deadline is later still): torchrun
+    # stopped it, or it failed at once on the connection rank 1 left
+    assert not_timed_out(results[0]), results[0]
     status, message = agreed_status(results)
     assert status == "error"
     assert message.startswith("rank 1:") and "asked to fail" in message

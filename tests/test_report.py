@@ -111,7 +111,7 @@ def solve_for(coef, budget):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    proc = run_cli("report", FIXTURE, "--out", out)
+    proc = run_cli("report", FIXTURE, "--out", out)  # the real command, once, in a fresh process
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -412,27 +412,27 @@ def test_capacity_fit_and_predictions_follow_the_least_squares_fit(report):
 # --- bad input and mixed machines ---------------------------------------------------------------------
 
 
-def test_missing_or_empty_results_are_one_line_errors_and_write_nothing(tmp_path):
+def test_missing_or_empty_results_are_one_line_errors_and_write_nothing(tmp_path, in_process):
     out = tmp_path / "out"
-    missing = run_cli("report", tmp_path / "nope", "--out", out)
+    missing = in_process("report", tmp_path / "nope", "--out", out)
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     (tmp_path / "empty").mkdir()
-    empty = run_cli("report", tmp_path / "empty", "--out", out)
+    empty = in_process("report", tmp_path / "empty", "--out", out)
     assert empty.returncode == 2 and "no trials.jsonl under" in empty.stderr and "attnbench run" in empty.stderr
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "trials.jsonl").write_text('not json\n{"a": \n')
-    junk = run_cli("report", tmp_path / "junk", "--out", out)
+    junk = in_process("report", tmp_path / "junk", "--out", out)
     assert junk.returncode == 2 and "no readable result rows" in junk.stderr
     assert not out.exists()
 
 
-def test_a_corrupt_line_is_reported_with_file_and_line_and_the_rest_used(tmp_path, report):
+def test_a_corrupt_line_is_reported_with_file_and_line_and_the_rest_used(tmp_path, report, in_process):
     lines = (FIXTURE / "trials.jsonl").read_text().splitlines(keepends=True)
     bad = tmp_path / "run" / "trials.jsonl"
     bad.parent.mkdir()
     bad.write_text("".join(lines[:20]) + '{"kind": "max-seq", "seq_len": 12\n' + "".join(lines[20:]))
-    proc = run_cli("report", bad.parent, "--out", tmp_path / "out")
+    proc = in_process("report", bad.parent, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert f"warning: {bad}:21: unreadable line skipped" in proc.stderr.replace("\n", "")
     md = (tmp_path / "out" / "report.md").read_text()
@@ -440,7 +440,7 @@ def test_a_corrupt_line_is_reported_with_file_and_line_and_the_rest_used(tmp_pat
     assert read_csv(tmp_path / "out", "answer") == read_csv(report[0], "answer")
 
 
-def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
+def test_mixed_machines_are_reported_apart_never_combined(tmp_path, in_process):
     """A second machine's rows: the fixture's rows relabelled, keeping only trials up to 64K,
     so that combining the two machines would change every maximum."""
     rows = fixture_rows()
@@ -455,7 +455,7 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
             other[-1]["trial"] = r["trial"] + "-second"
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in other))
-    proc = run_cli("report", tmp_path, "--out", tmp_path / "out")
+    proc = in_process("report", tmp_path, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "report.md").read_text()
     for title in ("The answer", "How long", "Capacity"):
@@ -487,24 +487,24 @@ def test_mixed_machines_are_reported_apart_never_combined(tmp_path):
 # --- attnbench predict ----------------------------------------------------------------------------------
 
 
-def test_predict_prints_one_prediction_per_series(tmp_path):
+def test_predict_prints_one_prediction_per_series(tmp_path, in_process):
     label = "Multi-segment [512,1024]"
-    proc = run_cli("predict", "--impl", "dilated", "--gpu-memory", "1GiB", "--from", FIXTURE, "--label", label)
+    proc = in_process("predict", "--impl", "dilated", "--gpu-memory", "1GiB", "--from", FIXTURE, "--label", label)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(label)
     coef = least_squares(series_points(fixture_rows())[label], 1)
     assert f"about {tokens_text(int(solve_for(coef, GIB)))} tokens on 1GiB" in lines[0]
-    every = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    every = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE)
     assert every.returncode == 0 and len(every.stdout.strip().splitlines()) == 5  # five dilated series
 
 
-def test_predict_warns_of_a_cpu_fit_and_of_a_length_far_past_the_measured_ones():
+def test_predict_warns_of_a_cpu_fit_and_of_a_length_far_past_the_measured_ones(in_process):
     label = "Multi-segment [512,1024]"
     ok_rows = [r for r in fixture_rows() if r.get("label") == label and r.get("status") == "ok" and r.get("peak_bytes")]
     longest = max(r["seq_len"] for r in ok_rows)
-    far = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", label)
-    near = run_cli("predict", "--impl", "naive", "--gpu-memory", "256MiB", "--from", FIXTURE)
+    far = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", label)
+    near = in_process("predict", "--impl", "naive", "--gpu-memory", "256MiB", "--from", FIXTURE)
     for proc in (far, near):  # the prediction is still printed, one warning line beside it
         assert proc.returncode == 0 and "tokens on" in proc.stdout, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("warning: ")
@@ -538,30 +538,32 @@ def test_predict_says_in_words_when_its_fit_misses_a_measured_peak_by_more_than_
     assert not any("not trustworthy" in line for line in predict_lines("dilated", "8MiB", tmp_path, "straight"))
 
 
-def test_predict_without_a_matching_series_says_what_the_results_hold():
+def test_predict_without_a_matching_series_says_what_the_results_hold(in_process):
     trial_rows = [r for r in fixture_rows() if r["kind"] in ("points", "max-seq")]
-    wrong_label = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", "x")
-    absent = run_cli("predict", "--impl", "flex", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    wrong_label = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", "x")
+    absent = in_process("predict", "--impl", "flex", "--gpu-memory", "80GiB", "--from", FIXTURE)
     for proc in (wrong_label, absent):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "enough successful trials" not in proc.stderr  # none matched: too few trials is not why
     labels = re.findall(r"'([^']+)'", wrong_label.stderr.split("its labels are")[1])
     assert len(labels) == len({r["series"] for r in trial_rows if r["impl"] == "dilated"}), wrong_label.stderr
-    named = run_cli("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", labels[-1])
+    named = in_process(
+        "predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE, "--label", labels[-1]
+    )
     assert named.returncode == 0, named.stderr  # a label it lists is one --label takes
     assert "no series of flex" in absent.stderr
     assert all(impl in absent.stderr for impl in {r["impl"] for r in trial_rows})
 
 
-def test_predict_bad_input(tmp_path):
-    unknown = run_cli("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
+def test_predict_bad_input(tmp_path, in_process):
+    unknown = in_process("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown implementation 'nosuch'")
-    size = run_cli("predict", "--impl", "naive", "--gpu-memory", "lots", "--from", FIXTURE)
+    size = in_process("predict", "--impl", "naive", "--gpu-memory", "lots", "--from", FIXTURE)
     assert size.returncode == 2 and "cannot read memory size" in size.stderr
     only_verify = tmp_path / "v" / "trials.jsonl"
     only_verify.parent.mkdir()
     only_verify.write_text("".join(json.dumps(r) + "\n" for r in fixture_rows() if r["kind"] == "verify"))
-    nodata = run_cli("predict", "--impl", "naive", "--gpu-memory", "80GiB", "--from", only_verify.parent)
+    nodata = in_process("predict", "--impl", "naive", "--gpu-memory", "80GiB", "--from", only_verify.parent)
     assert (
         nodata.returncode == 2
         and "no series of naive" in nodata.stderr
@@ -591,11 +593,11 @@ def test_sparsity_keeps_two_significant_digits_of_the_kept_share():
     assert sparsity_text(1.0) == "Dense"
 
 
-def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
+def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path, in_process):
     """block-sparse rows carry dilation_rates (None unless dilated_sparse sets them): the report
     must neither crash on them nor put them in report 003's dilated configuration table."""
     run = tmp_path / "bs"
-    made = run_cli(
+    made = in_process(
         "max-seq",
         "--impl",
         "block-sparse",
@@ -620,14 +622,14 @@ def test_a_block_sparse_search_is_no_dilated_configuration(tmp_path):
         run,
     )
     assert made.returncode == 0, made.stderr
-    done = run_cli("report", run, "--out", tmp_path / "report")
+    done = in_process("report", run, "--out", tmp_path / "report")
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "block-sparse" not in text.split("## Dilation")[1].split("\n## ")[0]
     assert "no single-device max-seq search of a dilated configuration" in text
 
 
-def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
+def test_a_series_measured_by_two_commits_stays_two_series(tmp_path, in_process):
     """Before-and-after runs in one results tree: never pooled into one search or one table."""
     rows = fixture_rows()
     searched = next(r["series"] for r in rows if r.get("kind") == "max-seq")
@@ -641,7 +643,7 @@ def test_a_series_measured_by_two_commits_stays_two_series(tmp_path):
     for name, part in (("a", mine), ("b", again)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    done = run_cli("report", tmp_path, "--out", tmp_path / "report")
+    done = in_process("report", tmp_path, "--out", tmp_path / "report")
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     label = compact_label(mine[0])

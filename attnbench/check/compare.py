@@ -11,7 +11,7 @@ from pathlib import Path
 from attnbench.check.identity import describe_trial, order, short_tokens, verify_name
 from attnbench.check.loading import Search, Side, contents, load_side
 from attnbench.check.outcome import RSS_NOISE_BYTES, CheckReport, Finding, Thresholds
-from attnbench.check.significance import MIN_PROCESSES, NOT_GATED, compare_times, process_spread
+from attnbench.check.significance import MIN_PROCESSES, NOT_GATED, compare_times, unlike_threads
 from attnbench.errors import AttnbenchError
 from attnbench.results.schema import Trial, Verify
 from attnbench.units import clip_text, format_bytes, format_ms, format_ratio
@@ -54,14 +54,11 @@ class Comparison:
         self.not_compared: list[str] = []
         self.measured = 0  # trials and max-seq series judged on both sides
         self.checked = 0  # reference checks on both sides
-        self.noise: dict[str, float] = {}  # per device model: the largest spread between processes
 
     def wants(self, aspect: str) -> bool:
         return aspect in self.t.aspects
 
     def run(self) -> None:
-        common = self.base.trials.keys() & self.cur.trials.keys()
-        self.noise = time_noise(*({k: side.trials[k] for k in common} for side in (self.base, self.cur)))
         self._match(self.base.trials, self.cur.trials, self._trial, lambda rows: describe_trial(rows[0]), _probe)
         self._match(
             self.base.capacity,
@@ -134,7 +131,16 @@ class Comparison:
     def _time(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
         device = cur_rows[0].device
         factor = self.t.time_factor_for(device)
-        v = compare_times(b.processes, c.processes, device, factor, self.noise.get(model, 1.0))
+        # a CPU's calls by the CPU time they cost where every process of both sides recorded it
+        cpu_time = device == "cpu" and b.cpu_time and c.cpu_time
+        v = compare_times(
+            b.cpu_processes if cpu_time else b.processes,
+            c.cpu_processes if cpu_time else c.processes,
+            device,
+            factor,
+            cpu_time,
+            unlike_threads(b.threads, c.threads),
+        )
         self._add(
             "time",
             v.verdict,
@@ -151,6 +157,7 @@ class Comparison:
             n_current=sum(map(len, c.processes)),
             processes_baseline=len(b.processes),
             processes_current=len(c.processes),
+            clock="cpu-time" if cpu_time else "wall",
         )
 
     def _status(self, b: Pooled, c: Pooled, cur_rows: list[Trial], model: str) -> None:
@@ -295,7 +302,12 @@ class Comparison:
         for key, rows in cur.items():
             for r in rows:
                 was = base[key].status if key in base else "not checked"
-                if r.status == "pass":
+                if r.status == UNSUPPORTED and was in (UNSUPPORTED, "not checked"):
+                    # a shape the implementation declines, as it did before: no output to be wrong
+                    verdict = "unchanged" if was == UNSUPPORTED else NOT_GATED
+                    why = f"unsupported: {clip_text(r.message or 'no output', 200)}"
+                    self._add("correctness", verdict, verify_name(r), r.device, was, r.status, "", why)
+                elif r.status == "pass":
                     self._add(
                         "correctness",
                         "unchanged",
@@ -353,20 +365,33 @@ class Pooled:
     peaks: list[int]
     counter: str | None
     tensor_peaks: list[int]  # CPU: tensor bytes a call held at once, exact run to run
+    cpu_processes: list[list[float]]  # CPU: each process's CPU time per call, where recorded
+    threads: set[int]  # CPU: the thread counts its processes recorded
 
     @classmethod
     def of(cls, rows: list[Trial]) -> Pooled:
         ok = [r for r in rows if r.status == "ok"]
         first = ok[0] if ok else rows[0]
+        timed = [r for r in ok if r.times_ms]
         return cls(
             status="ok" if ok else rows[0].status,
             message=first.message or "",
-            processes=[[float(x) for x in r.times_ms] for r in ok if r.times_ms],
+            processes=[[float(x) for x in r.times_ms] for r in timed],
             peaks=[r.peak_bytes for r in ok if r.peak_bytes],
             counter=first.peak_counter,
             tensor_peaks=[r.cpu_tensor_peak_bytes for r in ok if r.cpu_tensor_peak_bytes],
+            cpu_processes=[[float(x) for x in r.cpu_times_ms] for r in timed if r.cpu_times_ms],
+            threads={r.threads for r in timed if r.threads},
         )
 
+    @property
+    def cpu_time(self) -> bool:
+        """Every timed process recorded its calls' CPU time."""
+        return bool(self.processes) and len(self.cpu_processes) == len(self.processes)
+
+
+# A reference check's status for a shape the implementation declines (no grouped kernel, say).
+UNSUPPORTED = "unsupported"
 
 # The CPU's exact memory count, where both sides recorded it.
 TENSOR_PEAK = "cpu.tensor_peak_bytes"
@@ -381,19 +406,6 @@ def memory_counter(b: Pooled, c: Pooled) -> tuple[str | None, list[int], list[in
     if b.counter != c.counter:
         return None, [], []
     return b.counter, b.peaks, c.peaks
-
-
-def time_noise(*sides: dict[tuple[str, str], list[Trial]]) -> dict[str, float]:
-    """Per device model, the largest ratio between the times of two processes of one trial on
-    one side, over the given trials of each side; absent where no trial ran in two processes."""
-    noise: dict[str, float] = {}
-    for trials in sides:
-        for (_, model), rows in trials.items():
-            ran = [r for r in rows if r.status == "ok" and r.times_ms]
-            spread = process_spread([r.times_ms for r in ran], ran[0].device) if ran else None
-            if spread:
-                noise[model] = max(noise.get(model, 1.0), spread)
-    return noise
 
 
 def _probe(rows: list[Trial]) -> str | None:

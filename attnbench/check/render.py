@@ -25,9 +25,10 @@ def rules_text(t: Thresholds) -> str:
     bits = []
     if "time" in t.aspects:
         bits.append(
-            f"time: beyond {t.time_factor_text()} and beyond the noise between processes (the largest ratio "
-            "between two processes of one side; a process's time is its median call on a GPU, its fastest "
-            f"call on a CPU); judged with at least {MIN_PROCESSES} processes and {MIN_SAMPLES} samples per side"
+            f"time: beyond {t.time_factor_text()} and beyond the noise between the trial's own processes (the "
+            "largest ratio between two of them on one side; a process's time is its median call on a GPU, its "
+            "fastest call on a CPU, by CPU time where recorded, at one thread count); judged with at least "
+            f"{MIN_PROCESSES} processes and {MIN_SAMPLES} samples per side"
         )
     if "memory" in t.aspects:
         bits.append(

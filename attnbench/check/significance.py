@@ -1,23 +1,27 @@
 """The time test of the regression check: whether a moved time is a change, judged against the
-noise between processes (the unit a trial is repeated in) and a stated minimum factor.
+noise between the processes of that point (the unit a trial is repeated in) and a stated
+minimum factor.
 
 A process is the unit: samples of one process share its clocks, memory layout, the kernel the
 library chose and the machine's load while it ran, so two processes of the same code differ
 more than any interval from one process admits (asv times every benchmark in two processes for
 this reason). Each process is one time: its median call on a GPU; on a CPU its fastest call,
 since other work on a shared CPU (a preemption, a busy sibling core, evicted caches) only ever
-adds time, and the fastest call is the one it disturbed least. A side's time is the median of
-its processes' times. A change is claimed only when the ratio of the two sides' times is
+adds time, and the fastest call is the one it disturbed least. On a CPU the calls' CPU time is
+compared where both sides recorded it (``cpu_times_ms``): the load on the machine delays a
+call, which its wall time shows, but adds little to the CPU time the call costs. A side's
+time is the median of its processes' times. A change is claimed only when the ratio of the
+two sides' times is
 
 1. beyond the stated minimum ``factor`` (TIME_FACTORS: 1.10 on a GPU, 1.8 on a CPU), and
-2. beyond the noise between processes: the largest ratio between the times of two processes
-   of one trial on one side, over every trial the check compares on that device model (a
-   trial's own two or three processes are a few draws; the other trials measured on the same
-   machine at the same time are more draws of the same noise).
+2. beyond the noise between processes of this point: the larger ratio between the times of
+   two of its processes on one side, each side measured by its own processes. A noisy point
+   elsewhere in the run says nothing about this one: each point is gated once its own
+   processes agree.
 
 A point that cannot be judged is *not gated*, with the reason: timed in one process on a side
 (the noise between processes is unmeasured), too few samples, calls too short for the timer,
-or a change within the noise. Never a regression.
+CPU processes at different thread counts, or a change within the noise. Never a regression.
 """
 
 from __future__ import annotations
@@ -45,13 +49,15 @@ class TimeVerdict:
     ratio: float  # current time / baseline time
     baseline_ms: float  # each side's time: the median of its processes' times
     current_ms: float
-    noise: float | None  # the noise between processes the ratio was held against
+    noise: float | None  # the noise between this trial's processes the ratio was held against
     evidence: str
 
 
-def statistic(device: str) -> str:
+def statistic(device: str, cpu_time: bool = False) -> str:
     """What one process's time is on this device, in words."""
-    return "median call" if device == "cuda" else "fastest call"
+    if device == "cuda":
+        return "median call"
+    return "fastest call's CPU time" if cpu_time else "fastest call"
 
 
 def process_time(samples: list[float], device: str) -> float:
@@ -71,22 +77,39 @@ def process_spread(processes: list[list[float]], device: str) -> float | None:
     return max(times) / min(times)
 
 
+def unlike_threads(baseline: set[int], current: set[int]) -> str:
+    """Why CPU processes of two sides cannot be compared by time ('' where they can): they ran
+    at different thread counts (an unrecorded count is not held against a recorded one)."""
+    if not (baseline and current) or (baseline == current and len(baseline) == 1):
+        return ""
+    counts = [", ".join(map(str, sorted(t))) for t in (baseline, current)]
+    return (
+        f"timed with {counts[0]} thread(s) on the baseline and {counts[1]} on the current: "
+        "CPU times compare at one thread count (--threads)"
+    )
+
+
 def compare_times(
-    baseline: list[list[float]], current: list[list[float]], device: str, factor: float, noise: float = 1.0
+    baseline: list[list[float]],
+    current: list[list[float]],
+    device: str,
+    factor: float,
+    cpu_time: bool = False,
+    unlike: str = "",
 ) -> TimeVerdict:
-    """One trial's verdict. Each side is a list of processes, each a list of samples;
-    ``noise`` is the largest spread between processes seen on this device model (at least
-    this trial's own)."""
+    """One trial's verdict. Each side is a list of processes, each a list of samples (CPU
+    time per call where ``cpu_time``); the noise is this trial's own, the larger spread
+    between processes of either side. ``unlike``: why the sides are not comparable at all."""
     b_ms, c_ms = side_time(baseline, device), side_time(current, device)
     ratio = c_ms / b_ms if b_ms > 0 else math.inf
     n = (
-        f"{statistic(device)} of each of {len(baseline)} vs {len(current)} processes, "
+        f"{statistic(device, cpu_time)} of each of {len(baseline)} vs {len(current)} processes, "
         f"{sum(map(len, baseline))} vs {sum(map(len, current))} samples"
     )
-    why_not = _not_gateable(baseline, current, min(b_ms, c_ms))
+    why_not = unlike or _not_gateable(baseline, current, min(b_ms, c_ms))
     if why_not:
         return TimeVerdict(NOT_GATED, ratio, b_ms, c_ms, None, f"{why_not}; {n}")
-    noise = max(noise, process_spread(baseline, device) or 1.0, process_spread(current, device) or 1.0)
+    noise = max(process_spread(baseline, device) or 1.0, process_spread(current, device) or 1.0)
     change = max(ratio, 1.0 / ratio)
     if change <= factor:
         return TimeVerdict("unchanged", ratio, b_ms, c_ms, noise, f"within x{factor:g}; {n}")
@@ -101,7 +124,7 @@ def compare_times(
         )
     verdict = "regression" if ratio > 1 else "improvement"
     return TimeVerdict(
-        verdict, ratio, b_ms, c_ms, noise, f"beyond x{factor:g} and the noise between processes x{noise:.2f}; {n}"
+        verdict, ratio, b_ms, c_ms, noise, f"beyond x{factor:g} and the noise between its processes x{noise:.2f}; {n}"
     )
 
 

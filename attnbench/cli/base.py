@@ -3,6 +3,7 @@ short forms of values that several commands show."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -93,7 +94,8 @@ class GuardedStream:
     written escaped, never raised, and a reader that went away (``| head`` exited) sends the
     rest of the output to /dev/null and stops the run as an interrupt does (once, in the main
     thread: a trial's heartbeat thread that meets the closed pipe leaves the stop to the main
-    thread's next line)."""
+    thread's next line); a terminal that is gone (hung up: the write fails with EIO) sends it
+    there too, and the run, stopping on its SIGHUP, still writes its tables."""
 
     def __init__(self, stream, fd: int) -> None:
         self.stream, self.fd = stream, fd
@@ -111,17 +113,25 @@ class GuardedStream:
         try:
             return call(*args)
         except BrokenPipeError:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
-            os.close(null)
+            self._to_null()
             self._stop_pending = True
             self._stop_if_pending()
             return None
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            self._to_null()
+            return 0
 
     def _stop_if_pending(self) -> None:
         if self._stop_pending and threading.current_thread() is threading.main_thread():
             self._stop_pending = False
             raise OutputClosed() from None
+
+    def _to_null(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self.fd)  # later writes and the interpreter's last flush go nowhere, quietly
+        os.close(null)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)

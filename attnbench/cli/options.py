@@ -101,6 +101,12 @@ RepeatOpt = Annotated[
         "--repeat", metavar="K", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"
     ),
 ]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads", help="CPU trials: torch threads per trial process (times compare at one count) \\[default: 1]"
+    ),
+]
 
 NnodesOpt = Annotated[
     Optional[int],

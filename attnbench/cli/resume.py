@@ -43,12 +43,12 @@ def replayed_argv(argv: list[str]) -> list[str]:
 def recorded_argv(out_dir: Path) -> list[str] | None:
     """The command (from the command's name on) that wrote the first row in ``out_dir``;
     None where it holds no readable row."""
-    from attnbench.results import TRIALS_FILE, read_rows
+    from attnbench.results import TRIALS_FILE, iter_rows
 
     if not (out_dir / TRIALS_FILE).is_file():
         return None
-    rows, _ = read_rows(out_dir / TRIALS_FILE)
-    env = next((r["env"] for r in rows if isinstance(r.get("env"), dict)), None)
+    # the first row that names its command: read no further (a history may hold a million rows)
+    env = next((r["env"] for r in iter_rows(out_dir / TRIALS_FILE) if isinstance(r.get("env"), dict)), None)
     if env is None:
         return None
     if isinstance(env.get("argv"), list):

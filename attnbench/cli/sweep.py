@@ -4,7 +4,7 @@ profile, run it, then write its tables and print the largest sequence per implem
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -38,6 +38,7 @@ from attnbench.cli.options import (
     ResumeOpt,
     SearchBudgetOpt,
     SegOpt,
+    ThreadsOpt,
     TrialSecOpt,
     across_nodes,
     dated_results_dir,
@@ -47,6 +48,9 @@ from attnbench.cli.options import (
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
 from attnbench.errors import AttnbenchError, interrupt_exit_code
+
+if TYPE_CHECKING:
+    from attnbench.results.schema import Row
 
 
 @app.command("max-seq", order=40)
@@ -89,6 +93,7 @@ def max_seq(
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: EndpointOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
     flags = sweep_flags(
@@ -111,6 +116,7 @@ def max_seq(
         isolate=in_process,
         gpus=gpus,
         timing_budget_s=timing_budget,
+        threads=threads,
     )
     if profile:
         flags.pop("kind")
@@ -150,6 +156,7 @@ def bench(
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: EndpointOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
@@ -172,6 +179,7 @@ def bench(
         gpus=gpus,
         timing_budget_s=timing_budget,
         repeat=repeat,
+        threads=threads,
     )
     params = impl_params(segment_lengths, dilation_rates, backend, param)
     _run_plan("bench", impl or [], flags, params, None, out, resume, nodes=(nnodes, node_rank, rdzv_endpoint))
@@ -188,6 +196,7 @@ def run(
     out: OutOpt = None,
     resume: ResumeOpt = False,
     repeat: RepeatOpt = None,
+    threads: ThreadsOpt = None,
     part: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -206,7 +215,8 @@ def run(
 
         profile = "default" if cuda_available() else "default-cpu"
     nodes = (nnodes, node_rank, rdzv_endpoint)
-    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or (), nodes=nodes)
+    flags = sweep_flags(repeat=repeat, threads=threads)
+    _run_plan(profile, [], flags, {}, profile, out, resume, part or (), nodes=nodes)
 
 
 def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=(), nodes=(None, None, None)) -> None:
@@ -265,10 +275,13 @@ def _run_resolved(plan, hosts, out, resume) -> None:
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
     if (out_dir / "trials.jsonl").exists():
-        for path in write_run_files(out_dir):
+        from attnbench.results import load_rows
+
+        loaded = load_rows(out_dir)  # read once for every file and readout below
+        for path in write_run_files(out_dir, loaded):
             console.print(f"wrote {path}")
-        _print_summary(out_dir)
-        _scaling_readout(out_dir)
+        _print_summary(out_dir, loaded[0])
+        _scaling_readout(out_dir, loaded[0])
     if interrupted:
         err_console.print(
             f"interrupted: every finished trial is kept in {out_dir}; continue with --resume --out {out_dir}"
@@ -280,13 +293,13 @@ def _run_resolved(plan, hosts, out, resume) -> None:
         raise typer.Exit(1)
 
 
-def _print_summary(out_dir: Path) -> None:
-    """Each implementation's largest successful length and what stopped it."""
+def _print_summary(out_dir: Path, rows: list[Row] | None = None) -> None:
+    """Each implementation's largest successful length and what stopped it (``rows``: out_dir's, read already)."""
     from attnbench.report.tables.sweep import max_seq_summary, max_seq_text
     from attnbench.results import load_rows
     from attnbench.units import format_bytes, token_pair
 
-    summary = max_seq_summary(load_rows(out_dir)[0])
+    summary = max_seq_summary(load_rows(out_dir)[0] if rows is None else rows)
     if not summary:
         return
     t = Table(title="largest sequence per implementation")
@@ -306,16 +319,17 @@ def _print_summary(out_dir: Path) -> None:
     console.print(t)
 
 
-def _scaling_readout(out_dir: Path) -> None:
+def _scaling_readout(out_dir: Path, rows: list[Row] | None = None) -> None:
     """Sequence-parallel runs against one device in the few columns a terminal holds (ranks:
-    GPUs, or processes on the CPU); sweep.md has every column."""
+    GPUs, or processes on the CPU); sweep.md has every column. ``rows``: out_dir's, read already."""
     from attnbench.report.data import describe
     from attnbench.report.intervals import ratio_text
     from attnbench.report.tables.multigpu import ring_pairs, scaling_families
     from attnbench.results import load_rows
     from attnbench.units import format_tokens
 
-    rows, _ = load_rows(out_dir)
+    if rows is None:
+        rows, _ = load_rows(out_dir)
     pairs, families = ring_pairs(rows), scaling_families(rows)
     if pairs:
         t = Table(title="sequence parallel against one device")

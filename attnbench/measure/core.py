@@ -14,7 +14,9 @@ The policy, in order:
 4. warm-up: by time until the GPU clock settles in one process; a count planned from the
    slowest rank's call where ranks must make the same calls (their collectives line up);
 5. timed calls planned from a warm call (ranks: each after a barrier, the slowest rank's plan);
-6. on one CUDA process, GPU time beside the eager time (``gpu_time``), for calls under a second.
+6. on one CUDA process, GPU time beside the eager time (``gpu_time``), for calls under a second;
+   in one CPU process, each timed call's CPU time beside its wall time, every call at the
+   policy's thread count.
 
 This module is the only place that creates CUDA timing events (``Timer``, ``cuda_event``, the
 GPU-time samples) and reads the allocator's peaks (``MemoryProbe``).
@@ -358,9 +360,11 @@ class Measurement:
     warmup_calls: int | None = None
     warmup_s: float | None = None
     gpu_times_ms: list[float] | None = None  # GPU time per call (one CUDA process)
+    cpu_times_ms: list[float] | None = None  # CPU time per timed call (one CPU process), beside its wall time
     gpu_timer: str | None = None
     clocks: dict[str, Any] = field(default_factory=dict)  # the sampler's clock summary of the timed calls
     cpu_tensor_peak_bytes: int | None = None  # one CPU process: tensor bytes a call held at once (tensor_peak_bytes)
+    threads: int | None = None  # CPU: torch's intra-op threads the calls ran with
     per_call: list[dict[str, Any]] = field(default_factory=list)  # ``after_call``'s reading of each timed call
 
 
@@ -381,9 +385,42 @@ def measure_step(
     """Measure ``step`` (see the module's docstring for the order). ``limit_s`` is the per-call
     limit, ``policy.budget_s`` the timing budget; ``gpu_timing`` adds GPU time (one CUDA
     process); ``after_call`` reads something after each timed call (a ring's compute and
-    wait, ranks only). Out-of-memory and other failures raise, as the step raised them."""
+    wait, ranks only). On the CPU every call runs with ``policy.threads`` threads (recorded);
+    out-of-memory and other failures raise, as the step raised them."""
+    with cpu_threads(None if timer.cuda else policy.threads) as threads:
+        m = Measurement(timer=timer.name, threads=None if timer.cuda else threads)
+        return _measure(m, step, policy, timer, limit_s, probe, sampler, ranks, compiles, gpu_timing, after_call, phase)
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` (None: left as they are), restored after;
+    yields the count the calls run with."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _measure(
+    m: Measurement,
+    step: Step,
+    policy: TimingPolicy,
+    timer: Timer,
+    limit_s: float,
+    probe: MemoryProbe | None,
+    sampler: NvmlSampler | None,
+    ranks: Ranks | None,
+    compiles: bool,
+    gpu_timing: bool,
+    after_call: Callable[[], dict[str, Any]] | None,
+    phase: Phase,
+) -> Measurement:
     sampler = sampler or NvmlSampler(None)
-    m = Measurement(timer=timer.name)
     sync = ranks.barrier if ranks else lambda: None
     agree = ranks.agree_max if ranks else lambda x: x
 
@@ -420,7 +457,7 @@ def measure_step(
         m.warm_call_ms, m.warmup_calls, m.warmup_s = basis, warm.calls, round(warm.seconds, 3)
         phase("timing", policy.budget_s + limit_s)
         with sampler.recording():
-            m.times_ms = timed_samples(step, timer, basis, policy)
+            m.times_ms = timed_samples(step, timer if timer.cuda else _with_cpu_time(timer, m), basis, policy)
             if gpu_timing and timer.cuda:
                 _take_gpu_time(m, step, policy, limit_s, probe, phase)
         if probe is not None and not probe.cuda:
@@ -443,6 +480,21 @@ def measure_step(
                 _take_gpu_time(m, step, policy, limit_s, probe, phase, ranks)
     m.clocks = sampler.clock_summary()
     return m
+
+
+def _with_cpu_time(timer: Timer, m: Measurement) -> Callable[[Step], float]:
+    """``timer`` that also appends each call's CPU time (the process's, every thread) to
+    ``m.cpu_times_ms``: on a CPU shared with other work a call's wall time grows with the
+    load, its CPU time barely moves."""
+    m.cpu_times_ms = []
+
+    def timed(fn: Step) -> float:
+        t0 = time.process_time()
+        ms = timer(fn)
+        m.cpu_times_ms.append((time.process_time() - t0) * 1e3)
+        return ms
+
+    return timed
 
 
 def _take_gpu_time(

@@ -1,5 +1,5 @@
 """The timing policy and the statistics of samples, pure: the timers themselves (CUDA
-events, CUDA-graph replays) are in ``measure.core``. Two timers per trial:
+events, CUDA-graph replays) are in ``measure.core``. The clocks of a trial:
 
 - **eager time**: one synchronised call per sample, dispatch included: CUDA events on the
   GPU, a monotonic clock on the CPU. What a caller of one attention call waits for.
@@ -8,6 +8,9 @@ events, CUDA-graph replays) are in ``measure.core``. Two timers per trial:
   implementation can be captured, else many eager calls back to back between one pair,
   divided by their number. Sub-millisecond calls get an L2 flush before each call (its own
   time measured the same way and subtracted), so a small case is not timed from a warm cache.
+- **CPU time** (CPU only): the process's CPU time per timed call, taken with the eager
+  sample: a shared CPU's other work delays a call (its wall time) but adds nothing to the
+  CPU time it costs, so this is what a regression check compares on a CPU.
 
 Warm-up runs by time (GPU clocks take about a second to settle after idle) and the sample
 plan is made from warm calls, never from the cold first one. We time ourselves instead of
@@ -48,6 +51,10 @@ class TimingPolicy:
     max_samples: int = 50
     target_ms: float = 1000.0  # aim for this much timed work per trial
     budget_s: float = 60.0  # the timing budget of a trial (not the per-call time limit)
+    # CPU calls: torch's intra-op threads (None: torch's default, one per core). On a CPU
+    # shared with other work one preempted thread of a parallel region stalls the others, and
+    # processes of the same code land several-fold apart; a single thread is only delayed.
+    threads: int | None = None
 
     def warmup_seconds(self, cuda: bool) -> float:
         return (1.0 if cuda else 0.0) if self.warmup_s is None else self.warmup_s

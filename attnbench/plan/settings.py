@@ -81,6 +81,7 @@ class Settings:
     target_ms: float = 1000.0
     timing_budget_s: float = 30.0  # timed calls of one trial (the per-call limit is max_trial_seconds)
     repeat: int = 1  # a points sweep times each point in this many fresh processes
+    threads: int = 1  # CPU trials: torch's intra-op threads per trial process (recorded in each row)
     label: str = ""
     gpus: tuple[int, ...] = ()  # sequence-parallel implementations: ranks to run on (one series each)
     equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
@@ -204,6 +205,7 @@ SETTING_PARSERS = {
     "warmup_s": _at_least(0, _float, "a number of seconds >= 0"),
     "timing_budget_s": _at_least(1e-9, _float, "a positive number of seconds, e.g. 30"),
     "repeat": _at_least(1, _int, "an integer >= 1 (fresh processes per timed point), e.g. 3"),
+    "threads": _at_least(1, _int, "an integer >= 1 (torch threads per CPU trial), e.g. 1"),
     "target_ms": _at_least(0, _float, "a number of milliseconds >= 0"),
     "label": _label,
     "gpus": _gpus,

@@ -21,7 +21,7 @@ from attnbench.report.sections import sections
 from attnbench.report.seeds import page as sd
 from attnbench.report.seeds.verdicts import verdicts
 from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
-from attnbench.results import check_output_dir, now_utc, write_files_whole
+from attnbench.results import check_output_dir, now_utc, utf8, write_files_whole
 from attnbench.results.series import SUPERSEDED_FILE
 
 REPORT_FILE = "report.md"
@@ -230,7 +230,7 @@ def write_report(results_path: Path, out: Path | None = None) -> Written:
             files[f"{CSV_DIR}/max-seq-{slug(name)}.csv"] = max_seq_csv(summary)
     files.update(doc.files)
     files[REPORT_FILE] = doc.text()
-    data = {name: text.encode("utf-8") for name, text in files.items()} | dict(doc.figures)
+    data = {name: utf8(text) for name, text in files.items()} | dict(doc.figures)
     written = write_files_whole(out_dir, data)
     problems = list(results.problems)
     if doc.missing_glyphs:

@@ -41,15 +41,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
-def load(path: Path) -> Results:
-    """Every readable row under ``path``; bad input (nothing to read) is a one-line error."""
+def load(path: Path, loaded: tuple[list[Row], list[str]] | None = None) -> Results:
+    """Every readable row under ``path`` (``loaded``: what ``load_rows`` read of it already);
+    bad input (nothing to read) is a one-line error."""
     path = Path(path)
     files = result_files(path)  # raises when the path does not exist
     if not files:
         raise AttnbenchError(
             f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
         )
-    rows, problems = load_rows(path)
+    rows, problems = loaded or load_rows(path)
     if not rows:
         raise AttnbenchError(
             f"{path} holds no readable result rows ({len(problems)} unreadable lines in "

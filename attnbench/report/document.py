@@ -5,6 +5,7 @@ produces each kind of data (named where a section has none)."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from attnbench.report import data as d
@@ -12,7 +13,7 @@ from attnbench.report.fit import capacities
 from attnbench.report.markdown import Table, heading_text
 from attnbench.report.tables.multigpu import speedup_cases
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
-from attnbench.results.schema import Row, Trial
+from attnbench.results.schema import Row, Speedup, Trial
 from attnbench.units import (
     format_bytes,
     format_bytes_per_token,
@@ -149,6 +150,12 @@ class Machine:
         self.capacities = capacities(rows)  # the max-seq-result rows say which searches finished
         self.speedups = speedup_cases(rows)
         self.gpu_count = max((len(r.env.gpus or []) for r in rows if r.env), default=0)
+
+    @cached_property
+    def ran(self) -> list[tuple[Trial | Speedup, dict[str, Any]]]:
+        """The trials, then the speedup rows, that ran, each with its workload's identity: what
+        every seed claim is matched against, worked out once, not once a claim."""
+        return [(r, r.identity()) for r in d.ok(self.trials + d.speedup_rows(self.rows))]
 
     @property
     def on_cpu(self) -> bool:

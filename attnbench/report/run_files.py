@@ -15,6 +15,7 @@ from attnbench.report.markdown import inline
 from attnbench.report.tables.speedup import memory_csv, speedup_csv
 from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
 from attnbench.results import load_rows, write_text_atomic
+from attnbench.results.schema import Row
 
 RUN_MARKDOWN = "sweep.md"
 
@@ -33,13 +34,15 @@ def run_markdown(results: Results) -> str:
     return doc.text()
 
 
-def write_run_files(out_dir: Path) -> list[Path]:
-    """Regenerate a results directory's markdown and CSV files from its ``trials.jsonl``."""
+def write_run_files(out_dir: Path, loaded: tuple[list[Row], list[str]] | None = None) -> list[Path]:
+    """Regenerate a results directory's markdown and CSV files from its ``trials.jsonl``
+    (``loaded``: what ``load_rows`` read of it already)."""
     out_dir = Path(out_dir)
-    rows, _ = load_rows(out_dir)
+    loaded = loaded or load_rows(out_dir)
+    rows = loaded[0]
     if not rows:
         return []
-    files = {RUN_MARKDOWN: run_markdown(load(out_dir))}
+    files = {RUN_MARKDOWN: run_markdown(load(out_dir, loaded))}
     if trials(rows):
         files["trials.csv"] = trials_csv(rows)
     summary = max_seq_summary(rows)

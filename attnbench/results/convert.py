@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Union
 
 from attnbench.errors import AttnbenchError
@@ -31,27 +32,57 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How a class is read, worked out once per class: its stored fields (name, the text that
+    names it in an error, required, nullable, converter), every field name, whether it keeps
+    unknown keys (``extra``) and the keys as given (``layout``)."""
+
+    fields: tuple[tuple[str, str, bool, bool, Callable[[Any, str, bool], Any]], ...]
+    known: frozenset[str]
+    extra: bool
+    layout: bool
+
+
+@functools.cache
+def _plan(cls: type) -> _Plan:
     hints = _hints(cls)
+    fields = tuple(
+        (
+            f.name,
+            f": field {f.name!r}",
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            _optional(hints[f.name]),
+            _converter(hints[f.name]),
+        )
+        for f in dataclasses.fields(cls)
+        if f.name not in NOT_STORED
+    )
+    known = frozenset(f.name for f in dataclasses.fields(cls))
+    return _Plan(fields, known, "extra" in known, "layout" in known)
+
+
+def from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
+    plan = _plan(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in NOT_STORED:
-            continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if f.name not in d or (d[f.name] is None and not required and not _optional(hints[f.name])):
+    for name, label, required, optional, convert in plan.fields:
+        value = d.get(name, _ABSENT)
+        if value is _ABSENT or (value is None and not required and not optional):
             if required:
-                raise SchemaError(f"{what}: missing field {f.name!r}")
+                raise SchemaError(f"{what}: missing field {name!r}")
             continue  # the default stands for "not recorded"
-        kwargs[f.name] = _convert(d[f.name], hints[f.name], f"{what}: field {f.name!r}", built)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = {k: v for k, v in d.items() if k not in known or k in NOT_STORED}
-    if "extra" in known:
+        kwargs[name] = convert(value, what + label, built)
+    unknown = {k: v for k, v in d.items() if k not in plan.known or k in NOT_STORED}
+    if plan.extra:
         kwargs["extra"] = unknown
     elif unknown:  # a part a worker sent: its fields are this version's own
         raise SchemaError(f"{what}: unknown field {next(iter(unknown))!r}")
-    if "layout" in known:
+    if plan.layout:
         kwargs["layout"] = tuple(d) if built else ()
     return cls(**kwargs)
+
+
+_ABSENT = object()
 
 
 def _optional(tp: Any) -> bool:
@@ -62,26 +93,58 @@ def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
 
-def _convert(value: Any, tp: Any, where: str, built: bool = False) -> Any:
+@functools.cache
+def _converter(tp: Any) -> Callable[[Any, str, bool], Any]:
+    """The conversion of a JSON value to ``tp`` (checked), ``(value, where, built) -> value``,
+    built once per type: a reader converts every field of every row through it."""
     if _is_union(tp):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        convert = _converter(inner)
+        nullable = type(None) in typing.get_args(tp)
+
+        def union(value, where, built):
+            return None if value is None and nullable else convert(value, where, built)
+
+        return union
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{where} is {_json_type(value)}, expected an object")
-        return from_json(tp, value, where, built)
+
+        def record(value, where, built):
+            if not isinstance(value, dict):
+                raise SchemaError(f"{where} is {_json_type(value)}, expected an object")
+            return from_json(tp, value, where, built)
+
+        return record
     origin = typing.get_origin(tp) or tp
     if origin is list:
-        if not isinstance(value, list):
-            raise SchemaError(f"{where} is {_json_type(value)}, expected a list")
         (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item, f"{where}[{i}]", built) for i, v in enumerate(value)]
-    if value is None and tp is not Any:
-        raise SchemaError(f"{where} is null, expected {_NAMES.get(origin, getattr(origin, '__name__', origin))}")
-    if tp is Any or _matches(value, origin):
-        return float(value) if origin is float and not built else value
-    raise SchemaError(f"{where} is {_json_type(value)} {_short(value)}, expected {_NAMES.get(origin, origin.__name__)}")
+        convert = _converter(item)
+
+        def listed(value, where, built):
+            if not isinstance(value, list):
+                raise SchemaError(f"{where} is {_json_type(value)}, expected a list")
+            try:
+                return [convert(v, where, built) for v in value]
+            except SchemaError:  # again, naming the item (its index costs a string per item)
+                return [convert(v, f"{where}[{i}]", built) for i, v in enumerate(value)]
+
+        return listed
+    if tp is Any:
+        return lambda value, where, built: value
+    exact = {float: (float, int), int: (int,), str: (str,), bool: (bool,), dict: (dict,)}.get(origin, ())
+
+    def scalar(value, where, built):
+        kind = type(value)
+        if kind in exact:  # the types json.loads gives (a bool is not a number)
+            return float(value) if kind is int and origin is float and not built else value
+        if value is None:
+            raise SchemaError(f"{where} is null, expected {_NAMES.get(origin, getattr(origin, '__name__', origin))}")
+        if _matches(value, origin):
+            return float(value) if origin is float and not built else value
+        raise SchemaError(
+            f"{where} is {_json_type(value)} {_short(value)}, expected {_NAMES.get(origin, origin.__name__)}"
+        )
+
+    return scalar
 
 
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object"}

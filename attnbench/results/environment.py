@@ -40,7 +40,7 @@ def source_commit() -> str:
     return "unknown"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -161,7 +161,7 @@ def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -4,9 +4,11 @@ and room for rows; tables and plots reach their name by an atomic rename."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -91,11 +93,27 @@ def _check_free(existing: Path, path: Path, option: str) -> None:
         )
 
 
+def utf8(text: str) -> bytes:
+    """``text`` as a file holds it: UTF-8, whatever the locale. A path or argument that the
+    file-system encoding could not decode (any non-ASCII byte in an ASCII locale, a byte that is
+    not UTF-8 in any) holds its bytes as lone surrogates: they are written as those bytes where
+    they are UTF-8, else escaped (``\\xff``)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder made (from a JSON escape): shown, not written
+        return text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace").encode("utf-8")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a derived file (CSV, markdown) so a reader never sees half of it: through an
     unpredictable temporary name in the target directory (created exclusively, so a planted
     link is never followed), then renamed over the target."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, utf8(text))
 
 
 def _umask() -> int:
@@ -149,9 +167,12 @@ MANIFEST = ".attnbench-report"
 def write_files_whole(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
     """Replace the files a previous call wrote into ``out_dir`` by ``files`` (relative name ->
     bytes), leaving every other file there alone. Everything is written into a temporary
-    directory inside ``out_dir`` first; only when all of it is written, and every name it
-    goes to can take a file, is the previous set removed and the new one moved into place:
-    a failure before that leaves ``out_dir`` as it was. Returns the paths written."""
+    directory inside ``out_dir`` first; then every name the new set goes to and every file of
+    the previous set is checked (a link or directory in the way, a read-only file, a directory
+    that cannot take a rename), and only then does the first rename happen. The previous files
+    are moved aside, not deleted, until the new set is in place: a rename that still fails puts
+    them back. Either way ``out_dir`` holds one whole report, and an error names the file.
+    Returns the paths written."""
     out_dir = Path(out_dir)
     targets = {name: out_dir / name for name in files}
     for path in targets.values():
@@ -166,32 +187,97 @@ def write_files_whole(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
     try:
         for name, data in files.items():
             write_bytes_atomic(staging / name, data)
-        write_bytes_atomic(staging / MANIFEST, "".join(f"{name}\n" for name in files).encode("utf-8"))
-        _remove_previous(out_dir, set(files))
-        for name, path in targets.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / name, path)
-        os.replace(staging / MANIFEST, out_dir / MANIFEST)
-    except OSError as exc:
-        raise AttnbenchError(f"cannot write into {out_dir} ({exc.strerror}): {why_not_written(exc)}") from None
+        write_bytes_atomic(staging / MANIFEST, utf8("".join(f"{name}\n" for name in files)))
+        previous = _previous(out_dir, set(files))
+        for path in [*targets.values(), *previous, out_dir / MANIFEST]:
+            _check_replaceable(path)
+        _swap(out_dir, staging, [*files, MANIFEST], previous)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return list(targets.values())
 
 
-def _remove_previous(out_dir: Path, keep: set[str]) -> None:
+def _previous(out_dir: Path, keep: set[str]) -> list[Path]:
     """The files the manifest names that the new set does not replace; never a path outside
     ``out_dir`` (a manifest is a file anyone could edit), never a link's target."""
     try:
         names = (out_dir / MANIFEST).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
-        return
+        return []
     root = out_dir.resolve()
-    for name in names:
+    found = []
+    for name in dict.fromkeys(names):
         path = out_dir / name
-        if not name or name in keep or root not in path.resolve().parents:
-            continue
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-            if path.parent != out_dir and not any(path.parent.iterdir()):
-                path.parent.rmdir()  # csv/, when the new report has none
+        if name and name not in keep and root in path.resolve().parents and (path.is_file() or path.is_symlink()):
+            found.append(path)
+    return found
+
+
+def _check_replaceable(path: Path) -> None:
+    """Before any rename: ``path`` can be replaced (or removed) by a rename in its directory,
+    and is no file its owner marked read-only."""
+    folder = path.parent
+    while not folder.exists():  # a folder the new set creates (csv/) is made in the nearest that exists
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AttnbenchError(f"cannot write {path}: {folder} is not writable; make it writable or choose another --out")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): {why_not_written(exc)}") from None
+    if stat.S_ISREG(mode) and (not mode & 0o222 or not os.access(path, os.W_OK)):
+        raise AttnbenchError(
+            f"cannot write {path}: it is read-only; make it writable (chmod u+w) or choose another --out"
+        )
+
+
+def _swap(out_dir: Path, staging: Path, names: list[str], previous: list[Path]) -> None:
+    """Move the previous files aside into ``staging``, then the new ones into place; a rename
+    that fails puts everything back as it was and is one AttnbenchError naming its file."""
+    aside = staging / ".previous"
+    moved: list[tuple[Path, Path]] = []  # (where a previous file was, where it is now)
+    placed: list[Path] = []  # the new files in place
+    made: list[Path] = []  # folders made for them
+    path = out_dir
+    try:
+        for i, path in enumerate([*(out_dir / n for n in names), *previous]):
+            if os.path.lexists(path):
+                keep = aside / str(i)
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, keep)
+                moved.append((path, keep))
+        for name in names:
+            path = out_dir / name
+            for folder in reversed(path.relative_to(out_dir).parents):
+                if not (out_dir / folder).exists():
+                    (out_dir / folder).mkdir()
+                    made.append(out_dir / folder)
+            os.replace(staging / name, path)
+            placed.append(path)
+    except OSError as exc:
+        lost = _put_back(placed, moved, made)
+        state = f"{lost} of the previous files could not be put back" if lost else "the previous report is as it was"
+        raise AttnbenchError(f"cannot write {path} ({exc.strerror}): {why_not_written(exc)}; {state}") from None
+    for gone in previous:  # csv/, when the new report has none
+        if gone.parent != out_dir and gone.parent.is_dir() and not any(gone.parent.iterdir()):
+            gone.parent.rmdir()
+
+
+def _put_back(placed: list[Path], moved: list[tuple[Path, Path]], made: list[Path]) -> int:
+    """Undo a part-made swap: the new files out, the previous ones back, the new folders gone;
+    how many previous files could not be put back."""
+    lost = 0
+    for done in placed:
+        with contextlib.suppress(OSError):
+            done.unlink()
+    for where, keep in reversed(moved):
+        try:
+            os.replace(keep, where)
+        except OSError:
+            lost += 1
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return lost

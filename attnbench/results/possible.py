@@ -67,7 +67,7 @@ NOT_NEGATIVE = frozenset(
     }
 )
 # Lists of timed samples: each one a duration.
-SAMPLE_LISTS = frozenset({"times_ms", "gpu_times_ms"})
+SAMPLE_LISTS = frozenset({"times_ms", "gpu_times_ms", "cpu_times_ms"})
 # Sequence lengths (a trial's, a search's answer and bounds): never beyond MAX_TOKENS.
 LENGTHS = frozenset({"seq_len", "first_failure", "max_seq_len", "start", "resolution", "margin", "predicted_max_seq"})
 # Measured memory: never more than the device holds (the largest total the row records).
@@ -85,12 +85,13 @@ MAX_DEVICE_BYTES = 2**50
 
 def nesting_depth(value: Any) -> int:
     """How deep JSON ``value`` nests (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(value, 0)]
+    if type(value) not in (dict, list):
+        return 0
+    deepest, stack = 0, [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, depth + 1)
-            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+        deepest = max(deepest, depth)
+        stack.extend((x, depth + 1) for x in (v.values() if type(v) is dict else v) if type(x) in (dict, list))
     return deepest
 
 
@@ -98,6 +99,45 @@ def check_possible(d: dict[str, Any]) -> None:
     """A SchemaError naming the first field of a valid row ``d`` that no measurement can give:
     a number that is not finite (NaN, infinity), a time, size or count below zero, a memory
     peak beyond the device."""
+    if _any_impossible_number(d):
+        _name_impossible_number(d)
+    _check_peaks(d)
+
+
+# keys whose numbers have a rule beyond being finite
+_RULED = NOT_NEGATIVE | SAMPLE_LISTS | LENGTHS
+
+
+def _any_impossible_number(d: dict[str, Any]) -> bool:
+    """Whether any number in ``d`` breaks a rule of ``_name_impossible_number``: the same rules,
+    walked without naming where (every row a reader reads is walked; few have a problem)."""
+    stack: list[tuple[Any, Any]] = [(k, v) for k, v in d.items() if type(v) is not str]
+    while stack:
+        key, value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            stack.extend((k, v) for k, v in value.items() if type(v) is not str)
+        elif kind is list:
+            ruled = key in _RULED
+            for v in value:  # a list's items are its key's
+                t = type(v)
+                if t is float or t is int:
+                    if not math.isfinite(v) or (ruled and _breaks(key, v)):
+                        return True
+                elif t is dict or t is list:
+                    stack.append((key, v))
+        elif kind is float or kind is int:
+            if not math.isfinite(value) or (key in _RULED and _breaks(key, value)):
+                return True
+    return False
+
+
+def _breaks(key: Any, value: float) -> bool:
+    return (value < 0 and (key in NOT_NEGATIVE or key in SAMPLE_LISTS)) or (key in LENGTHS and value > MAX_TOKENS)
+
+
+def _name_impossible_number(d: dict[str, Any]) -> None:
+    """The SchemaError naming the first impossible number of ``d`` (none where there is none)."""
     stack: list[tuple[Any, str, str | None]] = [(v, repr(k), k) for k, v in d.items()]
     while stack:
         value, where, key = stack.pop()
@@ -112,7 +152,6 @@ def check_possible(d: dict[str, Any]) -> None:
                 raise SchemaError(f"field {where} is {value}: it is never negative")
             if key in LENGTHS and value > MAX_TOKENS:
                 raise SchemaError(f"field {where} is {value:.3g} tokens, beyond any device's {MAX_TOKENS:.3g}")
-    _check_peaks(d)
 
 
 def _check_peaks(d: dict[str, Any]) -> None:

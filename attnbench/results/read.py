@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.results.possible import MAX_DEPTH, check_possible, nesting_depth
-from attnbench.results.schema import SCHEMA_VERSION, Row, SchemaError, row_from_json, validate
+from attnbench.results.schema import SCHEMA_VERSION, Environment, Row, SchemaError, row_from_json
 from attnbench.results.write import TRIALS_FILE
 
 
@@ -57,7 +57,7 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
     already read: counted once). A row of another schema version stops the read with one
     line: its meaning is not this code's."""
     rows, problems = [], []
-    for row, file, _ in _valid_rows(paths, problems):
+    for row, _, file, _ in _valid_rows(paths, problems):
         row["_file"] = str(file)
         rows.append(row)
     return rows, problems
@@ -68,19 +68,20 @@ def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
     (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), each with ``source`` set to its
     ``FILE:LINE``, and the same ``FILE:LINE`` problem lines."""
     rows, problems = [], []
-    for d, file, lineno in _valid_rows(paths, problems):
-        row = row_from_json(d)
+    for _, row, file, lineno in _valid_rows(paths, problems):
         row.source = f"{file}:{lineno}"
         rows.append(row)
     return rows, problems
 
 
 def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
-    """(row, file, line) of every valid, possible row, each trial once; a skipped line is
-    appended to ``problems``."""
+    """(row, typed row, file, line) of every valid, possible row, each trial once; a skipped
+    line is appended to ``problems``. Each row is read once, in time linear in the rows: the
+    rows of one run share one environment, typed once."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
     seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
+    envs = Environments()
     for root in paths:
         for file in result_files(Path(root)):
             for lineno, raw in enumerate(read_file(file).split(b"\n"), 1):
@@ -97,7 +98,7 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
                         "read it with the attnbench version that wrote it"
                     )
                 try:
-                    validate(row)
+                    typed = envs.typed(row)
                 except SchemaError as exc:
                     problems.append(f"{where}: invalid row skipped ({exc})")
                     continue
@@ -112,7 +113,31 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
                     continue
                 if isinstance(trial, str):
                     seen[trial] = where
-                yield row, file, lineno
+                yield row, typed, file, lineno
+
+
+class Environments:
+    """Typed rows whose environment is one object per distinct environment: a run's rows
+    record the same one, which is read and held once, not once a row."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, Environment] = {}
+
+    def typed(self, row: dict[str, Any]) -> Row:
+        """``row`` as its kind's class (``row_from_json``); a SchemaError names its first bad field."""
+        env = row.get("env")
+        if not isinstance(env, dict):
+            return row_from_json(row)
+        key = json.dumps(env)
+        shared = self.known.get(key)
+        if shared is None:
+            typed = row_from_json(row)
+            if typed.env is not None:
+                self.known[key] = typed.env
+            return typed
+        typed = row_from_json({**row, "env": None})  # the same environment, already checked
+        typed.env = shared
+        return typed
 
 
 def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
@@ -135,6 +160,14 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
     return row, ""
 
 
+def iter_rows(paths: Path | Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """The rows of ``read_rows`` one at a time as they are read, problems left unsaid: for a
+    caller that needs only the first few, and stops there."""
+    for row, _, file, _ in _valid_rows(paths, []):
+        row["_file"] = str(file)
+        yield row
+
+
 def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[Row]:
     """The rows a run may continue from, typed, those measured on ``machine`` only (a row of another
     machine is never replayed as this one's); refuses to overwrite a results directory
@@ -149,7 +182,9 @@ def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[Row]:
             f"{trials} is a symbolic link: attnbench does not write through links; "
             "replace it with the file or choose another --out"
         )
-    return [row_from_json(r) for r in check_same_machine(out_dir, machine) if _machine_of(r) == machine]
+    rows, _ = load_rows(trials)
+    _refuse_another_machine(out_dir, machine, {r.env.machine for r in rows if r.env})
+    return [r for r in rows if r.env and r.env.machine == machine]
 
 
 def _machine_of(row: dict[str, Any]) -> str | None:
@@ -163,10 +198,13 @@ def check_same_machine(out_dir: Path, machine: str) -> list[dict[str, Any]]:
     if not trials.exists():
         return []
     rows, _ = read_rows(trials)
-    machines = {_machine_of(r) for r in rows if r.get("env")}
+    _refuse_another_machine(out_dir, machine, {_machine_of(r) for r in rows if r.get("env")})
+    return rows
+
+
+def _refuse_another_machine(out_dir: Path, machine: str, machines: set[str | None]) -> None:
     if machines and machine not in machines:
         raise AttnbenchError(
             f"{out_dir} was measured on {', '.join(sorted(map(str, machines)))}, this is {machine}: "
             "continue on the same machine or choose another --out"
         )
-    return rows

@@ -184,6 +184,7 @@ class Timing:
     time_max_ms: float | None = None
     first_call_ms: float | None = None  # the untimed first call (compilation, allocator warm-up)
     timer: str | None = None  # how samples were taken (CUDA events or wall clock)
+    threads: int | None = None  # CPU: torch's intra-op threads the calls ran with
     backend: str | None = None  # kernel backend the implementation chose
     tokens_per_s: float | None = None  # batch * seq_len / time
     gpus: list[GpuMemory] | None = None  # per-GPU memory
@@ -197,6 +198,9 @@ class Timing:
     time_ci_low: float | None = None  # 95% bootstrap interval of the median eager time
     time_ci_high: float | None = None
     gpu_times_ms: list[float] | None = None  # GPU time per call: CUDA-graph replays or back-to-back calls
+    # CPU: the process's CPU time per timed call (user and system, every thread), beside its
+    # wall time: the call's own cost, which other work on the machine does not add to
+    cpu_times_ms: list[float] | None = None
     gpu_time_ms: float | None = None  # median GPU time
     gpu_time_n: int | None = None
     gpu_time_ci_low: float | None = None

@@ -207,8 +207,10 @@ class ResultsLock:
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
             # removed while held, so no run finds it after us; a run that opened it before
-            # this sees it gone once it holds it (_still_named) and opens the path again
-            with contextlib.suppress(FileNotFoundError):
+            # this sees it gone once it holds it (_still_named) and opens the path again. A
+            # directory that became read-only keeps the file (a lock nobody holds locks
+            # nothing), and whatever error ended the run is the one reported, not this.
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)
             os.close(self.fd)
             self.fd = None

@@ -1,6 +1,7 @@
 """Multi-process jobs under ``torchrun``: one process per GPU (NCCL) or per CPU rank (gloo).
 
-``launch`` starts ``torchrun --standalone --nproc-per-node P -m attnbench.runtime.distributed JOB``
+``launch`` starts ``torchrun --standalone --nproc-per-node P`` with ``attnbench.runtime.distributed JOB``
+as each rank (both through ``runtime.agent``, so a rank dies with its agent whenever that dies)
 and supervises it like a single-process trial (a single rank runs directly, with the
 environment torchrun would give it). Each rank imports the job function the job file names
 (``"module:function"``), calls ``function(payload, rank, world_size, device)`` and writes
@@ -34,14 +35,8 @@ import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
-from attnbench.runtime.supervise import (
-    Child,
-    cgroup_oom_kills,
-    claim_protocol,
-    classify_exit,
-    die_with_parent,
-    python_module,
-)
+from attnbench.runtime import agent
+from attnbench.runtime.supervise import Child, cgroup_oom_kills, claim_protocol, classify_exit
 from attnbench.runtime.worker import function_ref, owned_temp_dir, resolve, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
@@ -105,14 +100,16 @@ def run_on_node(
     with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(spec))
-        worker = ["-m", "attnbench.runtime.distributed", str(job_path), tmp]
+        worker = agent.command("rank", __name__, str(job_path), tmp)
         if nprocs == 1 and rdzv is None:
-            # one rank needs no agent: set torchrun's environment ourselves and save its start-up
-            cmd, env = [sys.executable, *worker], {**MULTICAST_OFF, **_single_rank_env()}
+            # one rank needs no agent: set torchrun's environment ourselves and save its start-up;
+            # the rank dies with attnbench, as it would with its agent
+            cmd = [sys.executable, *worker]
+            env = {**MULTICAST_OFF, **_single_rank_env(), agent.AGENT_PID: str(os.getpid())}
         else:
             standalone = ["--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0"]
-            cmd = python_module("torch.distributed.run", *(rdzv or standalone), *worker)
-            env = MULTICAST_OFF
+            torchrun = (*(rdzv or standalone), *worker)
+            cmd, env = [sys.executable, *agent.command("agent", "torch.distributed.run", *torchrun)], MULTICAST_OFF
         oom_kills = cgroup_oom_kills()
         launcher = Child(cmd, env)
         stopped = _stop_when(launcher, stop) if stop else {}
@@ -225,17 +222,8 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     return status, f"rank {first.get('rank')}: {first.get('message', '')}"
 
 
-def die_with_launcher() -> None:
-    """A rank dies with the torchrun agent that started it, as the agent dies with attnbench:
-    a SIGKILL of attnbench (or of the agent) leaves no rank running."""
-    agent = os.getppid()
-    die_with_parent()
-    if os.getppid() != agent:  # the agent was gone before the signal was armed
-        os._exit(1)
-
-
 def main(job_path: str, out_dir: str) -> None:
-    die_with_launcher()
+    """A rank (started through ``runtime.agent``, which made it die with its agent first)."""
     claim_protocol()  # phase lines reach the supervisor through torchrun's stdout, and nothing else does
     spec = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -269,5 +257,6 @@ def main(job_path: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # a rank without the agent's guard (by hand): it dies with its parent
+    agent.die_with_parent()
     main(sys.argv[1], sys.argv[2])

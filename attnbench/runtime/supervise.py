@@ -27,6 +27,7 @@ from typing import Any
 
 from attnbench.errors import raise_pending_interrupt
 from attnbench.measure.oom import classify_text
+from attnbench.runtime.agent import die_with_parent
 from attnbench.units import clip_text
 
 # Seconds a child may take to start (import torch, create a CUDA context, allocate inputs)
@@ -102,16 +103,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def python_module(module: str, *args: str) -> list[str]:
     """The command that runs ``python -m module args`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
-
-
-def die_with_parent() -> None:
-    """In the child before exec: Linux sends SIGKILL when the parent dies, however it dies."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class GroupKeeper:

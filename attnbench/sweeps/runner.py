@@ -324,19 +324,23 @@ class SweepRunner(RunSession):
 
     def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
+        workload = s.workload(seq_len)
+        timing = {
+            "warmup": st.warmup,
+            "warmup_s": st.warmup_s,
+            "min_samples": st.min_samples,
+            "max_samples": st.max_samples,
+            "target_ms": st.target_ms,
+            # sequence-parallel ranks are supervised per phase at the per-call limit
+            "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s,
+        }
+        if workload.device == "cpu":  # a CPU time means something only at a stated thread count
+            timing["threads"] = st.threads
         return TrialSpec(
-            workload=s.workload(seq_len).to_dict(),
+            workload=workload.to_dict(),
             max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
-            timing={
-                "warmup": st.warmup,
-                "warmup_s": st.warmup_s,
-                "min_samples": st.min_samples,
-                "max_samples": st.max_samples,
-                "target_ms": st.target_ms,
-                # sequence-parallel ranks are supervised per phase at the per-call limit
-                "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s,
-            },
+            timing=timing,
             seed=seq_len,
         )
 

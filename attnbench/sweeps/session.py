@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnbench.results import ResultsWriter, clean_floats, rows_to_resume
+from attnbench.results import TRIALS_FILE, ResultsWriter, clean_floats, rows_to_resume
 from attnbench.results.schema import Row, Verify
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
@@ -34,10 +34,16 @@ class RunSession:
         self.reporter = reporter or SilentReporter()
         self.writer = ResultsWriter(self.out_dir)
         self.run_id = self.out_dir.name
+        self._resumed: tuple[tuple[int, ...] | None, list[Row]] | None = None
 
     def resumed_rows(self) -> list[Row]:
-        """The rows a resumed run continues from; refuses a used directory without --resume."""
-        return rows_to_resume(self.out_dir, self.resume, self.env["machine"])
+        """The rows a resumed run continues from; refuses a used directory without --resume.
+        Read again only where the file changed since the last read (a run asks before taking
+        the directory's lock and again under it)."""
+        stamp = _stamp(self.out_dir / TRIALS_FILE)
+        if self._resumed is None or self._resumed[0] != stamp:
+            self._resumed = (stamp, rows_to_resume(self.out_dir, self.resume, self.env["machine"]))
+        return self._resumed[1]
 
     def run_checks(
         self,
@@ -68,3 +74,12 @@ class RunSession:
 
     def append(self, row: Row) -> None:
         self.writer.append(clean_floats(row.to_json()))
+
+
+def _stamp(path: Path) -> tuple[int, ...] | None:
+    """What changes when a file does: its inode, size and modification time (None: absent)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -26,6 +26,8 @@ MEASUREMENT_FIELDS = (
     "gpu_times_ms",
     "gpu_timer",
     "cpu_tensor_peak_bytes",
+    "threads",
+    "cpu_times_ms",
 )
 
 

@@ -256,11 +256,13 @@ def _number(text: str) -> bool:
 # --- rows that measure a claim ----------------------------------------------------------------------
 
 
-def matches(row: Row, match: dict[str, Any]) -> bool:
+def matches(row: Row, match: dict[str, Any], ident: dict[str, Any] | None = None) -> bool:
     """Every key of ``match`` agrees with the row (a row field, else a configuration
     parameter); a list for a row field means any of its values; ``false`` also matches a
-    flag the row leaves out (options that are off stay out of rows)."""
-    ident = row.identity() if hasattr(row, "identity") else {}
+    flag the row leaves out (options that are off stay out of rows). ``ident``: the row's
+    identity, where the caller holds it already."""
+    if ident is None:
+        ident = row.identity() if hasattr(row, "identity") else {}
     config = getattr(row, "config", None) or {}
     for key, want in match.items():
         if key in ROW_KEYS:

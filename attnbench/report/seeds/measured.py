@@ -222,9 +222,10 @@ def _row_value(metric: str, row: Row) -> float | None:
 
 def _row_metric(claim: Claim, m, metric: str, match: dict[str, Any]) -> Measured | None:
     pick = claim.pick
-    pool = d.trials(m.rows) + d.speedup_rows(m.rows)
     rows = [
-        r for r in d.ok(pool) if matches(r, match) and _row_value(metric, r) is not None and _replicas_agree(claim, r)
+        r
+        for r, ident in m.ran
+        if matches(r, match, ident) and _row_value(metric, r) is not None and _replicas_agree(claim, r)
     ]
     row, others = _chosen(rows, lambda r: _row_value(metric, r), pick)
     if row is None:

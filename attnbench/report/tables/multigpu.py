@@ -42,19 +42,37 @@ def _case_key(r: Speedup) -> tuple:
     return (r.impl, config_id(r.config), r.seq_len, r.module or "attention", settings_key(r))
 
 
-def single_runs(found: list[Speedup]) -> dict[tuple, list[Speedup]]:
+@dataclass
+class Candidates:
+    """Baseline candidates for ``_pick`` in constant time, added in order: the latest of them
+    and the latest of each run (with its place in that order)."""
+
+    last: tuple[int, Any] | None = None
+    by_run: dict[str | None, tuple[int, Any]] = field(default_factory=dict)
+
+    def add(self, place: int, candidate: Any) -> None:
+        self.last = (place, candidate)
+        self.by_run[_run_of(candidate)] = (place, candidate)
+
+    def pick(self, row: Row) -> tuple[int, Any] | None:
+        """``_pick`` of the candidates for ``row``, with its place."""
+        return self.by_run.get(row.run) or self.last
+
+
+def single_runs(found: list[Speedup]) -> dict[tuple, Candidates]:
     """The single-GPU rows by case: what ``baseline`` picks from."""
-    singles: dict[tuple, list[Speedup]] = {}
-    for r in found:
+    singles: dict[tuple, Candidates] = {}
+    for i, r in enumerate(found):
         if r.strategy == "single":
-            singles.setdefault(_case_key(r), []).append(r)
+            singles.setdefault(_case_key(r), Candidates()).add(i, r)
     return singles
 
 
-def baseline(row: Speedup, singles: dict[tuple, list[Speedup]]) -> Speedup | None:
+def baseline(row: Speedup, singles: dict[tuple, Candidates]) -> Speedup | None:
     """A speedup row's single-GPU baseline, by the one rule (``_pick``) the report's and a
     results directory's tables share."""
-    return _pick(singles.get(_case_key(row), []), row)
+    picked = singles[_case_key(row)].pick(row) if _case_key(row) in singles else None
+    return picked[1] if picked else None
 
 
 def _pick(candidates: list[Any], row: Row) -> Any:
@@ -176,19 +194,30 @@ EQUAL_WORK = (
 SAME_SPLIT = "same split"  # the same implementation on one rank
 
 
-def _same_workload(row: Workload, impl: str, candidates: list[Trial]) -> Trial | None:
-    found = [
-        c
-        for c in candidates
-        if c.impl == impl
-        and c.seq_len == row.seq_len
-        and settings_key(c) == settings_key(row)
-        and configs_agree(c.config, row.config)
-    ]
-    return _pick(found, row)
+class OneDevice:
+    """Single-device rows by implementation, length, settings and configuration, so that each
+    multi-GPU row finds its baselines in time independent of the rows' number."""
+
+    def __init__(self, rows: list[Trial]) -> None:
+        self.groups: dict[tuple, dict[str, Candidates]] = {}
+        for i, c in enumerate(rows):
+            configs = self.groups.setdefault((c.impl, c.seq_len, settings_key(c)), {})
+            configs.setdefault(config_id(c.config), Candidates()).add(i, c)
+
+    def same_workload(self, row: Workload, impl: str) -> Trial | None:
+        """``_pick`` of the rows of ``impl`` at ``row``'s workload and length whose
+        configuration agrees with its own."""
+        agreeing = [
+            g
+            for g in self.groups.get((impl, row.seq_len, settings_key(row)), {}).values()
+            if configs_agree(g.last[1].config, row.config)
+        ]
+        same_run = [g.by_run[row.run] for g in agreeing if row.run in g.by_run]
+        picked = max(same_run or [g.last for g in agreeing], default=None, key=lambda p: p[0])
+        return picked[1] if picked else None
 
 
-def baselines(row: Workload, candidates: list[Trial]) -> dict[str, Trial | None]:
+def baselines(row: Workload, singles: OneDevice) -> dict[str, Trial | None]:
     """The single-GPU rows of the same workload and length: ``equal work`` (the best
     single-device implementation of the same key sets over the whole sequence) and ``same
     split`` (the same implementation on one rank), each None where not measured."""
@@ -196,8 +225,8 @@ def baselines(row: Workload, candidates: list[Trial]) -> dict[str, Trial | None]
 
     counterpart = impls.counterpart(row.impl)
     return {
-        EQUAL_WORK: _same_workload(row, counterpart, candidates) if counterpart else None,
-        SAME_SPLIT: _same_workload(row, row.impl, candidates),
+        EQUAL_WORK: singles.same_workload(row, counterpart) if counterpart else None,
+        SAME_SPLIT: singles.same_workload(row, row.impl),
     }
 
 
@@ -275,7 +304,7 @@ def ring_pairs(rows: list[Row]) -> list[RingPair]:
     implementation on one rank (for a ring on several)."""
     pairs = []
     points = ok(trials(rows))
-    singles = [r for r in points if world_size(r) == 1]
+    singles = OneDevice([r for r in points if world_size(r) == 1])
     for r in points:
         if world_size(r) > 1 or r.strategy == "ring":
             found = baselines(r, singles)

@@ -139,7 +139,8 @@ def each_length_once(trials: list[Trial]) -> tuple[list[Trial], set[int]]:
     repeating it (a failed one stays, a row of its own)."""
     ran = {r.seq_len for r in trials if r.status == "ok" and r.phase != "confirm"}
     repeats = [r for r in trials if r.phase == "confirm" and r.status == "ok" and r.seq_len in ran]
-    return [r for r in trials if r not in repeats], {r.seq_len for r in repeats}
+    gone = {id(r) for r in repeats}  # by identity: a row's equality compares every field
+    return [r for r in trials if id(r) not in gone], {r.seq_len for r in repeats}
 
 
 CONFIRMED = "confirmed in a fresh process"
