@@ -68,6 +68,13 @@ InProcOpt = Annotated[
 BudgetOpt = Annotated[
     Optional[float], typer.Option("--timing-budget", help="seconds of timed calls per trial \\[default: 30]")
 ]
+NoVerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-verify",
+        help="run without the reference check first (a method with no exact reference); rows say verified: false",
+    ),
+]
 RepeatOpt = Annotated[
     Optional[int],
     typer.Option("--repeat", help="time each point in K fresh processes (the unit `check` compares) \\[default: 1]"),

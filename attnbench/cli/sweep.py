@@ -3,6 +3,7 @@ profile, run it, then write its tables and print the largest sequence per implem
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -28,6 +29,7 @@ from attnbench.cli.options import (
     MemLimitOpt,
     ModelOpt,
     ModeOpt,
+    NoVerifyOpt,
     OutOpt,
     ParamOpt,
     ProfileOpt,
@@ -77,6 +79,7 @@ def max_seq(
     resume: ResumeOpt = False,
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Largest sequence length each implementation runs: predicted from short trials, bracketed, confirmed."""
     flags = sweep_flags(
@@ -105,7 +108,14 @@ def max_seq(
     elif not impl:
         raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile FILE")
     _run_plan(
-        "max-seq", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), profile, out, resume
+        "max-seq",
+        impl or [],
+        flags,
+        impl_params(segment_lengths, dilation_rates, backend, param),
+        profile,
+        out,
+        resume,
+        no_verify=no_verify,
     )
 
 
@@ -134,6 +144,7 @@ def bench(
     in_process: InProcOpt = None,
     timing_budget: BudgetOpt = None,
     repeat: RepeatOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
@@ -158,7 +169,14 @@ def bench(
         repeat=repeat,
     )
     _run_plan(
-        "bench", impl or [], flags, impl_params(segment_lengths, dilation_rates, backend, param), None, out, resume
+        "bench",
+        impl or [],
+        flags,
+        impl_params(segment_lengths, dilation_rates, backend, param),
+        None,
+        out,
+        resume,
+        no_verify=no_verify,
     )
 
 
@@ -177,16 +195,17 @@ def run(
             help="run only this part of the profile (repeatable); the next part continues the same --out with --resume",
         ),
     ] = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
         from attnbench.sweeps.runner import cuda_available
 
         profile = "default" if cuda_available() else "default-cpu"
-    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or ())
+    _run_plan(profile, [], sweep_flags(repeat=repeat), {}, profile, out, resume, part or (), no_verify)
 
 
-def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -> None:
+def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=(), no_verify=False) -> None:
     from attnbench.plan import build_plan
     from attnbench.results import check_output_dir
     from attnbench.trials.supervised import run_outside_in_workers
@@ -195,6 +214,8 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
         check_output_dir(out)
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
+    if no_verify:  # as a profile's verify = false: the rows say so, the report marks them
+        planned = replace(planned, verify=False)
 
     from attnbench.report.run_files import write_run_files
     from attnbench.results.environment import capture_env
@@ -212,6 +233,11 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=()) -
     console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env['machine']} -> {out_dir}")
     if plan.description:  # what the profile measures, in its own words
         console.print(f"[dim]{escape(plan.description)}[/]")
+    if not plan.verify:
+        err_console.print(
+            "not verified: no reference check runs first (--no-verify or verify = false); every row says "
+            "verified: false and the report marks it"
+        )
     if plan.parts:
         running = ", ".join(plan.selected or plan.parts)
         console.print(f"parts: {', '.join(plan.parts)}; running {running}")
