@@ -57,7 +57,8 @@ def verify(
     ] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | auto")] = "auto",
     dtype: Annotated[
-        Optional[list[str]], typer.Option("--dtype", help="dtype (repeatable); default fp32 and bf16")
+        Optional[list[str]],
+        typer.Option("--dtype", help="dtype (repeatable) \\[default: fp32 on a CPU, bf16 on a GPU; --full: both]"),
     ] = None,
     gpus: Annotated[
         Optional[str],
@@ -89,7 +90,7 @@ def verify(
     head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="head dimension \\[default: 16]")] = None,
     full: Annotated[
         bool,
-        typer.Option("--full", help="every verify configuration, head layout and dtype, one row per case"),
+        typer.Option("--full", help="every verify configuration and head layout, one row per case"),
     ] = False,
 ) -> None:
     """Check implementations against the float64 dense masked reference on fresh random inputs
@@ -111,7 +112,9 @@ def verify(
     from attnbench.sweeps.verification import plan_verify
 
     given = impl_params(None, None, None, param)
-    plan = plan_verify(impl, device, dtype or ["fp32", "bf16"], mode, gpus, given or None, shapes)
+    # a few shapes: in the device's own dtype; the matrix: in both
+    dtypes = dtype or (["fp32", "bf16"] if full else ["bf16" if device == "cuda" else "fp32"])
+    plan = plan_verify(impl, device, dtypes, mode, gpus, given or None, shapes)
     env = capture_env() if out else None
     if out:
         check_same_machine(out, env["machine"])
@@ -247,11 +250,17 @@ def _passed(rows: list[Verify]) -> int:
 def _group_line(name: str, rows: list[Verify], width: int) -> str:
     """One implementation's checks in one line: the verdict, how many, the largest error against
     its tolerance and the shapes; the first failure's reason where one failed."""
-    from attnbench.trials.reference import TOLERANCE
+    from attnbench.trials.reference import GRAD_TOLERANCE, GRADIENTS, TOLERANCE
 
     bad = [r for r in rows if r.status not in ("pass", "unsupported")]
     verdict = "[red]FAIL[/]" if bad else "[green]pass[/]"
-    errors = [(r.rel_err / TOLERANCE[r.dtype], r) for r in rows if r.rel_err is not None and r.rel_err == r.rel_err]
+    errors = [  # each error against its tolerance: the output's, and the gradients' where checked
+        (err / limit, err)
+        for r in rows
+        for err, limit in [(r.rel_err, TOLERANCE[r.dtype])]
+        + [(getattr(r, f"rel_err_{g}"), GRAD_TOLERANCE[r.dtype]) for g in GRADIENTS]
+        if err is not None and err == err
+    ]
     worst = max(errors, key=lambda e: e[0], default=None)
     lengths = sorted({r.seq_len for r in rows})
     heads = sorted({str(r.heads) + (f"/{r.kv_heads}" if r.kv_heads else "") for r in rows})
@@ -261,7 +270,7 @@ def _group_line(name: str, rows: list[Verify], width: int) -> str:
     )
     text = f"{escape(name):<{width}}  {verdict}  {len(rows) - len(bad)}/{len(rows)} checks, {shape}"
     if worst is not None:
-        text += f", worst error {worst[1].rel_err:.1e} ({worst[0]:.2g}x its tolerance)"
+        text += f", worst error {worst[1]:.1e} ({worst[0]:.2g}x its tolerance)"
     unsupported = sum(r.status == "unsupported" for r in rows)
     if unsupported:
         text += f", {unsupported} unsupported by the kernel"
