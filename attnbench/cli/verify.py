@@ -33,7 +33,8 @@ def list_impls() -> None:
         )
         if s.source:
             package = f" (package {s.source['package']} {s.source['version']})" if s.source.get("package") else ""
-            console.print(f"    from {s.source['import_path']}{package}")
+            digest = f", source sha256 {s.source['source_sha256']}" if s.source.get("source_sha256") else ""
+            console.print(f"    from {s.source['import_path']}{package}{digest}")
         if "availability" in s.extra:
             console.print(f"    {s.extra['availability']()}")
         if not s.params:

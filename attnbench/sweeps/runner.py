@@ -85,7 +85,14 @@ def verify_cases(plan: Plan) -> tuple[list[VerifyCase], list[str]]:
     configurations dense at every length checked."""
     cases = [reduced(c) for s in plan.series for c in kinds.get(s.settings.kind).verify_cases(s)]
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
-    return with_long_checks(list(unique.values()))
+    return with_long_checks(list(unique.values()), checks_memory_limit(plan))
+
+
+def checks_memory_limit(plan: Plan) -> int | None:
+    """The memory limit the reference checks run under: the largest of the series' (None where
+    one has none)."""
+    limits = [s.settings.memory_limit for s in plan.series]
+    return None if None in limits else max(limits, default=None)
 
 
 # check-row fields left out where they hold their default
@@ -144,8 +151,7 @@ class SweepRunner(RunSession):
             return []
         cases = [c for c in self.planned_checks() if self._kept_check(c) is None]
         isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
-        limits = [s.settings.memory_limit for s in self.plan.series]
-        limit = None if None in limits else max(limits)
+        limit = checks_memory_limit(self.plan)
         # trials in worker processes follow: the first one's process starts during the check
         warm = any(s.settings.isolate and not s.distributed and s.settings.kind != "speedup" for s in self.plan.series)
         call_limit = max(s.settings.max_trial_seconds for s in self.plan.series)

@@ -42,7 +42,7 @@ def masked_reference(
     q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
     k, v = (kv_per_query_head(x, q.shape[2], gqa_mapping) for x in (k, v))
     batch, n, heads = q.shape[:3]
-    step = max(1, REFERENCE_BUDGET_BYTES // (3 * 8 * batch * n * n))
+    step = max(1, REFERENCE_CHUNK_BYTES // (3 * 8 * batch * n * n))
     mask = mask.expand(heads, n, n)
     chunks = [
         masked_attention(q[:, :, h : h + step], k[:, :, h : h + step], v[:, :, h : h + step], mask[h : h + step], scale)
@@ -85,6 +85,12 @@ def reference_bytes(case: VerifyCase) -> int:
 # A case whose float64 reference would hold more than this is checked on its reduced twin: a
 # reference of this size takes about a second on the CPU, one of gigabytes minutes or the host.
 REFERENCE_BUDGET_BYTES = 256 << 20
+# The reference is computed a few heads at a time, each chunk's scores about this size: a long
+# check stays within a trial's memory limit.
+REFERENCE_CHUNK_BYTES = 32 << 20
+# Under a memory limit, a long check's reference (one head's scores) takes at most this share of
+# it: the implementation's own call at that length needs the rest.
+LONG_CHECK_MEMORY_SHARE = 0.25
 
 
 def reduced(case: VerifyCase) -> VerifyCase:
@@ -290,11 +296,13 @@ SPARSE_SHARE = 0.5
 FAR_LENGTH = 1 << 20
 
 
-def affordable(batch: int, heads: int, head_dim: int, n: int) -> bool:
-    """Whether the float64 reference at this shape fits its budgets (memory a head at a time)."""
-    return (
-        24 * batch * n * n <= REFERENCE_BUDGET_BYTES and 4 * batch * heads * n * n * head_dim <= REFERENCE_FLOPS_BUDGET
-    )
+def affordable(batch: int, heads: int, head_dim: int, n: int, memory_limit: int | None = None) -> bool:
+    """Whether the float64 reference at this shape fits its budgets (memory a head at a time,
+    a share of ``memory_limit`` where the checks run under one)."""
+    memory = REFERENCE_BUDGET_BYTES
+    if memory_limit is not None:
+        memory = min(memory, LONG_CHECK_MEMORY_SHARE * memory_limit)
+    return 24 * batch * n * n <= memory and 4 * batch * heads * n * n * head_dim <= REFERENCE_FLOPS_BUDGET
 
 
 @dataclass(frozen=True)
@@ -312,7 +320,7 @@ def _share(impl, n: int, heads: int) -> float:
     return impl.useful_pairs(n, heads, False) / (heads * n * n)
 
 
-def long_check(impl, base: int, batch: int, heads: int, head_dim: int) -> LongCheck:
+def long_check(impl, base: int, batch: int, heads: int, head_dim: int, memory_limit: int | None = None) -> LongCheck:
     """Where ``impl``'s key sets hold under half the pairs, the shortest length from ``base``
     doubling at which they do; where they never do within the reference's budget, the longest
     length it affords (a window wider than declared, or declared dense, shows there) and a
@@ -321,7 +329,7 @@ def long_check(impl, base: int, batch: int, heads: int, head_dim: int) -> LongCh
     if shares[0][1] < SPARSE_SHARE:
         return LongCheck(None, shares)
     n, longest = 2 * base, None
-    while affordable(batch, heads, head_dim, n) and _accepts(impl, n, heads):
+    while affordable(batch, heads, head_dim, n, memory_limit) and _accepts(impl, n, heads):
         shares.append((n, _share(impl, n, heads)))
         if shares[-1][1] < SPARSE_SHARE:
             return LongCheck(n, shares)
@@ -379,7 +387,7 @@ def _long_check_here(r: dict[str, Any]) -> LongCheck:
     itself then says what fails) and a warning naming why."""
     try:
         impl = impls.build(r["impl"], **r["config"])
-        return long_check(impl, r["base"], r["batch"], r["heads"], r["head_dim"])
+        return long_check(impl, r["base"], r["batch"], r["heads"], r["head_dim"], r.get("memory_limit"))
     except Exception as exc:  # the user's declaration failed: reported by the check, named here
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return LongCheck(None, [], f"{r['impl']}: no long check, its key sets could not be counted ({why})")
@@ -405,11 +413,12 @@ def long_checks(requests: list[dict[str, Any]]) -> list[LongCheck]:
     return [found[id(r)] for r in requests]
 
 
-def with_long_checks(cases: list[VerifyCase]) -> tuple[list[VerifyCase], list[str]]:
+def with_long_checks(cases: list[VerifyCase], memory_limit: int | None = None) -> tuple[list[VerifyCase], list[str]]:
     """``cases`` and, per one-device configuration and head layout, one check at a length where
-    its declared key sets hold under half the pairs (or the longest the reference affords):
-    batch 1, the configuration's heads, key/value heads and head dim, its first dtype; and the
-    warnings of configurations dense at every length checked."""
+    its declared key sets hold under half the pairs (or the longest the reference affords, under
+    ``memory_limit`` where the checks run under one): batch 1, the configuration's heads,
+    key/value heads and head dim, its first dtype; and the warnings of configurations dense at
+    every length checked."""
     groups: dict[str, list[VerifyCase]] = {}
     for c in cases:
         if c.world_size == 1 and not impls.spec(c.impl).distributed and c.twin_of is None:
@@ -424,6 +433,7 @@ def with_long_checks(cases: list[VerifyCase]) -> tuple[list[VerifyCase], list[st
             "batch": 1,
             "heads": c.heads,
             "head_dim": c.head_dim,
+            "memory_limit": memory_limit,
         }
         for c, group in zip(firsts, groups.values())
     ]
