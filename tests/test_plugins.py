@@ -15,6 +15,7 @@ import pytest
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
+from attnbench.masks import bounds
 from attnbench.masks import mask_mod as masks
 from attnbench.trials.contract import violations
 from attnbench.trials.reference import VerifyCase, run_case
@@ -42,7 +43,7 @@ def test_mask_mod_pairs_exact_and_by_blocks_equal_the_hand_count(causal):
     n = 300  # not a multiple of the 128-token block: the last tiles are short
     expected = sliding_pairs(n, 40, 3, causal)
     assert masks.count_exact(mod, n, 3) == expected
-    assert masks.count_blocks(mod, n, 3) == expected
+    assert bounds.count_blocks(mod, n, 3) == expected
 
 
 def test_head_dependent_mask_counts_each_head():
@@ -50,7 +51,7 @@ def test_head_dependent_mask_counts_each_head():
         return (q - kv).abs() <= 10 * (h + 1)
 
     expected = sum(sliding_pairs(200, 10 * (h + 1), 1, False) for h in range(3))
-    assert masks.count_exact(mod, 200, 3) == masks.count_blocks(mod, 200, 3) == expected
+    assert masks.count_exact(mod, 200, 3) == bounds.count_blocks(mod, 200, 3) == expected
     assert int(masks.key_mask(mod, 200, 3).sum()) == expected
 
 
@@ -148,7 +149,7 @@ def test_import_path_builds_with_params_from_the_signature(user_module):
     impl = impls.build("userattn:good", window="5")  # --param text coerced to the default's type
     assert impl.config() == {"window": 5}
     assert impl.useful_pairs(64, 2, causal=True) == sliding_pairs(64, 5, 2, True)
-    assert impl.pairs_counted == "exact"
+    assert impl.pairs_counted == "blocks"
 
 
 def test_a_contract_keeping_module_has_no_violations(user_module):
@@ -254,6 +255,7 @@ def test_installed_plugin_is_listed_and_verifies(installed):
         "cpu",
         "--dtype",
         "fp32",
+        "--full",
         env=installed,
     )
     assert r.returncode == 0, r.stdout + r.stderr
@@ -299,13 +301,16 @@ def test_plugin_through_a_profile_then_a_report_that_imports_nothing(installed, 
     for impl, row in by_impl.items():  # the same key sets, counted three ways
         assert row["flops_useful"] == 4.0 * 8 * sliding_pairs(256, 16, 2, False), impl
     plugin = by_impl["sliding-window"]
-    assert plugin["impl_source"] == {
+    source = plugin["impl_source"]
+    assert {k: v for k, v in source.items() if k != "source_sha256"} == {
         "import_path": "attnbench_sliding_window:sliding_window",
         "package": "attnbench-sliding-window",
         "version": "0.1.0",
         "memory_order": 1,
     }
-    assert plugin["pairs_counted"] == "exact"
+    assert len(source["source_sha256"]) == 16 and plugin["verified"] is True
+    assert plugin["pairs_counted"] == "blocks"  # from its mask_mod, after the measurement
+    assert by_impl["attnbench_sliding_window:sliding_window_naive"]["pairs_counted"] == "declared"
     assert by_impl["attnbench_sliding_window:sliding_window_naive"]["impl_source"]["memory_order"] == 2
     # the report reads the rows only: it runs without the plugin importable
     r = run_cli("report", out, env={"PYTHONPATH": str(ROOT)})

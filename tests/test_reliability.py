@@ -151,7 +151,7 @@ def test_resume_with_nothing_to_do_appends_nothing(tmp_path):
     rec = sweep(out, resume=True)
     after = kinds(out)
     assert {k: len(v) for k, v in after.items()} == {k: len(v) for k, v in before.items()}
-    assert len(after["verify"]) == 1 and len(after["max-seq-result"]) == 1
+    assert len(after["verify"]) >= 1 and len(after["max-seq-result"]) == 1
     assert not rec.notes
 
 

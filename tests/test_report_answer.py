@@ -111,8 +111,8 @@ def test_a_machines_answer_shows_only_the_columns_its_rows_fill(tmp_path):
     write_rows(tmp_path / "b", cpu)
     text = render(load(tmp_path)).text()
     headers = [line for line in text.splitlines()[:40] if line.startswith("| Configuration")]
-    # a GPU ran: the seeds' GPU claims follow the answer
-    assert [line for line in text.splitlines() if line.startswith("## ")][1] == "## Against the seeds"
+    # no row measures a seed's workload: the seeds' pages are left out
+    assert "## Against the seeds" not in text and "seeds.md" not in text
     common = "| Configuration | Settings | Longest forward | Stopped by | Per token | Peak/floor |"
     # the CPU's speed is the time of its one row at its longest length, 256
     assert headers == [f"{common} Fwd TFLOP/s at 64K |", f"{common} Fwd time at 256 |"], headers
@@ -437,3 +437,59 @@ def test_an_unconfirmed_answer_and_a_bracket_wider_than_promised_are_marked(tmp_
                          stop_status="oom", confirmed=True, resolution=1024, env=ENV)  # fmt: skip
     md = render(load(write_rows(tmp_path / "again", rows))).text()
     assert "| sdpa | bf16 H8 D64 | 8K – 9K | memory |" in md
+
+
+# --- the user's own implementations lead ----------------------------------------------------------
+
+OWN = {
+    "import_path": "mypkg.attn:window",
+    "package": "mypkg",
+    "version": "1.2.3",
+    "source_sha256": "0123456789abcdef",
+    "memory_order": 1,
+}
+
+
+def own_search(verified: bool):
+    """A plugin's search as the runner writes it: its provenance, how its pairs were obtained."""
+    rows = []
+    for r in search("mypkg.attn:window(window=64)", [1024, 2048], 4096, series="own"):
+        fields = r.to_json() | {"impl": "mypkg.attn:window", "verified": verified, "impl_source": OWN}
+        if r.kind == "max-seq" and r.status == "ok":
+            why = "counting the pairs was stopped (killed in phase counting after 602 s (limit 602 s))"
+            fields |= {"pairs_counted": "unknown", "flops_unknown": why} if r.seq_len == 2048 else {}
+            fields |= {"pairs_counted": "blocks", "pairs_useful": 129 * r.seq_len} if r.seq_len == 1024 else {}
+        rows.append(typed_row(**fields))
+    return rows
+
+
+def test_a_report_of_your_own_implementation_leads_with_it_and_marks_it_unverified(tmp_path):
+    rows = search("sdpa", [1024, 2048, 4096], 8192) + own_search(verified=False)
+    md = render(load(write_rows(tmp_path / "run", rows))).text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Your implementations" and sections[1].startswith("## The answer")
+    own = md.split("## Your implementations")[1].split("\n## ")[0]
+    row = next(line for line in own.splitlines() if line.startswith("| [unverified] mypkg.attn:window"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:] == [
+        "GPU box",
+        "mypkg 1.2.3",
+        "mypkg.attn:window",
+        "0123456789abcdef",
+        "counted by tiles, unknown",
+        "no",
+        "2,048 (2K)",
+    ]
+    assert "- [unverified] mypkg.attn:window(window=64) at 2,048 (2K): counting the pairs was stopped" in own
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    first = next(line for line in answer.splitlines() if line.startswith("| ") and "Configuration" not in line)
+    assert first.startswith("| [unverified] mypkg.attn:window")  # first, ahead of a longer sdpa
+    how_long = md.split("## How long")[1].split("\n## ")[0]
+    assert "[unverified] mypkg.attn:window" in how_long and "[unverified] sdpa" not in md
+
+
+def test_a_verified_plugin_is_not_marked_and_a_report_without_one_has_no_such_section(tmp_path):
+    md = render(load(write_rows(tmp_path / "a", own_search(verified=True)))).text()
+    assert "[unverified]" not in md and "| yes |" in md.split("## Your implementations")[1].split("\n## ")[0]
+    plain = render(load(write_rows(tmp_path / "b", search("sdpa", [1024], 2048)))).text()
+    assert "## Your implementations" not in plain

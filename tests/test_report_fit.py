@@ -162,3 +162,77 @@ def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_pe
     assert fitted_peak(typed_row(**gpu)) == 1000
     assert fitted_peak(typed_row(**{**gpu, "max_memory_reserved": None})) == 900
     assert fitted_peak(typed_row(device="cpu", peak_bytes=700, world_size=1)) == 700
+
+
+# --- growth faster than linear, read from the peaks ------------------------------------------------
+
+PLUGIN_SOURCE = {"import_path": "mine:attention", "package": None, "version": None, "memory_order": 1}
+GPU_ENV = {"machine": "GPU box", "gpus": [{"index": 0, "name": "G", "memory_total_bytes": 80 * GIB}]}
+
+
+def plugin_rows(peak, lengths):
+    """A plugin that declares linear memory (memory_order 1), its peaks ``peak(n)`` on a GPU."""
+    return [
+        typed_row(
+            kind="max-seq",
+            impl="mine:attention",
+            seq_len=n,
+            max_memory_reserved=int(peak(n)),
+            peak_bytes=int(peak(n)),
+            impl_source=PLUGIN_SOURCE,
+            env=GPU_ENV,
+        )
+        for n in lengths
+    ]
+
+
+def test_a_plugin_whose_memory_grows_as_n_squared_is_fitted_as_a_curve_whatever_it_declares(tmp_path):
+    """N x N fp32 scores of 8 heads: 32 bytes per pair on 256 MiB of fixed costs. A line through
+    the points would put 80 GiB an order of magnitude too far; the curve's root is the answer."""
+    from attnbench.cli.predict import predict_lines
+    from attnbench.report.fit import capacities
+    from attnbench.units import format_tokens
+
+    def peak(n):
+        return 2**28 + 32 * n * n
+
+    rows = plugin_rows(peak, [2048, 4096, 8192, 16384])
+    (c,) = capacities(rows)
+    assert (c.degree, c.curve_measured) == (2, True)
+    expected = math.sqrt((80 * GIB - 2**28) / 32)  # 51,746 tokens
+    assert c.predict_for(80 * GIB) == pytest.approx(expected, rel=1e-9)
+    line = fit_memory([r.seq_len for r in rows], [peak(r.seq_len) for r in rows], 1)
+    assert line.max_seq(80 * GIB) > 2.5 * expected  # what a line through them would have said
+    import json
+
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    (said,) = predict_lines("mine:attention", "80GiB", tmp_path)
+    assert f"about {format_tokens(int(expected))} tokens on 80GiB" in said, said
+    assert "quadratic (the peaks grow faster than a line)" in said
+
+
+@pytest.mark.parametrize(
+    ("name", "peak", "lengths"),
+    [
+        ("a line", lambda n: 2**20 + 4096 * n, [4096, 8192, 16384, 32768]),
+        # a CPU process's fixed costs at short lengths, then a line: a jump, not a curve
+        ("fixed costs, then a line", lambda n: 14 * 2**20 + 128 * n if n <= 8192 else 2048 * n, [4096, 8192, 16384]),
+        ("two lengths", lambda n: 2**28 + 32 * n * n, [2048, 4096]),
+    ],
+)
+def test_a_line_stays_a_line(name, peak, lengths):
+    from attnbench.report.fit import capacities
+
+    (c,) = capacities(plugin_rows(peak, lengths))
+    assert (c.degree, c.curve_measured) == (1, False), name
+
+
+def test_a_line_through_two_lengths_is_said_to_be_one(tmp_path):
+    import json
+
+    from attnbench.cli.predict import predict_lines
+
+    rows = plugin_rows(lambda n: 2**28 + 32 * n * n, [2048, 4096])
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    lines = predict_lines("mine:attention", "80GiB", tmp_path)
+    assert any("a line through 2 lengths: a curve needs 3 to show" in x for x in lines), lines

@@ -46,13 +46,13 @@ def test_a_second_report_replaces_the_first_ones_files_and_only_those(tmp_path):
 def test_a_report_that_cannot_be_written_whole_leaves_the_old_one_untouched(tmp_path, capsys):
     out = tmp_path / "report"
     assert main_in_process("report", FIXTURE, "--out", out) == 0
-    (out / "seeds.md").unlink()
-    (out / "seeds.md").mkdir()  # a directory where the report writes a file
+    (out / "report.md").unlink()
+    (out / "report.md").mkdir()  # a directory where the report writes a file
     before = snapshot(out)
     assert main_in_process("report", other_machine(tmp_path), "--out", out) == 2
     err = capsys.readouterr().err
     assert snapshot(out) == before and not list(out.glob(".staging-*"))
-    assert "seeds.md" in err and "directory" in err and "free space" not in err, err
+    assert "report.md" in err and "directory" in err and "free space" not in err, err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

@@ -96,7 +96,7 @@ def test_a_new_sweep_kind_is_one_registered_module(tmp_path, scan_kind):
     assert [o.result for o in outcomes] == [["ok", "ok", "ok"]]
     rows = read_rows(tmp_path)[0]
     assert [r["kind"] for r in rows][0] == "verify"
-    scanned = [(r["kind"], r.get("sweep"), r["seq_len"]) for r in rows[1:]]
+    scanned = [(r["kind"], r.get("sweep"), r["seq_len"]) for r in rows if r["kind"] != "verify"]
     assert scanned == [("points", "scan", 128), ("points", "scan", 256), ("points", "scan", 512)]
     # a resumed run replays the new kind's rows like any other's
     SweepRunner(plan, tmp_path, env, resume=True).run()
@@ -140,6 +140,7 @@ def vars_of(settings):
 def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeypatch):
     series = Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,)))
     run_plan(tmp_path, series)
+    before = [r["kind"] for r in read_rows(tmp_path)[0]].count("verify")
     checked = []
     real = SweepRunner.run_checks
     monkeypatch.setattr(
@@ -148,7 +149,7 @@ def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeyp
     plan = resolve(Plan("t", (series,)))
     outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}, resume=True).run()
     assert checked == [] and [o.verified for o in outcomes] == [True]
-    assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == 1
+    assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == before >= 1
 
 
 def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeypatch):

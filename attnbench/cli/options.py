@@ -95,6 +95,13 @@ BudgetOpt = Annotated[
     Optional[float],
     typer.Option("--timing-budget", metavar="S", help="seconds of timed calls per trial \\[default: 30]"),
 ]
+NoVerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-verify",
+        help="run without the reference check first (a method with no exact reference); rows say verified: false",
+    ),
+]
 RepeatOpt = Annotated[
     Optional[int],
     typer.Option(

@@ -13,6 +13,7 @@ from rich.markup import escape
 from attnbench import impls
 from attnbench.cli.base import app, console, err_console
 from attnbench.errors import AttnbenchError
+from attnbench.measure.capacity import MIN_LENGTHS_FOR_CURVE
 from attnbench.registry import did_you_mean
 from attnbench.units import brief, format_bytes, format_tokens, parse_bytes, parse_tokens
 
@@ -150,8 +151,11 @@ def _prediction_line(machine: str, c: Capacity, n: float | None, gpu_memory: str
             f"plus {format_bytes(c.overhead or 0)} set aside)"
         )
     measured_text = f"; measured max {format_tokens(c.measured_max)} on this device" if c.measured_max else ""
+    model = "quadratic" if c.fit.degree == 2 else "linear"
+    if c.curve_measured:
+        model += " (the peaks grow faster than a line)"
     return (
-        f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({'quadratic' if c.fit.degree == 2 else 'linear'} "
+        f"{where}: about {format_tokens(int(n))} tokens on {gpu_memory} ({model} "
         f"fit of {c.successful} successful trials, max fit error {c.fit.max_error:.1%}, "
         f"{format_bytes(c.overhead or 0)} set aside for context and libraries{measured_text})"
     )
@@ -163,6 +167,8 @@ def _prediction_warning(c: Capacity, n: float | None) -> list[str]:
     if n is None or not c.longest_ok:
         return []
     why = []
+    if c.fit.degree == 1 and c.successful_lengths < MIN_LENGTHS_FOR_CURVE:
+        why.append(f"a line through {c.successful_lengths} lengths: a curve needs {MIN_LENGTHS_FOR_CURVE} to show")
     if c.device == "cpu":
         why.append("fitted on CPU resident memory, solved for a GPU's memory")
     if n > FAR_BEYOND * c.longest_ok:

@@ -3,6 +3,7 @@ profile, run it, then write its tables and print the largest sequence per implem
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -31,6 +32,7 @@ from attnbench.cli.options import (
     ModeOpt,
     NnodesOpt,
     NodeRankOpt,
+    NoVerifyOpt,
     OutOpt,
     ParamOpt,
     ProfileOpt,
@@ -94,6 +96,7 @@ def max_seq(
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: EndpointOpt = None,
     threads: ThreadsOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
     flags = sweep_flags(
@@ -123,7 +126,8 @@ def max_seq(
     elif not impl:
         raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`) or give --profile FILE")
     params = impl_params(segment_lengths, dilation_rates, backend, param)
-    _run_plan("max-seq", impl or [], flags, params, profile, out, resume, nodes=(nnodes, node_rank, rdzv_endpoint))
+    nodes = (nnodes, node_rank, rdzv_endpoint)
+    _run_plan("max-seq", impl or [], flags, params, profile, out, resume, nodes=nodes, no_verify=no_verify)
 
 
 @app.command(order=50)
@@ -157,6 +161,7 @@ def bench(
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: EndpointOpt = None,
     threads: ThreadsOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
@@ -182,7 +187,8 @@ def bench(
         threads=threads,
     )
     params = impl_params(segment_lengths, dilation_rates, backend, param)
-    _run_plan("bench", impl or [], flags, params, None, out, resume, nodes=(nnodes, node_rank, rdzv_endpoint))
+    nodes = (nnodes, node_rank, rdzv_endpoint)
+    _run_plan("bench", impl or [], flags, params, None, out, resume, nodes=nodes, no_verify=no_verify)
 
 
 @app.command(order=60)
@@ -208,6 +214,7 @@ def run(
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: EndpointOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Run a profile's sweeps (the reference check first), then write its tables."""
     if profile == "auto":
@@ -216,10 +223,12 @@ def run(
         profile = "default" if cuda_available() else "default-cpu"
     nodes = (nnodes, node_rank, rdzv_endpoint)
     flags = sweep_flags(repeat=repeat, threads=threads)
-    _run_plan(profile, [], flags, {}, profile, out, resume, part or (), nodes=nodes)
+    _run_plan(profile, [], flags, {}, profile, out, resume, part or (), nodes=nodes, no_verify=no_verify)
 
 
-def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=(), nodes=(None, None, None)) -> None:
+def _run_plan(
+    name, impl_names, flags, params, profile, out, resume, parts=(), nodes=(None, None, None), no_verify=False
+) -> None:
     from attnbench.plan import build_plan
     from attnbench.results import check_output_dir
     from attnbench.trials.supervised import run_outside_in_workers
@@ -228,6 +237,8 @@ def _run_plan(name, impl_names, flags, params, profile, out, resume, parts=(), n
         check_output_dir(out)
     run_outside_in_workers(flags.get("max_trial_seconds"))  # an outside implementation is never imported here
     planned = build_plan(name, impl_names, flags, params, profile, parts)  # bad options stop here, before torch
+    if no_verify:  # as a profile's verify = false: the rows say so, the report marks them
+        planned = replace(planned, verify=False)
     spread = nodes_of(*nodes, worlds=_world_sizes(planned))
 
     from attnbench.sweeps.runner import resolve
@@ -264,6 +275,11 @@ def _run_resolved(plan, hosts, out, resume) -> None:
     console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env['machine']} -> {out_dir}")
     if plan.description:  # what the profile measures, in its own words
         console.print(f"[dim]{escape(plan.description)}[/]")
+    if not plan.verify:
+        err_console.print(
+            "not verified: no reference check runs first (--no-verify or verify = false); every row says "
+            "verified: false and the report marks it"
+        )
     if plan.parts:
         running = ", ".join(plan.selected or plan.parts)
         console.print(f"parts: {', '.join(plan.parts)}; running {running}")

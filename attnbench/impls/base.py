@@ -33,6 +33,15 @@ class AttentionImpl(nn.Module):
     compiles: bool = False
     #: False where causal masking has no meaning for the configuration (Hilbert order)
     supports_causal: bool = True
+    #: True where pairs are counted from declared key sets (no closed form): counted outside
+    #: the trial, once per configuration and length (``trials.counting``)
+    counted_pairs: bool = False
+    #: True for an outside module that declares no key sets: dense only by default, so its
+    #: FLOPs are unknown unless the reference check confirmed dense
+    dense_by_default: bool = False
+    #: query head j reads key/value head j // (H / H_kv) ("consecutive": torch's enable_gqa,
+    #: FlashAttention) or j % H_kv ("interleaved"); the reference check reads the same
+    gqa_mapping: str = "consecutive"
 
     def __init__(self) -> None:
         super().__init__()
@@ -102,6 +111,11 @@ class AttentionImpl(nn.Module):
     def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
         """(query, key) pairs the kernels really multiply; defaults to the useful ones."""
         return self.useful_pairs(seq_len, num_heads, causal)
+
+    def pairs_source(self) -> str | None:
+        """Who declared the pair counts, where an outside implementation did (its function's
+        name); None for attnbench's own closed forms and counts."""
+        return None
 
     def verify_seq_len(self) -> int:
         """A small sequence length at which this configuration can be checked."""

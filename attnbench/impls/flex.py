@@ -84,6 +84,7 @@ class FlexAttention(AttentionImpl):
     """FlexAttention over the key sets a mask_mod declares."""
 
     compiles = True  # on CUDA the first call compiles the kernel (on the CPU it is a plain call)
+    counted_pairs = True  # from the mask_mod, outside the trial
 
     def __init__(self, mask: str, mask_args: str | None = None) -> None:
         super().__init__()
@@ -92,8 +93,7 @@ class FlexAttention(AttentionImpl):
         self._check_mask_mod()
         self._block_masks: dict[tuple, Any] = {}
         self._pairs: dict[tuple, int] = {}
-        self.pairs_counted = "exact"
-        self._device = "cpu"
+        self.pairs_counted = "blocks"
 
     def _check_mask_mod(self) -> None:
         try:
@@ -129,7 +129,6 @@ class FlexAttention(AttentionImpl):
 
     def forward(self, q, k, v, is_causal: bool = False):
         device = q.device.type
-        self._device = device
         block_mask = self._block_mask(q.shape[1], q.shape[2], is_causal, device)
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
         self.last_backend = "flex (compiled)" if device == "cuda" else "flex (eager)"
@@ -143,11 +142,12 @@ class FlexAttention(AttentionImpl):
         return sets.expand(num_heads, seq_len, seq_len)
 
     def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        """Counted from the mask_mod (``masks.mask_mod.count_pairs``: by tiles, exact), once per
+        shape; a sweep counts them outside its trials (``trials.counting``)."""
         key = (seq_len, num_heads, causal)
         if key not in self._pairs:
-            heads = num_heads if self.per_head else 1
-            pairs, self.pairs_counted = masks.count_pairs(self.mask_mod, seq_len, heads, causal, self._device)
-            self._pairs[key] = pairs * (num_heads // heads)
+            mod = masks.with_causal(self.mask_mod) if causal else self.mask_mod
+            self._pairs[key], self.pairs_counted = masks.count_pairs(mod, seq_len, num_heads)
         return self._pairs[key]
 
 

@@ -5,19 +5,25 @@ factory; an installed package names its factories in the entry-point group
 ``attnbench.implementations``, and they appear under their entry-point names. Trial processes
 and torchrun ranks resolve a name the same way, so the job only carries the name.
 
-The contract, which a factory meets in a few lines:
+The contract, which a factory meets in a few lines (docs/reference/own-implementation.md):
 
 - ``factory(**params)`` returns a ``torch.nn.Module`` whose ``forward(q, k, v, is_causal=False)``
   takes and returns ``(B, N, H, D)``. Its keyword parameters with defaults (or annotations)
   are the ``--param`` names; values given as text are converted to the default's type.
 - The key sets are declared on the module one of three ways: nothing (dense), a
-  ``mask_mod(b, h, q_idx, kv_idx)`` (FlexAttention's signature), or ``key_mask(seq_len,
-  num_heads)`` returning the boolean ``(H, N, N)`` (or ``(N, N)``) sets.
+  ``mask_mod(b, h, q_idx, kv_idx)`` (FlexAttention's signature) or ``mask_mod_for(seq_len,
+  num_heads)`` returning one for that shape, or ``key_mask(seq_len, num_heads)`` returning the
+  boolean ``(H, N, N)`` (or ``(N, N)``) sets. With ``is_causal`` they are the declared sets
+  intersected with ``kv_idx <= q_idx``, unless the module declares its causal sets itself:
+  ``causal_mask_mod``, ``causal_mask_mod_for`` or ``causal_key_mask``.
 - Optional: ``useful_pairs(seq_len, num_heads, causal)`` in closed form (else pairs are
-  counted from the mask), ``granularity`` (lengths run are multiples of it), ``compiles``
-  (first call compiles kernels), ``supports_causal``, ``supports_gqa`` (True when forward
-  takes k, v with fewer heads than q, query head h reading key/value head h // (H / H_kv);
-  otherwise attnbench copies K and V to every query head first and the row says so).
+  counted from the declaration), ``executed_pairs`` (the same signature: pairs the kernel
+  computes, masked ones included), ``granularity`` (lengths run are multiples of it),
+  ``min_seq_len`` (the shortest length it runs; verify checks there and above), ``compiles``
+  (first call compiles kernels), ``supports_causal``, ``supports_gqa`` (True when forward takes
+  k, v with fewer heads than q; otherwise attnbench copies K and V to every query head first
+  and the row says so) with ``gqa_mapping``: ``"consecutive"`` (query head j reads K/V head
+  j // (H / H_kv), the default) or ``"interleaved"`` (j % H_kv).
 - Optional on the factory (read before anything is built): ``summary``, ``devices``,
   ``dtypes``, ``memory_order`` (2 when the implementation holds N x N scores).
 
@@ -26,11 +32,14 @@ A factory may also return an :class:`AttentionImpl`, which then declares everyth
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,17 +104,39 @@ def find_spec(name: str) -> ImplSpec | None:
             "returns a torch.nn.Module"
         )
     package, version = package_of(path)
+    source = {"import_path": path, "package": package, "version": version, "source_sha256": source_hash(path)}
     summary = getattr(factory, "summary", None) or (inspect.getdoc(factory) or "").split("\n")[0]
     return ImplSpec(
         name=name,
-        factory=_factory(name, path, factory),
+        factory=_factory(name, path, factory, source),
         summary=summary or f"outside implementation {path}",
         params=_params(path, factory),
         devices=tuple(getattr(factory, "devices", ("cpu", "cuda"))),
         dtypes=tuple(getattr(factory, "dtypes", ("fp32", "fp16", "bf16"))),
         memory_order=int(getattr(factory, "memory_order", 1)),
-        source={"import_path": path, "package": package, "version": version},
+        source=source,
     )
+
+
+def source_hash(path: str) -> str | None:
+    """The first 16 hex digits of the SHA-256 of the source behind ``path``: every ``.py`` file
+    of its top-level package (relative names and bytes, in name order), or its one module's file;
+    None where the code has no source files. Two rows with the same hash ran the same code."""
+    top = path.partition(":")[0].split(".")[0]
+    module = sys.modules.get(top)
+    if module is None:
+        return None
+    roots = [Path(p) for p in getattr(module, "__path__", [])]
+    files = sorted(f for root in roots for f in root.rglob("*.py")) if roots else []
+    if not roots and getattr(module, "__file__", None):
+        roots, files = [Path(module.__file__).parent], [Path(module.__file__)]
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(roots[0] if f.is_relative_to(roots[0]) else f.parent)).encode() + b"\0")
+        digest.update(f.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _params(path: str, factory: Callable) -> tuple[Param, ...]:
@@ -124,7 +155,7 @@ def _params(path: str, factory: Callable) -> tuple[Param, ...]:
     return tuple(out)
 
 
-def _factory(name: str, path: str, factory: Callable) -> Callable[..., AttentionImpl]:
+def _factory(name: str, path: str, factory: Callable, source: dict[str, Any]) -> Callable[..., AttentionImpl]:
     def build(**config: Any) -> AttentionImpl:
         try:
             module = factory(**config)
@@ -145,7 +176,7 @@ def _factory(name: str, path: str, factory: Callable) -> Callable[..., Attention
                 f"{path} returned a {type(module).__name__}, not a torch.nn.Module: return a module "
                 "with forward(q, k, v, is_causal=False) on (B, N, H, D)"
             )
-        impl.source = {"import_path": path, **dict(zip(("package", "version"), package_of(path)))}
+        impl.source = dict(source)
         return impl
 
     return build
@@ -157,10 +188,16 @@ def described(impl: AttentionImpl) -> dict[str, Any]:
     return {
         "config": impl.config(),
         "granularity": int(impl.granularity),
+        "min_seq_len": int(getattr(impl, "min_seq_len", 0)),
         "verify_seq_len": int(impl.verify_seq_len()),
         "compiles": bool(impl.compiles),
         "supports_causal": bool(impl.supports_causal),
         "supports_gqa": bool(getattr(impl, "supports_gqa", False)),
+        "counted_pairs": bool(impl.counted_pairs),
+        "dense_by_default": bool(impl.dense_by_default),
+        "declares": getattr(impl, "declares", "dense"),
+        "gqa_mapping": impl.gqa_mapping,
+        "pairs_source": impl.pairs_source(),
         "source": getattr(impl, "source", None),
     }
 
@@ -202,11 +239,23 @@ class DescribedImpl(AttentionImpl):
         self.compiles = fields["compiles"]
         self.supports_causal = fields["supports_causal"]
         self.supports_gqa = fields["supports_gqa"]
+        self.counted_pairs = fields["counted_pairs"]
+        self.dense_by_default = fields["dense_by_default"]
+        self.declares = fields["declares"]
+        self.gqa_mapping = fields["gqa_mapping"]
+        self.min_seq_len = fields["min_seq_len"]
         self.source = fields["source"]
 
     @property
     def granularity(self) -> int:
         return self.fields["granularity"]
+
+    def check_length(self, seq_len: int) -> None:
+        super().check_length(seq_len)
+        check_min_length(self.name, seq_len, self.min_seq_len)
+
+    def pairs_source(self) -> str | None:
+        return self.fields["pairs_source"]
 
     def verify_seq_len(self) -> int:
         return self.fields["verify_seq_len"]
@@ -221,6 +270,21 @@ class DescribedImpl(AttentionImpl):
         raise ConfigError(f"{self.name} is outside code: its key sets are read only in a worker process")
 
 
+def check_min_length(name: str, seq_len: int, min_seq_len: int) -> None:
+    """A length below the module's ``min_seq_len`` is refused, naming the fix."""
+    if seq_len < min_seq_len:
+        raise ConfigError(
+            f"{name}: sequence length {seq_len} is below its min_seq_len {min_seq_len}: start at or above it"
+        )
+
+
+# How a module declares its key sets, by attribute: without is_causal, and its own causal sets
+# (else the former intersected with kv_idx <= q_idx).
+MASK_MOD_NAMES = ("mask_mod", "mask_mod_for", "causal_mask_mod", "causal_mask_mod_for")
+KEY_MASK_NAMES = ("key_mask", "causal_key_mask")
+GQA_MAPPINGS = ("consecutive", "interleaved")
+
+
 class OutsideImpl(AttentionImpl):
     """A user's module behind the attnbench contract: key sets and pair counts from what it declares."""
 
@@ -231,34 +295,54 @@ class OutsideImpl(AttentionImpl):
         self.compiles = bool(getattr(inner, "compiles", False))
         self.supports_causal = bool(getattr(inner, "supports_causal", True))
         self.supports_gqa = bool(getattr(inner, "supports_gqa", False))
-        self._device = "cpu"
+        self.min_seq_len = int(getattr(inner, "min_seq_len", 0) or 0)
         self._pairs: dict[tuple[int, int, bool], int] = {}
-        #: how useful_pairs was obtained: closed-form, exact or blocks (mask_mod.count_pairs)
-        self.pairs_counted = "closed-form"
-        mask_mod = getattr(inner, "mask_mod", None)
-        if mask_mod is not None and not callable(mask_mod):
+        kind = type(inner).__name__
+        for attr in (*MASK_MOD_NAMES, *KEY_MASK_NAMES):
+            value = getattr(inner, attr, None)
+            if value is not None and not callable(value):
+                raise ConfigError(
+                    f"{kind}.{attr} is a {type(value).__name__}, not callable: see the declarations in "
+                    "docs/reference/own-implementation.md (mask_mod(b, h, q_idx, kv_idx) returning booleans)"
+                )
+        mapping = getattr(inner, "gqa_mapping", "consecutive")
+        if mapping not in GQA_MAPPINGS:
             raise ConfigError(
-                f"{type(inner).__name__}.mask_mod is a {type(mask_mod).__name__}, not callable: "
-                "define mask_mod(b, h, q_idx, kv_idx) returning a boolean tensor"
+                f"{kind}.gqa_mapping is {mapping!r}: write 'consecutive' (j // (H / H_kv)) or 'interleaved' (j % H_kv)"
             )
-        self.mask_mod = mask_mod
+        # attnbench's own copy of K/V (without supports_gqa) is consecutive, whatever the module says
+        self.gqa_mapping = mapping if self.supports_gqa else "consecutive"
+        self.counted_pairs = self.declares != "dense" and not self._declared("useful_pairs")
+        self.dense_by_default = self.declares == "dense" and not self._declared("useful_pairs")
+        #: how useful_pairs was obtained: declared (the module's), closed-form (dense), blocks or exact
+        self.pairs_counted = "declared" if self._declared("useful_pairs") else "closed-form"
+
+    def _declared(self, attr: str) -> bool:
+        return callable(getattr(self.inner, attr, None))
 
     @property
     def declares(self) -> str:
-        """How the key sets are declared: mask_mod, key_mask or dense."""
-        if self.mask_mod is not None:
+        """How the key sets are declared: mask_mod (any of its forms), key_mask or dense."""
+        if any(self._declared(a) for a in MASK_MOD_NAMES):
             return "mask_mod"
-        return "key_mask" if callable(getattr(self.inner, "key_mask", None)) else "dense"
+        return "key_mask" if any(self._declared(a) for a in KEY_MASK_NAMES) else "dense"
 
     @property
     def granularity(self) -> int:
         return int(getattr(self.inner, "granularity", 1))
 
+    def check_length(self, seq_len: int) -> None:
+        super().check_length(seq_len)
+        check_min_length(self.name or type(self.inner).__name__, seq_len, self.min_seq_len)
+
+    def verify_seq_len(self) -> int:
+        g = self.granularity
+        return max(super().verify_seq_len(), -(-self.min_seq_len // g) * g)
+
     def config(self) -> dict[str, Any]:
         return dict(self._config)
 
     def forward(self, q, k, v, is_causal: bool = False):
-        self._device = q.device.type
         if gqa.heads_differ(q, k, 2) and not self.supports_gqa:
             groups = q.shape[2] // k.shape[2]
             k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
@@ -268,39 +352,96 @@ class OutsideImpl(AttentionImpl):
         self.last_backend = getattr(self.inner, "last_backend", None)
         return out
 
-    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+    # --- the declared key sets ----------------------------------------------------------
+    def mask_mod_at(self, seq_len: int, num_heads: int, causal: bool):
+        """The mask_mod of this shape (its own causal one where declared), or None where the
+        module declares none."""
         from attnbench.masks import mask_mod
 
-        if self.declares == "mask_mod":
-            return mask_mod.key_mask(self.mask_mod, seq_len, num_heads)
-        if self.declares == "key_mask":
-            mask = torch.as_tensor(self.inner.key_mask(seq_len, num_heads)).to("cpu", torch.bool)
-            if mask.shape not in ((seq_len, seq_len), (num_heads, seq_len, seq_len)):
-                raise ConfigError(
-                    f"{type(self.inner).__name__}.key_mask({seq_len}, {num_heads}) has shape "
-                    f"{tuple(mask.shape)}: return (H, N, N) or (N, N) booleans"
-                )
-            return mask.expand(num_heads, seq_len, seq_len)
-        return torch.ones(num_heads, seq_len, seq_len, dtype=torch.bool)
+        if causal:
+            own = self._mask_mod_named("causal_mask_mod", seq_len, num_heads)
+            if own is not None:
+                return own
+        base = self._mask_mod_named("mask_mod", seq_len, num_heads)
+        return mask_mod.with_causal(base) if causal and base is not None else base
 
+    def _mask_mod_named(self, name: str, seq_len: int, num_heads: int):
+        if self._declared(f"{name}_for"):
+            made = getattr(self.inner, f"{name}_for")(seq_len, num_heads)
+            if not callable(made):
+                raise ConfigError(
+                    f"{type(self.inner).__name__}.{name}_for({seq_len}, {num_heads}) returned a "
+                    f"{type(made).__name__}, not a mask_mod(b, h, q_idx, kv_idx)"
+                )
+            return made
+        return getattr(self.inner, name) if self._declared(name) else None
+
+    def key_mask(self, seq_len: int, num_heads: int, causal: bool = False) -> torch.Tensor:
+        from attnbench.masks import mask_mod
+
+        self.check_shape(seq_len, num_heads)
+        if self.declares == "mask_mod":
+            mod = self.mask_mod_at(seq_len, num_heads, causal)
+            if mod is not None:
+                return mask_mod.key_mask(mod, seq_len, num_heads)
+        tril = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        if causal and self._declared("causal_key_mask"):
+            return self._own_mask("causal_key_mask", seq_len, num_heads)
+        if self._declared("key_mask"):
+            mask = self._own_mask("key_mask", seq_len, num_heads)
+        else:  # dense, or a causal declaration alone
+            mask = torch.ones(num_heads, seq_len, seq_len, dtype=torch.bool)
+        return mask & tril if causal else mask
+
+    def _own_mask(self, name: str, seq_len: int, num_heads: int) -> torch.Tensor:
+        mask = torch.as_tensor(getattr(self.inner, name)(seq_len, num_heads)).to("cpu", torch.bool)
+        if mask.shape not in ((seq_len, seq_len), (num_heads, seq_len, seq_len)):
+            raise ConfigError(
+                f"{type(self.inner).__name__}.{name}({seq_len}, {num_heads}) has shape "
+                f"{tuple(mask.shape)}: return (H, N, N) or (N, N) booleans"
+            )
+        return mask.expand(num_heads, seq_len, seq_len)
+
+    def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
+        return self.key_mask(seq_len, num_heads, causal=False)
+
+    # --- pairs ----------------------------------------------------------------------------
     def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
-        closed_form = getattr(self.inner, "useful_pairs", None)
-        if callable(closed_form):
-            self.pairs_counted = "closed-form"
-            return int(closed_form(seq_len, num_heads, causal))
+        if self._declared("useful_pairs"):
+            return int(self.inner.useful_pairs(seq_len, num_heads, causal))
         if self.declares == "dense":
-            self.pairs_counted = "closed-form"
             return dense_pairs(seq_len, num_heads, causal)
         key = (seq_len, num_heads, causal)
         if key not in self._pairs:
             self._pairs[key] = self._count(seq_len, num_heads, causal)
         return self._pairs[key]
 
+    def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        if self._declared("executed_pairs"):
+            return int(self.inner.executed_pairs(seq_len, num_heads, causal))
+        return self.useful_pairs(seq_len, num_heads, causal)
+
+    def pairs_source(self) -> str | None:
+        """The module's own functions behind the pair counts, by qualified name; its declaration
+        where attnbench counts them."""
+        kind = f"{type(self.inner).__module__}.{type(self.inner).__qualname__}"
+        said = [f"{kind}.{f}" for f in ("useful_pairs", "executed_pairs") if self._declared(f)]
+        if not self._declared("useful_pairs") and self.declares != "dense":
+            said.insert(0, f"counted from {kind}'s {self.declares}")
+        return "; ".join(said) or None
+
     def _count(self, seq_len: int, num_heads: int, causal: bool) -> int:
         from attnbench.masks import mask_mod
 
         if self.declares == "mask_mod":
-            pairs, self.pairs_counted = mask_mod.count_pairs(self.mask_mod, seq_len, num_heads, causal, self._device)
-            return pairs
+            mod = self.mask_mod_at(seq_len, num_heads, causal)
+            if mod is not None:
+                pairs, self.pairs_counted = mask_mod.count_pairs(mod, seq_len, num_heads)
+                return pairs
+        if seq_len * seq_len * num_heads > mask_mod.EXACT_MAX_EVALUATIONS:
+            raise mask_mod.CountRefused(
+                f"{self.declares} declares its key sets as an N x N tensor: at N={seq_len:,} it holds "
+                f"{seq_len * seq_len * num_heads:.1e} entries; declare a mask_mod or useful_pairs"
+            )
         self.pairs_counted = "exact"
         return int(self.key_mask(seq_len, num_heads, causal).sum())

@@ -38,6 +38,37 @@ def memory_degree(impl: str, backend: str | None = None, row: Trial | None = Non
     return 2 if impls.memory_order(impl, recorded) == 2 or backend in QUADRATIC_BACKENDS else 1
 
 
+# Growth faster than linear, read from the peaks themselves over the three longest lengths
+# n1 < n2 < n3 (nearest any limit, past the fixed costs of short trials): the slope between the
+# last two against the slope between the first two. A line keeps it (ratio 1); a + b N^2 raises
+# it by (n2 + n3) / (n1 + n2) at most (2 at doubling lengths). A curve is read where the ratio is
+# at least halfway to that and not far past it: a larger jump is fixed costs giving way to a
+# line (a process's resident set at short lengths), not a curve.
+MIN_LENGTHS_FOR_CURVE = 3
+CURVE_JUMP_FACTOR = 1.5
+
+
+def grows_faster_than_linear(seq_lens: list[int], peaks: list[float]) -> bool:
+    """Whether the peaks at the three longest lengths bend upward as a quadratic does (above)."""
+    by_length: dict[int, list[float]] = {}
+    for n, p in zip(seq_lens, peaks):
+        by_length.setdefault(n, []).append(p)
+    if len(by_length) < MIN_LENGTHS_FOR_CURVE:
+        return False
+    (n1, p1), (n2, p2), (n3, p3) = [(n, statistics.fmean(by_length[n])) for n in sorted(by_length)[-3:]]
+    before, after = (p2 - p1) / (n2 - n1), (p3 - p2) / (n3 - n2)
+    if before <= 0 or after <= 0:
+        return False
+    quadratic = (n2 + n3) / (n1 + n2)
+    return 1 + (quadratic - 1) / 2 <= after / before <= CURVE_JUMP_FACTOR * quadratic
+
+
+def fitted_degree(seq_lens: list[int], peaks: list[float], declared: int) -> int:
+    """The memory model's degree: the declared one, or 2 where the peaks grow faster than a
+    line (a plugin that holds N x N without saying so is fitted as what it is)."""
+    return 2 if declared >= 2 or grows_faster_than_linear(seq_lens, peaks) else declared
+
+
 @dataclass(frozen=True)
 class MemoryFit:
     """peak(N) = coef[0] + coef[1] N (+ coef[2] N^2), fitted by least squares."""

@@ -72,10 +72,13 @@ class Series:
         if self.settings.label:
             return self.settings.label + (f" x{self.world_size}" if self.distributed else "")
         defaults = {p.name: p.default for p in impls.spec(self.impl).params}
+        # an outside implementation's label shows every parameter: its defaults are its author's, unseen here
+        every = not impls.is_builtin(self.impl)
         shown = {
             k: v
             for k, v in self.config.items()
-            if v is not None and (defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend"))
+            if v is not None
+            and (every or defaults.get(k) != v or k in ("segment_lengths", "dilation_rates", "backend"))
         }
         args = ", ".join(f"{k}={_short(v)}" for k, v in shown.items())
         name = f"{self.impl}({args})" if args else self.impl

@@ -239,7 +239,8 @@ def configurations(machine) -> list[Configuration]:
 
     def order(c: Configuration) -> tuple:
         longest = c.forward.summary.max_seq_len if c.forward else 0
-        return (c.world_size, -(longest or 0), c.label, c.settings)
+        outside = bool((c.forward or c.training).head.impl_source)  # the user's own code leads
+        return (not outside, c.world_size, -(longest or 0), c.label, c.settings)
 
     return sorted(out, key=order)
 

@@ -13,18 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.report import answer as a
+from attnbench.report import own
 from attnbench.report.data import Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.plots import figures as p
 from attnbench.report.sections import sections
 from attnbench.report.seeds import page as sd
-from attnbench.report.seeds.verdicts import verdicts
+from attnbench.report.seeds.verdicts import CONFIRMED, DIRECTION_ONLY, INCONCLUSIVE, REFUTED, verdicts
 from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, utf8, write_files_whole
 from attnbench.results.series import SUPERSEDED_FILE
 
 REPORT_FILE = "report.md"
+# Verdicts only a measurement of a seed's workload gives: without one the seeds' pages are left out.
+MEASURED_VERDICTS = (CONFIRMED, DIRECTION_ONLY, REFUTED, INCONCLUSIVE)
 CSV_DIR = "csv"
 ANSWER_FIGURE = "answer.png"
 
@@ -53,16 +56,23 @@ def render(results: Results) -> Doc:
     machines = machine_order(results)
     doc = Doc()
     runs = sorted({r.run for r in results.rows if r.run})
+    vs = verdicts(machines)
+    seeds = any(v.verdict in MEASURED_VERDICTS for v in vs)  # a run measured a seed workload
     doc.add("# attnbench report\n")
     doc.add(
         f"Generated {now_utc()} by `attnbench report {inline(results.source)}`.\n"
-        f"The seed reports' claims, each held against these rows: [{sd.SEEDS_FILE}]({sd.SEEDS_FILE}).\n"
+        + (
+            f"The seed reports' claims, each held against these rows: [{sd.SEEDS_FILE}]({sd.SEEDS_FILE}).\n"
+            if seeds
+            else ""
+        )
     )
+    own.render(doc, machines)  # the user's own implementations lead, where the rows measured any
     answer(doc, machines)
     # the seeds ran on GPUs: after the answer where a GPU ran too, after the details for a CPU run
     gpu_ran = not all(m.on_cpu for m in machines)
-    if gpu_ran:
-        against_the_seeds(doc, machines)
+    if gpu_ran and seeds:
+        against_the_seeds(doc, machines, vs)
     figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
     if figure is not None:
         doc.figures.append((ANSWER_FIGURE, p.png(figure, doc.missing_glyphs)))
@@ -79,8 +89,8 @@ def render(results: Results) -> Doc:
             + "".join(f"- `{inline(line)}`\n" for line in results.problems)
         )
     details(doc, machines)
-    if not gpu_ran:
-        against_the_seeds(doc, machines)
+    if not gpu_ran and seeds:
+        against_the_seeds(doc, machines, vs)
     superseded(doc, results)
     doc.add(f"\nRuns: {', '.join(inline(r) for r in runs) or '-'}.\n")
     return doc
@@ -105,9 +115,9 @@ def superseded(doc: Doc, results: Results) -> None:
     doc.table(Table.of("superseded", columns, results.retired))
 
 
-def against_the_seeds(doc: Doc, machines: list[Machine]) -> None:
+def against_the_seeds(doc: Doc, machines: list[Machine], vs=None) -> None:
     """The seed reports' claims held against the rows: a summary here, each claim in seeds.md."""
-    vs = verdicts(machines)
+    vs = verdicts(machines) if vs is None else vs
     doc.heading(2, "Against the seeds")
     doc.add(sd.summary(vs))
     doc.tables.append(("seed-claims.csv", sd.csv_table(vs)))

@@ -57,12 +57,21 @@ def load(path: Path, loaded: tuple[list[Row], list[str]] | None = None) -> Resul
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
         )
     rows, retired = retire(rows, read_superseded(path) if path.is_dir() else {})
-    rows = [relabel(r, compact_label(r)) if has_label(r) else r for r in rows]
+    rows = [relabel(r, marked(r) + compact_label(r)) if has_label(r) else r for r in rows]
     rows = separate_code_versions(separate_memory_limits(rows))
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
     return Results(path, files, rows, problems, groups, retired)
+
+
+# A label's mark where the row ran without the reference check first (every table shows it).
+UNVERIFIED = "[unverified] "
+
+
+def marked(row: Row) -> str:
+    """``UNVERIFIED`` for a row run without the reference check first, else nothing."""
+    return UNVERIFIED if getattr(row, "verified", None) is False else ""
 
 
 # --- kinds and fields -------------------------------------------------------------------------

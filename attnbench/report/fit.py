@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnbench.measure.capacity import MemoryFit, fit_memory, fitted_peak, measured_budget, memory_degree
+from attnbench.measure.capacity import (
+    MemoryFit,
+    fit_memory,
+    fitted_degree,
+    fitted_peak,
+    measured_budget,
+    memory_degree,
+)
 from attnbench.report.data import ok, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
@@ -39,6 +46,7 @@ class Capacity:
     measured_max: int | None
     stopped_by: str | None
     longest_ok: int | None = None  # the longest length with a fitted peak
+    curve_measured: bool = False  # quadratic because the peaks grow faster than a line, not by declaration
 
     @property
     def predicted(self) -> float | None:
@@ -77,8 +85,10 @@ def capacities(rows: list[Row]) -> list[Capacity]:
         head = series_rows[0]
         good = [r for r in ok(series_rows) if fitted_peak(r)]
         backend = next((r.backend for r in good if r.backend), None)
-        degree = memory_degree(head.impl, backend, head)
-        fit = fit_memory([r.seq_len for r in good], [fitted_peak(r) for r in good], degree)
+        declared = memory_degree(head.impl, backend, head)
+        lengths, peaks = [r.seq_len for r in good], [fitted_peak(r) for r in good]
+        degree = fitted_degree(lengths, peaks, declared)
+        fit = fit_memory(lengths, peaks, degree)
         total, overhead, budget, note = measured_budget(series_rows)
         stop = stops.get(key)
         out.append(
@@ -100,6 +110,7 @@ def capacities(rows: list[Row]) -> list[Capacity]:
                 measured_max=stop.max_seq_len if stop else None,
                 stopped_by=stop.stopped_by if stop else None,
                 longest_ok=max((r.seq_len for r in good), default=None),
+                curve_measured=degree > declared,
             )
         )
     return out

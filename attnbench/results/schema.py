@@ -249,7 +249,12 @@ class Measured(Timing):
     compile_peak_bytes: int | None = None  # allocator peak of the compiling call, kept out of peak_bytes
     tflops_executed_ci_low: float | None = None  # executed TFLOP/s over the time interval
     tflops_executed_ci_high: float | None = None
-    pairs_counted: str | None = None  # outside mask: pairs counted exactly, or by blocks at large N
+    pairs_counted: str | None = None  # closed-form, declared (by the implementation), blocks, exact or unknown
+    pairs_useful: int | None = None  # (query, key) pairs of the key sets, summed over heads (FLOPs: 4 B D each)
+    pairs_executed: int | None = None  # pairs the kernel computes, masked ones included
+    pairs_source: str | None = None  # an outside implementation's own functions behind the pairs, by name
+    flops_unknown: str | None = None  # why the FLOPs are not known (pairs_counted unknown): one line
+    count_s: float | None = None  # seconds counting the pairs took, outside the trial (once per length)
     sent_bytes: int | None = None  # sequence parallel: bytes the busiest rank sends per call
     algbw_gbps: float | None = None  # those bytes over the call's time (nccl-tests' algbw)
     link_gbps: float | None = None  # sequence parallel: the same ranks' ring exchange alone, GB/s (what the link gives)
@@ -275,6 +280,7 @@ class Trial(Workload, Measured):
     predicted_time_ms: float | None = None  # max-seq: the warm call the model predicted before it ran
     predicted_max_seq: int | None = None  # max-seq: the largest length the model predicted before it ran
     predicted_only: bool | None = None  # not run: the model put its call over the time limit (status time-limit)
+    verified: bool | None = None  # its configuration passed the reference check first; False: run without it
 
 
 @dataclass(kw_only=True)
@@ -297,6 +303,8 @@ class MaxSeqResult(Workload):
     margin: int | None = None  # first_failure - seq_len: the bracket's width, in tokens
     first_failure_predicted: bool | None = None  # first_failure was predicted over the time limit, not run
     predicted_max_seq: int | None = None  # the capacity model's largest length at the end of the search
+    verified: bool | None = None  # its configuration passed the reference check first; False: run without it
+    impl_source: dict[str, Any] | None = None  # outside implementation: as its trials record it
 
 
 @dataclass(kw_only=True)
@@ -320,6 +328,7 @@ class Check:
     twin_of: dict[str, Any] | None = None  # checked on a reduced twin: the configuration it stands for
     twin_scale: int | None = None  # the twin's lengths (sequence, segments) are twin_of's divided by this
     elapsed_s: float | None = None  # seconds the check took (inputs, the call, the float64 reference)
+    impl_source: dict[str, Any] | None = None  # outside implementation: as its trials record it
 
 
 @dataclass(kw_only=True)

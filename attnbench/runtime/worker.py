@@ -112,6 +112,8 @@ def run_in_child(
         finally:
             SPARES.hold(False)
         result = json.loads(result_path.read_text()) if result_path.exists() else outcome
+        if result.get(PARTIAL):  # the job left a result early, then was stopped: how it ended
+            result[PARTIAL] = {"status": outcome.get("status"), "message": outcome.get("message")}
         result["phase_s"] = phase_seconds(child, handed)
         return result
 
@@ -262,9 +264,23 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# Where the job running in this process writes its result (``leave_partial`` writes there early).
+_RESULT_PATH: list[Path] = []
+PARTIAL = "partial"  # the key of a result left early: what ended the job after it is added by the parent
+
+
+def leave_partial(result: dict[str, Any]) -> None:
+    """Write ``result`` now, marked partial: if this job is stopped later (a phase past its
+    limit), the parent still reads it. The job's own result replaces it when it returns."""
+    if _RESULT_PATH:
+        write_json_atomic(_RESULT_PATH[0], {**result, PARTIAL: True})
+
+
 def main(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     fn = resolve(job["function"])
+    # run as ``python -m``, this file is __main__: the jobs import it again by its name, and read it there
+    importlib.import_module("attnbench.runtime.worker")._RESULT_PATH[:] = [Path(result_path)]
     announce_phase("ready")
     result = fn(job["args"])
     announce_phase("exit")

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from attnbench import impls
+from attnbench.measure.accounting import Pairs
 from attnbench.plan import Plan, Series
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.results.schema import Row, Trial, Verify, join
@@ -35,7 +37,9 @@ from attnbench.sweeps.kinds.base import parallelism
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
 from attnbench.sweeps.verification import config_text
-from attnbench.trials.reference import VerifyCase, reduced
+from attnbench.trials.counting import known as counted
+from attnbench.trials.measured import take_pairs
+from attnbench.trials.reference import VerifyCase, reduced, with_long_checks
 from attnbench.trials.trial import TrialSpec, execute, run_isolated
 
 
@@ -78,11 +82,20 @@ def resolve(plan: Plan) -> Plan:
     return replace(plan, series=tuple(resolved), clipped=tuple(clipped))
 
 
-def verify_cases(plan: Plan) -> list[VerifyCase]:
-    """Every series' reference-check cases, each configuration once."""
+def verify_cases(plan: Plan) -> tuple[list[VerifyCase], list[str]]:
+    """Every series' reference-check cases, each configuration once, with a long check where a
+    sparse pattern is sparse (``reference.with_long_checks``); and the warnings of
+    configurations dense at every length checked."""
     cases = [reduced(c) for s in plan.series for c in kinds.get(s.settings.kind).verify_cases(s)]
     unique = {json.dumps(asdict(c), sort_keys=True): c for c in cases}
-    return list(unique.values())
+    return with_long_checks(list(unique.values()), checks_memory_limit(plan))
+
+
+def checks_memory_limit(plan: Plan) -> int | None:
+    """The memory limit the reference checks run under: the largest of the series' (None where
+    one has none)."""
+    limits = [s.settings.memory_limit for s in plan.series]
+    return None if None in limits else max(limits, default=None)
 
 
 # check-row fields left out where they hold their default
@@ -126,6 +139,9 @@ class SweepRunner(RunSession):
         self.kept: list[Row] = []  # verify and result rows already written
         self.resumed: list[Row] = []  # every row a resumed run continues from
         self._remeasured = 0
+        self.counts: dict[str, Pairs] = {}  # pairs counted after a trial, by shape: handed to the next there
+        self.counting_s = 0.0  # seconds trials spent counting pairs: a search's budget leaves them out
+        self._planned: list[VerifyCase] | None = None
 
     # --- before anything is written ------------------------------------------------------
     def prepare(self) -> None:
@@ -144,14 +160,22 @@ class SweepRunner(RunSession):
         A check whose row a resumed run already holds is not run again."""
         if not self.plan.verify:
             return []
-        cases = [c for c in verify_cases(self.plan) if self._kept_check(c) is None]
+        cases = [c for c in self.planned_checks() if self._kept_check(c) is None]
         isolate = any(s.settings.isolate for s in self.plan.series) or any(c.device == "cuda" for c in cases)
-        limits = [s.settings.memory_limit for s in self.plan.series]
-        limit = None if None in limits else max(limits)
+        limit = checks_memory_limit(self.plan)
         # trials in worker processes follow: the first one's process starts during the check
         warm = any(s.settings.isolate and not s.distributed and s.settings.kind != "speedup" for s in self.plan.series)
         call_limit = max(s.settings.max_trial_seconds for s in self.plan.series)
         return self.run_checks(cases, isolate, limit, warm, call_limit) if cases else []
+
+    def planned_checks(self) -> list[VerifyCase]:
+        """The plan's reference checks, planned once (their lengths are read from the key sets);
+        a configuration dense at every length checked is named once, as a note."""
+        if self._planned is None:
+            self._planned, warnings = verify_cases(self.plan)
+            for line in warnings:
+                self.reporter.note(f"warning: {line}")
+        return self._planned
 
     def _kept_check(self, case: VerifyCase) -> Verify | None:
         # a forward-only check row names no mode (only fwd_bwd is written), a direct one no twin scale
@@ -172,7 +196,7 @@ class SweepRunner(RunSession):
 
     def _run(self) -> list[SeriesOutcome]:
         self.prepare()
-        kept = [self._kept_check(c) for c in verify_cases(self.plan)] if self.plan.verify else []
+        kept = [self._kept_check(c) for c in self.planned_checks()] if self.plan.verify else []
         verify_rows = self.reference_checks()  # bad input raises here, before anything is written
         with ResultsLock(self.out_dir):  # one run per directory
             self.prepare()  # again under the lock: what a run that just ended wrote counts
@@ -275,6 +299,7 @@ class SweepRunner(RunSession):
             measured = seqpar.run_trial(spec, s.world_size)
         else:
             measured = run_isolated(spec) if s.settings.isolate else execute(spec)
+            self.account(s, key[1], measured)
         row = self._trial_row(
             s,
             spec,
@@ -292,6 +317,30 @@ class SweepRunner(RunSession):
         self.reporter.trial_done(s, row, False)
         return row
 
+    def account(self, s: Series, seq_len: int, measured) -> None:
+        """What the sweep knows of a trial's FLOPs beyond its process: pairs it counted (after its
+        measurement, ``trials.counting``) are kept for the next trial of that shape, and their
+        seconds left out of a search's budget; an outside module that declares nothing is dense
+        only by default: unverified, its FLOPs are unknown, never dense in disguise."""
+        if measured.status != "ok" or s.distributed:
+            return
+        self.counting_s += measured.count_s or 0.0
+        if measured.pairs_counted in ("blocks", "exact", "unknown") and measured.count_s is not None:
+            self.counts[self._shape_key(s, seq_len)] = Pairs(
+                measured.pairs_useful,
+                measured.pairs_executed,
+                measured.pairs_counted,
+                measured.pairs_source,
+                measured.flops_unknown,
+            )
+        if s.build().dense_by_default and not self.plan.verify:
+            why = "declares no key sets and was not verified (--no-verify): dense is only attnbench's default"
+            take_pairs(measured, Pairs.not_known(why), s.workload(seq_len))
+
+    def _shape_key(self, s: Series, seq_len: int) -> str:
+        st = s.settings
+        return json.dumps([s.impl, s.config, seq_len, st.heads, st.causal], sort_keys=True, default=str)
+
     def _trial_row(
         self, s: Series, spec: TrialSpec, phase: str, key, attempt: int, *parts: Any, **outcome: Any
     ) -> Trial:
@@ -300,6 +349,8 @@ class SweepRunner(RunSession):
         row_kind = kinds.get(s.settings.kind).row_kind
         if row_kind != s.settings.kind:
             outcome["sweep"] = s.settings.kind  # rows of another kind's shape say which sweep ran them
+        outcome["verified"] = self.plan.verify  # its configuration passed the reference check first
+        outcome.setdefault("impl_source", impls.recorded_source(s.impl))
         return join(
             Trial,
             *(p for p in parts if p is not None),
@@ -342,6 +393,7 @@ class SweepRunner(RunSession):
             memory_limit=st.memory_limit,
             timing=timing,
             seed=seq_len,
+            pairs=counted(self.counts.get(self._shape_key(s, seq_len))),
         )
 
     def append_once(self, row: Row, identity: tuple[str, ...]) -> None:

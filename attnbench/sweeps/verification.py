@@ -15,7 +15,7 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.results.schema import Verify
-from attnbench.trials.reference import VerifyCase, run_case
+from attnbench.trials.reference import Shapes, VerifyCase, run_case
 from attnbench.trials.trial import run_verify_isolated
 
 
@@ -69,14 +69,21 @@ class VerifyPlan:
 
     cases: list[VerifyCase]
     broken: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # configurations dense at every length checked
 
-    def groups(self) -> list[tuple[str, list[VerifyCase]]]:
+    def groups(self, ranks_together: bool = False) -> list[tuple[list[str], list[VerifyCase]]]:
         """The cases per implementation, in plan order: each group runs in a process of its
-        own, so progress shows and rows are kept group by group."""
+        own, so progress shows and rows are kept group by group; ``ranks_together``: the
+        sequence-parallel implementations' cases in one group (one launch of their ranks)."""
         by_impl: dict[str, list[VerifyCase]] = {}
         for c in self.cases:
             by_impl.setdefault(c.impl, []).append(c)
-        return list(by_impl.items())
+        groups = [([name], cases) for name, cases in by_impl.items()]
+        if not ranks_together:
+            return groups
+        ranked = [g for g in groups if impls.spec(g[0][0]).distributed]
+        merged = ([n for names, _ in ranked for n in names], [c for _, cases in ranked for c in cases])
+        return [g for g in groups if g not in ranked] + ([merged] if ranked else [])
 
 
 def plan_verify(
@@ -86,12 +93,19 @@ def plan_verify(
     mode: str,
     gpus: str | None = None,
     params: dict[str, Any] | None = None,
+    shapes: Shapes | None = None,
 ) -> VerifyPlan:
     """The reference checks for ``names`` (all registered when None): each implementation's
-    verify shapes, causal and not, in every dtype it supports on ``device``; ``params``
-    replaces the verify configurations of the implementations that have those parameters."""
-    from attnbench.trials.reference import default_cases
-    from attnbench.trials.workload import check_workload_fields
+    verify shapes (``shapes``: the full matrix by default), causal and not, in every dtype it
+    supports on ``device``, and a long check where a sparse pattern is sparse
+    (``reference.with_long_checks``); ``params`` replaces the verify configurations of the
+    implementations that have those parameters."""
+    from attnbench.trials.reference import Shapes, default_cases, with_long_checks
+    from attnbench.trials.workload import check_heads, check_workload_fields
+
+    shapes = shapes or Shapes()
+    if shapes.heads or shapes.kv_heads:
+        check_heads(shapes.heads or 8, shapes.kv_heads)
 
     asked = names
     names = names or impls.names()
@@ -105,12 +119,17 @@ def plan_verify(
     single = [n for n in runnable if not impls.spec(n).distributed]
     distributed = [n for n in runnable if impls.spec(n).distributed]
     configs = {n: [impls.normalize_config(n, _own_params(n, params))] for n in names} if params else {}
-    cases = [c for n in single for c in default_cases(n, device, _dtypes_of(n, dtypes), mode, configs.get(n))]
+    cases = [
+        c for n in single for c in default_cases(n, device, _dtypes_of(n, dtypes), mode, configs.get(n), shapes=shapes)
+    ]
+    warnings: list[str] = []
+    if not shapes.seq_lens:  # lengths the command names are checked as named
+        cases, warnings = with_long_checks(cases)
     cases += [
         c
         for n in distributed
         for w in _verify_worlds(gpus, device)
-        for c in default_cases(n, device, _dtypes_of(n, dtypes), world=w)
+        for c in default_cases(n, device, _dtypes_of(n, dtypes), world=w, shapes=shapes)
     ]
     if not cases:
         raise AttnbenchError(
@@ -118,7 +137,7 @@ def plan_verify(
             "see `attnbench list` for each implementation's devices and dtypes"
         )
     broken = _contract_violations([n for n in single if impls.spec(n).source], device, dtypes, configs)
-    return VerifyPlan(cases, broken)
+    return VerifyPlan(cases, broken, warnings)
 
 
 def _dtypes_of(name: str, dtypes: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from attnbench import impls
+from attnbench.trials import diagnose
 from attnbench.trials.reference import TOLERANCE, masked_reference, relative_error
 from attnbench.trials.workload import torch_dtype
 
@@ -57,12 +58,14 @@ def violations(
         outputs[causal] = out
         phase("reference")
         declared = impl.key_mask(n, heads, causal=causal)
-        err = relative_error(out, masked_reference(q, k, v, declared))
+        ref = masked_reference(q, k, v, declared)
+        err = relative_error(out, ref)
         if not err <= tol:
+            why = "".join(f"; {line}" for line in diagnose.mismatch(out, ref, q, k, v, declared, masked_reference))
             found.append(
                 f"output{' with is_causal=True' if causal else ''} disagrees with the declared key sets "
-                f"({_declared(impl)}): relative error {err:.2e} > {tol:.0e}; declare the keys forward "
-                "really uses (mask_mod, key_mask) or fix forward"
+                f"({_declared(impl)}): relative error {err:.2e} > {tol:.0e}{why}; declare the keys forward "
+                "really uses or fix forward"
             )
         pairs = impl.useful_pairs(n, heads, causal)
         if pairs != int(declared.sum()):
@@ -98,10 +101,7 @@ def _call(impl, q, k, v, causal: bool, device: str) -> tuple[torch.Tensor | None
     if not isinstance(out, torch.Tensor):
         return None, f"forward returned a {type(out).__name__}, not a tensor: return the (B, N, H, D) output"
     if tuple(out.shape) != tuple(q.shape):
-        return None, (
-            f"output shape {tuple(out.shape)} is not the input's (B, N, H, D) = {tuple(q.shape)}; "
-            "return (B, N, H, D), not (B, H, N, D)"
-        )
+        return None, diagnose.shape_hint(tuple(out.shape), tuple(q.shape))
     if out.dtype != q.dtype:
         return None, f"output dtype {out.dtype} is not the input's {q.dtype}; return the inputs' dtype"
     return out, None

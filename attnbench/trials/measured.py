@@ -4,10 +4,11 @@ a sequence-parallel trial fill it the same way, so their rows mean the same thin
 
 from __future__ import annotations
 
-from attnbench.measure.accounting import accounting
+from dataclasses import asdict
+
+from attnbench.measure.accounting import Pairs, accounting, pairs_of
 from attnbench.measure.core import Measurement
 from attnbench.measure.stats import Interval, scaled
-from attnbench.results.convert import fill
 from attnbench.results.schema import Measured
 
 # What a row stores of a Measurement as it is (its clock summary is read apart, and the
@@ -42,8 +43,19 @@ def take_measurement(m: Measured, step: Measurement) -> None:
 
 
 def take_accounting(m: Measured, impl, wl) -> None:
-    """FLOPs useful and executed, the kept fraction and the throughput of the median call."""
-    fill(m, accounting(impl, wl, m.time_ms))
+    """FLOPs useful and executed, the kept fraction and the throughput of the median call, from
+    pairs the implementation gives at once (closed forms, its own declarations). Pairs counted
+    from declared key sets are counted after the measurement (``trials.counting``)."""
+    if not impl.counted_pairs:
+        take_pairs(m, pairs_of(impl, wl.seq_len, wl.heads, wl.causal), wl)
+
+
+def take_pairs(m: Measured, pairs: Pairs, wl) -> None:
+    """The accounting of ``pairs`` on ``wl`` at the row's median time, and its interval: every
+    field of it set (a count that replaces an unknown one clears the reason)."""
+    for name, value in asdict(accounting(pairs, wl, m.time_ms)).items():
+        setattr(m, name, value)
+    take_tflops_interval(m)
 
 
 def take_tflops_interval(m: Measured) -> None:

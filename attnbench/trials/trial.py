@@ -5,11 +5,12 @@ its own (the default; see ``attnbench.runtime``), so an OOM, a crash or allocato
 fragmentation cannot change later trials, and a trial over its time limit can be killed;
 the process was started (python and torch imported, no CUDA context) while the previous trial
 ran. The phases it announces (setup, device, inputs, compile, first-call, warm-call, warm-up,
-timing, gpu-timing, accounting) are timed by the parent into the row's ``phase_s``.
+timing, gpu-timing, accounting, counting) are timed by the parent into the row's ``phase_s``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,14 +20,17 @@ import torch
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
+from attnbench.measure.accounting import Pairs
 from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
 from attnbench.results.convert import fill, to_json
 from attnbench.results.schema import GpuMemory, Measured, received
 from attnbench.runtime.supervise import announce_phase
-from attnbench.runtime.worker import run_in_child
-from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_tflops_interval
+from attnbench.runtime.worker import PARTIAL, leave_partial, run_in_child
+from attnbench.trials import counting
+from attnbench.trials.counting import COUNT_LIMIT_S
+from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_pairs
 from attnbench.trials.reference import Check, VerifyCase, reference_bytes, run_case
 from attnbench.trials.workload import Workload
 
@@ -38,6 +42,8 @@ class TrialSpec:
     memory_limit: int | None = None  # bytes the trial may allocate
     timing: dict[str, Any] = field(default_factory=dict)  # TimingPolicy fields
     seed: int = 0
+    pairs: dict[str, Any] | None = None  # pairs counted before at this shape (accounting.Pairs): not again
+    count_limit_s: float = COUNT_LIMIT_S  # seconds counting pairs may take, after the measurement
 
     def policy(self) -> TimingPolicy:
         """The timing plan; its budget is the ``timing_budget_s`` setting where one was given,
@@ -50,11 +56,18 @@ class TrialSpec:
 # ---------------------------------------------------------------------------------------
 
 
-def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=None: None) -> Measured:
-    """Run one trial here; never raises for a failing trial, returns what it measured."""
+def execute(
+    spec: TrialSpec,
+    phase: Callable[..., None] = lambda name, limit_s=None: None,
+    leave: Callable[[Measured], None] = lambda m: None,
+) -> Measured:
+    """Run one trial here; never raises for a failing trial, returns what it measured. Pairs
+    counted from declared key sets are counted after the measurement is complete, ``leave``
+    given it first (a worker writes it, in case the count is stopped)."""
     wl = Workload(**spec.workload)
     cuda = wl.device == "cuda"
     m = Measured(status="error", message="", times_ms=[])
+    impl = None
     phase("setup")
     nvml, nvml_note = open_nvml() if cuda else (None, "")
     m.nvml_note = nvml_note or None
@@ -91,16 +104,31 @@ def execute(spec: TrialSpec, phase: Callable[..., None] = lambda name, limit_s=N
         take_measurement(m, measured)  # statistics outside the memory limit (bootstrap imports numpy.random)
         m.backend = impl.last_backend
         m.kv_layout = impl.last_kv_layout or None  # grouped K/V: shared, or copied to every query head
-        mem.freeze()  # counting pairs from a declared mask allocates on the device: not the trial's peak
-        del step, q, k, v  # and gets the inputs' memory for it
-        take_accounting(m, impl, wl)
-        take_tflops_interval(m)
+        mem.freeze()  # a closed form allocates nothing, but nothing after the timed calls is the trial's peak
+        del step, q, k, v
+        take_accounting(m, impl, wl)  # pairs counted from key sets: by the sweep, outside the trial
     except Exception as exc:  # a failing trial is data, not a crash
         m.status, m.message = oom.classify(exc), oom.one_line(exc)
     fill(m, mem.peaks())
     m.gpus = _per_gpu(sampler, mem)
     set_peak(m, cuda, wl.floor_bytes)
+    if m.status == "ok" and impl is not None and impl.counted_pairs:
+        _count_pairs(m, impl, wl, spec, phase, leave)
     return m
+
+
+def _count_pairs(m: Measured, impl, wl: Workload, spec: TrialSpec, phase, leave) -> None:
+    """The pairs of a trial whose measurement is complete (its time, its frozen peaks, its memory
+    limit lifted): handed from an earlier count at this shape, or counted now under a limit of
+    their own (``trials.counting``), after ``leave`` keeps the measurement."""
+    if spec.pairs is not None:
+        take_pairs(m, Pairs(**spec.pairs), wl)
+        return
+    leave(m)
+    phase("counting", spec.count_limit_s)
+    started = time.monotonic()
+    take_pairs(m, counting.count(impl, wl.seq_len, wl.heads, wl.causal, spec.count_limit_s), wl)
+    m.count_s = round(time.monotonic() - started, 3)
 
 
 def _step(impl, wl, q, k, v) -> Callable[[], None]:
@@ -161,7 +189,11 @@ def run_isolated(spec: TrialSpec) -> Measured:
         hold_phases=CPU_HELD_PHASES if cpu else (),
         spares=1 if cpu else GPU_SPARES,
     )
-    return received(Measured, result, "the trial's worker")
+    ended = result.pop(PARTIAL, None)  # stopped while it counted pairs: its measurement stands
+    m = received(Measured, result, "the trial's worker")
+    if ended:
+        take_pairs(m, counting.stopped(ended), Workload(**spec.workload))
+    return m
 
 
 # The per-call limit of a reference check's calls where the command names none: a trial's default.
@@ -257,8 +289,9 @@ PRELOAD = "attnbench.trials.trial:preload"
 
 
 def trial_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_isolated``: what the trial measured, as JSON."""
-    return to_json(execute(TrialSpec(**args["spec"]), announce_phase))
+    """Worker side of ``run_isolated``: what the trial measured, as JSON (left early, before its
+    pairs are counted)."""
+    return to_json(execute(TrialSpec(**args["spec"]), announce_phase, lambda m: leave_partial(to_json(m))))
 
 
 def verify_job(args: dict[str, Any]) -> dict[str, Any]:

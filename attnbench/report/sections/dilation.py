@@ -60,8 +60,8 @@ def render(doc: Doc, m: Machine) -> None:
     for s in m.summaries:
         if s.world_size == 1 and is_dilated(s.head):
             groups.setdefault(d.settings_key(s.head), []).append(s)
-    if not groups:
-        doc.missing("no single-device max-seq search of a dilated configuration on this machine", "seed-003")
+    if not groups:  # a seed's workload: named only where a run measured it
+        return
     for group in groups.values():
         table, at, base = dilation_table(m, group)
         doc.heading(4, d.settings_text(group[0].head))

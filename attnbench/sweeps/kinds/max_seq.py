@@ -10,6 +10,7 @@ was; a length not run because its call was predicted over the time limit is a ro
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from attnbench import impls
@@ -82,7 +83,8 @@ class MaxSeq(TrialKind):
             relative=0.0 if st.resolution else DEFAULT_RELATIVE_RESOLUTION,
             budget_s=search_budget_s(st),
         )
-        return predicted_search(probe, limits)
+        # counting pairs is attnbench's work, not the implementation's: the budget leaves it out
+        return predicted_search(probe, limits, clock=lambda: time.monotonic() - runner.counting_s)
 
     def summarise(self, s: Series, result: SearchResult, runner) -> None:
         row = join(
@@ -106,9 +108,17 @@ class MaxSeq(TrialKind):
             margin=result.margin,
             first_failure_predicted=result.failure_predicted or None,
             predicted_max_seq=result.predicted_max,
+            verified=runner.plan.verify,
+            **outside_source(s.impl),
             env=runner.env,
         )
         runner.append_once(row, RESULT_IDENTITY)
+
+
+def outside_source(impl: str) -> dict:
+    """``impl_source`` for a row of an outside implementation, nothing for a built-in."""
+    source = impls.recorded_source(impl)
+    return {"impl_source": source} if source else {}
 
 
 def search_budget_s(st) -> float:
