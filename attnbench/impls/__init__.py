@@ -146,10 +146,13 @@ def recorded_source(name: str) -> dict[str, Any] | None:
     return {**entry.source, "memory_order": entry.memory_order} if entry.source else None
 
 
-def counterpart(name: str) -> str | None:
-    """The single-device counterpart of a built-in sequence-parallel implementation (the
-    report's baseline for it); None for others. Never imports user code."""
-    return BUILT_IN.entries()[name].counterpart if is_builtin(name) else None
+def counterpart(name: str, source: dict[str, Any] | None = None) -> str | None:
+    """The single-device counterpart of a sequence-parallel implementation (the report's
+    baseline for it): a built-in's declared one, an outside one's as its rows recorded it
+    (``source``: the row's ``impl_source``); None for others. Never imports user code."""
+    if is_builtin(name):
+        return BUILT_IN.entries()[name].counterpart
+    return ((source or {}).get("sequence_parallel") or {}).get("counterpart")
 
 
 def family(name: str, source: dict[str, Any] | None = None) -> str | None:

@@ -26,6 +26,14 @@ The contract, which a factory meets in a few lines (docs/reference/own-implement
   j // (H / H_kv), the default) or ``"interleaved"`` (j % H_kv).
 - Optional on the factory (read before anything is built): ``summary``, ``devices``,
   ``dtypes``, ``memory_order`` (2 when the implementation holds N x N scores).
+- Sequence parallel: ``factory.sequence_parallel = {"counterpart": NAME}`` (optional
+  ``"counterpart_params"``, ``"layout"``) declares a module that runs on its rank's shard
+  inside the process group attnbench starts (``--gpus P``): ``forward`` takes and returns the
+  rank's ``(B, N/P, H, D)``; its key sets and pairs are the single-device ``counterpart``'s,
+  and its gathered output is checked against the float64 reference and that counterpart. The
+  shard layout is the module's ``shard_layout`` (``"contiguous"``, ``"zigzag"``, ``"striped"``),
+  else the declaration's ``"layout"``, else contiguous; or its own
+  ``shard_positions(seq_len, world, rank, causal)``. Its ``granularity`` is per rank.
 
 A factory may also return an :class:`AttentionImpl`, which then declares everything itself.
 """
@@ -105,6 +113,9 @@ def find_spec(name: str) -> ImplSpec | None:
         )
     package, version = package_of(path)
     source = {"import_path": path, "package": package, "version": version, "source_sha256": source_hash(path)}
+    parallel = sequence_parallel_of(path, factory)
+    if parallel:
+        source["sequence_parallel"] = parallel
     summary = getattr(factory, "summary", None) or (inspect.getdoc(factory) or "").split("\n")[0]
     return ImplSpec(
         name=name,
@@ -115,7 +126,41 @@ def find_spec(name: str) -> ImplSpec | None:
         dtypes=tuple(getattr(factory, "dtypes", ("fp32", "fp16", "bf16"))),
         memory_order=int(getattr(factory, "memory_order", 1)),
         source=source,
+        distributed=bool(parallel),
+        counterpart=parallel["counterpart"] if parallel else None,
     )
+
+
+def sequence_parallel_of(path: str, factory: Callable) -> dict[str, Any] | None:
+    """The factory's ``sequence_parallel`` declaration, checked (None where it makes none)."""
+    declared = getattr(factory, "sequence_parallel", None)
+    if declared is None or declared is False:
+        return None
+    fix = (
+        f'{path}.sequence_parallel must be a dict such as {{"counterpart": "sdpa", "layout": "zigzag"}} '
+        "(the single-device implementation computing the same key sets, and the shard layout)"
+    )
+    if not isinstance(declared, dict) or not isinstance(declared.get("counterpart"), str):
+        raise ConfigError(fix)
+    unknown = sorted(set(declared) - {"counterpart", "counterpart_params", "layout"})
+    if unknown:
+        raise ConfigError(f"{path}.sequence_parallel has no key {unknown[0]!r}: {fix}")
+    layout = declared.get("layout", "contiguous")
+    check_layout(path, layout)
+    params = declared.get("counterpart_params", {})
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}.sequence_parallel's counterpart_params must be a dict of the counterpart's --param")
+    return {"counterpart": declared["counterpart"], "counterpart_params": dict(params), "layout": layout}
+
+
+def check_layout(where: str, layout: Any) -> None:
+    from attnbench.impls.sequence_parallel.layouts import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ConfigError(
+            f"{where}: shard layout {layout!r} is not one of {', '.join(LAYOUTS)}; "
+            "or declare shard_positions(seq_len, world, rank, causal) on the module"
+        )
 
 
 def source_hash(path: str) -> str | None:
@@ -167,8 +212,13 @@ def _factory(name: str, path: str, factory: Callable, source: dict[str, Any]) ->
                 f"{path} raised {first} when built with {config or 'no parameters'}; "
                 "fix the factory or its --param values"
             ) from None
+        parallel = source.get("sequence_parallel")
         if isinstance(module, AttentionImpl):
             impl = module
+        elif isinstance(module, nn.Module) and parallel:
+            from attnbench.impls.sequence_parallel.outside import OutsideSequenceParallel
+
+            impl = OutsideSequenceParallel(module, config, parallel)
         elif isinstance(module, nn.Module):
             impl = OutsideImpl(module, config)
         else:
@@ -199,6 +249,9 @@ def described(impl: AttentionImpl) -> dict[str, Any]:
         "gqa_mapping": impl.gqa_mapping,
         "pairs_source": impl.pairs_source(),
         "source": getattr(impl, "source", None),
+        # a sequence-parallel one: its shape rules at any number of ranks
+        "layout": getattr(impl, "layout", None),
+        "rank_granularity": int(getattr(impl, "rank_granularity", 1)),
     }
 
 
@@ -211,6 +264,8 @@ def spec_fields(spec: ImplSpec) -> dict[str, Any]:
         "dtypes": list(spec.dtypes),
         "memory_order": spec.memory_order,
         "source": spec.source,
+        "distributed": spec.distributed,
+        "counterpart": spec.counterpart,
     }
 
 
@@ -225,6 +280,8 @@ def described_spec(name: str, fields: dict[str, Any], factory: Callable[..., Att
         dtypes=tuple(fields["dtypes"]),
         memory_order=int(fields["memory_order"]),
         source=fields["source"],
+        distributed=bool(fields.get("distributed")),
+        counterpart=fields.get("counterpart"),
     )
 
 
@@ -245,10 +302,18 @@ class DescribedImpl(AttentionImpl):
         self.gqa_mapping = fields["gqa_mapping"]
         self.min_seq_len = fields["min_seq_len"]
         self.source = fields["source"]
+        #: a sequence-parallel one's ranks (``impls.build_for_ranks``); its shape rules follow them
+        self.world_size: int | None = None
 
     @property
     def granularity(self) -> int:
-        return self.fields["granularity"]
+        layout = self.fields.get("layout")
+        if layout is None:
+            return self.fields["granularity"]
+        from attnbench.impls.sequence_parallel.layouts import LAYOUTS
+
+        pieces = LAYOUTS[layout][1] if layout in LAYOUTS else 1
+        return pieces * (self.world_size or 1) * self.fields["rank_granularity"]
 
     def check_length(self, seq_len: int) -> None:
         super().check_length(seq_len)
@@ -258,6 +323,8 @@ class DescribedImpl(AttentionImpl):
         return self.fields["pairs_source"]
 
     def verify_seq_len(self) -> int:
+        if self.fields.get("layout") is not None:
+            return max(self.granularity, 128)
         return self.fields["verify_seq_len"]
 
     def config(self) -> dict[str, Any]:
@@ -265,6 +332,33 @@ class DescribedImpl(AttentionImpl):
 
     def forward(self, q, k, v, is_causal: bool = False):
         raise ConfigError(f"{self.name} is outside code: it runs only in a worker process of its own, not here")
+
+    # --- a sequence-parallel one: its pairs are its counterpart's --------------------------
+    def _counterpart(self) -> AttentionImpl | None:
+        parallel = (self.source or {}).get("sequence_parallel")
+        if not parallel:
+            return None
+        from attnbench import impls
+
+        return impls.build(parallel["counterpart"], **parallel.get("counterpart_params", {}))
+
+    def useful_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        return self._pairs_of_counterpart("useful_pairs", seq_len, num_heads, causal)
+
+    def executed_pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        return self._pairs_of_counterpart("executed_pairs", seq_len, num_heads, causal)
+
+    def _pairs_of_counterpart(self, which: str, seq_len: int, num_heads: int, causal: bool) -> int:
+        from attnbench.masks.bounds import CountRefused
+
+        counterpart = self._counterpart()
+        if counterpart is None or isinstance(counterpart, DescribedImpl):
+            # outside code's declarations are read only in a worker process
+            raise CountRefused(
+                f"{self.name}'s counterpart is outside code, whose pairs are not counted for a sequence-parallel "
+                "row; name a built-in counterpart (sdpa, dilated, ...) for its FLOPs"
+            )
+        return getattr(counterpart, which)(seq_len, num_heads, causal)
 
     def _key_sets(self, seq_len: int, num_heads: int) -> torch.Tensor:
         raise ConfigError(f"{self.name} is outside code: its key sets are read only in a worker process")

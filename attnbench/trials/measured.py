@@ -46,8 +46,14 @@ def take_accounting(m: Measured, impl, wl) -> None:
     """FLOPs useful and executed, the kept fraction and the throughput of the median call, from
     pairs the implementation gives at once (closed forms, its own declarations). Pairs counted
     from declared key sets are counted after the measurement (``trials.counting``)."""
+    from attnbench.masks.bounds import CountRefused
+
     if not impl.counted_pairs:
-        take_pairs(m, pairs_of(impl, wl.seq_len, wl.heads, wl.causal), wl)
+        try:
+            pairs = pairs_of(impl, wl.seq_len, wl.heads, wl.causal)
+        except CountRefused as exc:  # the measurement stands, its FLOPs unknown and why
+            pairs = Pairs.not_known(str(exc))
+        take_pairs(m, pairs, wl)
 
 
 def take_pairs(m: Measured, pairs: Pairs, wl) -> None:

@@ -15,3 +15,17 @@ def zigzag_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
     c = seq_len // (2 * world)
     late = 2 * world - 1 - rank
     return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange(late * c, (late + 1) * c)])
+
+
+def striped_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
+    """Every p-th token from r (r, r+p, r+2p, ...): striped ring attention's layout, in which
+    every rank holds the same share of each causal row."""
+    return torch.arange(rank, seq_len, world)
+
+
+#: layout name -> (positions, how many equal pieces per rank the length must split into)
+LAYOUTS = {
+    "contiguous": (contiguous_positions, 1),
+    "zigzag": (zigzag_positions, 2),
+    "striped": (striped_positions, 1),
+}

@@ -179,11 +179,12 @@ def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
 # --- ring runs against one GPU --------------------------------------------------------------
 
 
-def counterparts(impl: str) -> tuple[str, ...]:
-    """Single-device implementations that compute what ``impl`` computes, preferred first."""
+def counterparts(impl: str, source: dict | None = None) -> tuple[str, ...]:
+    """Single-device implementations that compute what ``impl`` computes, preferred first
+    (``source``: an outside implementation's ``impl_source``, which names its counterpart)."""
     from attnbench import impls
 
-    counterpart = impls.counterpart(impl)
+    counterpart = impls.counterpart(impl, source)
     return (impl, counterpart) if counterpart else (impl,)
 
 
@@ -223,7 +224,7 @@ def baselines(row: Workload, singles: OneDevice) -> dict[str, Trial | None]:
     split`` (the same implementation on one rank), each None where not measured."""
     from attnbench import impls
 
-    counterpart = impls.counterpart(row.impl)
+    counterpart = impls.counterpart(row.impl, getattr(row, "impl_source", None))
     return {
         EQUAL_WORK: singles.same_workload(row, counterpart) if counterpart else None,
         SAME_SPLIT: singles.same_workload(row, row.impl),
@@ -354,7 +355,7 @@ def scaling_families(rows: list[Row]) -> list[ScalingFamily]:
         fam = families.setdefault(key, ScalingFamily(head))
         fam.multi.append(s)
         if fam.single is None:
-            for impl in counterparts(head.impl):
+            for impl in counterparts(head.impl, getattr(head, "impl_source", None)):
                 found = [
                     x
                     for x in singles
