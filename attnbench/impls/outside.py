@@ -145,22 +145,14 @@ def sequence_parallel_of(path: str, factory: Callable) -> dict[str, Any] | None:
     unknown = sorted(set(declared) - {"counterpart", "counterpart_params", "layout"})
     if unknown:
         raise ConfigError(f"{path}.sequence_parallel has no key {unknown[0]!r}: {fix}")
+    from attnbench.impls.sequence_parallel.layouts import check_layout
+
     layout = declared.get("layout", "contiguous")
     check_layout(path, layout)
     params = declared.get("counterpart_params", {})
     if not isinstance(params, dict):
         raise ConfigError(f"{path}.sequence_parallel's counterpart_params must be a dict of the counterpart's --param")
     return {"counterpart": declared["counterpart"], "counterpart_params": dict(params), "layout": layout}
-
-
-def check_layout(where: str, layout: Any) -> None:
-    from attnbench.impls.sequence_parallel.layouts import LAYOUTS
-
-    if layout not in LAYOUTS:
-        raise ConfigError(
-            f"{where}: shard layout {layout!r} is not one of {', '.join(LAYOUTS)}; "
-            "or declare shard_positions(seq_len, world, rank, causal) on the module"
-        )
 
 
 def source_hash(path: str) -> str | None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from attnbench.errors import ConfigError
 
 
 def contiguous_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
@@ -29,3 +33,12 @@ LAYOUTS = {
     "zigzag": (zigzag_positions, 2),
     "striped": (striped_positions, 1),
 }
+
+
+def check_layout(where: str, layout: Any) -> None:
+    """A declared layout is one of ``LAYOUTS``; else one line naming them and the alternative."""
+    if layout not in LAYOUTS:
+        raise ConfigError(
+            f"{where}: shard layout {layout!r} is not one of {', '.join(LAYOUTS)}; "
+            "or declare shard_positions(seq_len, world, rank, causal) on the module"
+        )

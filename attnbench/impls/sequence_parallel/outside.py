@@ -14,7 +14,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import quiet_eager_flex
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
-from attnbench.impls.sequence_parallel.layouts import LAYOUTS
+from attnbench.impls.sequence_parallel.layouts import LAYOUTS, check_layout
 
 #: the layout name of a module that gives its own ``shard_positions``
 OWN_LAYOUT = "own"
@@ -22,8 +22,6 @@ OWN_LAYOUT = "own"
 
 class OutsideSequenceParallel(SequenceParallelAttention):
     def __init__(self, inner: nn.Module, config: dict[str, Any], declared: dict[str, Any]) -> None:
-        from attnbench.impls.outside import check_layout
-
         super().__init__()
         self.inner = inner
         self._config = dict(config)
