@@ -69,6 +69,17 @@ def fitted_degree(seq_lens: list[int], peaks: list[float], declared: int) -> int
     return 2 if declared >= 2 or grows_faster_than_linear(seq_lens, peaks) else declared
 
 
+def memory_model(seq_lens: list[int], peaks: list[float], declared: int) -> MemoryFit | None:
+    """The least-squares memory fit of ``fitted_degree``; a curve found in the peaks stands only
+    where the curve through all of them bends upward too (its N^2 term positive), else the
+    declared degree's (a few MiB of noise at the longest lengths is no quadratic)."""
+    degree = fitted_degree(seq_lens, peaks, declared)
+    fit = fit_memory(seq_lens, peaks, degree)
+    if degree > declared and (fit is None or fit.coef[-1] <= 0):
+        return fit_memory(seq_lens, peaks, declared)
+    return fit
+
+
 @dataclass(frozen=True)
 class MemoryFit:
     """peak(N) = coef[0] + coef[1] N (+ coef[2] N^2), fitted by least squares."""

@@ -79,7 +79,7 @@ def render(results: Results) -> Doc:
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
-        f"({len(runs)} run{'s' * (len(runs) != 1)}, listed in the appendix);\nnothing here ran a benchmark, and each machine's rows stay apart. Tables hold raw values "
+        f"({len(runs)} run{'s' * (len(runs) != 1)}, listed in the appendix);\nthe report runs nothing itself, and each machine's rows stay apart. Tables hold raw values "
         "in `csv/`\n(times in ms, memory in bytes). Memory is in binary units: KiB = 2^10 bytes, MiB = 2^20, "
         "GiB = 2^30.\nDetails by question follow.\n"
     )
@@ -189,9 +189,11 @@ def wrapped(text: str) -> str:
 
 
 def details(doc: Doc, machines: list[Machine]) -> None:
-    """Every section, each machine's part under it; machines a section has nothing for are
-    named once, with the command that produces what is missing. A results directory's own
+    """Every section with rows, each machine's part under it; machines a section has nothing
+    for are named once, with the command that produces what is missing; a section no machine
+    has rows for is only named, in a closing list with that command. A results directory's own
     file (``doc.run_file``) leaves out the report-only sections and what its run did not measure."""
+    unmeasured: list[str] = []
     for section in sections():
         if doc.run_file and section.report_only:
             continue
@@ -207,11 +209,17 @@ def details(doc: Doc, machines: list[Machine]) -> None:
                 body.parts += part.parts
             elif missing and not doc.run_file:
                 without.setdefault(missing, []).append(m.name)
+        said = [f"{lines.strip()} (on {', '.join(inline(n) for n in names)})" for lines, names in without.items()]
+        if not body.parts:  # no machine has rows for it: named at the end, never a section of its own
+            unmeasured += [f"- {section.title}: {line}\n" for line in said]
+            continue
         for lines, names in without.items():
             body.add(f"\nNot measured on {', '.join(inline(n) for n in names)}:\n\n{lines}")
-        if body.parts:  # a section no machine has anything for is left out
-            doc.heading(2, section.title)
-            doc.parts += body.parts
+        doc.heading(2, section.title)
+        doc.parts += body.parts
+    if unmeasured:
+        doc.heading(2, "Not measured here")
+        doc.add("What no machine above has rows for, and the command that produces each:\n\n" + "".join(unmeasured))
 
 
 def only_missing(part: Doc, produced: bool) -> str | None:

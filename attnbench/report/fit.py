@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from attnbench.measure.capacity import (
     MemoryFit,
-    fit_memory,
-    fitted_degree,
     fitted_peak,
     measured_budget,
     memory_degree,
+    memory_model,
 )
 from attnbench.report.data import ok, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
@@ -87,8 +86,8 @@ def capacities(rows: list[Row]) -> list[Capacity]:
         backend = next((r.backend for r in good if r.backend), None)
         declared = memory_degree(head.impl, backend, head)
         lengths, peaks = [r.seq_len for r in good], [fitted_peak(r) for r in good]
-        degree = fitted_degree(lengths, peaks, declared)
-        fit = fit_memory(lengths, peaks, degree)
+        fit = memory_model(lengths, peaks, declared)
+        degree = fit.degree if fit else declared
         total, overhead, budget, note = measured_budget(series_rows)
         stop = stops.get(key)
         out.append(

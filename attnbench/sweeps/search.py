@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnbench.measure.capacity import TimeModel, fit_leading, fit_memory, fit_time, fitted_degree
+from attnbench.measure.capacity import TimeModel, fit_leading, fit_time, memory_model
 from attnbench.results import BUDGET
 
 # The first jump from fits of short trials stays this far below the predicted limit; once a
@@ -157,8 +157,8 @@ class _Search:
         points = sorted((n, o.peak_bytes) for n, o in self.successes.items() if o.peak_bytes)
         declared = max([self.lim.degree, *(o.degree for o in self.successes.values() if o.degree)])
         lengths, peaks = [n for n, _ in points], [p for _, p in points]
-        degree = fitted_degree(lengths, peaks, declared)  # peaks that curve upward are fitted as a curve
-        fit = fit_memory(lengths, peaks, degree) or fit_leading(lengths, peaks, degree)
+        # peaks that curve upward are fitted as a curve
+        fit = memory_model(lengths, peaks, declared) or fit_leading(lengths, peaks, declared)
         return fit if fit is not None and fit.coef[-1] > 0 else None
 
     def floor_per_token(self) -> float | None:
