@@ -64,7 +64,7 @@ def test_local_attention_verified_searched_and_reported(installed, tmp_path):
     assert rep.returncode == 0, rep.stderr
     md = (out / "report" / "report.md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections[0] == "## Your implementations" and sections[1].startswith("## The answer")
+    assert sections[0].startswith("## The answer") and sections[1] == "## Your implementations"
 
 
 def test_ring_attention_pytorch_on_two_gloo_ranks_verified_benched_and_reported(installed, tmp_path):

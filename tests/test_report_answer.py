@@ -191,7 +191,7 @@ def test_the_first_screen_deals_rows_to_every_machine_and_names_each_implementat
     from attnbench.report.answer import first_screen
 
     def config(impl):
-        return SimpleNamespace(forward=SimpleNamespace(head=SimpleNamespace(impl=impl)), training=None, impl=impl)
+        return SimpleNamespace(row=SimpleNamespace(impl=impl), impl=impl)
 
     big = [config(i) for i in ("dilated", "dilated", "dilated", "sdpa", "naive")]
     other = [config(i) for i in ("sdpa", "sdpa", "sdpa", "sdpa")]
@@ -467,7 +467,8 @@ def test_a_report_of_your_own_implementation_leads_with_it_and_marks_it_unverifi
     rows = search("sdpa", [1024, 2048, 4096], 8192) + own_search(verified=False)
     md = render(load(write_rows(tmp_path / "run", rows))).text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections[0] == "## Your implementations" and sections[1].startswith("## The answer")
+    # the answer first, its own rows leading; then where they came from
+    assert sections[0].startswith("## The answer") and sections[1] == "## Your implementations"
     own = md.split("## Your implementations")[1].split("\n## ")[0]
     row = next(line for line in own.splitlines() if line.startswith("| [unverified] mypkg.attn:window"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -493,3 +494,23 @@ def test_a_verified_plugin_is_not_marked_and_a_report_without_one_has_no_such_se
     assert "[unverified]" not in md and "| yes |" in md.split("## Your implementations")[1].split("\n## ")[0]
     plain = render(load(write_rows(tmp_path / "b", search("sdpa", [1024], 2048)))).text()
     assert "## Your implementations" not in plain
+
+
+def test_a_bench_only_report_answers_with_speed_and_memory_at_the_length_every_row_ran(tmp_path):
+    """sdpa timed at 1K, 2K and 4K, naive at 1K and 2K, no search: the answer gives each one's
+    time at 2K (the longest both ran: 3 ms and 8 ms, the rows' medians), its peak per token and
+    over its floor there, says that no search ran, and draws no longest-sequence figure."""
+
+    def point(impl, n, ms, peak):
+        return typed_row(kind="points", series=impl, label=impl, impl=impl, seq_len=n, time_ms=ms, times_ms=[ms] * 5,
+                         peak_bytes=peak, floor_bytes=n * 1024, peak_over_floor=peak / (n * 1024), env=ENV)  # fmt: skip
+
+    rows = [point("sdpa", n, ms, 2048 * n) for n, ms in ((1024, 1.0), (2048, 3.0), (4096, 9.0))]
+    rows += [point("naive", n, ms, 8192 * n) for n, ms in ((1024, 2.0), (2048, 8.0))]
+    md = render(load(write_rows(tmp_path / "bench", rows))).text()
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "| Configuration | Settings | Longest forward | Per token | Peak/floor | Fwd time at 2K |" in answer
+    assert "| sdpa | bf16 H8 D64 | - | 2.00 KiB | 2.00x | 3 ms ±0 (n=5) |" in answer
+    assert "| naive | bf16 H8 D64 | - | 8.00 KiB | 8.00x | 8 ms ±0 (n=5) |" in answer
+    assert "### GPU box (one GPU; no max-seq search: speed and memory at one length)" in answer
+    assert "answer.png" not in md

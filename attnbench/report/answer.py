@@ -88,14 +88,30 @@ class Configuration:
     training_tflops: Any
     key: str = ""  # configuration_key: its trials
     speed: Trial | None = None  # its forward trial at the machine's common length (common_speeds)
+    head: Trial | None = None  # a row of it: a configuration without a search has only timed lengths
+
+    @property
+    def searched(self) -> bool:
+        return bool(self.forward or self.training)
+
+    @property
+    def row(self) -> Trial:
+        """A row of it, for what every row of it shares (its implementation, its source)."""
+        return (self.forward or self.training).head if self.searched else self.head
+
+    @property
+    def measured_at(self) -> Trial | None:
+        """The row its memory is read at: the longest forward length its search ran, or without a
+        search the length its speed is given at."""
+        return self.forward.best if self.forward else None if self.searched else self.speed
 
     @property
     def forward_ratio(self) -> float | None:
-        """Peak over the floor at the longest forward length."""
-        return self.forward.best.peak_over_floor if self.forward and self.forward.best else None
+        """Peak over the floor at the longest forward length (without a search: at its speed's)."""
+        return self.measured_at.peak_over_floor if self.measured_at else None
 
     def per_token_text(self) -> str | None:
-        best = self.forward.best if self.forward else None
+        best = self.measured_at
         peak = d.peak_per_gpu(best) if best else None
         return format_bytes(peak / (d.tokens(best) / self.world_size)) if peak else None
 
@@ -160,7 +176,9 @@ def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) 
     most of them ran (the rest show none)."""
     if all(c.forward_tflops for c in configs):
         return
-    ran = [{r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, [])), key=row_date)} for c in configs]
+    ran = [
+        {r.seq_len: r for r in sorted(_forward_ok(trials.get(c.key, []), c.searched), key=row_date)} for c in configs
+    ]
     counts = Counter(n for lengths in ran for n in lengths)
     if not counts:
         return
@@ -170,8 +188,10 @@ def common_speeds(configs: list[Configuration], trials: dict[str, list[Trial]]) 
             c.speed = lengths.get(length)
 
 
-def _forward_ok(trials: list[Trial]) -> list[Trial]:
-    return [r for r in d.ok(trials) if (r.mode or "fwd") == "fwd" and r.time_ms and r.kind == "max-seq"]
+def _forward_ok(trials: list[Trial], searched: bool = True) -> list[Trial]:
+    """Timed forward trials: a search's, or where the configuration has none, its fixed lengths'."""
+    kind = "max-seq" if searched else "points"
+    return [r for r in d.ok(trials) if (r.mode or "fwd") == "fwd" and r.time_ms and r.kind == kind]
 
 
 def configuration_key(row: Trial) -> str:
@@ -235,12 +255,30 @@ def configurations(machine) -> list[Configuration]:
                 key=key,
             )
         )
+    # a machine without a search (bench only) answers with speed: its fixed lengths' configurations
+    for key, rows in by_key.items() if not searches else ():
+        timed = _forward_ok(rows, searched=False)
+        if timed:
+            head = timed[0]
+            out.append(
+                Configuration(
+                    label=clean_label(head.label),
+                    settings=settings_text(head),
+                    world_size=d.world_size(head),
+                    forward=None,
+                    training=None,
+                    forward_tflops=_reference_tflops(rows, "fwd"),
+                    training_tflops=_reference_tflops(rows, "fwd_bwd"),
+                    key=key,
+                    head=head,
+                )
+            )
     common_speeds(out, by_key)
 
     def order(c: Configuration) -> tuple:
         longest = c.forward.summary.max_seq_len if c.forward else 0
-        outside = bool((c.forward or c.training).head.impl_source)  # the user's own code leads
-        return (not outside, c.world_size, -(longest or 0), c.label, c.settings)
+        outside = bool(c.row.impl_source)  # the user's own code leads
+        return (not outside, c.world_size, -(longest or 0), c.speed is None, c.label, c.settings)
 
     return sorted(out, key=order)
 
@@ -280,7 +318,7 @@ def _rank_in_impl(configs: list[Configuration], i: int) -> int:
 
 
 def _impl(c: Configuration) -> str:
-    return (c.forward or c.training).head.impl
+    return c.row.impl
 
 
 def machine_words(machine) -> str:

@@ -67,13 +67,12 @@ def render(results: Results) -> Doc:
             else ""
         )
     )
-    own.render(doc, machines)  # the user's own implementations lead, where the rows measured any
-    answer(doc, machines)
+    answer(doc, machines)  # the user's own implementations lead its rows
     # the seeds ran on GPUs: after the answer where a GPU ran too, after the details for a CPU run
     gpu_ran = not all(m.on_cpu for m in machines)
     if gpu_ran and seeds:
         against_the_seeds(doc, machines, vs)
-    figure = p.answer_plot([(m.name, a.configurations(m)) for m in machines])
+    figure = p.answer_plot([(m.name, [c for c in a.configurations(m) if c.searched]) for m in machines])
     if figure is not None:
         doc.figures.append((ANSWER_FIGURE, p.png(figure, doc.missing_glyphs)))
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
@@ -83,6 +82,8 @@ def render(results: Results) -> Doc:
         "in `csv/`\n(times in ms, memory in bytes). Memory is in binary units: KiB = 2^10 bytes, MiB = 2^20, "
         "GiB = 2^30.\nDetails by question follow.\n"
     )
+    # then where their code came from, how their pairs were counted, whether they were verified
+    own.render(doc, machines)
     if results.problems:
         doc.add(
             f"\n{len(results.problems)} unreadable lines were skipped:\n\n"
@@ -139,6 +140,8 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
         f"{a.REFERENCE_TEXT}\nwhere a trial ran there; ±half the 95% interval (n). A column no row fills is left out.\n"
     )
     every = [a.configurations(m) for m in machines]
+    if any(c.searched for configs in every for c in configs):  # searches answer; a bench-only report, speed
+        every = [[c for c in configs if c.searched] for configs in every]
     helps = second_gpu(machines)
     used = len(doc.text().splitlines()) + 1  # and the blank line before the first machine
     framing = sum(3 if configs else 2 for configs in every)  # a heading, and a table's header and rule
@@ -146,7 +149,11 @@ def answer(doc: Doc, machines: list[Machine]) -> None:
     shown = a.first_screen(every, FIRST_SCREEN_LINES - used - framing)
     for i, (m, configs, rows) in enumerate(zip(machines, every, shown)):
         # no blank line between tables: a heading ends the table above it, and the first screen stays short
-        doc.add(f"{'' if i else chr(10)}### {inline(m.name)} ({a.machine_words(m)})\n")
+        # a machine without a search answers with speed and memory at one length, and says so
+        unsearched = (
+            "; no max-seq search: speed and memory at one length" if not any(c.searched for c in configs) else ""
+        )
+        doc.add(f"{'' if i else chr(10)}### {inline(m.name)} ({a.machine_words(m)}{unsearched if configs else ''})\n")
         if not configs:
             doc.add(
                 f"No max-seq search on this machine: `attnbench run --profile auto` runs one ({len(m.rows)} rows).\n"
