@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -217,7 +218,9 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_real_processes
     flags, params = CAPACITY_CASES[impl]
     settings = {"kind": "max-seq", "device": "cpu", "dtype": "fp32", "heads": 2, "head_dim": 16, "warmup": 0}
     settings |= {"min_samples": 1, "max_samples": 1, "target_ms": 0, "max_trial_seconds": 60}
-    plan = resolve(build_plan("t", [impl], {**settings, **flags}, params))
+    # the search alone: the reference check at the sweep's heads (H=8, D=64 for sdpa) needs more
+    # than the limit these cases are sized to (tests/test_reliability.py holds that refusal)
+    plan = resolve(replace(build_plan("t", [impl], {**settings, **flags}, params), verify=False))
     (outcome_,) = SweepRunner(plan, tmp_path / "run", {"machine": "cpu: test"}).run()
     found = outcome_.result
     rows = trials(tmp_path / "run")

@@ -5,10 +5,8 @@ provenance; FLOPs counted after the measurement. Every count is held to a hand c
 
 import os
 import sys
-import time
 
 import pytest
-import torch
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
@@ -429,13 +427,11 @@ def test_a_count_stopped_in_its_process_keeps_the_measurement(own):
         timing={"warmup": 0, "min_samples": 1, "max_samples": 1, "target_ms": 1},
         count_limit_s=1.0,
     )
-    started = time.monotonic()
     m = run_isolated(spec)
     assert m.status == "ok" and m.times_ms and m.peak_bytes, m  # measured, then stopped while counting
     assert m.pairs_counted == "unknown" and m.flops_useful is None
-    assert "counting the pairs was stopped" in m.flops_unknown and "counting" in m.flops_unknown
-    assert time.monotonic() - started < 60  # stopped at its limit, not after the minute the mask takes
-    assert torch.__version__  # the worker's torch, not this one: nothing else to compare
+    # stopped at its own limit (the mask takes about a minute), named as counting
+    assert "counting the pairs was stopped" in m.flops_unknown and "killed in phase counting" in m.flops_unknown
 
 
 # --- end to end, as a user runs it -----------------------------------------------------------------

@@ -116,8 +116,8 @@ def verify(
 
     for d in dtype or ():  # before torch is imported
         check_workload_fields(d, mode, "cpu")
-    shapes = _shapes(full, seq_len, heads, kv_heads, head_dim)
     nodes = nodes_of(nnodes, node_rank, rdzv_endpoint, worlds=parse_int_list(gpus or "2", "gpus"))
+    shapes = _shapes(full, seq_len, heads, kv_heads, head_dim)
     if out:
         check_output_dir(out)
     device = resolve_device(device)
@@ -164,7 +164,6 @@ def _report(rows: list[Verify], plan, device: str, mode: str, full: bool) -> Non
 def _shapes(full: bool, seq_len: Optional[str], heads, kv_heads, head_dim):
     """What the options ask to check (bad values: one line, exit 2, before torch)."""
     from attnbench.errors import AttnbenchError
-    from attnbench.trials.reference import Shapes
     from attnbench.trials.workload import check_heads
     from attnbench.units import parse_int_list
 
@@ -174,6 +173,8 @@ def _shapes(full: bool, seq_len: Optional[str], heads, kv_heads, head_dim):
             raise AttnbenchError(f"{name} must be positive, got {value}")
     if kv_heads is not None:
         check_heads(heads or 8, kv_heads)
+    from attnbench.trials.reference import Shapes  # torch, once the options are known good
+
     return Shapes(full=full, seq_lens=lengths, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
 
 
