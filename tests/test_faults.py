@@ -261,6 +261,9 @@ def test_sighup_stops_a_run_as_sigterm_does_and_exits_129(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a run started from a terminal: the tests may run under nohup, whose ignored SIGHUP
+        # the run would inherit and rightly keep (the test below)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     trials = out / "trials.jsonl"
     wait_for(lambda: trials.exists() and '"points"' in trials.read_text(), "a first trial", 300)
