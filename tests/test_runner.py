@@ -58,7 +58,8 @@ def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeyp
     outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}).run()
     assert [o.verified for o in outcomes] == [False]
     rows = read_rows(tmp_path)[0]
-    assert [r["kind"] for r in rows] == ["verify"] and rows[0]["status"] == "fail"
+    # its checks (at the sweep's shape and a longer one) and no trial; the scaled output fails them
+    assert {r["kind"] for r in rows} == {"verify"} and all(r["status"] == "fail" for r in rows)
 
 
 @pytest.fixture
