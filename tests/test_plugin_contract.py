@@ -10,6 +10,7 @@ import pytest
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.runtime.worker import close_spares
 from attnbench.trials.contract import violations
 from attnbench.trials.reference import (
     SPARSE_SHARE,
@@ -252,7 +253,9 @@ def own(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{tmp_path}")
     impls.resolve_outside_with(None)  # a library: outside code is imported here
     sys.modules.pop("ownattn", None)
+    close_spares()  # a spare worker started by an earlier test has the PYTHONPATH of before
     yield tmp_path
+    close_spares()
     sys.modules.pop("ownattn", None)
 
 
