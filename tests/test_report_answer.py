@@ -191,7 +191,7 @@ def test_the_first_screen_deals_rows_to_every_machine_and_names_each_implementat
     from attnbench.report.answer import first_screen
 
     def config(impl):
-        return SimpleNamespace(row=SimpleNamespace(impl=impl), impl=impl)
+        return SimpleNamespace(head=SimpleNamespace(impl=impl), impl=impl)
 
     big = [config(i) for i in ("dilated", "dilated", "dilated", "sdpa", "naive")]
     other = [config(i) for i in ("sdpa", "sdpa", "sdpa", "sdpa")]

@@ -60,6 +60,16 @@ def expand_kv(x: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
 
 
+def expanded_for(impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``k, v`` as an implementation without grouped heads takes them: copied to every query
+    head where their heads differ (the row then says ``expanded``), else as they are."""
+    if not heads_differ(q, k, 2):
+        return k, v
+    groups = q.shape[2] // k.shape[2]
+    impl.last_kv_layout = EXPANDED
+    return expand_kv(k, groups, 2), expand_kv(v, groups, 2)
+
+
 def sdpa(q, k, v, **kwargs) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` on ``(B, H, N, D)`` views, sharing K and V where
     they have fewer heads than q (``enable_gqa`` only then: with equal heads every backend

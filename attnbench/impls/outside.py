@@ -429,10 +429,8 @@ class OutsideImpl(AttentionImpl):
         return dict(self._config)
 
     def forward(self, q, k, v, is_causal: bool = False):
-        if gqa.heads_differ(q, k, 2) and not self.supports_gqa:
-            groups = q.shape[2] // k.shape[2]
-            k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
-            self.last_kv_layout = gqa.EXPANDED
+        if not self.supports_gqa:
+            k, v = gqa.expanded_for(self, q, k, v)
         with quiet_eager_flex():
             out = self.inner(q, k, v, is_causal=is_causal)
         self.last_backend = getattr(self.inner, "last_backend", None)

@@ -88,16 +88,11 @@ class Configuration:
     training_tflops: Any
     key: str = ""  # configuration_key: its trials
     speed: Trial | None = None  # its forward trial at the machine's common length (common_speeds)
-    head: Trial | None = None  # a row of it: a configuration without a search has only timed lengths
+    head: Trial | None = None  # a row of it (without a search: one of its timed lengths)
 
     @property
     def searched(self) -> bool:
         return bool(self.forward or self.training)
-
-    @property
-    def row(self) -> Trial:
-        """A row of it, for what every row of it shares (its implementation, its source)."""
-        return (self.forward or self.training).head if self.searched else self.head
 
     @property
     def measured_at(self) -> Trial | None:
@@ -230,6 +225,21 @@ def _reference_tflops(trials: list[Trial], mode: str):
     return tflops_interval(max(at, key=lambda r: (row_date(r), r.series)))
 
 
+def _configuration(head: Trial, key: str, rows: list[Trial], fwd=None, train=None) -> Configuration:
+    """One answer row: its searches where it has any, its rows' TFLOP/s at the reference length."""
+    return Configuration(
+        label=clean_label(head.label),
+        settings=settings_text(head),
+        world_size=d.world_size(head),
+        forward=fwd,
+        training=train,
+        forward_tflops=_reference_tflops(rows, "fwd"),
+        training_tflops=_reference_tflops(rows, "fwd_bwd"),
+        key=key,
+        head=head,
+    )
+
+
 def configurations(machine) -> list[Configuration]:
     """The answer rows of one machine (``document.Machine``), longest forward sequence first."""
     by_key: dict[str, list[Trial]] = {}
@@ -242,42 +252,17 @@ def configurations(machine) -> list[Configuration]:
     out = []
     for key, modes in searches.items():
         fwd, train = _newest_search(modes.get("fwd", [])), _newest_search(modes.get("fwd_bwd", []))
-        head = (fwd or train).head
-        out.append(
-            Configuration(
-                label=clean_label(head.label),
-                settings=settings_text(head),
-                world_size=d.world_size(head),
-                forward=fwd,
-                training=train,
-                forward_tflops=_reference_tflops(by_key.get(key, []), "fwd"),
-                training_tflops=_reference_tflops(by_key.get(key, []), "fwd_bwd"),
-                key=key,
-            )
-        )
+        out.append(_configuration((fwd or train).head, key, by_key.get(key, []), fwd, train))
     # a machine without a search (bench only) answers with speed: its fixed lengths' configurations
     for key, rows in by_key.items() if not searches else ():
         timed = _forward_ok(rows, searched=False)
         if timed:
-            head = timed[0]
-            out.append(
-                Configuration(
-                    label=clean_label(head.label),
-                    settings=settings_text(head),
-                    world_size=d.world_size(head),
-                    forward=None,
-                    training=None,
-                    forward_tflops=_reference_tflops(rows, "fwd"),
-                    training_tflops=_reference_tflops(rows, "fwd_bwd"),
-                    key=key,
-                    head=head,
-                )
-            )
+            out.append(_configuration(timed[0], key, rows))
     common_speeds(out, by_key)
 
     def order(c: Configuration) -> tuple:
         longest = c.forward.summary.max_seq_len if c.forward else 0
-        outside = bool(c.row.impl_source)  # the user's own code leads
+        outside = bool(c.head.impl_source)  # the user's own code leads
         return (not outside, c.world_size, -(longest or 0), c.speed is None, c.label, c.settings)
 
     return sorted(out, key=order)
@@ -318,7 +303,7 @@ def _rank_in_impl(configs: list[Configuration], i: int) -> int:
 
 
 def _impl(c: Configuration) -> str:
-    return c.row.impl
+    return c.head.impl
 
 
 def machine_words(machine) -> str:

@@ -77,10 +77,7 @@ class ContextParallelAttention(DenseSequenceParallel):
             )
         if self._mesh is None or self._mesh.size() != world:
             self._mesh = init_device_mesh("cuda", (world,))
-        if gqa.heads_differ(q, k, 2):
-            groups = q.shape[2] // k.shape[2]
-            k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
-            self.last_kv_layout = gqa.EXPANDED
+        k, v = gqa.expanded_for(self, q, k, v)
         set_rotate_method(self.rotate_method)
         _cp_options.enable_load_balance = is_causal  # its head-tail layout is our zigzag
         qd, kd, vd = (DTensor.from_local(x.transpose(1, 2), self._mesh, [Shard(2)], run_check=False) for x in (q, k, v))

@@ -69,10 +69,8 @@ class OutsideSequenceParallel(SequenceParallelAttention):
         return LAYOUTS[self.layout][0](seq_len, world, rank)
 
     def _forward(self, q, k, v, is_causal, rank, world, clock):
-        if gqa.heads_differ(q, k, 2) and not self.supports_gqa:
-            groups = q.shape[2] // k.shape[2]
-            k, v = (gqa.expand_kv(x, groups, 2) for x in (k, v))
-            self.last_kv_layout = gqa.EXPANDED
+        if not self.supports_gqa:
+            k, v = gqa.expanded_for(self, q, k, v)
         with quiet_eager_flex():
             out = self.inner(q, k, v, is_causal=is_causal)
         clock.mark("compute")  # its exchanges are inside its own code: booked as compute
