@@ -31,6 +31,7 @@ from attnbench.impls.families.block_sparse import RING_PARAMS
 from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.engine import RingSchedule, Selection, run_ring
+from attnbench.impls.sequence_parallel.merge import merge_into
 from attnbench.masks.block_lists import (
     BlockPattern,
     clip_progressions,
@@ -212,15 +213,15 @@ class BlockSparseSchedule(RingSchedule):
         # padding after a row's count points at block 0 (never read: the counts bound every row)
         return position[(idx - sender * self.m).clamp(0, self.m - 1)].clamp(min=0), counts
 
-    def _merge(self, t0: int, t1: int, out: torch.Tensor, lse: torch.Tensor) -> None:
-        """Log-sum-exp merge of a partial result into token rows [t0, t1), in float32."""
-        old_out, old_lse = self.out[:, :, t0:t1], self.lse[:, :, t0:t1]
-        new = torch.logaddexp(old_lse, lse)
-        base = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-        merged = old_out.float().mul_((old_lse - base).exp_().unsqueeze(-1))
-        merged.addcmul_(out.float(), (lse - base).exp_().unsqueeze(-1))
-        old_out.copy_(merged)
-        old_lse.copy_(new)
+    def _merge(self, sender: int, t0: int, t1: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """A partial result into token rows [t0, t1). The rank's own keys come first (run_ring
+        attends them before any exchange) and reach each row once: copied, not merged. Later
+        senders merge by log-sum-exp (``merge_into``: one launch on CUDA, in place)."""
+        if sender == self.rank:
+            self.out[:, :, t0:t1].copy_(out)
+            self.lse[:, :, t0:t1].copy_(lse)
+        else:
+            merge_into(self.out[:, :, t0:t1], self.lse[:, :, t0:t1], out, lse)
 
     # --- CPU: gathered blocks, one exact float32 softmax ---------------------------------------
     def _attend_gather(self, sender, kh, vh, position, diagonal) -> None:
@@ -253,7 +254,9 @@ class BlockSparseSchedule(RingSchedule):
             probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(0.0)  # rows with no key: zero
             out = torch.einsum("bkgrtu,bkrud->bkgrtd", probs, vc)
             rows = (r1 - r0) * b
-            self._merge(r0 * b, r1 * b, out.reshape(batch, heads, rows, head_dim), lse.reshape(batch, heads, rows))
+            self._merge(
+                sender, r0 * b, r1 * b, out.reshape(batch, heads, rows, head_dim), lse.reshape(batch, heads, rows)
+            )
 
     # --- GPU: compiled FlexAttention over the received blocks -------------------------------
     def _attend_flex(self, sender, kh, vh, position, diagonal) -> None:
@@ -266,7 +269,7 @@ class BlockSparseSchedule(RingSchedule):
             out, lse = flex_attend(
                 flex, self.qh[:, :, t0:t1], kh[:, :, keys], vh[:, :, keys], mask, options, with_lse=True
             )
-            self._merge(t0 + skip, t1, out[:, :, skip:], lse[:, :, skip:])
+            self._merge(sender, t0 + skip, t1, out[:, :, skip:], lse[:, :, skip:])
 
     def _spans(self, sender, position) -> tuple[torch.Tensor, torch.Tensor]:
         """Per local query block: the first and one past the last received block it keeps
