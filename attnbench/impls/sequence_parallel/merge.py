@@ -54,9 +54,10 @@ def _kernel():
         BLOCK_M: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
-        bh = tl.program_id(1)
+        # 64-bit offsets: a long shard's (B, H, M, D) output passes 2^31 elements
+        bh = tl.program_id(1).to(tl.int64)
         b, h = bh // heads, bh % heads
-        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         d = tl.arange(0, BLOCK_D)
         row_ok = m < rows
         ok = row_ok[:, None] & (d < dim)[None, :]
