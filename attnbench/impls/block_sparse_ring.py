@@ -75,6 +75,7 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         self.kernel, self.block_size = kernel, block_size
         self._needed: dict[tuple, torch.Tensor] = {}
         self._masks: dict[tuple, list] = {}
+        self._plans: dict[tuple, list] = {}
 
     def config(self) -> dict[str, Any]:
         c = self.single.config()
@@ -283,14 +284,31 @@ class BlockSparseSchedule(RingSchedule):
 
     def _chunk_masks(self, sender, position, key_blocks: int, diagonal: bool):
         """(first token, last token, rows already merged by the previous chunk, first and last
-        key block, BlockMask) per chunk of local query blocks. Equal chunks (one compiled shape
-        per step), the last one overlapping its neighbour: those rows are computed again but
-        merged once. Each chunk sees a window of the received keys of one length (the widest
-        chunk's span): local_window's chunks read only their neighbourhood, so offsets stay
-        small and index rows short at any N."""
+        key block, BlockMask) per chunk of local query blocks. The masks are kept where they
+        are small; otherwise built again each call from the cached plan (GPU work only)."""
         key = (self.p.num_blocks, self.p.causal, self.world, self.rank, sender, str(position.device))
         if key in self.impl._masks:
             return self.impl._masks[key]
+        plan = self.impl._plans.get(key)
+        if plan is None:
+            plan = self.impl._plans[key] = self._chunk_plan(sender, position, key_blocks, diagonal)
+        chunks = [
+            (t0, t1, skip, k0, k1, self._block_mask(idx, counts, t0 // self.b, k1 - k0, k0, diagonal))
+            for t0, t1, skip, k0, k1, idx, counts in plan
+        ]
+        if sum((t1 - t0) // self.b * (k1 - k0) * 8 for t0, t1, _, k0, k1, _, _ in plan) <= MASK_CACHE_BYTES:
+            self.impl._masks[key] = chunks
+        return chunks
+
+    def _chunk_plan(self, sender, position, key_blocks: int, diagonal: bool):
+        """Per chunk of local query blocks: first and last token, rows already merged by the
+        previous chunk, first and last key block, and the kept blocks of each row as
+        positions in the key window (a narrow index and counts, on the device). Equal chunks
+        (one compiled shape per step), the last one overlapping its neighbour: those rows are
+        computed again but merged once. Each chunk sees a window of the received keys of one
+        length (the widest chunk's span): local_window's chunks read only their neighbourhood,
+        so offsets stay small and index rows short at any N. Reading the pattern's lists is
+        host work: done once per (pattern, rank, sender), not per call."""
         b, m = self.b, self.m
         lo, hi = self._spans(sender, position)
         widest = int((hi - lo).max())
@@ -302,28 +320,26 @@ class BlockSparseSchedule(RingSchedule):
         starts = [min(c * rows, m - rows) for c in range(count)]
         spans = [(int(lo[r0 : r0 + rows].min()), int(hi[r0 : r0 + rows].max())) for r0 in starts]
         window = max(k1 - k0 for k0, k1 in spans)
-        chunks, done = [], 0
+        plan, done = [], 0
         for r0, (k0, k1) in zip(starts, spans):
             skip, done = (done - r0) * b, r0 + rows
             if k1 <= k0:  # no kept block of this sender in the chunk
                 continue
             k0 = min(k0, key_blocks - window)
-            prog = self._rows(sender, r0, r0 + rows, drop_diagonal=diagonal)
-            mask = self._block_mask(prog, sender, position, r0, rows, k0, window, diagonal)
-            chunks.append((r0 * b, (r0 + rows) * b, skip, k0, k0 + window, mask))
-        if len(chunks) * rows * window * 8 <= MASK_CACHE_BYTES:
-            self.impl._masks[key] = chunks
-        return chunks
+            idx, counts = self._compact(self._rows(sender, r0, r0 + rows, drop_diagonal=diagonal), sender, position)
+            plan.append((r0 * b, (r0 + rows) * b, skip, k0, k0 + window, (idx - k0).clamp(min=0), counts))
+        return plan
 
-    def _block_mask(self, prog, sender, position, r0: int, rows: int, k0: int, window: int, diagonal: bool):
+    def _block_mask(self, idx, counts, r0: int, window: int, k0: int, diagonal: bool):
         """Kept blocks are full; the local causal step's diagonal block is partial. Index rows
         are full width (one column per block of the key window), which torch 2.11's lowering
-        needs; indices count from the window's first block ``k0``."""
+        needs (narrow rows compute a wrong output there); indices count from the window's first
+        block ``k0``."""
         from torch.nn.attention.flex_attention import BlockMask
 
-        device = position.device
-        full_idx, full_count = self._compact(prog, sender, position, width=window)
-        full_idx = (full_idx - k0).clamp(min=0)
+        rows, device = idx.shape[0], idx.device
+        full_idx = torch.zeros(rows, window, dtype=torch.int32, device=device)
+        full_idx[:, : idx.shape[1]] = idx
         part_idx = torch.zeros(rows, window, dtype=torch.int32, device=device)
         if diagonal:
             part_idx[:, 0] = torch.arange(r0, r0 + rows, device=device) - k0
@@ -332,8 +348,8 @@ class BlockSparseSchedule(RingSchedule):
         return BlockMask.from_kv_blocks(
             part_count[None, None],
             part_idx[None, None],
-            full_count.to(torch.int32)[None, None],
-            full_idx.to(torch.int32)[None, None],
+            counts.to(torch.int32)[None, None],
+            full_idx[None, None],
             BLOCK_SIZE=self.b,
             mask_mod=diagonal_causal(self.b) if diagonal else None,
             seq_lengths=(rows * self.b, window * self.b),
