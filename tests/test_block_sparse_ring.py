@@ -197,3 +197,23 @@ def test_local_window_chunks_read_a_narrow_key_window():
     for t0, t1, _, k0, k1, _ in chunks:
         assert k1 - k0 <= (t1 - t0) // 128 + window
     assert chunks[-1][1] == n
+
+
+def test_a_chunk_plan_is_read_from_the_pattern_once(monkeypatch):
+    """Masks too large to keep are built again each call, but from the plan made at the first
+    (reading the pattern's lists is host work that at 4M on one rank cost most of a call)."""
+    from attnbench.impls import block_sparse_ring
+
+    monkeypatch.setattr(block_sparse_ring, "MASK_CACHE_BYTES", 0)
+    impl = ring(1, pattern_type="local_window", max_chunk_tokens=16 * 8)
+    p = impl.single.pattern(2048, False)
+    plans = []
+    real = BlockSparseSchedule._chunk_plan
+    monkeypatch.setattr(BlockSparseSchedule, "_chunk_plan", lambda self, *a: plans.append(a) or real(self, *a))
+    masks = []
+    for _ in range(2):  # two calls: a schedule each, as the ring makes
+        schedule = BlockSparseSchedule(impl, p, torch.zeros(1, 2048, 1, 16), 0, 1, use_flex=True)
+        masks.append(schedule._chunk_masks(0, torch.arange(schedule.m), schedule.m, False))
+    assert len(plans) == 1 and len(masks[0]) > 1
+    first, second = ([m[-1].to_dense() for m in call] for call in masks)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
