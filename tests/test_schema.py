@@ -1,5 +1,6 @@
 """The typed result rows: every committed result still loads, and a bad row names its field."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from attnbench.results.schema import (
     Verify,
     row_from_json,
 )
+from attnbench.results.series import relabel
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted((ROOT / "results").rglob("trials.jsonl")) + sorted(
@@ -97,6 +99,20 @@ def test_a_bad_row_is_one_line_naming_the_field(change, message):
     with pytest.raises(SchemaError) as err:
         row_from_json(row)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_row_read_holds_its_own_fields_and_reads_the_others_as_not_recorded():
+    raw = next(r for _, r in lines(GPU_RUN) if r["kind"] == "max-seq" and r["status"] == "ok")
+    row = row_from_json(raw)
+    built = Trial(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)})
+    assert row == built and row.predicted_only is None and row.extra == {}
+    assert row_from_json(raw).extra is not row.extra  # a default made afresh for each row
+    assert set(vars(row)) <= set(raw) | {"extra"}  # the fields it lacks are the class's defaults
+    moved = relabel(row, "another", "another series")
+    assert (moved.label, moved.series, row.label) == ("another", "another series", raw["label"])
+    assert moved.times_ms == row.times_ms and moved.env is row.env and moved.to_json()["label"] == "another"
+    moved.predicted_only = True  # set on the copy only
+    assert row.predicted_only is None
 
 
 def test_bad_nested_entry_is_named_by_position():

@@ -290,6 +290,7 @@ def _run_resolved(plan, hosts, out, resume) -> None:
         outcomes = runner.run()
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
+    del runner  # and the rows it resumed from: the whole file is read again below, not held twice
     if (out_dir / "trials.jsonl").exists():
         from attnbench.results import load_rows
 

@@ -54,13 +54,29 @@ def speedup_interval(base: Row | None, row: Row | None, timer: str | None = None
     if base is None or row is None:
         return None, timer or "eager"
     timer = timer or timer_for(base, row)
+    key = (id(base), id(row), timer)
+    if key not in _RATIOS:
+        if len(_RATIOS) >= MAX_RATIOS:
+            _RATIOS.clear()
+        _RATIOS[key] = (base, row, _ratio_interval(base, row, timer))
+    return _RATIOS[key][2], timer
+
+
+# Each pair's ratio, by the identity of its two rows (held with it, so that an id is never
+# reused while its entry stands) and the timer: a report reads one pair in several tables, its
+# CSV, a figure and the terminal, and each reading would bootstrap it again.
+_RATIOS: dict[tuple[int, int, str], tuple[Row, Row, Interval | None]] = {}
+MAX_RATIOS = 100_000
+
+
+def _ratio_interval(base: Row, row: Row, timer: str) -> Interval | None:
     b, r = samples(base, timer), samples(row, timer)
     if b and r:
-        return stats.ratio_interval(b, r), timer
+        return stats.ratio_interval(b, r)
     if getattr(base, "time_ms", None) and getattr(row, "time_ms", None):
         v = base.time_ms / row.time_ms
-        return Interval(v, v, v, 1), timer
-    return None, timer
+        return Interval(v, v, v, 1)
+    return None
 
 
 def divided(iv: Interval | None, by: float) -> Interval | None:

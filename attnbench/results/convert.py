@@ -35,10 +35,13 @@ def _hints(cls: type) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """How a class is read, worked out once per class: its stored fields (name, the text that
-    names it in an error, required, nullable, converter), every field name, whether it keeps
-    unknown keys (``extra``) and the keys as given (``layout``)."""
+    names it in an error, required, nullable, converter), the same by name, the required ones,
+    every field name, whether it keeps unknown keys (``extra``) and the keys as given (``layout``)."""
 
     fields: tuple[tuple[str, str, bool, bool, Callable[[Any, str, bool], Any]], ...]
+    by_name: dict[str, tuple[str, str, bool, bool, Callable[[Any, str, bool], Any]]]
+    required: frozenset[str]
+    factories: tuple[tuple[str, Callable[[], Any]], ...]  # fields whose default is made afresh (``extra``)
     known: frozenset[str]
     extra: bool
     layout: bool
@@ -59,11 +62,66 @@ def _plan(cls: type) -> _Plan:
         if f.name not in NOT_STORED
     )
     known = frozenset(f.name for f in dataclasses.fields(cls))
-    return _Plan(fields, known, "extra" in known, "layout" in known)
+    required = frozenset(f[0] for f in fields if f[2])
+    factories = tuple(
+        (f.name, f.default_factory) for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING
+    )
+    return _Plan(fields, {f[0]: f for f in fields}, required, factories, known, "extra" in known, "layout" in known)
 
 
 def from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
     plan = _plan(cls)
+    try:
+        kwargs = _read(plan, d, built)
+    except SchemaError:  # read again in field order, to name the first bad field
+        kwargs = _read_checked(plan, d, what, built)
+    if plan.layout and built:
+        kwargs["layout"] = tuple(d)
+    return _instance(cls, plan, kwargs)
+
+
+def _instance(cls: type, plan: _Plan, values: dict[str, Any]) -> Any:
+    """An instance of dataclass ``cls`` holding ``values`` alone: a field it lacks reads its
+    default from the class, where a dataclass keeps it (a row records a third of its class's
+    fields; holding the rest as None in every row would double its memory, and its
+    ``__init__`` of all of them its time)."""
+    for name, make in plan.factories:
+        if name not in values:
+            values[name] = make()
+    obj = object.__new__(cls)
+    for name, value in values.items():  # one by one, as __init__ sets them (a dict copied whole takes more memory)
+        setattr(obj, name, value)
+    return obj
+
+
+def replaced(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` for a row read by ``from_json``: a copy holding its values and
+    ``changes`` alone, its other fields still the class's defaults."""
+    return _instance(type(obj), _plan(type(obj)), {**vars(obj), **changes})
+
+
+def _read(plan: _Plan, d: dict[str, Any], built: bool) -> dict[str, Any]:
+    """The constructor's arguments for a valid ``d``, from its own keys alone (a row holds a
+    third of its class's fields: the others stay at their defaults); a SchemaError without
+    saying where for anything else."""
+    kwargs: dict[str, Any] = {}
+    unknown: dict[str, Any] = {}
+    by_name = plan.by_name
+    for name, value in d.items():
+        spec = by_name.get(name)
+        if spec is None:
+            unknown[name] = value
+        elif value is not None or spec[2] or spec[3]:
+            kwargs[name] = spec[4](value, "", built)
+    if not plan.required <= kwargs.keys() or (unknown and not plan.extra):
+        raise SchemaError("")
+    if plan.extra:
+        kwargs["extra"] = unknown
+    return kwargs
+
+
+def _read_checked(plan: _Plan, d: dict[str, Any], what: str, built: bool) -> dict[str, Any]:
+    """``_read`` field by field, in the class's order: the SchemaError names the first bad one."""
     kwargs: dict[str, Any] = {}
     for name, label, required, optional, convert in plan.fields:
         value = d.get(name, _ABSENT)
@@ -77,9 +135,7 @@ def from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> A
         kwargs["extra"] = unknown
     elif unknown:  # a part a worker sent: its fields are this version's own
         raise SchemaError(f"{what}: unknown field {next(iter(unknown))!r}")
-    if plan.layout:
-        kwargs["layout"] = tuple(d) if built else ()
-    return cls(**kwargs)
+    return kwargs
 
 
 _ABSENT = object()
@@ -94,21 +150,18 @@ def _is_union(tp: Any) -> bool:
 
 
 @functools.cache
-def _converter(tp: Any) -> Callable[[Any, str, bool], Any]:
+def _converter(tp: Any, nullable: bool = False) -> Callable[[Any, str, bool], Any]:
     """The conversion of a JSON value to ``tp`` (checked), ``(value, where, built) -> value``,
-    built once per type: a reader converts every field of every row through it."""
+    built once per type: a reader converts every field of every row through it, in one call
+    (``nullable``: null is a value, the "not recorded" of an optional field)."""
     if _is_union(tp):
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        convert = _converter(inner)
-        nullable = type(None) in typing.get_args(tp)
-
-        def union(value, where, built):
-            return None if value is None and nullable else convert(value, where, built)
-
-        return union
+        return _converter(inner, type(None) in typing.get_args(tp))
     if dataclasses.is_dataclass(tp):
 
         def record(value, where, built):
+            if value is None and nullable:
+                return None
             if not isinstance(value, dict):
                 raise SchemaError(f"{where} is {_json_type(value)}, expected an object")
             return from_json(tp, value, where, built)
@@ -118,10 +171,15 @@ def _converter(tp: Any) -> Callable[[Any, str, bool], Any]:
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         convert = _converter(item)
+        kept = _KEPT.get(item, frozenset())
 
         def listed(value, where, built):
+            if value is None and nullable:
+                return None
             if not isinstance(value, list):
                 raise SchemaError(f"{where} is {_json_type(value)}, expected a list")
+            if set(map(type, value)) <= kept:  # the samples of a row: checked whole, not item by item
+                return list(value)
             try:
                 return [convert(v, where, built) for v in value]
             except SchemaError:  # again, naming the item (its index costs a string per item)
@@ -137,6 +195,8 @@ def _converter(tp: Any) -> Callable[[Any, str, bool], Any]:
         if kind in exact:  # the types json.loads gives (a bool is not a number)
             return float(value) if kind is int and origin is float and not built else value
         if value is None:
+            if nullable:
+                return None
             raise SchemaError(f"{where} is null, expected {_NAMES.get(origin, getattr(origin, '__name__', origin))}")
         if _matches(value, origin):
             return float(value) if origin is float and not built else value
@@ -145,6 +205,10 @@ def _converter(tp: Any) -> Callable[[Any, str, bool], Any]:
         )
 
     return scalar
+
+
+# The JSON types a list's items keep as they are, by the item's type (an integer among numbers becomes a float).
+_KEPT = {float: frozenset({float}), int: frozenset({int}), str: frozenset({str}), bool: frozenset({bool})}
 
 
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object"}

@@ -95,12 +95,14 @@ def nesting_depth(value: Any) -> int:
     return deepest
 
 
-def check_possible(d: dict[str, Any]) -> None:
+def check_possible(d: dict[str, Any], rest: dict[str, Any] | None = None) -> None:
     """A SchemaError naming the first field of a valid row ``d`` that no measurement can give:
     a number that is not finite (NaN, infinity), a time, size or count below zero, a memory
-    peak beyond the device."""
-    if _any_impossible_number(d):
-        _name_impossible_number(d)
+    peak beyond the device. ``rest``: the part of ``d`` whose numbers are still to check (an
+    environment read before passed already)."""
+    rest = d if rest is None else rest
+    if _any_impossible_number(rest):
+        _name_impossible_number(rest)
     _check_peaks(d)
 
 

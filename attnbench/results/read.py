@@ -77,7 +77,7 @@ def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
 def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
     """(row, typed row, file, line) of every valid, possible row, each trial once; a skipped
     line is appended to ``problems``. Each row is read once, in time linear in the rows: the
-    rows of one run share one environment, typed once."""
+    rows of one run share one environment, typed and checked once."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
     seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
@@ -88,7 +88,7 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
                 if not raw.strip():
                     continue
                 where = f"{file}:{lineno}"
-                row, problem = _parse_line(raw)
+                row, rest, problem = _parse_line(raw, envs)
                 if problem:
                     problems.append(f"{where}: {problem}")
                     continue
@@ -98,15 +98,16 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
                         "read it with the attnbench version that wrote it"
                     )
                 try:
-                    typed = envs.typed(row)
+                    typed = envs.typed(row, rest)
                 except SchemaError as exc:
                     problems.append(f"{where}: invalid row skipped ({exc})")
                     continue
                 try:
-                    check_possible(row)
+                    check_possible(row, rest)
                 except SchemaError as exc:
                     problems.append(f"{where}: impossible row skipped ({exc})")
                     continue
+                envs.accept(row, typed)
                 trial = row.get("trial")
                 if isinstance(trial, str) and trial in seen:
                     problems.append(f"{where}: duplicate row skipped (trial {trial}, counted once at {seen[trial]})")
@@ -117,47 +118,59 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
 
 
 class Environments:
-    """Typed rows whose environment is one object per distinct environment: a run's rows
+    """The environments of the rows accepted so far, each typed and checked once: a run's rows
     record the same one, which is read and held once, not once a row."""
 
     def __init__(self) -> None:
         self.known: dict[str, Environment] = {}
+        self.last: tuple[Any, str] = (None, "")  # a row's environment and its key: asked for again at each check
 
-    def typed(self, row: dict[str, Any]) -> Row:
-        """``row`` as its kind's class (``row_from_json``); a SchemaError names its first bad field."""
+    def key(self, env: dict[str, Any]) -> str:
+        if env is not self.last[0]:
+            self.last = (env, json.dumps(env))
+        return self.last[1]
+
+    def rest(self, row: dict[str, Any]) -> dict[str, Any]:
+        """What is left to check of ``row``: all of it, or without an environment an accepted row had."""
         env = row.get("env")
-        if not isinstance(env, dict):
+        if isinstance(env, dict) and self.known.get(self.key(env)) is not None:
+            return {**row, "env": None}
+        return row
+
+    def typed(self, row: dict[str, Any], rest: dict[str, Any]) -> Row:
+        """``row`` as its kind's class (``row_from_json``); a SchemaError names its first bad field."""
+        if rest is row:
             return row_from_json(row)
-        key = json.dumps(env)
-        shared = self.known.get(key)
-        if shared is None:
-            typed = row_from_json(row)
-            if typed.env is not None:
-                self.known[key] = typed.env
-            return typed
-        typed = row_from_json({**row, "env": None})  # the same environment, already checked
-        typed.env = shared
+        typed = row_from_json(rest)  # the same environment, already checked
+        typed.env = self.known[self.key(row["env"])]
         return typed
 
+    def accept(self, row: dict[str, Any], typed: Row) -> None:
+        """Hold the environment of a row that passed every check, for the rows after it."""
+        if typed.env is not None:
+            self.known.setdefault(self.key(row["env"]), typed.env)
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
+
+def _parse_line(raw: bytes, envs: Environments) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(the row, what is left to check of it: ``Environments.rest``, why it is unreadable or "")."""
     try:
         row = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        return {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
+        return {}, {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
     except RecursionError:
-        return {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
+        return {}, {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
     except ValueError as exc:
-        return {}, f"unreadable line skipped ({exc})"
+        return {}, {}, f"unreadable line skipped ({exc})"
     if not isinstance(row, dict) or "kind" not in row:
-        return {}, "unreadable line skipped (not a result row: no 'kind')"
-    depth = nesting_depth(row)
+        return {}, {}, "unreadable line skipped (not a result row: no 'kind')"
+    rest = envs.rest(row)
+    depth = nesting_depth(rest)  # an accepted environment nests no deeper than a row may
     if depth > MAX_DEPTH:
-        return {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
+        return {}, {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
     missing = [k for k in REQUIRED_KEYS.get(row["kind"], ("status",)) if k not in row]
     if missing:
-        return {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
-    return row, ""
+        return {}, {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
+    return row, rest, ""
 
 
 def iter_rows(paths: Path | Iterable[Path]) -> Iterator[dict[str, Any]]:

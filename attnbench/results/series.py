@@ -5,12 +5,11 @@ allocator limits is several series, and the machine, commit and date a row names
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.results.convert import replaced
 from attnbench.results.schema import MaxSeqResult, Row, Trial
 from attnbench.units import format_gib
 
@@ -76,10 +75,7 @@ def has_label(row: Row) -> bool:
 
 def relabel(row: Row, label: str, series: str | None = None) -> Row:
     """The row with another label (and series key); rows are never changed in place."""
-    changes: dict[str, Any] = {"label": label}
-    if series is not None:
-        changes["series"] = series
-    return dataclasses.replace(row, **changes)
+    return replaced(row, label=label) if series is None else replaced(row, label=label, series=series)
 
 
 def short_commit(row: Row) -> str:
