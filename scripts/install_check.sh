@@ -16,7 +16,7 @@ BUILDER=${BUILDER:-$repo/.venv/bin/python}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-step() { echo "install-check: $*"; }
+step() { echo "install-check: [${SECONDS} s] $*"; }
 
 step "fresh environment, $TORCH, then pip install . (no extras)"
 "$PYTHON" -m venv "$tmp/venv"
@@ -45,8 +45,10 @@ if ! "$tmp/venv/bin/python" -c "import triton" 2>/dev/null; then
     test "$status" = 2 && test "$(wc -l <err.txt)" = 1 && grep -q "pip install triton" err.txt
 fi
 
+# --no-isolation: the builder's own setuptools, not two fresh environments for it; the isolated
+# build from pyproject.toml's build-system alone is what `pip install .` above made
 step "python -m build: an sdist, and a wheel built from it"
-"$BUILDER" -m build --outdir "$tmp/dist" "$repo" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
+"$BUILDER" -m build --no-isolation --outdir "$tmp/dist" "$repo" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
 ls "$tmp/dist"
 "$tmp/venv/bin/pip" install -q --force-reinstall --no-deps "$tmp"/dist/attnbench-*.whl
 "$ab" --version

@@ -5,6 +5,7 @@ the adapters are pip-installed here into a directory of their own, then listed, 
 against the float64 reference, searched or benched, and reported with the adapters no longer
 importable (a report reads rows only)."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,14 +42,16 @@ def test_both_are_listed_with_their_package(installed):
     assert "package attnbench-ring-attention 0.1.0" in r.stdout
 
 
-def test_local_attention_verified_searched_and_reported(installed, tmp_path):
+def test_local_attention_verified_searched_and_reported(installed, tmp_path, in_process):
     v = run_cli("verify", "--impl", "local-attention", "--device", "cpu", env=installed)
     assert v.returncode == 0, v.stdout + v.stderr
     # checked where its windows hold under half the pairs, not only inside one window
     assert "pass" in v.stdout and "N 128-1024" in v.stdout
     out = tmp_path / "runs" / "local"
+    # a limit the windows pass at 1024 (13 MiB) and about reach at 2048 (26-31 MiB): a few trials, each timed 1 s
     m = run_cli("max-seq", "--impl", "local-attention", "--param", "window_size=64", *CPU, "--start", 1024,
-                "--memory-limit", "64MiB", "--max-trial-seconds", 10, "--out", out, env=installed)  # fmt: skip
+                "--memory-limit", "32MiB", "--resolution", 512, "--timing-budget", 1, "--max-trial-seconds", 10,
+                "--out", out, env=installed)  # fmt: skip
     assert m.returncode == 0, m.stdout + m.stderr
     rows, problems = read_rows(out)
     assert problems == []
@@ -60,30 +63,32 @@ def test_local_attention_verified_searched_and_reported(installed, tmp_path):
         assert r["pairs_useful"] < r["pairs_executed"]
     (result,) = [r for r in rows if r["kind"] == "max-seq-result"]
     assert result["seq_len"] > 1024
-    rep = run_cli("report", out, env={"PYTHONPATH": str(ROOT)})
+    assert importlib.util.find_spec("attnbench_local_attention") is None  # nor can this process: a report reads rows
+    rep = in_process("report", out)
     assert rep.returncode == 0, rep.stderr
     md = (out / "report" / "report.md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
     assert sections[0].startswith("## The answer") and sections[1] == "## Your implementations"
 
 
-def test_ring_attention_pytorch_on_two_gloo_ranks_verified_benched_and_reported(installed, tmp_path):
+def test_ring_attention_pytorch_on_two_gloo_ranks_verified_benched_and_reported(installed, tmp_path, in_process):
     v = run_cli("verify", "--impl", "ring-attention-pytorch", "--param", "striped=true", "--gpus", 2,
                 "--device", "cpu", env=installed)  # fmt: skip
     assert v.returncode == 0, v.stdout + v.stderr
     assert "2/2 checks" in v.stdout  # causal and not, on 2 ranks, against the reference and sdpa
     runs = tmp_path / "runs"
     b = run_cli("bench", "--impl", "ring-attention-pytorch", "--seq-lens", 2048, "--gpus", "1,2", *CPU,
-                "--max-trial-seconds", 30, "--out", runs / "ring", env=installed)  # fmt: skip
+                "--timing-budget", 1, "--max-trial-seconds", 30, "--out", runs / "ring", env=installed)  # fmt: skip
     assert b.returncode == 0, b.stdout + b.stderr
-    s = run_cli("bench", "--impl", "sdpa", "--seq-lens", 2048, *CPU, "--out", runs / "one")
+    s = in_process("bench", "--impl", "sdpa", "--seq-lens", 2048, *CPU, "--timing-budget", 1, "--out", runs / "one")
     assert s.returncode == 0, s.stderr
     rows, _ = read_rows(runs / "ring")
     points = sorted((r for r in rows if r["kind"] == "points"), key=lambda r: r["world_size"])
     assert [(r["world_size"], r["status"]) for r in points] == [(1, "ok"), (2, "ok")]
     assert all(r["impl_source"]["sequence_parallel"]["counterpart"] == "sdpa" for r in points)
     assert points[1]["pairs_useful"] == 2 * 2048 * 2048  # dense: its counterpart's pairs
-    rep = run_cli("report", runs, "--out", tmp_path / "report", env={"PYTHONPATH": str(ROOT)})
+    assert importlib.util.find_spec("attnbench_ring_attention") is None
+    rep = in_process("report", runs, "--out", tmp_path / "report")
     assert rep.returncode == 0, rep.stderr
     (vs,) = [p.read_text() for p in (tmp_path / "report" / "csv").glob("ring-vs-one-device-*.csv")]
     assert "ring-attention-pytorch" in vs and "equal work: sdpa" in vs

@@ -85,7 +85,7 @@ def test_attnbench_models_lists_every_preset():
 
 
 @pytest.mark.slow
-def test_a_newcomers_model_command_runs_and_a_bad_head_count_is_one_line(tmp_path):
+def test_a_newcomers_model_command_runs_and_a_bad_head_count_is_one_line(tmp_path, in_process):
     out = tmp_path / "llama"
     proc = run_cli("max-seq", "--model", "llama3-8b", "--impl", "sdpa", "--max-seq-len", "1K", "--out", out)
     assert proc.returncode == 0, proc.stderr
@@ -93,7 +93,7 @@ def test_a_newcomers_model_command_runs_and_a_bad_head_count_is_one_line(tmp_pat
     trials = [r for r in rows if r["kind"] == "max-seq"]
     assert trials and all((r["heads"], r["kv_heads"], r["head_dim"], r["causal"]) == (32, 8, 128, True) for r in trials)
     assert all(r["model"] == "llama3-8b" and r["kv_layout"] == "shared" for r in trials if r["status"] == "ok")
-    bad = run_cli("max-seq", "--impl", "sdpa", "--kv-heads", "3", "--heads", "8", "--out", tmp_path / "bad")
+    bad = in_process("max-seq", "--impl", "sdpa", "--kv-heads", "3", "--heads", "8", "--out", tmp_path / "bad")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and "--kv-heads must divide --heads" in bad.stderr
     assert not (tmp_path / "bad").exists()

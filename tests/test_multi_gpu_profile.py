@@ -352,10 +352,12 @@ def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
     assert all(r["seq_len"] * r["twin_scale"] >= max(r["twin_of"]["segment_lengths"]) for r in twins)
     assert len({_trial_key(r) for r in trials}) == len(trials)
 
-    # an interruption leaves the rows written so far: keep those up to the first fixed-length point after
-    # the searches (a search run again may take another path on a busy CPU; a point is one trial)
+    # an interruption leaves the rows written so far: keep those before the last fixed-length point, which
+    # comes after the searches (a search run again may take another path on a busy CPU; a point is one
+    # trial), so the resumed run finds every other trial done and redoes that one point
     last_search = max(i for i, r in enumerate(rows) if r["kind"] == "max-seq-result")
-    cut = next(i for i, r in enumerate(rows) if i > last_search and r["kind"] == "points") + 1
+    cut = max(i for i, r in enumerate(rows) if r["kind"] == "points")
+    assert cut > last_search
     (out / "trials.jsonl").write_text("".join(line + "\n" for line in lines[:cut]))
     again = _attnbench("run", "--profile", "multi-gpu-cpu", "--out", str(out), "--resume")
     assert again.returncode == 0, again.stderr[-2000:]
