@@ -400,6 +400,27 @@ def test_the_gpu_curve_gives_each_count_its_time_efficiency_and_memory_at_one_le
     assert "| ring | 4 | 16M | 16K |" in table and "1.50x" in table
 
 
+def test_the_gpu_curve_takes_the_newest_code_where_a_point_was_measured_twice():
+    """The same ring point measured by an older and a newer commit: the curve shows the
+    newer (the older is superseded, whichever file the reader met last)."""
+    from attnbench.report.tables.second_gpu import curve
+    from attnbench.results.series import separate_code_versions
+
+    def env(commit, date):
+        return {"machine": "GPU pair x2", "gpus": [{"name": "GPU pair"}] * 2, "commit": commit, "date": date}
+
+    rows = []
+    for commit, date, ring_ms in (("bbbbbbb", "2026-11-28T12:00:00", 2.5), ("aaaaaaa", "2026-11-27T12:00:00", 5.0)):
+        e = env(commit, date)
+        rows.append(
+            typed_row(impl="sdpa", seq_len=16384, time_ms=4.0, times_ms=[4.0] * 5, env=e, series="sd", label="sdpa")
+        )
+        rows.append(typed_row(impl="ring", strategy="ring", world_size=2, seq_len=16384, time_ms=ring_ms,
+                              times_ms=[ring_ms] * 5, env=e, series="r2", label="ring x2"))  # fmt: skip
+    points = [p for p in curve(separate_code_versions(rows)) if p.impl == "ring"]
+    assert [(p.gpus, p.pair.row.time_ms, round(p.pair.efficiency, 3)) for p in points] == [(2, 2.5, 0.8)]
+
+
 def test_a_stop_names_one_cause_and_a_length_that_ran_once_then_failed_is_not_the_answer(tmp_path):
     """Stopped by time under a memory limit says the call's time limit, not the memory limit;
     by memory, the memory limit; 2K ran once and failed its confirmation by time: the answer

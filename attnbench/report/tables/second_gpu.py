@@ -25,6 +25,7 @@ from attnbench.report.tables.multigpu import (
     scaling_families,
     speedup_groups,
 )
+from attnbench.results.series import is_superseded
 from attnbench.units import format_bytes, short_tokens
 
 SEQUENCE_TEXT = (
@@ -74,7 +75,7 @@ def curve(rows: list) -> list[CurvePoint]:
     count ran (the one fixed length of the curve), and the longest sequence searched."""
     pairs: dict[str, dict[int, dict[int, RingPair]]] = {}
     for p in ring_pairs(rows):
-        if p.baseline == EQUAL_WORK:
+        if p.baseline == EQUAL_WORK and not is_superseded(p.row.label):  # newer code measured it again
             pairs.setdefault(p.row.impl, {}).setdefault(p.world_size, {})[p.row.seq_len] = p
     longest = _longest_by_count(rows)
     out = []
