@@ -2,11 +2,15 @@
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # A signal handler's exception is lost where it lands in code whose exceptions Python ignores
 # (an at-fork hook while a worker process is spawned): the signal is kept here too, and the
 # loop that waits on a worker raises it again (raise_pending_interrupt).
 _pending: type[KeyboardInterrupt] | None = None
+# Inside ``interrupts_held``: a signal is only kept, raised by that loop.
+_held = 0
 
 
 class AttnbenchError(Exception):
@@ -63,7 +67,21 @@ def interrupt_on_signal(signum: int, frame: object) -> None:
     """The handler of SIGINT, SIGTERM and SIGHUP: raise the interrupt, and keep it in case it is lost."""
     global _pending
     _pending = INTERRUPTS.get(signum, KeyboardInterrupt)
-    raise _pending
+    if not _held:
+        raise _pending
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Code that starts a worker and records it (where it will be killed): a signal that lands
+    inside only sets the interrupt pending, so no worker is started and then forgotten by an
+    exception between the two; the next wait on a worker raises it."""
+    global _held
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
 
 
 def raise_pending_interrupt() -> None:

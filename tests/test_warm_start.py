@@ -5,6 +5,7 @@ where its seconds went."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,6 +139,19 @@ def spares_of(pid: int) -> list[int]:
     return found
 
 
+def row_kinds(path: Path) -> set[str]:
+    """The kinds of the complete rows written so far."""
+    if not path.exists():
+        return set()
+    kinds = set()
+    for line in path.read_text().splitlines():
+        try:
+            kinds.add(json.loads(line).get("kind"))
+        except ValueError:  # a row still being written
+            continue
+    return kinds
+
+
 def paused_sweep(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     """A sweep waiting before its second trial (the test hook), and its spare workers' pids
     (one, or two while a finished trial's worker is still exiting on a busy machine)."""
@@ -150,7 +164,8 @@ def paused_sweep(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for(lambda: (out / "trials.jsonl").exists() and '"max-seq"' in (out / "trials.jsonl").read_text(), "a trial")
+    # a trial's row by its kind: the reference checks' rows name the command, max-seq included
+    wait_for(lambda: "max-seq" in row_kinds(out / "trials.jsonl"), "a trial")
     wait_for(lambda: spares_of(sweep.pid) or sweep.poll() is not None, "the next trial's spare worker")
     return sweep, spares_of(sweep.pid)
 
@@ -174,6 +189,35 @@ def test_a_spare_is_killed_when_the_sweep_is_interrupted(tmp_path):
     _, stderr = sweep.communicate(timeout=300)
     assert sweep.returncode == 130, stderr
     assert spares and all(map(gone, spares)), "the interrupted sweep left a spare worker running"
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_ctrl_c_while_a_worker_starts_leaves_none_running(jobs_importable, monkeypatch, first):
+    """The signal lands just as a worker has started, before the code that keeps it has it
+    (the job's worker, or the next job's spare): the run stops, and ending the run kills every
+    worker it started, none left behind to die later."""
+    from attnbench.errors import interrupt_on_signal
+    from attnbench.runtime import worker
+
+    started = []
+
+    def spawn_then_ctrl_c(preload):
+        child = spawn(preload)
+        started.append(child.pid)
+        if len(started) == (1 if first else 2):
+            os.kill(os.getpid(), signal.SIGINT)  # its handler runs at once, here
+        return child
+
+    spawn = worker.spawn_spare
+    monkeypatch.setattr(worker, "spawn_spare", spawn_then_ctrl_c)
+    before = signal.signal(signal.SIGINT, interrupt_on_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+        close_spares()  # what the end of an interrupted run does
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert len(started) == 2 and not any(map(alive, started)), started
 
 
 @pytest.mark.parametrize("reaped", [True, False])

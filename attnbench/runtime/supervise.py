@@ -218,6 +218,7 @@ class Child:
             self.on_phase = on_phase
             on_phase(self.state["phase"])
         try:
+            raise_pending_interrupt()  # one held while the child started: it may end before a poll
             while self.proc.poll() is None:
                 raise_pending_interrupt()
                 phase = self.state["phase"]

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnbench.errors import interrupts_held
 from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
 JobFunction = Callable[[dict[str, Any]], dict[str, Any]]
@@ -95,14 +96,15 @@ def run_in_child(
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps({"function": ref, "args": args}))
         handed = time.monotonic()
-        if warm:
-            preload = warm if isinstance(warm, str) else ref.partition(":")[0]
-            child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
-            SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
-            on_phase = _phase_heard(SPARES.holder(hold_phases))
-        else:
-            child = Child(python_module("attnbench.runtime.worker", str(job_path), str(result_path)))
-            handed, on_phase = child.started, _phase_heard(None)
+        with interrupts_held():  # Ctrl-C now is raised by watch, which kills the child
+            if warm:
+                preload = warm if isinstance(warm, str) else ref.partition(":")[0]
+                child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
+                SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
+                on_phase = _phase_heard(SPARES.holder(hold_phases))
+            else:
+                child = Child(python_module("attnbench.runtime.worker", str(job_path), str(result_path)))
+                handed, on_phase = child.started, _phase_heard(None)
         try:
             outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
             if warm and not result_path.exists() and not started_job(child, handed):
@@ -175,7 +177,8 @@ class Spares:
             self.close()
             self.preload = preload
         while len(self.spares) < depth:
-            self.spares.append(spawn_spare(preload))
+            with interrupts_held():  # recorded before Ctrl-C can end the run: close() kills it
+                self.spares.append(spawn_spare(preload))
             if self.held:  # a spare started during a held phase waits too
                 self._signal(self.spares[-1], signal.SIGSTOP)
 
