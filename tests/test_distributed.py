@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.runtime.distributed import agreed_status, launch
-from attnbench.runtime.worker import function_ref
+from attnbench.runtime.jobs import function_ref
 
 from conftest import not_timed_out
 from distributed_selftest import selftest

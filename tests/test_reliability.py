@@ -341,7 +341,8 @@ import sys
 import attnbench.runtime.worker as w
 sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()) + ' ' + sys.argv[2]); time.sleep(3600)"
 w.python_module = lambda module, *args: [sys.executable, "-c", sleeper, sys.argv[1], args[-1]]
-w.run_in_child("attnbench.trials.trial:trial_job", {}, 3600)
+from attnbench.trials.trial import TrialSpec, trial_job
+w.run_in_child(trial_job, TrialSpec(workload={}), 3600)
 """
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from attnbench.errors import AttnbenchError
 from attnbench.results.schema import Check, SchemaError
+from attnbench.runtime.jobs import Ran
 from attnbench.sweeps import verification
 from attnbench.trials import trial
 from attnbench.trials.reference import VerifyCase
@@ -58,7 +59,8 @@ def test_gpu_cases_run_in_a_child_process(monkeypatch):
     ],
 )
 def test_a_check_the_worker_sent_wrong_is_refused_naming_the_field(monkeypatch, sent, named):
-    monkeypatch.setattr(trial, "run_in_child", lambda *a, **k: {"checks": [sent]})
+    # the worker's JSON read back as run_in_child reads it
+    monkeypatch.setattr(trial, "run_in_child", lambda job, *a, **k: Ran(job.read_result({"checks": [sent]}), None, {}))
     with pytest.raises(SchemaError, match=named):
         trial.run_verify_isolated([case()])
 

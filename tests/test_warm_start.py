@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_reliability import _zombie, wait_for
+from worker_jobs import Nothing, whoami
 
 from attnbench.runtime.supervise import PAUSE_AFTER_TRIALS_ENV
 from attnbench.runtime.worker import SPARES, alive, close_spares, run_in_child
@@ -31,14 +32,14 @@ def jobs_importable(monkeypatch):
 
 
 def test_each_job_runs_in_a_process_of_its_own_started_while_the_previous_job_ran(jobs_importable):
-    first = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    first = run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
     (spare,) = SPARES.pids()  # started while the first job ran, waiting for the next
-    assert spare != first["pid"] and not alive(first["pid"])
-    second = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
-    assert second["pid"] == spare
+    assert spare != first.result.pid and not alive(first.result.pid)
+    second = run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
+    assert second.result.pid == spare
     assert SPARES.pids() and SPARES.pids() != [spare]
     for result in (first, second):
-        assert set(result["phase_s"]) >= {"start", "exit"} and min(result["phase_s"].values()) >= 0
+        assert set(result.phase_s) >= {"start", "exit"} and min(result.phase_s.values()) >= 0
 
 
 def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable, monkeypatch):
@@ -53,7 +54,7 @@ def test_a_progress_display_hears_each_phase_of_the_running_job(jobs_importable,
     heard = []
     PHASE_LISTENERS.append(heard.append)
     try:
-        run_in_child("worker_jobs:whoami", {}, 300)
+        run_in_child(whoami, Nothing(), 300)
     finally:
         PHASE_LISTENERS.remove(heard.append)
     assert heard[0] == "startup" and heard[-1] == "exit"
@@ -91,19 +92,19 @@ def test_a_log_hears_a_long_trial_is_still_running_with_its_seconds_and_phase(ca
 
 def test_two_spares_ahead_are_taken_in_the_order_they_started(jobs_importable):
     """On a GPU the next two trials' processes start ahead: an import can outlast a short trial."""
-    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
+    run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing", spares=2)
     ahead = SPARES.pids()
     assert len(ahead) == 2
-    second = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing", spares=2)
-    assert second["pid"] == ahead[0] and SPARES.pids()[0] == ahead[1] and len(SPARES.pids()) == 2
+    second = run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing", spares=2)
+    assert second.result.pid == ahead[0] and SPARES.pids()[0] == ahead[1] and len(SPARES.pids()) == 2
 
 
 def test_a_spare_imports_the_trial_machinery_without_a_cuda_context(jobs_importable):
     """What a spare does before its job (every implementation imported) creates no CUDA
     context: a second context would take GPU memory from the running trial."""
-    run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trials.trial:preload")
-    result = run_in_child("worker_jobs:whoami", {}, 300, warm="attnbench.trials.trial:preload")
-    assert result["cuda_initialized"] is False
+    run_in_child(whoami, Nothing(), 300, warm="attnbench.trials.trial:preload")
+    result = run_in_child(whoami, Nothing(), 300, warm="attnbench.trials.trial:preload")
+    assert result.result.cuda_initialized is False
 
 
 SWEEP = [
@@ -213,7 +214,7 @@ def test_ctrl_c_while_a_worker_starts_leaves_none_running(jobs_importable, monke
     before = signal.signal(signal.SIGINT, interrupt_on_signal)
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+            run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
         close_spares()  # what the end of an interrupted run does
     finally:
         signal.signal(signal.SIGINT, before)
@@ -224,11 +225,11 @@ def test_ctrl_c_while_a_worker_starts_leaves_none_running(jobs_importable, monke
 def test_a_spare_that_died_while_it_waited_is_replaced(jobs_importable, reaped):
     """Killed from outside before its job (the OOM killer, say): the job runs in a fresh worker,
     whether the spare is already gone or still dying when the job is handed over."""
-    run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
     (spare,) = SPARES.spares
     os.kill(spare.pid, signal.SIGKILL)
     if reaped:
         spare.proc.wait()
-    result = run_in_child("worker_jobs:whoami", {}, 300, warm="worker_jobs:nothing")
+    result = run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
     spare = spare.pid
-    assert result.get("pid") not in (None, spare) and "start" in result["phase_s"], result
+    assert result.result is not None and result.result.pid != spare and "start" in result.phase_s, result

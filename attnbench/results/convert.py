@@ -88,9 +88,9 @@ def _instance(cls: type, plan: _Plan, values: dict[str, Any]) -> Any:
     for name, make in plan.factories:
         if name not in values:
             values[name] = make()
-    obj = object.__new__(cls)
+    obj, put = object.__new__(cls), object.__setattr__  # a frozen class's fields are set as its __init__ sets them
     for name, value in values.items():  # one by one, as __init__ sets them (a dict copied whole takes more memory)
-        setattr(obj, name, value)
+        put(obj, name, value)
     return obj
 
 
@@ -186,6 +186,17 @@ def _converter(tp: Any, nullable: bool = False) -> Callable[[Any, str, bool], An
                 return [convert(v, f"{where}[{i}]", built) for i, v in enumerate(value)]
 
         return listed
+    if origin is tuple:  # a fixed-length tuple, sent as a list
+        parts = [_converter(a) for a in typing.get_args(tp)]
+
+        def tupled(value, where, built):
+            if value is None and nullable:
+                return None
+            if not isinstance(value, (list, tuple)) or len(value) != len(parts):
+                raise SchemaError(f"{where} is {_json_type(value)} {_short(value)}, expected a list of {len(parts)}")
+            return tuple(convert(v, where, built) for convert, v in zip(parts, value))
+
+        return tupled
     if tp is Any:
         return lambda value, where, built: value
     exact = {float: (float, int), int: (int,), str: (str,), bool: (bool,), dict: (dict,)}.get(origin, ())
@@ -234,18 +245,20 @@ def _short(value: Any) -> str:
     return f"({text[:40]}...)" if len(text) > 40 else f"({text})"
 
 
-def to_json(obj: Any) -> Any:
+def to_json(obj: Any, nulls: bool = False) -> Any:
+    """``obj`` as JSON values; a field holding None is left out (a row's "not recorded"), or
+    written as null with ``nulls`` (a job's spec and result: every field sent)."""
     if dataclasses.is_dataclass(obj):
         extra = getattr(obj, "extra", {})
-        out = {k: to_json(extra[k] if k in extra else getattr(obj, k)) for k in getattr(obj, "layout", ())}
+        out = {k: to_json(extra[k] if k in extra else getattr(obj, k), nulls) for k in getattr(obj, "layout", ())}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name not in NOT_STORED and f.name not in out and value is not None:
-                out[f.name] = to_json(value)
+            if f.name not in NOT_STORED and f.name not in out and (value is not None or nulls):
+                out[f.name] = to_json(value, nulls)
         out.update(extra)
         return out
     if isinstance(obj, list):
-        return [to_json(v) for v in obj]
+        return [to_json(v, nulls) for v in obj]
     return obj
 
 

@@ -36,8 +36,9 @@ import torch.distributed as dist
 
 from attnbench.measure import oom
 from attnbench.runtime import agent
+from attnbench.runtime.jobs import function_ref, resolve
 from attnbench.runtime.supervise import Child, cgroup_oom_kills, claim_protocol, classify_exit
-from attnbench.runtime.worker import function_ref, owned_temp_dir, resolve, write_json_atomic
+from attnbench.runtime.worker import owned_temp_dir, write_json_atomic
 
 # fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
 RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]

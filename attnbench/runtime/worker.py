@@ -1,12 +1,12 @@
-"""The worker process: run one job function, write its result as JSON.
+"""The worker process: run one job (``runtime.jobs``), write its result as JSON.
 
     python -m attnbench.runtime.worker JOB.json RESULT.json
     python -m attnbench.runtime.worker --spare MODULE...   (then JOB.json RESULT.json on stdin)
 
-``JOB.json`` is ``{"function": "module:function", "args": {...}}``; the worker imports the
-module and calls ``function(args)``, which returns a JSON-able dict. ``run_in_child`` is the
-parent side: it writes the job file, supervises the worker and reads the result (or, when
-the worker died without one, the supervisor's account of why).
+``JOB.json`` is ``{"job": "module:function", "spec": {...}}``; the worker imports the job, reads
+its spec checked, runs it and writes ``{"result": {...}}``. ``run_in_child`` is the parent side:
+it writes the job file, supervises the worker and reads the result back checked (or, when the
+worker died without one, the supervisor's account of why: ``jobs.Ended``).
 
 Warm starts. Every job still runs in a process of its own, but with ``warm`` that process was
 started while earlier jobs ran: a spare worker imports its modules (torch and attnbench:
@@ -33,28 +33,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from attnbench.errors import interrupts_held
+from attnbench.results.convert import to_json
+from attnbench.runtime.jobs import Ended, Job, Ran, find_job, resolve
 from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
-JobFunction = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def function_ref(fn: Callable | str) -> str:
-    """``"module:function"`` for a module-level function (a string is taken as given)."""
-    if isinstance(fn, str):
-        return fn
-    if fn.__module__ == "__main__" or not fn.__qualname__.isidentifier():
-        raise ValueError(f"{fn.__qualname__} is not importable by a worker: define it at the top of a module")
-    return f"{fn.__module__}:{fn.__qualname__}"
-
-
-def resolve(ref: str) -> Callable:
-    """The function that ``"module:function"`` names."""
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
+S = TypeVar("S")
+R = TypeVar("R")
 
 # Every temp dir attnbench makes is attnbench-KIND-PID-RANDOM, PID its maker's, so a later run
 # can remove the dirs of makers that died without cleaning up (SIGKILL): their workers and
@@ -77,28 +64,27 @@ def _phase_heard(hold: Callable[[str], None] | None) -> Callable[[str], None]:
 
 
 def run_in_child(
-    fn: JobFunction | str,
-    args: dict[str, Any],
+    job: Job[S, R],
+    spec: S,
     phase_limit_s: float,
     memory_limit: int | None = None,
     warm: bool | str = False,
     hold_phases: tuple[str, ...] = (),
     spares: int = 1,
-) -> dict[str, Any]:
-    """Run ``fn(args)`` in a worker process of its own; its result (with ``phase_s``), or how
-    the process ended (``memory_limit`` is evidence for telling the OOM killer from another
-    kill). ``warm``: take the spare worker started during an earlier job, and keep ``spares``
-    of them started for the next jobs (a ``"module:function"`` to run in them ahead of a job,
-    or True: import the job's module); spares are stopped while this job is in one of
-    ``hold_phases``."""
-    ref = function_ref(fn)
+) -> Ran[R]:
+    """Run ``job(spec)`` in a worker process of its own: its result, or how the process ended
+    (``memory_limit`` is evidence for telling the OOM killer from another kill), with the
+    seconds of each phase. ``warm``: take the spare worker started during an earlier job, and
+    keep ``spares`` of them started for the next jobs (a ``"module:function"`` to run in them
+    ahead of a job, or True: import the job's module); spares are stopped while this job is in
+    one of ``hold_phases``."""
     with owned_temp_dir("trial") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({"function": ref, "args": args}))
+        job_path.write_text(json.dumps({"job": job.name, "spec": job.spec_json(spec)}))
         handed = time.monotonic()
         with interrupts_held():  # Ctrl-C now is raised by watch, which kills the child
             if warm:
-                preload = warm if isinstance(warm, str) else ref.partition(":")[0]
+                preload = warm if isinstance(warm, str) else job.name.partition(":")[0]
                 child = hand(SPARES.take(preload), preload, f"{job_path}\t{result_path}")
                 SPARES.start(preload, spares)  # the next jobs' processes, while this one runs
                 on_phase = _phase_heard(SPARES.holder(hold_phases))
@@ -113,11 +99,10 @@ def run_in_child(
                 outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
         finally:
             SPARES.hold(False)
-        result = json.loads(result_path.read_text()) if result_path.exists() else outcome
-        if result.get(PARTIAL):  # the job left a result early, then was stopped: how it ended
-            result[PARTIAL] = {"status": outcome.get("status"), "message": outcome.get("message")}
-        result["phase_s"] = phase_seconds(child, handed)
-        return result
+        sent = json.loads(result_path.read_text()) if result_path.exists() else {}
+        result = job.read_result(sent["result"]) if "result" in sent else None
+        ended = Ended(outcome["status"], outcome["message"]) if result is None or sent.get(PARTIAL) else None
+        return Ran(result, ended, phase_seconds(child, handed))
 
 
 def hand(spare: Child | None, preload: str, job: str) -> Child:
@@ -269,25 +254,27 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 # Where the job running in this process writes its result (``leave_partial`` writes there early).
 _RESULT_PATH: list[Path] = []
-PARTIAL = "partial"  # the key of a result left early: what ended the job after it is added by the parent
+PARTIAL = "partial"  # set in a result left early: the parent then adds how the job ended after it
 
 
-def leave_partial(result: dict[str, Any]) -> None:
-    """Write ``result`` now, marked partial: if this job is stopped later (a phase past its
-    limit), the parent still reads it. The job's own result replaces it when it returns."""
+def leave_partial(result: Any) -> None:
+    """Write ``result`` (the job's typed result) now, marked partial: if this job is stopped
+    later (a phase past its limit), the parent still reads it. The job's own result replaces it
+    when it returns."""
     if _RESULT_PATH:
-        write_json_atomic(_RESULT_PATH[0], {**result, PARTIAL: True})
+        write_json_atomic(_RESULT_PATH[0], {"result": to_json(result, nulls=True), PARTIAL: True})
 
 
 def main(job_path: str, result_path: str) -> None:
-    job = json.loads(Path(job_path).read_text())
-    fn = resolve(job["function"])
+    sent = json.loads(Path(job_path).read_text())
+    job = find_job(sent["job"])
+    spec = job.read_spec(sent["spec"])
     # run as ``python -m``, this file is __main__: the jobs import it again by its name, and read it there
     importlib.import_module("attnbench.runtime.worker")._RESULT_PATH[:] = [Path(result_path)]
     announce_phase("ready")
-    result = fn(job["args"])
+    result = job.run(spec)
     announce_phase("exit")
-    write_json_atomic(Path(result_path), result)
+    write_json_atomic(Path(result_path), {"result": job.result_json(result)})
     # the result is on disk: leave without the interpreter's teardown of torch's modules (seconds)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -32,9 +32,9 @@ def count(impl, seq_len: int, heads: int, causal: bool, limit_s: float = COUNT_L
             return Pairs.not_known(f"{exc} ({limit_s:g} s)" if "time limit" in str(exc) else str(exc))
 
 
-def stopped(ended: dict[str, Any]) -> Pairs:
+def stopped(why: str) -> Pairs:
     """The pairs of a trial whose process was stopped while it counted them."""
-    why = str(ended.get("message") or ended.get("status") or "no reason").splitlines()[0]
+    why = (why or "no reason").splitlines()[0]
     return Pairs.not_known(f"counting the pairs was stopped ({why}); the measurement before it is kept")
 
 

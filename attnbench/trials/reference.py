@@ -13,7 +13,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure.oom import classify
 from attnbench.results.schema import Check, Verify, join
+from attnbench.runtime.jobs import job
 from attnbench.trials import diagnose
 from attnbench.trials.workload import torch_dtype
 
@@ -377,9 +378,20 @@ def _far_share(impl, heads: int) -> float | None:
         return None
 
 
-def long_check_job(args: dict[str, Any]) -> dict[str, Any]:
+@dataclass
+class LongCheckRequests:
+    requests: list[dict[str, Any]]  # impl, config, base, batch, heads, head_dim, memory_limit
+
+
+@dataclass
+class LongChecks:
+    checks: list[LongCheck]  # one per request, in order
+
+
+@job
+def long_check_job(spec: LongCheckRequests) -> LongChecks:
     """Worker side of ``long_checks`` for outside code."""
-    return {"checks": [asdict(_long_check_here(r)) for r in args["requests"]]}
+    return LongChecks([_long_check_here(r) for r in spec.requests])
 
 
 def _long_check_here(r: dict[str, Any]) -> LongCheck:
@@ -402,14 +414,14 @@ def long_checks(requests: list[dict[str, Any]]) -> list[LongCheck]:
     away = [r for r in requests if impls.outside_code_elsewhere(r["impl"], r["config"])]
     found: dict[int, LongCheck] = {id(r): _long_check_here(r) for r in requests if r not in away}
     if away:
-        result = run_in_child(long_check_job, {"requests": away}, import_limit_s())
-        if "checks" not in result:
+        ran = run_in_child(long_check_job, LongCheckRequests(away), import_limit_s())
+        if ran.result is None:
             raise AttnbenchError(
                 f"{', '.join(dict.fromkeys(r['impl'] for r in away))}: the key sets could not be read to choose "
-                f"the check's lengths ({result.get('status')}: {result.get('message')})"
+                f"the check's lengths ({ran.ended.status}: {ran.ended.message})"
             )
-        for r, check in zip(away, result["checks"]):
-            found[id(r)] = LongCheck(check["seq_len"], [tuple(x) for x in check["shares"]], check["warning"])
+        for r, check in zip(away, ran.result.checks):
+            found[id(r)] = check
     return [found[id(r)] for r in requests]
 
 

@@ -15,11 +15,13 @@ with it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.measure.timing import COLD_CALL_FACTOR
+from attnbench.runtime.jobs import Ended, job
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import run_in_child
 from attnbench.units import clip_text
@@ -34,7 +36,7 @@ if TYPE_CHECKING:  # the implementations (and torch) are imported where a name i
 DEFAULT_CALL_LIMIT_S = 60.0
 _call_limit_s = DEFAULT_CALL_LIMIT_S
 # (name, configuration as JSON) -> what a worker read of that build, or why it failed
-_builds: dict[tuple[str, str], dict[str, Any]] = {}
+_builds: dict[tuple[str, str], Build] = {}
 
 
 def run_outside_in_workers(call_limit_s: float | None = None) -> None:
@@ -73,9 +75,9 @@ def _built(name: str, config: dict[str, Any]) -> DescribedImpl:
     if key not in _builds:
         _describe(name, [config])
     build = _builds[key]
-    if "error" in build:
-        raise ConfigError(build["error"])
-    return DescribedImpl(build["impl"])
+    if build.error is not None:
+        raise ConfigError(build.error)
+    return DescribedImpl(build.impl)
 
 
 def _key(config: dict[str, Any]) -> str:
@@ -86,48 +88,71 @@ def _describe(name: str, configs: list[dict[str, Any]] | None) -> dict[str, Any]
     """Run ``describe_job`` in a worker (``name``: an outside implementation, or a built-in
     whose configurations name outside code); keep its builds; the spec's fields."""
     limit = import_limit_s()
-    result = run_in_child(describe_job, {"name": name, "configs": configs, "limit_s": limit}, limit)
-    if "spec" not in result:
-        raise ConfigError(result.get("error") or _worker_ended(name, result, limit))
-    for build in result["builds"]:
-        _builds[(name, _key(build["config"]))] = build
-    return result["spec"]
+    ran = run_in_child(describe_job, DescribeSpec(name, limit, configs), limit)
+    found = ran.result
+    if found is None or found.spec is None:
+        raise ConfigError(found.error if found is not None else _worker_ended(name, ran.ended, limit))
+    for build in found.builds:
+        _builds[(name, _key(build.config))] = build
+    return found.spec
 
 
-def _worker_ended(name: str, outcome: dict[str, Any], limit_s: float) -> str:
+def _worker_ended(name: str, ended: Ended, limit_s: float) -> str:
     """Why the worker that imports and builds ``name`` left no description, in one line."""
-    if outcome.get("status") == "time-limit":
+    if ended.status == "time-limit":
         return (
             f"{name} was still being imported or built after {limit_s:g} s ({COLD_CALL_FACTOR:g} x the "
             "per-call limit, --max-trial-seconds): it was stopped; fix what its import or factory waits for"
         )
     return (
         f"{name} ended the worker process that imports and builds it "
-        f"({outcome.get('status')}: {clip_text(str(outcome.get('message')), 240)}); "
+        f"({ended.status}: {clip_text(str(ended.message), 240)}); "
         "an implementation must return its module, not exit"
     )
 
 
-def describe_job(args: dict[str, Any]) -> dict[str, Any]:
+@dataclass
+class DescribeSpec:
+    name: str  # an outside implementation, or a built-in whose configurations name outside code
+    limit_s: float  # its import and builds
+    configs: list[dict[str, Any]] | None = None  # None: its defaults
+
+
+@dataclass
+class Build:
+    """One configuration built in the worker: what the parent keeps of it, or why it failed."""
+
+    config: dict[str, Any]
+    impl: dict[str, Any] | None = None  # ``outside.described``
+    error: str | None = None
+
+
+@dataclass
+class Description:
+    spec: dict[str, Any] | None = None  # ``outside.spec_fields``; None where the name is not one
+    builds: list[Build] = field(default_factory=list)
+    error: str | None = None  # why there is no spec
+
+
+@job
+def describe_job(args: DescribeSpec) -> Description:
     """Worker side: import ``name`` (under the time limit from here on), read its spec and
     build it for each configuration (None: at its defaults). A ConfigError is the answer, not
     a failure of the worker."""
     from attnbench.impls import outside
 
-    announce_phase("outside", args["limit_s"])
-    name = args["name"]
+    announce_phase("outside", args.limit_s)
     try:
-        spec = impls.spec(name)
-        configs = args["configs"]
+        spec = impls.spec(args.name)
+        configs = args.configs
         if configs is None:
             configs = [{p.name: p.default for p in spec.params}]
     except AttnbenchError as exc:
-        return {"error": str(exc)}
+        return Description(error=str(exc))
     builds = []
     for config in configs:
         try:
-            impl = impls.build(name, **config)
-            builds.append({"config": config, "impl": outside.described(impl)})
+            builds.append(Build(config, impl=outside.described(impls.build(args.name, **config))))
         except AttnbenchError as exc:
-            builds.append({"config": config, "error": str(exc)})
-    return {"spec": outside.spec_fields(spec), "builds": builds}
+            builds.append(Build(config, error=str(exc)))
+    return Description(outside.spec_fields(spec), builds)

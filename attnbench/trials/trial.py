@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,10 +24,11 @@ from attnbench.measure.accounting import Pairs
 from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
 from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
-from attnbench.results.convert import fill, to_json
-from attnbench.results.schema import GpuMemory, Measured, received
+from attnbench.results.convert import fill
+from attnbench.results.schema import GpuMemory, Measured
+from attnbench.runtime.jobs import Ended, job
 from attnbench.runtime.supervise import announce_phase
-from attnbench.runtime.worker import PARTIAL, leave_partial, run_in_child
+from attnbench.runtime.worker import leave_partial, run_in_child
 from attnbench.trials import counting
 from attnbench.trials.counting import COUNT_LIMIT_S
 from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_pairs
@@ -180,20 +181,25 @@ def run_isolated(spec: TrialSpec) -> Measured:
     """Run the trial in a worker process of its own, started while the previous trial ran;
     returns what it measured (with ``phase_s``), or how a kill or crash ended it."""
     cpu = Workload(**spec.workload).device == "cpu"
-    result = run_in_child(
+    ran = run_in_child(
         trial_job,
-        {"spec": asdict(spec)},
+        spec,
         spec.max_trial_seconds,
         memory_limit=spec.memory_limit,
         warm=PRELOAD,
         hold_phases=CPU_HELD_PHASES if cpu else (),
         spares=1 if cpu else GPU_SPARES,
     )
-    ended = result.pop(PARTIAL, None)  # stopped while it counted pairs: its measurement stands
-    m = received(Measured, result, "the trial's worker")
-    if ended:
-        take_pairs(m, counting.stopped(ended), Workload(**spec.workload))
+    m = ran.result or ended_trial(ran.ended)
+    if ran.partial:  # stopped while it counted pairs: its measurement stands
+        take_pairs(m, counting.stopped(ran.ended.message or ran.ended.status), Workload(**spec.workload))
+    m.phase_s = ran.phase_s
     return m
+
+
+def ended_trial(ended: Ended) -> Measured:
+    """A trial whose process ended before it measured anything: how it ended."""
+    return Measured(status=ended.status, message=ended.message, times_ms=[])
 
 
 # The per-call limit of a reference check's calls where the command names none: a trial's default.
@@ -210,31 +216,29 @@ def run_verify_isolated(
     never live in the calling process (nor CUDA), and the trial's memory and time limits apply
     (each case's build and call: a cold call's limit, COLD_CALL_FACTOR x ``call_limit_s``).
     ``warm``: trials follow, so the first one's process starts now. One check per case, in order."""
-    from attnbench.results.schema import received
-
     if not cases:
         return []
     limit = COLD_CALL_FACTOR * (call_limit_s or VERIFY_CALL_LIMIT_S)
-    result = run_in_child(
+    ran = run_in_child(
         verify_job,
-        {"cases": [asdict(c) for c in cases], "memory_limit": memory_limit, "call_limit_s": limit},
+        VerifySpec(cases, memory_limit, limit),
         limit,
         memory_limit=memory_limit,
         warm=PRELOAD if warm else False,
     )
-    if "checks" not in result:
-        raise AttnbenchError(_unchecked(cases, result, memory_limit))
-    return [received(Check, check, "the reference check's worker") for check in result["checks"]]
+    if ran.result is None:
+        raise AttnbenchError(_unchecked(cases, ran.ended, memory_limit))
+    return ran.result.checks
 
 
-def _unchecked(cases: list[VerifyCase], result: dict[str, Any], memory_limit: int | None) -> str:
+def _unchecked(cases: list[VerifyCase], ended: Ended, memory_limit: int | None) -> str:
     """Why the reference checks did not run, naming the largest: what it is and needs."""
     from attnbench.units import clip_text, format_gib
 
     big = max(cases, key=reference_bytes)
-    why = clip_text(f"{result.get('status')}: {result.get('message')}", 160)
+    why = clip_text(f"{ended.status}: {ended.message}", 160)
     shape = f"{big.impl} at N={big.seq_len} (B={big.batch}, H={big.heads})"
-    if result.get("status") not in ("oom", "host-oom"):
+    if ended.status not in ("oom", "host-oom"):
         return f"the reference check could not run ({why}); its largest case is {shape}"
     limit = f" under --memory-limit {format_gib(memory_limit)}" if memory_limit else ""
     return (
@@ -251,30 +255,47 @@ def run_contract_isolated(checks: list[tuple[str, dict[str, Any], str]], device:
     if not checks:
         return []
     limit = COLD_CALL_FACTOR * VERIFY_CALL_LIMIT_S
-    result = run_in_child(contract_job, {"checks": checks, "device": device, "call_limit_s": limit}, limit)
-    if "violations" not in result:
+    cases = [ContractCase(name, config, dtype) for name, config, dtype in checks]
+    ran = run_in_child(contract_job, ContractSpec(cases, device, limit), limit)
+    if ran.result is None:
         names = ", ".join(dict.fromkeys(n for n, _, _ in checks))
-        return [
-            f"{names}: the contract check ended before it finished ({result.get('status')}: {result.get('message')})"
-        ]
-    return result["violations"]
+        return [f"{names}: the contract check ended before it finished ({ran.ended.status}: {ran.ended.message})"]
+    return ran.result.violations
 
 
-def contract_job(args: dict[str, Any]) -> dict[str, Any]:
+@dataclass
+class ContractCase:
+    name: str
+    config: dict[str, Any]
+    dtype: str
+
+
+@dataclass
+class ContractSpec:
+    checks: list[ContractCase]
+    device: str
+    call_limit_s: float
+
+
+@dataclass
+class Violations:
+    violations: list[str]  # one line each, naming the implementation and dtype
+
+
+@job
+def contract_job(spec: ContractSpec) -> Violations:
     """Worker side of ``run_contract_isolated``."""
     from attnbench.trials.contract import violations
 
-    limit = args["call_limit_s"]
-
     def phase(name: str) -> None:
-        announce_phase(name, limit if name == "verify-call" else None)
+        announce_phase(name, spec.call_limit_s if name == "verify-call" else None)
 
     found = [
-        f"{name} [{dtype}]: {v}"
-        for name, config, dtype in args["checks"]
-        for v in violations(name, config, args["device"], dtype, phase=phase)
+        f"{c.name} [{c.dtype}]: {v}"
+        for c in spec.checks
+        for v in violations(c.name, c.config, spec.device, c.dtype, phase=phase)
     ]
-    return {"violations": found}
+    return Violations(found)
 
 
 def preload() -> None:
@@ -288,24 +309,34 @@ def preload() -> None:
 PRELOAD = "attnbench.trials.trial:preload"
 
 
-def trial_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_isolated``: what the trial measured, as JSON (left early, before its
-    pairs are counted)."""
-    return to_json(execute(TrialSpec(**args["spec"]), announce_phase, lambda m: leave_partial(to_json(m))))
+@job
+def trial_job(spec: TrialSpec) -> Measured:
+    """Worker side of ``run_isolated``: what the trial measured (left early, before its pairs
+    are counted)."""
+    return execute(spec, announce_phase, leave_partial)
 
 
-def verify_job(args: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of ``run_verify_isolated``: each case's check as JSON (``to_json``); CPU cases
-    under the memory limit, each case's build and call under its time limit (the float64
-    reference is attnbench's own: untimed)."""
-    from attnbench.results.convert import to_json
+@dataclass
+class VerifySpec:
+    cases: list[VerifyCase]
+    memory_limit: int | None = None  # bytes, on the CPU
+    call_limit_s: float | None = None  # each case's build and call
 
-    cases = [VerifyCase(**c) for c in args["cases"]]
-    on_cpu = all(c.device == "cpu" for c in cases)
-    limit = args.get("call_limit_s")
+
+@dataclass
+class Checks:
+    checks: list[Check]  # one per case, in order
+
+
+@job
+def verify_job(spec: VerifySpec) -> Checks:
+    """Worker side of ``run_verify_isolated``: each case's check; CPU cases under the memory
+    limit, each case's build and call under its time limit (the float64 reference is
+    attnbench's own: untimed)."""
+    on_cpu = all(c.device == "cpu" for c in spec.cases)
 
     def phase(name: str) -> None:
-        announce_phase(name, limit if name == "verify-call" else None)
+        announce_phase(name, spec.call_limit_s if name == "verify-call" else None)
 
-    with CpuMemoryLimit(args.get("memory_limit") if on_cpu else None):
-        return {"checks": [to_json(run_case(c, phase=phase)) for c in cases]}
+    with CpuMemoryLimit(spec.memory_limit if on_cpu else None):
+        return Checks([run_case(c, phase=phase) for c in spec.cases])
