@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attnbench.analysis.ranks import slowest_per_call
 from attnbench.errors import AttnbenchError
 from attnbench.plan import Case, Plan, parse_cases, speedup_series
 from attnbench.results import read_rows
@@ -19,7 +20,7 @@ from attnbench.results.schema import GpuMemory
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.job import context, measure
 from attnbench.sweeps.kinds.speedup.result import read_ranks
-from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for, slowest_per_iteration
+from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
 from attnbench.trials.reference import TOLERANCE
@@ -68,9 +69,39 @@ def test_mp_with_gloo_on_two_processes_equals_single_and_writes_timing_rows(cpu_
 
 
 def test_mp_time_is_the_slowest_rank_per_iteration():
-    assert slowest_per_iteration([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    assert slowest_per_call([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
     with pytest.raises(ValueError):
-        slowest_per_iteration([[1.0, 2.0], [1.0]])
+        slowest_per_call([[1.0, 2.0], [1.0]])
+
+
+@pytest.mark.parametrize("firsts", [(9.0, 7.0), (9.0, None)])
+def test_a_speedup_trial_and_a_sequence_parallel_trial_read_their_ranks_alike(firsts):
+    """The same ranks' calls give both kinds of multi-rank trial the same call times, the
+    same first call (the slowest rank's, none where a rank took none) and the same rank lines."""
+    from attnbench.sweeps.kinds.speedup.rows import merge_ranks
+    from attnbench.sweeps.seqpar import RankMeasured, combine
+    from attnbench.trials.workload import Workload
+
+    per_rank = [[2.0, 4.0, 3.0], [3.0, 1.0, 3.5]]
+    speedup = merge_ranks(
+        read_ranks(
+            [
+                {"status": "ok", "rank": r, "devices": [r], "times_ms": t, "first_call_ms": f, "rank_first_call_ms": f}
+                for r, (t, f) in enumerate(zip(per_rank, firsts))
+            ]
+        ),
+        speedup_series(impl="sdpa", config={}, cases=(Case(1024, 2),), gpus=2, device="cpu", dtype="fp32"),
+        Case(1024, 2),
+        strategies.get("single"),
+    )
+    wl = Workload(impl="ring", config={}, batch=1, seq_len=1024, heads=2, head_dim=8, dtype="fp32", device="cpu")
+    parts = [RankMeasured(status="ok", message="", times_ms=t, timer="cpu", rank=r) for r, t in enumerate(per_rank)]
+    for part, first in zip(parts, firsts):
+        part.first_call_ms = first
+    ring = combine([{"status": "ok", "rank": p.rank, **to_json(p)} for p in parts], wl, 2)
+    assert speedup.times_ms == ring.times_ms == [3.0, 4.0, 3.5]
+    assert speedup.first_call_ms == ring.first_call_ms == (9.0 if None not in firsts else None)
+    assert [r.time_ms for r in speedup.ranks] == [r.time_ms for r in ring.ranks] == [3.0, 3.0]
 
 
 @pytest.mark.slow

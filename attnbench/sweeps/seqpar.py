@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import random
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnbench import impls
+from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.results.schema import GpuMemory, Measured, RankLine, received
@@ -121,9 +121,9 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
     # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
     ranks = [received(RankMeasured, r, f"rank {r.get('rank')}") for r in results if r.get("timer")]
     if status == "ok" and len(ranks) == len(results) and all(r.times_ms for r in ranks):
-        m.times_ms = [max(call) for call in zip(*(r.times_ms for r in ranks))]
+        m.times_ms = slowest_per_call([r.times_ms for r in ranks])
         if all(r.gpu_times_ms for r in ranks):  # replayed together: each sample's slowest rank
-            m.gpu_times_ms = [max(sample) for sample in zip(*(r.gpu_times_ms for r in ranks))]
+            m.gpu_times_ms = slowest_per_call([r.gpu_times_ms for r in ranks])
         m.gpu_timer = next((r.gpu_timer for r in ranks if r.gpu_timer), None)
     m.summarize()
     _slowest(m, ranks, world)
@@ -152,10 +152,8 @@ def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
 
 def _slowest(m: Measured, ranks: list[RankMeasured], world: int) -> None:
     """The first call and the compilation of the slowest rank, where every rank took one."""
-    firsts = [r.first_call_ms for r in ranks if r.first_call_ms is not None]
-    m.first_call_ms = max(firsts) if len(firsts) == world else None
-    compiles = [r.compile_ms for r in ranks if r.compile_ms is not None]
-    m.compile_ms = max(compiles) if len(compiles) == world else None
+    m.first_call_ms = slowest_of_all([r.first_call_ms for r in ranks], world)
+    m.compile_ms = slowest_of_all([r.compile_ms for r in ranks], world)
 
 
 def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | None, float | None]:
@@ -190,9 +188,8 @@ RANK_LINE = (
 
 def rank_line(r: dict[str, Any]) -> RankLine:
     """A rank's line in the row's ``ranks``: its own median call beside what it sent."""
-    times = r.get("times_ms") or []
     line = RankLine(**{k: r[k] for k in RANK_LINE if r.get(k) is not None})
-    line.time_ms = statistics.median(times) if times else None
+    line.time_ms = own_median(r.get("times_ms"))
     if line.status == "ok":
         line.message = None
     return line

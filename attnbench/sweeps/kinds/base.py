@@ -101,14 +101,19 @@ class TrialKind:
         """The row that states the series' answer, where its trials do not say it alone."""
 
 
+def check_runs_on(s: Series) -> None:
+    """The series' implementation runs on its device and dtype (every kind's first check)."""
+    spec = impls.spec(s.impl)
+    if s.settings.device not in spec.devices:
+        raise AttnbenchError(f"{s.impl} does not run on {s.settings.device}: it runs on {', '.join(spec.devices)}")
+    if s.settings.dtype not in spec.dtypes:
+        raise AttnbenchError(f"{s.impl} does not run {s.settings.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
+
+
 def check_trial_series(s: Series) -> None:
     """The settings every trial-based series must get right."""
-    spec = impls.spec(s.impl)
+    check_runs_on(s)
     st = s.settings
-    if st.device not in spec.devices:
-        raise AttnbenchError(f"{s.impl} does not run on {st.device}: it runs on {', '.join(spec.devices)}")
-    if st.dtype not in spec.dtypes:
-        raise AttnbenchError(f"{s.impl} does not run {st.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
     # each value's type and range was checked where it was read (plan.parse_settings); here
     # what depends on several values or on the implementation
     check_heads(st.heads, st.kv_heads)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
 from attnbench.plan import Case, Series
 from attnbench.results.convert import to_json
 from attnbench.results.schema import GpuMemory, RankLine, Speedup, StepMeasured
@@ -17,13 +18,6 @@ from attnbench.trials.reference import TOLERANCE
 def gpus_of(s: Series) -> int:
     """GPUs a speedup series spreads over (processes on the CPU)."""
     return s.settings.gpus[0] if s.settings.gpus else 2
-
-
-def slowest_per_iteration(per_rank: list[list[float]]) -> list[float]:
-    """Iteration i of a data-parallel step ends when its slowest rank ends."""
-    if not per_rank or any(len(t) != len(per_rank[0]) for t in per_rank):
-        raise ValueError("ranks timed different numbers of iterations")
-    return [max(column) for column in zip(*per_rank)]
 
 
 def gpu_rows(count: int, nvml: list[GpuMemory] | None, allocator: dict[str, dict[str, int]]) -> list[GpuMemory]:
@@ -71,12 +65,12 @@ def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Stra
         status=status,
         message=message,
         processes=len(results),
-        times_ms=slowest_per_iteration([r.times_ms for r in results]) if ok else [],
+        times_ms=slowest_per_call([r.times_ms for r in results]) if ok else [],
         gpu_times_ms=lead.gpu_times_ms if one_process_gpu_time else None,
         gpu_timer=lead.gpu_timer if one_process_gpu_time else None,
     )
     m.summarize()
-    m.first_call_ms = max((r.first_call_ms or 0 for r in results), default=None) or None
+    m.first_call_ms = slowest_of_all([r.first_call_ms for r in results], len(results))
     if m.time_ms:
         m.tokens_per_s = case.batch * case.seq_len / (m.time_ms / 1e3)
     allocator = {d: a for r in results for d, a in (r.allocator or {}).items()}
@@ -93,15 +87,13 @@ def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Stra
 
 def rank_entry(r: RankResult) -> RankLine:
     """A rank's line in the row's ``ranks``: its devices, its own first call and median step."""
-    from attnbench.measure.timing import summarize
-
     return RankLine(
         rank=r.rank,
         status=r.status,
         devices=r.devices,
         cpu_peak_rss=r.cpu_peak_rss,
         first_call_ms=r.rank_first_call_ms,
-        time_ms=summarize(r.times_ms)["time_ms"],
+        time_ms=own_median(r.times_ms),
     )
 
 

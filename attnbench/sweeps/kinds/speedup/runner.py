@@ -32,7 +32,7 @@ from attnbench.results import now_utc
 from attnbench.results.schema import Speedup, StepMeasured, join
 from attnbench.runtime import nodes
 from attnbench.runtime.worker import owned_temp_dir
-from attnbench.sweeps.kinds.base import check_fits_device
+from attnbench.sweeps.kinds.base import check_fits_device, check_runs_on
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.result import RankResult, read_ranks
 from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
@@ -86,12 +86,8 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
     implementation's configuration filled in. A case a strategy cannot run (mp and batch 1) is
     bad input when the user named the cases; with the seeds' default cases that strategy
     records the case as skipped, with its reason, and the rest of the table still runs."""
-    spec = impls.spec(s.impl)
     check_workload_fields(s.settings.dtype, s.settings.mode, s.settings.device)
-    if s.settings.device not in spec.devices:
-        raise AttnbenchError(f"{s.impl} does not run on {s.settings.device}: it runs on {', '.join(spec.devices)}")
-    if s.settings.dtype not in spec.dtypes:
-        raise AttnbenchError(f"{s.impl} does not run {s.settings.dtype}: choose --dtype from {', '.join(spec.dtypes)}")
+    check_runs_on(s)
     for key, value in (("gpus", gpus_of(s)), ("heads", s.settings.heads), ("head_dim", s.settings.head_dim)):
         if value < 1:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be at least 1")
