@@ -92,6 +92,20 @@ def test_a_ring_floor_is_drawn_at_its_per_gpu_value_and_the_stop_is_marked():
     assert list(stop.get_xdata()) == [1 << 22]
 
 
+def test_every_stop_marker_drawn_is_named_in_the_title_and_no_other():
+    """A search interrupted after a failed length (no result row) is marked, and the title says
+    what its marker means; a figure with no stop drawn names no marker."""
+    rows = [trial("s", n) for n in (1024, 2048)] + [trial("s", 4096, status="oom")]
+    fig = plots.memory_plot(rows, "GPU box")
+    ax = next(a for a in fig.axes if a.get_legend())
+    marks = {line.get_marker() for line in ax.get_lines() if line.get_markersize() == 8}
+    title = fig._suptitle.get_text()
+    assert marks == {plots.STOP_MARKERS["search interrupted"]} and "o: search interrupted" in title
+    assert "X:" not in title
+    plain = plots.memory_plot([trial("t", n) for n in (1024, 2048)], "GPU box")
+    assert "\n" not in plain._suptitle.get_text()
+
+
 def speedup_row(strategy: str, ms: float, world: int, seq_len: int = 8192, mode: str = "fwd"):
     return typed_row(
         kind="speedup",

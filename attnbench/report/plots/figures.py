@@ -30,9 +30,33 @@ MAX_SERIES = 8
 COLUMNS = 2
 PANEL = (6.2, 3.4)  # inches of one panel, its legend below it
 DPI = 100
-# what stopped a search, as a marker at its first failed length
-STOP_MARKERS = {"memory": "X", "host memory": "X", "time": "^", "killed": "v", "unsupported shape": "s"}
-STOP_NOTE = "X: out of memory, ^: time limit, at the first length that failed"
+# what stopped a search (``analysis.search``'s words), as a marker at its first failed length,
+# and the marker's words in a figure's title
+STOP_MARKERS = {
+    "memory": "X",
+    "host memory": "X",
+    "time": "^",
+    "killed": "v",
+    "unsupported shape": "s",
+    "search time budget": "D",
+    "search interrupted": "o",
+}
+MARKER_WORDS = {
+    "X": "out of memory",
+    "^": "time limit",
+    "v": "killed",
+    "s": "unsupported shape",
+    "D": "search time budget",
+    "o": "search interrupted",
+}
+
+
+def stop_note(stopped_by: list[str]) -> str:
+    """What each marker drawn means (those of ``stopped_by`` alone), or "" where none is drawn."""
+    marks = dict.fromkeys(STOP_MARKERS[why] for why in stopped_by if why in STOP_MARKERS)
+    if not marks:
+        return ""
+    return ", ".join(f"{m}: {MARKER_WORDS[m]}" for m in marks) + ", at the first length that failed"
 
 
 def pyplot():
@@ -175,7 +199,8 @@ def _series_figure(rows: list[Row], value, title: str, ylabel: str, yscale: str 
     if not found:
         return None
     groups = panels(found)
-    fig, axes = _grid(len(groups), f"{title}\n{STOP_NOTE}")
+    note = stop_note([line.stop[1] for line in found if line.stop])
+    fig, axes = _grid(len(groups), f"{title}\n{note}" if note else title)
     for ax, (name, members) in zip(axes, groups):
         ax.set(title=name, xlabel="sequence length (tokens)", ylabel=ylabel, xscale="log", yscale=yscale)
         ax.grid(True, which="both", alpha=0.3)
@@ -188,8 +213,8 @@ def _series_figure(rows: list[Row], value, title: str, ylabel: str, yscale: str 
                 floors = [(r.seq_len, floor(r)) for r in line.trials if floor(r)]
                 if floors:
                     ax.plot(*zip(*floors), "--", color=drawn.get_color(), alpha=0.5, linewidth=1)
-            if line.stop:
-                ax.plot([line.stop[0]], [ys[-1]], STOP_MARKERS.get(line.stop[1], "o"), color=drawn.get_color(), ms=8)
+            if line.stop and line.stop[1] in STOP_MARKERS:
+                ax.plot([line.stop[0]], [ys[-1]], STOP_MARKERS[line.stop[1]], color=drawn.get_color(), ms=8)
         _log_ticks(ax)
         _legend(ax)
     return fig
@@ -297,10 +322,14 @@ def answer_plot(machines: list[tuple[str, list[Any]]]):
         squeeze=False,
         gridspec_kw={"height_ratios": heights},
     )
-    fig.suptitle(
-        f"Longest sequence per configuration (log scale)\n{STOP_NOTE}; hollow: search not finished", fontsize=10
-    )
     searches = [s.summary for _, configs in shown for c in configs for s in (c.forward, c.training) if s]
+    note = stop_note([s.stopped_by for s in searches if s.first_failure])
+    fig.suptitle(
+        "Longest sequence per configuration (log scale)\n"
+        + (f"{note}; " if note else "")
+        + "hollow: search not finished",
+        fontsize=10,
+    )
     lengths = [x for s in searches for x in (s.max_seq_len, s.first_failure) if x]
     span = (2 ** math.floor(math.log2(min(lengths))) / 2, 2 ** math.ceil(math.log2(max(lengths))) * 2)
     for ax, (name, configs) in zip(axes[:, 0], shown):
