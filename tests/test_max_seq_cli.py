@@ -104,15 +104,15 @@ def test_tables_follow_the_seed_layout(naive_sweep):
     assert len(csv) == 1 + len(trials(out))
 
 
-def test_existing_results_are_not_overwritten(naive_sweep):
+def test_existing_results_are_not_overwritten(naive_sweep, in_process):
     out, _ = naive_sweep
     before = (out / "trials.jsonl").read_bytes()
-    proc = run_cli("max-seq", "--impl", "naive", "--device", "cpu", "--out", out)
+    proc = in_process("max-seq", "--impl", "naive", "--device", "cpu", "--out", out)
     assert proc.returncode == 2 and "--resume" in proc.stderr
     assert (out / "trials.jsonl").read_bytes() == before
 
 
-def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
+def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path, in_process):
     out = tmp_path / "run"
     args = [
         "max-seq",
@@ -159,8 +159,9 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(tmp_path):
     assert len(kept) == 3
     assert not any(r["kind"] == "max-seq-result" for r in read_rows(out)[0])
 
-    # `--resume --out DIR` alone: the command the rows recorded runs again
-    done = run_cli("max-seq", "--resume", "--out", out)
+    # `--resume --out DIR` alone: the command the rows recorded runs again (through the entry
+    # point in this process; each of its trials in a fresh process, as the interrupted one's)
+    done = in_process("max-seq", "--resume", "--out", out)
     assert done.returncode == 0, done.stderr
     assert "resuming: attnbench max-seq --impl dilated" in done.stderr
     assert "(from earlier run)" in done.stdout

@@ -244,11 +244,9 @@ def test_host_bound_threshold():
 
 
 @pytest.mark.slow
-def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(tmp_path):
-    from conftest import run_cli
-
+def test_repeat_times_each_point_in_fresh_processes_and_rows_record_the_process(tmp_path, in_process):
     out = tmp_path / "r"
-    done = run_cli(
+    done = in_process(  # the command in this process: the fresh processes are its trials'
         "bench",
         "--impl",
         "naive",

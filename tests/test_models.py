@@ -13,7 +13,7 @@ from attnbench.report.document import Doc, Machine
 from attnbench.report.sections.models import render as models_section
 from attnbench.results import read_rows
 
-from conftest import run_cli, typed_row
+from conftest import typed_row
 
 
 def test_presets_have_the_published_shapes():
@@ -87,7 +87,8 @@ def test_attnbench_models_lists_every_preset():
 @pytest.mark.slow
 def test_a_newcomers_model_command_runs_and_a_bad_head_count_is_one_line(tmp_path, in_process):
     out = tmp_path / "llama"
-    proc = run_cli("max-seq", "--model", "llama3-8b", "--impl", "sdpa", "--max-seq-len", "1K", "--out", out)
+    # the command in this process; each trial in a fresh process of its own
+    proc = in_process("max-seq", "--model", "llama3-8b", "--impl", "sdpa", "--max-seq-len", "1K", "--out", out)
     assert proc.returncode == 0, proc.stderr
     rows, _ = read_rows(out)
     trials = [r for r in rows if r["kind"] == "max-seq"]

@@ -24,7 +24,7 @@ from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import RankMeasured, combine, traffic
 from attnbench.trials.workload import Workload
 
-from conftest import run_cli, typed_row
+from conftest import typed_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -306,12 +306,12 @@ def _trial_key(r: dict) -> str:
     return f"{r['kind']}:{r['series']}:{r['seq_len']}:{r.get('attempt', 1)}:{r.get('process', 0)}"
 
 
-def _attnbench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, cwd=ROOT)
-
-
 @pytest.mark.slow
-def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path):
+def test_cpu_profile_runs_every_part_resumes_and_reports(tmp_path, in_process):
+    """The commands run through the entry point in this process (each trial still runs in a
+    fresh process or torchrun launch of its own, as on a GPU machine): an interpreter start and
+    torch import fewer per command."""
+    _attnbench = in_process
     out = tmp_path / "run"
     # part by part into one directory, as a GPU machine lent by the quarter hour runs it
     first = _attnbench("run", "--profile", "multi-gpu-cpu", "--part", "data-parallel-flash", "--out", str(out))
@@ -435,7 +435,7 @@ def _ring_history(tmp_path):
     return rows, path
 
 
-def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_exchange(tmp_path):
+def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_exchange(tmp_path, in_process):
     """2M on 2 GPUs is 1M tokens a rank: 8M on 8. 8 ms on one GPU and 0.1 ms per exchange:
     8 GPUs take 1 + 0.7 = 1.7 ms (efficiency 8 / (8 x 1.7) = 0.588); each measured count is
     predicted from the other exactly."""
@@ -447,9 +447,9 @@ def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_exchange(tmp
     times = {t.gpus: t for t in gp.time_at(rows, "ring", 8)}
     assert times[8].predicted_ms == pytest.approx(1.7) and times[8].efficiency == pytest.approx(8 / 13.6)
     assert times[4].predicted_ms == pytest.approx(times[4].measured_ms) and times[4].fitted_on == (2,)
-    done = run_cli("predict", "--impl", "ring", "--from", str(path), "--gpus", "8")
+    done = in_process("predict", "--impl", "ring", "--from", str(path), "--gpus", "8")
     assert done.returncode == 0, done.stderr
     assert "ring x8 [GPU quad x4]: predicted longest 8,388,608 (8M)" in done.stdout
     assert "ring x4 [GPU quad x4] at 16,384 (16K): predicted 2.3 ms" in done.stdout and "(+0%)" in done.stdout
-    bad = run_cli("predict", "--impl", "ring", "--from", str(path))
+    bad = in_process("predict", "--impl", "ring", "--from", str(path))
     assert bad.returncode == 2 and "--gpu-memory" in bad.stderr and "Traceback" not in bad.stderr

@@ -305,9 +305,9 @@ def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path):
+def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path, in_process):
     out = tmp_path / "run"
-    proc = run_cli(
+    proc = in_process(  # the command in this process; each trial in its own torchrun launch
         "bench",
         "--impl",
         "ring",
