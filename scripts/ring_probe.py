@@ -6,13 +6,17 @@
 receive of 4 and of 2 tensors, an all-to-all, one flash call, one merge, one CUDA event), and
 checks that one ring call captured in a CUDA graph replays to the eager call's output.
 
-For each global length it times ``ring`` (and any ``--impl``) on its shard four ways:
+For each global length it times ``ring`` (and any ``--impl``) on its shard five ways:
   call     a barrier, then one call between CUDA events (how a trial times it), median
   stream   the calls back to back between two events after one barrier, per call
+  graph    one call captured in a CUDA graph, replayed back to back (a trial's GPU time), median
   host     the host's time to issue one call (no synchronisation), median
   split    the ring's own compute / wait clock of the last call
-and prints one line per (impl, length) from rank 0 with the slowest rank's value. With
-``--profile DIR`` rank 0 also writes a profiler table of three calls at the first length.
+and prints one line per (impl, length) from rank 0 with the slowest rank's value, then the
+per-rank floor: one flash call of the shard's queries over every key of the sequence (graph),
+and sdpa over the whole sequence on one GPU divided by the ranks. ``--plan steps|gather``
+forces the dense ring's exchange plan (default: its own choice). With ``--profile DIR``
+rank 0 and the last rank also write a profiler table of three graph replays at the first length.
 """
 
 from __future__ import annotations
@@ -66,6 +70,44 @@ def host_time(fn) -> float:
     return ms
 
 
+def captured(fn):
+    """One call of ``fn`` in a CUDA graph (every rank captures before any replays)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def graph_time(fn, dev, reps: int = 20, samples: int = 5) -> float:
+    """Median over samples of a graph of one call replayed ``reps`` times back to back, per call."""
+    graph = captured(fn)
+    times = []
+    for _ in range(samples):
+        dist.barrier()
+        times.append(stream_time(graph.replay, reps))
+    return slowest(statistics.median(times), dev)
+
+
+def floors(seq, rank, world, dev, heads, head_dim) -> dict[str, float]:
+    """The ranks' compute floor: the shard's queries over all keys in one flash call, and
+    sdpa over the whole sequence on one GPU over the ranks (graph times, ms)."""
+    aten = torch.ops.aten
+    n = seq // world
+    q = torch.randn(1, heads, n, head_dim, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, heads, seq, head_dim, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    qf = torch.randn(1, heads, seq, head_dim, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        one = graph_time(lambda: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False), dev)
+        whole = graph_time(lambda: aten._scaled_dot_product_flash_attention(qf, k, v, 0.0, False), dev)
+    return {"shard over all keys": one, "sdpa on one GPU / P": whole / world}
+
+
 def probe(name, config, seq, rank, world, dev, heads, head_dim, causal, calls):
     impl = build_for_ranks(name, config, world)
     n = seq // world
@@ -85,11 +127,13 @@ def probe(name, config, seq, rank, world, dev, heads, head_dim, causal, calls):
     peak = torch.cuda.max_memory_allocated(dev) - base
     stream = stream_time(call, calls)
     host = [host_time(call) for _ in range(min(10, calls))]
+    graph = graph_time(call, dev)
     split = impl.last_breakdown() if hasattr(impl, "last_breakdown") else {}
     shard_floor = 4 * n * heads * head_dim * 2  # q, k, v, output of the shard in bf16
     vals = {
         "call": slowest(statistics.median(times), dev),
         "stream": slowest(stream, dev),
+        "graph": graph,
         "host": slowest(statistics.median(host), dev),
         "compute": slowest(float(split.get("compute_ms", 0.0)), dev),
         "wait": slowest(float(split.get("comm_wait_ms", 0.0)), dev),
@@ -159,7 +203,12 @@ def main() -> None:
     ap.add_argument("--profile", default="")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--host-costs", action="store_true")
+    ap.add_argument("--plan", choices=["auto", "steps", "gather"], default="auto")
     args = ap.parse_args()
+    if args.plan != "auto":
+        from attnbench.impls.sequence_parallel import ring
+
+        ring.GATHER_BLOCK_FLOP = 0 if args.plan == "steps" else 1 << 60
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -172,8 +221,14 @@ def main() -> None:
     impls = args.impl or ["ring"]
     seqs = [int(s) for s in args.seq_lens.split(",")]
     if rank == 0:
-        print(f"world {world} {torch.cuda.get_device_name(dev)} torch {torch.__version__} causal={args.causal}")
-        print(f"{'impl':<34} {'N':>7} {'call':>7} {'stream':>7} {'host':>7} {'compute':>7} {'wait':>7} {'mem/fl':>6}")
+        print(
+            f"world {world} {torch.cuda.get_device_name(dev)} torch {torch.__version__} "
+            f"causal={args.causal} plan={args.plan}"
+        )
+        print(
+            f"{'impl':<34} {'N':>7} {'call':>7} {'stream':>7} {'graph':>7} {'host':>7} {'compute':>7} "
+            f"{'wait':>7} {'mem/fl':>6}"
+        )
     for spec in impls:
         name, _, rest = spec.partition(":")
         config = dict(kv.split("=") for kv in rest.split(",") if kv) if rest else {}
@@ -182,16 +237,18 @@ def main() -> None:
             if rank == 0:
                 print(
                     f"{spec:<34} {seq:>7} "
-                    + " ".join(f"{vals[k]:>7.3f}" for k in ("call", "stream", "host", "compute", "wait"))
+                    + " ".join(f"{vals[k]:>7.3f}" for k in ("call", "stream", "graph", "host", "compute", "wait"))
                     + f" {vals['peak/floor']:>6.2f}",
                     flush=True,
                 )
             if args.profile and seq == seqs[0]:  # every rank runs the calls; the first and last write
                 from torch.profiler import ProfilerActivity, profile
 
+                graph = captured(call)
+                dist.barrier()
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     for _ in range(3):
-                        call()
+                        graph.replay()
                     torch.cuda.synchronize()
                 if rank not in (0, world - 1):
                     dist.barrier()
@@ -204,6 +261,11 @@ def main() -> None:
                     f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
                 prof.export_chrome_trace(os.path.join(args.profile, f"{tag}.json"))
             dist.barrier()
+    if world > 1 and not args.causal:
+        for seq in seqs:
+            found = floors(seq, rank, world, dev, args.heads, args.head_dim)
+            if rank == 0:
+                print(f"floor N={seq}: " + ", ".join(f"{k} {ms:.3f} ms" for k, ms in found.items()), flush=True)
     dist.destroy_process_group()
 
 

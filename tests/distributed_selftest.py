@@ -21,26 +21,31 @@ def selftest(payload: dict[str, Any], rank: int, world: int, device: str) -> dic
     return {"sum": x[0].item(), "expected": world * (world + 1) / 2}
 
 
-def pieced_ring(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    """``ring`` with its K/V sent in pieces (thresholds lowered so a short shard is cut): the
-    gathered output's error against the float64 reference, causal and not, and how many
-    exchanges a call made."""
+def ring_exchanges(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
+    """``ring`` in the exchange plan ``payload["plan"]`` names, its thresholds set so a short
+    shard takes it: ``steps`` (one exchange per peer), ``pieces`` (K/V cut in pieces),
+    ``gather`` (every peer's K/V in one exchange, batch ``payload["batch"]``): the gathered
+    output's error against the float64 reference, causal and not, and how many exchanges a
+    call made."""
     from attnbench.impls import build_for_ranks
     from attnbench.impls.sequence_parallel import ring
     from attnbench.trials.reference import masked_reference, relative_error
 
-    ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = 16, 8, 4
-    seq, heads, dim = payload["seq_len"], 2, 8
+    plan = payload["plan"]
+    ring.GATHER_BLOCK_FLOP = 1 << 60 if plan == "gather" else 0
+    if plan == "pieces":
+        ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = 16, 8, 4
+    seq, heads, dim, batch = payload["seq_len"], 2, 8, payload.get("batch", 1)
     impl = build_for_ranks("ring", {}, world)
     gen = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(1, seq, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(batch, seq, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3))
     found = {}
     for causal in (False, True):
         positions = [impl.shard_positions(seq, r, causal) for r in range(world)]
         out = impl(*(x[:, positions[rank]].float() for x in (q, k, v)), is_causal=causal)
         shards = [torch.empty_like(out) for _ in range(world)]
         dist.all_gather(shards, out.contiguous())
-        full = torch.empty(1, seq, heads, dim)
+        full = torch.empty(batch, seq, heads, dim)
         for r in range(world):
             full[:, positions[r]] = shards[r]
         mask = impl.key_mask(seq, heads, causal=causal)

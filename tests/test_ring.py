@@ -30,7 +30,7 @@ from attnbench.trials.trial import TrialSpec
 from attnbench.units import parse_gpus
 
 from conftest import main_in_process, not_timed_out, run_cli
-from distributed_selftest import pieced_ring
+from distributed_selftest import ring_exchanges
 
 RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert", "block-sparse-ring"]
 
@@ -73,11 +73,14 @@ def test_rows_no_block_reached_stay_zero():
 class _Uneven(RingSchedule):
     """Rank r sends r+1 tokens (kept every other one) to each later rank and 3 to each earlier."""
 
-    def __init__(self, piece: int | None) -> None:
-        self.piece = piece
+    def __init__(self, piece: int | None, gather: bool = False) -> None:
+        self.piece, self.gather = piece, gather
 
     def piece_tokens(self):
         return self.piece
+
+    def gathers(self):
+        return self.gather
 
     def select(self, receiver, sender):
         tokens, count = kept_slice(1, 2 * (sender + 1), 2) if receiver > sender else kept_slice(0, 3)
@@ -85,23 +88,27 @@ class _Uneven(RingSchedule):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
-@pytest.mark.parametrize("piece", [None, 1, 2])
-def test_exchanges_line_up_across_ranks_and_carry_every_token_once(world, piece):
+@pytest.mark.parametrize("piece, gather", [(None, False), (1, False), (2, False), (2, True)])
+def test_exchanges_line_up_across_ranks_and_carry_every_token_once(world, piece, gather):
     """What rank r sends to d in its i-th exchange is what d receives from r in its i-th
-    (so NCCL's pairs match), and the pieces of a pair are its selection, in order."""
-    plans = [plan_transfers(_Uneven(piece), r, world) for r in range(world)]
-    assert len({len(p) for p in plans}) == 1
+    (so NCCL's pairs match), and the pieces of a pair are its selection, in order. A gathering
+    schedule makes one exchange with every peer, its selections whole."""
+    exchanges = [plan_transfers(_Uneven(piece, gather), r, world) for r in range(world)]
+    assert len({len(e) for e in exchanges}) == 1
+    if gather:
+        assert all(len(e) == 1 and len(e[0]) == world - 1 for e in exchanges)
+        piece = None
     for r in range(world):
-        for i, t in enumerate(plans[r]):
-            peer = plans[t.dst][i]
-            assert peer.src == r
-            assert [(s.tokens, s.count) for s in t.send] == [(s.tokens, s.count) for s in peer.recv]
-            assert all(s.count <= (piece or s.count) for s in t.send)
+        for i, exchange in enumerate(exchanges[r]):
+            for t in exchange:
+                peer = next(p for p in exchanges[t.dst][i] if p.src == r)
+                assert [(s.tokens, s.count) for s in t.send] == [(s.tokens, s.count) for s in peer.recv]
+                assert all(s.count <= (piece or s.count) for s in t.send)
     for r in range(world):
         for d in range(world):
             if d == r:
                 continue
-            sent = [s for t in plans[r] if t.dst == d for s in t.send]
+            sent = [s for e in exchanges[r] for t in e if t.dst == d for s in t.send]
             x = torch.arange(20).view(1, 20, 1, 1)
             whole = _Uneven(None).select(d, r)[0].take(x).flatten().tolist()
             assert [i for s in sent for i in s.take(x).flatten().tolist()] == whole
@@ -239,12 +246,22 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_ring_that_sends_its_keys_in_pieces_matches_the_reference(world, monkeypatch):
-    """Shards cut into 4 pieces each (thresholds lowered in the ranks): every piece is
-    received, attended and merged, causal and not, and a call makes one exchange per piece."""
+@pytest.mark.parametrize(
+    "world, plan, batch, exchanges",
+    [
+        (2, "pieces", 1, (4, 2, 4)),
+        (4, "pieces", 1, (12, 6, 12)),
+        (4, "steps", 1, (3, 3, 3)),
+        (4, "gather", 1, (1, 3, 3)),
+        (4, "gather", 2, (1, 3, 3)),
+    ],
+)
+def test_every_exchange_plan_of_the_ring_matches_the_reference(world, plan, batch, exchanges, monkeypatch):
+    """Steps, pieces (each shard cut in 4) and one gathered exchange (non-causal; its keys
+    attended in one call at batch 1, peer by peer at batch 2): every piece is received,
+    attended and merged, causal and not, in the number of exchanges the plan makes
+    (non-causal; causal between its two bounds: a zigzag sender's early half is fewer pieces)."""
     import os
     from pathlib import Path
 
@@ -252,11 +269,13 @@ def test_a_ring_that_sends_its_keys_in_pieces_matches_the_reference(world, monke
 
     tests = str(Path(__file__).resolve().parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
-    found = launch(pieced_ring, {"seq_len": 128 * world}, world, "cpu", phase_limit_s=120)
+    payload = {"seq_len": 128 * world, "plan": plan, "batch": batch}
+    found = launch(ring_exchanges, payload, world, "cpu", phase_limit_s=120)
+    flat, causal_low, causal_high = exchanges
     for rank_found in found:
         assert rank_found["causal=False"] <= TOLERANCE["fp32"] and rank_found["causal=True"] <= TOLERANCE["fp32"]
-        assert rank_found["exchanges causal=False"] == 4 * (world - 1)
-        assert 2 * (world - 1) <= rank_found["exchanges causal=True"] <= 4 * (world - 1)
+        assert rank_found["exchanges causal=False"] == flat
+        assert causal_low <= rank_found["exchanges causal=True"] <= causal_high
 
 
 @pytest.mark.distributed

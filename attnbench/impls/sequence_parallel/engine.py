@@ -182,10 +182,26 @@ class RingSchedule:
         attend takes any subset of the keys): two pieces in flight instead of two shards."""
         return None
 
+    def gathers(self) -> bool:
+        """True: every peer's selections travel in one exchange, in flight while the rank's
+        own keys are attended, and ``attend_gathered`` gets them all. One exchange instead of
+        p-1 steps, for short shards whose steps' fixed cost (an exchange's kernels, a wait, a
+        merge) outweighs their compute; the rank holds every peer's K/V instead of two."""
+        return False
+
+    def attend_gathered(
+        self, received: list[tuple[int, list]], joined: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> None:
+        """Every peer's pieces, ``(sender, pieces)`` in ring order. ``joined``: all of them as
+        one ``(k, v)`` pair of views (batch 1, whole heads: they lie back to back in the receive
+        buffer), or None. Attending sender by sender is always right."""
+        for sender, pieces in received:
+            self.attend(sender, pieces)
+
 
 @dataclass(frozen=True)
 class Transfer:
-    """One exchange of the ring: what this rank sends to ``dst`` and receives from ``src``."""
+    """One pair of an exchange: what this rank sends to ``dst`` and receives from ``src``."""
 
     src: int
     dst: int
@@ -197,21 +213,24 @@ def _cut(sels: list[Selection], size: int | None) -> list[Selection]:
     return sels if size is None else [p for s in sels for p in s.pieces(size)]
 
 
-def plan_transfers(schedule: RingSchedule, rank: int, world: int) -> list[Transfer]:
-    """The exchanges of one call in order: one per step s (send to rank+s, receive from
-    rank-s), or one per piece when the schedule cuts its K/V into pieces. Every rank cuts
-    every pair's selections alike, so the exchanges line up across ranks one for one."""
-    size = schedule.piece_tokens()
-    plan = []
+def plan_transfers(schedule: RingSchedule, rank: int, world: int) -> list[list[Transfer]]:
+    """The exchanges of one call in order, each the transfers posted together: one per step s
+    (send to rank+s, receive from rank-s), or one per piece when the schedule cuts its K/V
+    into pieces, or a single exchange with every peer when the schedule gathers. Every rank
+    cuts every pair's selections alike, so the exchanges line up across ranks one for one."""
+    size = schedule.piece_tokens() if not schedule.gathers() else None
+    steps = []
     for step in range(1, world):
         src, dst = (rank - step) % world, (rank + step) % world
         send, recv = _cut(schedule.select(dst, rank), size), _cut(schedule.select(rank, src), size)
         if size is None:
-            plan.append(Transfer(src, dst, send, recv))
+            steps.append([Transfer(src, dst, send, recv)])
             continue
         count = max(len(_cut(schedule.select((r + step) % world, r), size)) for r in range(world))
-        plan += [Transfer(src, dst, send[j : j + 1], recv[j : j + 1]) for j in range(count)]
-    return plan
+        steps += [[Transfer(src, dst, send[j : j + 1], recv[j : j + 1])] for j in range(count)]
+    if schedule.gathers() and steps:
+        return [[t for exchange in steps for t in exchange]]
+    return steps
 
 
 def _heads(sel: Selection, num_heads: int) -> int:
@@ -231,51 +250,98 @@ def run_ring(
     attended. On NCCL nothing here waits on the host: a receive is waited for by the compute
     stream, and each exchange's transfer waits (on its own stream) for the compute that last
     read the buffer it fills."""
-    import torch.distributed as dist
-
     batch, _, num_heads, head_dim = k.shape
     clock = clock or StepClock(k.device)
     plan = plan_transfers(schedule, rank, world)
+    inbox = _Inbox(plan, k, num_heads)
 
-    def elements(sels: list[Selection]) -> int:
-        return sum(2 * batch * s.count * _heads(s, num_heads) * head_dim for s in sels)
+    pending = _post(plan[0], inbox.slots(0), k, v, group, clock) if plan else None
+    schedule.attend(rank, [(sel.take(k), sel.take(v)) for sel in schedule.select(rank, rank)])
+    for i in range(len(plan)):
+        clock.mark("compute")
+        requests, received, _ = pending
+        for req in requests:
+            req.wait()  # on NCCL: the compute stream waits for the receive, the host does not
+        clock.mark("wait")
+        pending = _post(plan[i + 1], inbox.slots(i + 1), k, v, group, clock) if i + 1 < len(plan) else None
+        if schedule.gathers():
+            schedule.attend_gathered(received, inbox.joined(i) if batch == 1 else None)
+        else:
+            for sender, pieces in received:
+                schedule.attend(sender, pieces)
+    clock.mark("compute")
 
-    # Two receive buffers, sized for the largest exchange, alternate between exchanges.
-    largest = max((elements(t.recv) for t in plan), default=0)
-    buffers = [k.new_empty(largest) for _ in range(min(2, len(plan)))] if largest else []
 
-    def post(i: int):
-        transfer, ops, outgoing, pieces = plan[i], [], [], []
+class _Inbox:
+    """Two receive buffers, sized for the largest exchange, alternating between exchanges
+    (never the tensors sent). An exchange's K pieces lie back to back, then its V pieces, so
+    the keys of a gathered exchange are one tensor when the batch is 1 and heads are whole."""
+
+    def __init__(self, plan: list[list[Transfer]], k: torch.Tensor, num_heads: int) -> None:
+        self.plan, self.num_heads = plan, num_heads
+        self.batch, self.head_dim = k.shape[0], k.shape[3]
+        largest = max((2 * self._tokens_x_heads(e) for e in plan), default=0) * self.batch * self.head_dim
+        self.buffers = [k.new_empty(largest) for _ in range(min(2, len(plan)))] if largest else []
+
+    def _shape(self, sel: Selection) -> tuple[int, int, int, int]:
+        return (self.batch, sel.count, _heads(sel, self.num_heads), self.head_dim)
+
+    def _tokens_x_heads(self, exchange: list[Transfer]) -> int:
+        return sum(s.count * _heads(s, self.num_heads) for t in exchange for s in t.recv)
+
+    def slots(self, i: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per transfer of exchange i, per received selection, its (k, v) receive views."""
+        exchange = self.plan[i]
+        if not self.buffers:  # nothing received in any exchange
+            return [[] for _ in exchange]
+        buffer = self.buffers[i % len(self.buffers)]
+        half = self._tokens_x_heads(exchange) * self.batch * self.head_dim
+        slots, offset = [], 0
+        for t in exchange:
+            pairs = []
+            for sel in t.recv:
+                shape = self._shape(sel)
+                n = math.prod(shape)
+                pairs.append(
+                    (buffer[offset : offset + n].view(shape), buffer[half + offset : half + offset + n].view(shape))
+                )
+                offset += n
+            slots.append(pairs)
+        return slots
+
+    def joined(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Exchange i's K and V as one (1, tokens, H, D) pair, or None where heads are cut."""
+        exchange = self.plan[i]
+        sels = [s for t in exchange for s in t.recv]
+        if not sels or not self.buffers or any(_heads(s, self.num_heads) != self.num_heads for s in sels):
+            return None
+        tokens = sum(s.count for s in sels)
+        shape, n = (1, tokens, self.num_heads, self.head_dim), tokens * self.num_heads * self.head_dim
+        buffer = self.buffers[i % len(self.buffers)]
+        return buffer[:n].view(shape), buffer[n : 2 * n].view(shape)
+
+
+def _post(exchange: list[Transfer], slots, k, v, group, clock: StepClock):
+    """Post one exchange's sends and receives together; returns its requests, per transfer
+    ``(sender, pieces)`` of the receive views, and the tensors sent (held until the exchange
+    is waited for: a gathered copy must outlive its send)."""
+    import torch.distributed as dist
+
+    ops, outgoing, received = [], [], []
+    for transfer, pairs in zip(exchange, slots):
         for n, sel in enumerate(transfer.send):
             for j, x in enumerate((k, v)):
                 t = sel.take(x).contiguous()  # the local inputs themselves when the selection is all of them
                 outgoing.append(t)
                 ops.append(dist.P2POp(dist.isend, t, transfer.dst, group, tag=2 * n + j))
-        offset = 0
-        for n, sel in enumerate(transfer.recv):
-            pair = []
-            for j in range(2):
-                shape = (batch, sel.count, _heads(sel, num_heads), head_dim)
-                t = buffers[i % len(buffers)][offset : offset + math.prod(shape)].view(shape)
-                offset += t.numel()
+        # a peer's receives in the order it sends (NCCL pairs a pair's operations in order)
+        for n, pair in enumerate(pairs):
+            for j, t in enumerate(pair):
                 ops.append(dist.P2POp(dist.irecv, t, transfer.src, group, tag=2 * n + j))
-                pair.append(t)
-            pieces.append(tuple(pair))
-        clock.sent_bytes += sum(t.numel() * t.element_size() for t in outgoing)
-        clock.steps += bool(ops)
-        return (dist.batch_isend_irecv(ops) if ops else []), pieces, outgoing
-
-    pending = post(0) if plan else None
-    schedule.attend(rank, [(sel.take(k), sel.take(v)) for sel in schedule.select(rank, rank)])
-    for i, transfer in enumerate(plan):
-        clock.mark("compute")
-        requests, pieces, _ = pending
-        for req in requests:
-            req.wait()  # on NCCL: the compute stream waits for the receive, the host does not
-        clock.mark("wait")
-        pending = post(i + 1) if i + 1 < len(plan) else None
-        schedule.attend(transfer.src, pieces)
-    clock.mark("compute")
+        received.append((transfer.src, pairs))
+    clock.sent_bytes += sum(t.numel() * t.element_size() for t in outgoing)
+    clock.steps += bool(ops)
+    return (dist.batch_isend_irecv(ops) if ops else []), received, outgoing
 
 
 def link_bandwidth_gbps(device: torch.device, rank: int, world: int, nbytes: int, reps: int = 5, group=None) -> float:

@@ -26,6 +26,12 @@ from attnbench.impls.sequence_parallel.engine import (
 WHOLE_SHARD_TOKENS = 32768
 PIECES_PER_SHARD = 32
 MIN_PIECE_TOKENS = 4096
+#: a non-causal shard whose block (its queries over one shard's keys) is at most this much
+#: work gathers every peer's K/V in one exchange, in flight while its own block is attended,
+#: and attends them in one kernel call with one merge: a ring step's fixed cost (the
+#: exchange's kernels, a wait, a merge) is a large part of so short a block. The limit is a
+#: 16K-token shard's block at 8 heads of 64, about 1.2 ms on an H200 (FLOPs, 4 B H n^2 D)
+GATHER_BLOCK_FLOP = 4 * 16384**2 * 8 * 64
 
 
 class DenseSchedule(RingSchedule):
@@ -46,6 +52,15 @@ class DenseSchedule(RingSchedule):
         if self.n <= WHOLE_SHARD_TOKENS:
             return None
         return max(MIN_PIECE_TOKENS, -(-self.n // PIECES_PER_SHARD))
+
+    def gathers(self) -> bool:
+        batch, heads, n, dim = self.qh.shape
+        return not self.causal and 4 * batch * heads * n * n * dim <= GATHER_BLOCK_FLOP
+
+    def attend_gathered(self, received, joined) -> None:
+        if joined is None:
+            return super().attend_gathered(received, joined)
+        self.attend(None, [joined])  # non-causal: every peer's keys in one call
 
     def select(self, receiver: int, sender: int) -> list[Selection]:
         if self.causal and sender < receiver:
