@@ -127,8 +127,8 @@ def probe(name, config, seq, rank, world, dev, heads, head_dim, causal, calls):
     peak = torch.cuda.max_memory_allocated(dev) - base
     stream = stream_time(call, calls)
     host = [host_time(call) for _ in range(min(10, calls))]
-    graph = graph_time(call, dev)
     split = impl.last_breakdown() if hasattr(impl, "last_breakdown") else {}
+    graph = graph_time(call, dev)  # after the split: a captured call's clock has no times
     shard_floor = 4 * n * heads * head_dim * 2  # q, k, v, output of the shard in bf16
     vals = {
         "call": slowest(statistics.median(times), dev),

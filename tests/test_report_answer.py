@@ -401,8 +401,9 @@ def test_the_gpu_curve_gives_each_count_its_time_efficiency_and_memory_at_one_le
 
 
 def test_the_gpu_curve_takes_the_newest_code_where_a_point_was_measured_twice():
-    """The same ring point measured by an older and a newer commit: the curve shows the
-    newer (the older is superseded, whichever file the reader met last)."""
+    """The same ring point and search measured by an older and a newer commit: the curve shows
+    the newer (the older is superseded, whichever file the reader met last): its time, and its
+    finished search's longest sequence, not the older one's unfinished '≥'."""
     from attnbench.report.tables.second_gpu import curve
     from attnbench.results.series import separate_code_versions
 
@@ -417,8 +418,13 @@ def test_the_gpu_curve_takes_the_newest_code_where_a_point_was_measured_twice():
         )
         rows.append(typed_row(impl="ring", strategy="ring", world_size=2, seq_len=16384, time_ms=ring_ms,
                               times_ms=[ring_ms] * 5, env=e, series="r2", label="ring x2"))  # fmt: skip
+        newer = commit == "bbbbbbb"
+        found = search("ring x2", [1 << 20, 1 << 21] if newer else [1 << 20], 1 << 22, finished=newer, series="m2")
+        rows += [typed_row(**{**r.to_json(), "impl": "ring", "world_size": 2, "env": e}) for r in found]
     points = [p for p in curve(separate_code_versions(rows)) if p.impl == "ring"]
-    assert [(p.gpus, p.pair.row.time_ms, round(p.pair.efficiency, 3)) for p in points] == [(2, 2.5, 0.8)]
+    assert [(p.gpus, p.pair.row.time_ms, round(p.pair.efficiency, 3), p.longest) for p in points] == [
+        (2, 2.5, 0.8, "2M")
+    ]
 
 
 def test_a_stop_names_one_cause_and_a_length_that_ran_once_then_failed_is_not_the_answer(tmp_path):

@@ -25,8 +25,8 @@ from attnbench.report.tables.multigpu import (
     scaling_families,
     speedup_groups,
 )
-from attnbench.results.series import is_superseded
-from attnbench.units import format_bytes, short_tokens
+from attnbench.results.series import is_superseded, row_date
+from attnbench.units import format_bytes, format_gib, short_tokens
 
 SEQUENCE_TEXT = (
     "One sequence over the GPUs, per implementation and GPU count: its longest sequence; at one length every "
@@ -90,12 +90,20 @@ def curve(rows: list) -> list[CurvePoint]:
 
 
 def _longest_by_count(rows: list) -> dict[tuple[str, int], str]:
-    """(impl, GPUs) -> its search's longest sequence (≥ where unfinished)."""
-    out = {}
+    """(impl, GPUs) -> the longest sequence of its newest code's search (≥ where unfinished),
+    as the answer picks it: one on the whole device before one under a limit, which it names."""
+    found: dict[tuple[str, int], Any] = {}
     for fam in scaling_families(rows):
         for s in [fam.single, *fam.multi]:
-            if s is not None and s.impl == fam.head.impl and s.max_seq_len:
-                out[(s.impl, s.world_size)] = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len)
+            if s is None or s.impl != fam.head.impl or not s.max_seq_len or is_superseded(s.head.label):
+                continue
+            key, rank = (s.impl, s.world_size), (s.head.memory_limit is None, row_date(s.head), s.series)
+            if key not in found or rank > found[key][0]:
+                found[key] = (rank, s)
+    out = {}
+    for key, (_, s) in found.items():
+        limit = f" ({format_gib(s.head.memory_limit)} limit)" if s.head.memory_limit else ""
+        out[key] = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len) + limit
     return out
 
 
