@@ -402,7 +402,7 @@ def test_a_multi_rank_rows_rate_is_one_gpus_and_its_total_is_named_a_total():
 
 
 def _ring_history(tmp_path):
-    """sdpa on one GPU at 16K (8 ms); ring on 2 and 4 GPUs on T_1 / w + 0.1 ms per exchange; a
+    """sdpa on one GPU at 16K (8 ms); ring on 2 and 4 GPUs on T_1 / w + 0.1 ms per peer; a
     finished search on 2 GPUs reaching 2M."""
     from attnbench.results.convert import to_json as json_of
 
@@ -435,8 +435,8 @@ def _ring_history(tmp_path):
     return rows, path
 
 
-def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_exchange(tmp_path, in_process):
-    """2M on 2 GPUs is 1M tokens a rank: 8M on 8. 8 ms on one GPU and 0.1 ms per exchange:
+def test_predicting_more_gpus_uses_tokens_per_rank_and_the_cost_per_peer(tmp_path, in_process):
+    """2M on 2 GPUs is 1M tokens a rank: 8M on 8. 8 ms on one GPU and 0.1 ms per peer:
     8 GPUs take 1 + 0.7 = 1.7 ms (efficiency 8 / (8 x 1.7) = 0.588); each measured count is
     predicted from the other exactly."""
     from attnbench.report.tables import gpu_prediction as gp

@@ -79,7 +79,7 @@ def gpu_count_lines(impl: str, gpus: int, source, seq_len: int | None = None) ->
             lines.append(
                 f"{impl} x{t.gpus} [{machine}] at {format_tokens(t.seq_len)}: predicted {t.predicted_ms:.3g} ms, "
                 f"efficiency {t.efficiency:.2f} (one GPU {t.one_gpu_ms:.3g} ms / {t.gpus} + "
-                f"{t.per_exchange_ms:.3g} ms per exchange x {t.gpus - 1}, fitted on {fitted}){held}"
+                f"{t.per_peer_ms:.3g} ms per peer x {t.gpus - 1}, fitted on {fitted}){held}"
             )
     if not lines:
         raise AttnbenchError(

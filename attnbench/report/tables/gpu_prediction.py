@@ -8,8 +8,9 @@ Two models, each as simple as what the rows can support:
   series solved for that size) gives N_w / w tokens per rank, and P GPUs N_w / w x P. Fixed
   per-rank costs (receive buffers, the merge) are part of N_w / w, as measured.
 - Time at a fixed length N. The call on w GPUs takes the one-GPU equal-work time over w plus a
-  cost per exchange: T_w = T_1 / w + h (w - 1). h is fitted from the counts measured (the
-  median over them); P GPUs then take T_1 / P + h (P - 1), an efficiency of T_1 / (P T_P).
+  cost per peer (a ring step's, or a gathered exchange's share): T_w = T_1 / w + h (w - 1). h
+  is fitted from the counts measured (the median over them); P GPUs then take
+  T_1 / P + h (P - 1), an efficiency of T_1 / (P T_P).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TimePrediction:
     gpus: int
     seq_len: int
     one_gpu_ms: float  # the equal-work baseline's time at seq_len
-    per_exchange_ms: float  # h, fitted on ``fitted_on``
+    per_peer_ms: float  # h, fitted on ``fitted_on``
     fitted_on: tuple[int, ...]
     predicted_ms: float
     measured_ms: float | None
@@ -74,12 +75,12 @@ def time_at(rows: list, impl: str, gpus: int, seq_len: int | None = None) -> lis
     n = seq_len if seq_len in common else (max(common) if common else None)
     if n is None:
         return []
-    exchange = {w: (ring - base / w) / (w - 1) for w, at in by_count.items() for base, ring in [at[n]]}
+    per_peer = {w: (ring - base / w) / (w - 1) for w, at in by_count.items() for base, ring in [at[n]]}
     base = statistics.median(at[n][0] for at in by_count.values())
     out = []
-    for target in sorted({gpus, *exchange}):
-        others = tuple(sorted(w for w in exchange if w != target)) or (target,)
-        h = statistics.median(exchange[w] for w in others)
+    for target in sorted({gpus, *per_peer}):
+        others = tuple(sorted(w for w in per_peer if w != target)) or (target,)
+        h = statistics.median(per_peer[w] for w in others)
         measured = by_count.get(target, {}).get(n)
         out.append(
             TimePrediction(target, n, base, h, others, base / target + h * (target - 1), measured and measured[1])
