@@ -22,8 +22,11 @@ The engine (``run_ring``) is shared by every variant. A variant is a ``RingSched
 At step s (0 < s < p) rank r receives from r-s and sends to r+s (modulo p), with
 ``batch_isend_irecv`` into one of two preallocated receive buffers that are never the
 tensors being sent (local K/V or a gathered copy). Step s+1's exchange is posted before
-step s's compute, so communication overlaps compute. ``last_breakdown()`` splits the last
-call's time into compute and waiting on communication.
+step s's compute, so communication overlaps compute. A schedule may instead cut a step into
+pieces (``piece_tokens``: long shards, two small pieces in flight) or take every peer's
+K/V in one exchange while its own block computes (``gathers``: short shards, whose steps'
+fixed cost outweighs their compute). ``last_breakdown()`` splits the last call's time into
+compute and waiting on communication.
 
 A block-sparse ring is one more schedule: ``select`` = the K/V blocks of the sender that
 the receiver's block pattern touches (``Selection.tokens`` may be an index tensor),
