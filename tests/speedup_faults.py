@@ -30,7 +30,6 @@ for name, prepare in (("fail-rank-1", _fail_on_rank_1), ("swapped-shards", _swap
         strategies.register(
             Strategy(
                 name=name,
-                summary="test fault",
                 processes=MP.processes,
                 devices=MP.devices,
                 prepare=prepare,

@@ -808,3 +808,23 @@ def test_a_results_directorys_table_and_the_report_pick_one_baseline():
     # a run with its own single-GPU row is compared with it, not with a later run's
     own = [row("a", "single", 10.0), row("b", "single", 4.0), row("b", "dp", 5.0)]
     assert [c.speedup for c in speedup_cases(own)] == csv_speedups(own) == [pytest.approx(0.8)]
+
+
+def test_every_strategy_of_the_package_is_declared_without_torch_and_the_report_names_it_so():
+    """Each strategy module of the package has its declaration (label, summary, order) and
+    each declaration but the sequence-parallel trials' ``ring`` has its module; labels and
+    order as the report reads them (an undeclared strategy by its name, last)."""
+    from attnbench.plan import strategies as declared
+    from attnbench.sweeps.kinds.speedup import strategies
+
+    own = {n for n, s in strategies.STRATEGIES.entries().items() if s.module_name.startswith("attnbench.")}
+    assert own == {d.name for d in declared.DECLARED if d.name != "ring"}
+    assert declared.speedup_names() == ("dp", "mp", "thread")
+    assert [declared.label(n) for n in ("single", "dp", "warp")] == ["Single GPU", "DataParallel", "warp"]
+    assert sorted(["thread", "warp", "mp", "single", "dp"], key=declared.order) == [
+        "single",
+        "dp",
+        "mp",
+        "thread",
+        "warp",
+    ]

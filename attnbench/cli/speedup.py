@@ -26,6 +26,7 @@ from attnbench.cli.options import (
 )
 from attnbench.cli.progress import SpeedupReporter
 from attnbench.errors import interrupt_exit_code
+from attnbench.plan.strategies import speedup_names
 
 
 @app.command(order=100)
@@ -45,7 +46,9 @@ def speedup(
     strategy: Annotated[
         str,
         typer.Option(
-            "--strategy", metavar="LIST", help="dp, mp, thread (comma-separated; single always runs as the baseline)"
+            "--strategy",
+            metavar="LIST",
+            help=f"{', '.join(speedup_names())} (comma-separated; single always runs as the baseline)",
         ),
     ] = "dp,mp",
     module: Annotated[

@@ -6,18 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.measure.stats import Interval
+from attnbench.plan import strategies
 from attnbench.report.data import gpus
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table, result_text, short_message
 from attnbench.report.sections import Section, register
-from attnbench.report.tables.multigpu import (
-    STRATEGY_NAMES,
-    SpeedupCase,
-    gpu_peak,
-    gpus_in,
-    speedup_groups,
-)
+from attnbench.report.tables.multigpu import SpeedupCase, gpu_peak, gpus_in, speedup_groups
 
 
 def _time_or_result(v: Interval | str) -> str:
@@ -93,7 +88,7 @@ def call_costs(doc: Doc, m: Machine) -> None:
     )
     columns = {
         "Kernel": lambda c: kernel_name(c.single) if c.single else c.family,
-        "Strategy": lambda c: STRATEGY_NAMES.get(c.strategy, c.strategy),
+        "Strategy": lambda c: strategies.label(c.strategy),
         "Fixed cost per call": lambda c: ms_cell(c.line.fixed),
         "Per ms of one GPU's work": lambda c: ratio_cell(c.line.per_work),
         "Faster than one GPU from": (
@@ -125,7 +120,7 @@ def render(doc: Doc, m: Machine) -> None:
         return
     call_costs(doc, m)
     for (strategy, label), cases in speedup_groups(m.speedups).items():
-        doc.heading(4, f"{STRATEGY_NAMES.get(strategy, strategy)}: {label}")
+        doc.heading(4, f"{strategies.label(strategy)}: {label}")
         columns = {
             "Sequence Length": (lambda c: c.row.seq_len, tokens_cell),
             "Batch Size": lambda c: c.row.batch,

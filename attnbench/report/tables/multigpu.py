@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from attnbench.measure.stats import Interval
+from attnbench.plan import strategies
 from attnbench.report.data import (
     config_id,
     config_text,
@@ -29,13 +30,6 @@ from attnbench.report.data import (
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Speedup, Trial, Workload
-
-STRATEGY_NAMES = {
-    "single": "Single GPU",
-    "dp": "DataParallel",
-    "mp": "Multi-process data parallel (DDP)",
-    "ring": "Ring (sequence parallel)",
-}
 
 
 def _case_key(r: Speedup) -> tuple:
@@ -167,12 +161,9 @@ def speedup_groups(cases: list[SpeedupCase]) -> dict[tuple, list[SpeedupCase]]:
     groups: dict[tuple, list[SpeedupCase]] = {}
     for c in cases:
         groups.setdefault((c.row.strategy, group_label(c.row)), []).append(c)
-    order = list(STRATEGY_NAMES)
     return {
         k: sorted(v, key=lambda c: (c.row.seq_len, c.row.batch or 0))
-        for k, v in sorted(
-            groups.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])
-        )
+        for k, v in sorted(groups.items(), key=lambda kv: (strategies.order(kv[0][0]), kv[0][1]))
     }
 
 

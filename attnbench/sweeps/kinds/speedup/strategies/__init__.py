@@ -71,8 +71,10 @@ def _no_check(wl: Workload, gpus: int) -> None:
 
 @dataclass(frozen=True)
 class Strategy:
+    """A strategy's code; its label and what it does are declared without torch, under the same
+    name, in ``attnbench.plan.strategies``."""
+
     name: str
-    summary: str
     processes: Callable[[int], int]  # ranks to launch for P GPUs
     devices: Callable[[RankContext], list[int]]  # CUDA devices a rank uses (allocator peaks read there)
     prepare: Callable[[RankContext], Prepared]

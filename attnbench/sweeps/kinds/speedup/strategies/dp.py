@@ -73,7 +73,6 @@ def _idle_text(gpu: GpuMemory) -> str:
 register(
     Strategy(
         name="dp",
-        summary="torch.nn.DataParallel over the GPUs in one process: the batch is scattered from GPU 0, outputs gathered back",
         processes=lambda gpus: 1,
         devices=lambda ctx: list(range(ctx.gpus)),
         prepare=_prepare_dp,

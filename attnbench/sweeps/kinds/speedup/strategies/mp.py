@@ -48,8 +48,6 @@ def _mp_notes(row: Speedup) -> list[str]:
 register(
     Strategy(
         name="mp",
-        summary="multi-process data parallel: torchrun, one process per GPU, the batch split across ranks "
-        "(multihead fwd_bwd: DistributedDataParallel)",
         processes=lambda gpus: gpus,
         devices=lambda ctx: [ctx.local_rank] if ctx.cuda else [],
         prepare=_prepare_mp,

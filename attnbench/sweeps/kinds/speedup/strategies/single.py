@@ -16,7 +16,6 @@ def prepare_single(ctx: RankContext) -> Prepared:
 register(
     Strategy(
         name="single",
-        summary="the implementation on GPU 0 (the baseline every speedup divides)",
         processes=lambda gpus: 1,
         devices=lambda ctx: [0] if ctx.cuda else [],
         prepare=prepare_single,

@@ -38,8 +38,6 @@ def _prepare_thread(ctx: RankContext) -> Prepared:
 register(
     Strategy(
         name="thread",
-        summary="the single-GPU call made from a new thread each time, as DataParallel makes each replica's: "
-        "what a new thread costs the kernel library",
         processes=lambda gpus: 1,
         devices=lambda ctx: [0] if ctx.cuda else [],
         prepare=_prepare_thread,

@@ -1,0 +1,63 @@
+"""How a run spreads work over GPUs, declared without torch: each strategy's name, how tables
+name it, and what it does, in the order tables list them. The command line's help lists them
+and the report names and orders rows by them; each one's code is the module of the same name
+in ``attnbench/sweeps/kinds/speedup/strategies/`` (``ring`` is the sequence-parallel trials').
+
+A new strategy is one entry here and one module there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Declared:
+    name: str
+    label: str  # how tables and headings name it
+    summary: str  # what it does, in one line
+    speedup: bool = True  # `--strategy` takes it (single always runs, as the baseline)
+
+
+DECLARED = (
+    Declared("single", "Single GPU", "the implementation on GPU 0 (the baseline every speedup divides)", False),
+    Declared(
+        "dp",
+        "DataParallel",
+        "torch.nn.DataParallel over the GPUs in one process: the batch is scattered from GPU 0, outputs gathered back",
+    ),
+    Declared(
+        "mp",
+        "Multi-process data parallel (DDP)",
+        "multi-process data parallel: torchrun, one process per GPU, the batch split across ranks "
+        "(multihead fwd_bwd: DistributedDataParallel)",
+    ),
+    Declared(
+        "ring",
+        "Ring (sequence parallel)",
+        "one sequence over the GPUs: each rank holds its shard of the tokens (the sequence-parallel implementations)",
+        False,
+    ),
+    Declared(
+        "thread",
+        "thread",
+        "the single-GPU call made from a new thread each time, as DataParallel makes each replica's: "
+        "what a new thread costs the kernel library",
+    ),
+)
+BY_NAME = {d.name: d for d in DECLARED}
+
+
+def label(name: str) -> str:
+    """How a table names strategy ``name`` (an undeclared one by its name)."""
+    found = BY_NAME.get(name)
+    return found.label if found else name
+
+
+def order(name: str) -> int:
+    """Its place in a table's list (an undeclared one last)."""
+    return next((i for i, d in enumerate(DECLARED) if d.name == name), len(DECLARED))
+
+
+def speedup_names() -> tuple[str, ...]:
+    """What ``--strategy`` takes."""
+    return tuple(d.name for d in DECLARED if d.speedup)
