@@ -820,7 +820,7 @@ def test_every_strategy_of_the_package_is_declared_without_torch_and_the_report_
     own = {n for n, s in strategies.STRATEGIES.entries().items() if s.module_name.startswith("attnbench.")}
     assert own == {d.name for d in declared.DECLARED if d.name != "ring"}
     assert declared.speedup_names() == ("dp", "mp", "thread")
-    assert [declared.label(n) for n in ("single", "dp", "warp")] == ["Single GPU", "DataParallel", "warp"]
+    assert [declared.label(n) for n in ("single", "thread", "warp")] == ["Single GPU", "New thread alone", "warp"]
     assert sorted(["thread", "warp", "mp", "single", "dp"], key=declared.order) == [
         "single",
         "dp",

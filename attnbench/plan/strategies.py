@@ -39,7 +39,7 @@ DECLARED = (
     ),
     Declared(
         "thread",
-        "thread",
+        "New thread alone",
         "the single-GPU call made from a new thread each time, as DataParallel makes each replica's: "
         "what a new thread costs the kernel library",
     ),
