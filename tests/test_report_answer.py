@@ -401,9 +401,10 @@ def test_the_gpu_curve_gives_each_count_its_time_efficiency_and_memory_at_one_le
 
 
 def test_the_gpu_curve_takes_the_newest_code_where_a_point_was_measured_twice():
-    """The same ring point and search measured by an older and a newer commit: the curve shows
-    the newer (the older is superseded, whichever file the reader met last): its time, and its
-    finished search's longest sequence, not the older one's unfinished '≥'."""
+    """The same ring point and searches measured by an older and a newer commit: the curve shows
+    the newer (the older is superseded, whichever file the reader met last): its time, its
+    finished search's longest sequence, not the older one's unfinished '≥', and sdpa's newer
+    one-GPU search as the first point."""
     from attnbench.report.tables.second_gpu import curve
     from attnbench.results.series import separate_code_versions
 
@@ -421,10 +422,33 @@ def test_the_gpu_curve_takes_the_newest_code_where_a_point_was_measured_twice():
         newer = commit == "bbbbbbb"
         found = search("ring x2", [1 << 20, 1 << 21] if newer else [1 << 20], 1 << 22, finished=newer, series="m2")
         rows += [typed_row(**{**r.to_json(), "impl": "ring", "world_size": 2, "env": e}) for r in found]
+        found = search("sdpa", [1 << (19 if newer else 22)], 1 << 23, series="m1")
+        rows += [typed_row(**{**r.to_json(), "impl": "sdpa", "env": e}) for r in found]
     points = [p for p in curve(separate_code_versions(rows)) if p.impl == "ring"]
-    assert [(p.gpus, p.pair.row.time_ms, round(p.pair.efficiency, 3), p.longest) for p in points] == [
-        (2, 2.5, 0.8, "2M")
-    ]
+    assert [(p.gpus, p.longest) for p in points] == [(1, "512K (sdpa)"), (2, "2M")]
+    assert [(p.pair.row.time_ms, round(p.pair.efficiency, 3)) for p in points if p.gpus == 2] == [(2.5, 0.8)]
+
+
+def test_the_gpu_curve_starts_at_the_counterparts_one_gpu_search_where_the_ring_has_none():
+    """ring searched on 2 GPUs under an 8 GiB limit, sdpa on one under the same limit and on
+    the whole GPU: one GPU's point is sdpa's search under the ring's limit, both named; 2 GPUs
+    the ring's own."""
+    from attnbench.report.tables.second_gpu import curve
+
+    env = {"machine": "GPU pair x2", "gpus": [{"name": "GPU pair"}] * 2}
+    rows = []
+    for impl, world, ok, limit in (
+        ("sdpa", 1, [1 << 20], 8 << 30),
+        ("sdpa", 1, [1 << 24], None),
+        ("ring", 2, [1 << 21], 8 << 30),
+    ):
+        found = search(impl, ok, 2 * ok[-1], series=f"{impl}{limit}")
+        rows += [typed_row(**{**r.to_json(), "impl": impl, "world_size": world, "env": env, "memory_limit": limit})
+                 for r in found]  # fmt: skip
+    assert {p.gpus: p.longest for p in curve(rows) if p.impl == "ring"} == {
+        1: "1M (sdpa, 8 GiB limit)",
+        2: "2M (8 GiB limit)",
+    }
 
 
 def test_a_stop_names_one_cause_and_a_length_that_ran_once_then_failed_is_not_the_answer(tmp_path):

@@ -30,6 +30,7 @@ from attnbench.report.data import (
 from attnbench.report.intervals import DATA_PARALLEL_TIMER, divided, speedup_interval, time_interval
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Speedup, Trial, Workload
+from attnbench.results.series import is_superseded
 
 
 def _case_key(r: Speedup) -> tuple:
@@ -354,8 +355,10 @@ def scaling_families(rows: list[Row]) -> list[ScalingFamily]:
                     and settings_key(x.head) == settings_key(head)
                     and configs_agree(x.head.config, head.config)
                 ]
-                if found:
-                    fam.single = _pick(found, head)
+                if found:  # the newest code's, under the same memory limit where one was searched so
+                    found = [x for x in found if not is_superseded(x.head.label)] or found
+                    same_limit = [x for x in found if x.head.memory_limit == head.memory_limit]
+                    fam.single = _pick(same_limit or found, head)
                     break
     for fam in families.values():
         fam.multi.sort(key=lambda s: s.world_size)

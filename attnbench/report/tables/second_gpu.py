@@ -90,21 +90,37 @@ def curve(rows: list) -> list[CurvePoint]:
 
 
 def _longest_by_count(rows: list) -> dict[tuple[str, int], str]:
-    """(impl, GPUs) -> the longest sequence of its newest code's search (≥ where unfinished),
-    as the answer picks it: one on the whole device before one under a limit, which it names."""
-    found: dict[tuple[str, int], Any] = {}
+    """(impl, GPUs) -> the longest sequence of its newest code's search (≥ where unfinished).
+    One memory limit per implementation where it can: the whole device where a multi-GPU
+    search of its own ran there, else its newest multi-GPU search's limit, named. On one GPU,
+    where the implementation has no search of its own, its one-GPU counterpart's (sdpa's for
+    ring), named: how far one GPU goes is the curve's first point."""
+    by_impl: dict[str, list[tuple[int, Any]]] = {}
     for fam in scaling_families(rows):
         for s in [fam.single, *fam.multi]:
-            if s is None or s.impl != fam.head.impl or not s.max_seq_len or is_superseded(s.head.label):
-                continue
-            key, rank = (s.impl, s.world_size), (s.head.memory_limit is None, row_date(s.head), s.series)
-            if key not in found or rank > found[key][0]:
-                found[key] = (rank, s)
+            if s is not None and s.max_seq_len and not is_superseded(s.head.label):
+                by_impl.setdefault(fam.head.impl, []).append((s.world_size, s))
     out = {}
-    for key, (_, s) in found.items():
-        limit = f" ({format_gib(s.head.memory_limit)} limit)" if s.head.memory_limit else ""
-        out[key] = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len) + limit
+    for impl, searches in by_impl.items():
+        limit = _curve_limit([s for gpus, s in searches if gpus > 1 and s.impl == impl])
+        best: dict[int, Any] = {}
+        for gpus, s in searches:
+            rank = (s.impl == impl, s.head.memory_limit == limit, row_date(s.head), s.series)
+            if gpus not in best or rank > best[gpus][0]:
+                best[gpus] = (rank, s)
+        for gpus, (_, s) in best.items():
+            notes = [s.impl] if s.impl != impl else []
+            notes += [f"{format_gib(s.head.memory_limit)} limit"] if s.head.memory_limit else []
+            text = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len)
+            out[(impl, gpus)] = text + (f" ({', '.join(notes)})" if notes else "")
     return out
+
+
+def _curve_limit(multi: list) -> int | None:
+    """The memory limit an implementation's curve reads its searches under (None: the whole device)."""
+    if not multi or any(s.head.memory_limit is None for s in multi):
+        return None
+    return max(multi, key=lambda s: (row_date(s.head), s.series)).head.memory_limit
 
 
 def _over_floor(p: RingPair | None) -> str | None:
