@@ -22,20 +22,29 @@ def selftest(payload: dict[str, Any], rank: int, world: int, device: str) -> dic
 
 
 def ring_exchanges(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    """``ring`` in the exchange plan ``payload["plan"]`` names, its thresholds set so a short
-    shard takes it: ``steps`` (one exchange per peer), ``pieces`` (K/V cut in pieces),
-    ``gather`` (every peer's K/V in one exchange, batch ``payload["batch"]``): the gathered
-    output's error against the float64 reference, causal and not, and how many exchanges a
-    call made."""
-    from attnbench.impls import build_for_ranks
+    """``ring`` in each exchange plan of ``payload["plans"]``, ``[plan, batch]`` pairs, its
+    thresholds set so a short shard takes it: ``steps`` (one exchange per peer), ``pieces``
+    (K/V cut in pieces), ``gather`` (every peer's K/V in one exchange): per plan and batch,
+    the gathered output's error against the float64 reference, causal and not, and how many
+    exchanges a call made. One launch runs them all (the thresholds are read at each call)."""
     from attnbench.impls.sequence_parallel import ring
+
+    defaults = (ring.GATHER_BLOCK_FLOP, ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD)
+    found = {}
+    for plan, batch in payload["plans"]:
+        ring.GATHER_BLOCK_FLOP, ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = defaults
+        ring.GATHER_BLOCK_FLOP = 1 << 60 if plan == "gather" else 0
+        if plan == "pieces":
+            ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = 16, 8, 4
+        found[f"{plan} batch={batch}"] = _ring_errors(payload["seq_len"], batch, rank, world)
+    return found
+
+
+def _ring_errors(seq: int, batch: int, rank: int, world: int) -> dict[str, float]:
+    from attnbench.impls import build_for_ranks
     from attnbench.trials.reference import masked_reference, relative_error
 
-    plan = payload["plan"]
-    ring.GATHER_BLOCK_FLOP = 1 << 60 if plan == "gather" else 0
-    if plan == "pieces":
-        ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = 16, 8, 4
-    seq, heads, dim, batch = payload["seq_len"], 2, 8, payload.get("batch", 1)
+    heads, dim = 2, 8
     impl = build_for_ranks("ring", {}, world)
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(batch, seq, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3))

@@ -245,23 +245,27 @@ def test_the_cases_cover_causal_exchange_and_uneven_layouts(verified):
     assert any(c.batch > 1 for c in cases) and any(c.heads % len(c.config.get("segment_lengths", [1])) for c in cases)
 
 
+#: per world size, [plan, batch] -> exchanges a call makes: (non-causal, causal at least, at most)
+EXCHANGE_PLANS = {
+    2: {("pieces", 1): (4, 2, 4)},
+    4: {
+        ("pieces", 1): (12, 6, 12),
+        ("steps", 1): (3, 3, 3),
+        ("gather", 1): (1, 3, 3),
+        ("gather", 2): (1, 3, 3),
+    },
+}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize(
-    "world, plan, batch, exchanges",
-    [
-        (2, "pieces", 1, (4, 2, 4)),
-        (4, "pieces", 1, (12, 6, 12)),
-        (4, "steps", 1, (3, 3, 3)),
-        (4, "gather", 1, (1, 3, 3)),
-        (4, "gather", 2, (1, 3, 3)),
-    ],
-)
-def test_every_exchange_plan_of_the_ring_matches_the_reference(world, plan, batch, exchanges, monkeypatch):
+@pytest.mark.parametrize("world", sorted(EXCHANGE_PLANS))
+def test_every_exchange_plan_of_the_ring_matches_the_reference(world, monkeypatch):
     """Steps, pieces (each shard cut in 4) and one gathered exchange (non-causal; its keys
     attended in one call at batch 1, peer by peer at batch 2): every piece is received,
     attended and merged, causal and not, in the number of exchanges the plan makes
-    (non-causal; causal between its two bounds: a zigzag sender's early half is fewer pieces)."""
+    (causal between two bounds: a zigzag sender's early half is fewer pieces). One launch
+    per world size runs every plan."""
     import os
     from pathlib import Path
 
@@ -269,13 +273,14 @@ def test_every_exchange_plan_of_the_ring_matches_the_reference(world, plan, batc
 
     tests = str(Path(__file__).resolve().parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
-    payload = {"seq_len": 128 * world, "plan": plan, "batch": batch}
-    found = launch(ring_exchanges, payload, world, "cpu", phase_limit_s=120)
-    flat, causal_low, causal_high = exchanges
+    plans = EXCHANGE_PLANS[world]
+    found = launch(ring_exchanges, {"seq_len": 128 * world, "plans": list(plans)}, world, "cpu", phase_limit_s=180)
     for rank_found in found:
-        assert rank_found["causal=False"] <= TOLERANCE["fp32"] and rank_found["causal=True"] <= TOLERANCE["fp32"]
-        assert rank_found["exchanges causal=False"] == flat
-        assert causal_low <= rank_found["exchanges causal=True"] <= causal_high
+        for (plan, batch), (flat, causal_low, causal_high) in plans.items():
+            got = rank_found[f"{plan} batch={batch}"]
+            assert got["causal=False"] <= TOLERANCE["fp32"] and got["causal=True"] <= TOLERANCE["fp32"], (plan, batch)
+            assert got["exchanges causal=False"] == flat, (plan, batch)
+            assert causal_low <= got["exchanges causal=True"] <= causal_high, (plan, batch)
 
 
 @pytest.mark.distributed
