@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnbench.errors import interrupts_held
-from attnbench.results.convert import to_json
 from attnbench.runtime.jobs import Ended, Job, Ran, find_job, resolve
 from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
@@ -252,8 +251,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-# Where the job running in this process writes its result (``leave_partial`` writes there early).
-_RESULT_PATH: list[Path] = []
+# The job running in this process and where it writes its result (``leave_partial`` writes
+# there early, through the job, as the job's own result is written).
+_RUNNING: list[tuple[Job, Path]] = []
 PARTIAL = "partial"  # set in a result left early: the parent then adds how the job ended after it
 
 
@@ -261,8 +261,9 @@ def leave_partial(result: Any) -> None:
     """Write ``result`` (the job's typed result) now, marked partial: if this job is stopped
     later (a phase past its limit), the parent still reads it. The job's own result replaces it
     when it returns."""
-    if _RESULT_PATH:
-        write_json_atomic(_RESULT_PATH[0], {"result": to_json(result, nulls=True), PARTIAL: True})
+    if _RUNNING:
+        job, path = _RUNNING[0]
+        write_json_atomic(path, {"result": job.result_json(result), PARTIAL: True})
 
 
 def main(job_path: str, result_path: str) -> None:
@@ -270,7 +271,7 @@ def main(job_path: str, result_path: str) -> None:
     job = find_job(sent["job"])
     spec = job.read_spec(sent["spec"])
     # run as ``python -m``, this file is __main__: the jobs import it again by its name, and read it there
-    importlib.import_module("attnbench.runtime.worker")._RESULT_PATH[:] = [Path(result_path)]
+    importlib.import_module("attnbench.runtime.worker")._RUNNING[:] = [(job, Path(result_path))]
     announce_phase("ready")
     result = job.run(spec)
     announce_phase("exit")
