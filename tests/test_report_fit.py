@@ -151,6 +151,14 @@ def test_the_accuracy_target_applies_to_gpu_series_stopped_by_memory_with_four_t
     assert not cap(device="cpu").target_applies
     time_stopped = cap(stopped_by="time")
     assert time_stopped.error is None and not time_stopped.target_applies
+    # the note: a miss says its cause; a prediction far past its fitted lengths, unmeasured, says how far
+    from attnbench.report.fit import capacity_note
+
+    assert capacity_note(cap(measured_max=int(c.predicted), longest_ok=2**23)) == ""
+    assert capacity_note(cap(measured_max=20_000_000, longest_ok=2**23)).startswith("predicted low")
+    assert capacity_note(cap(measured_max=None, stopped_by=None, longest_ok=2**23)) == ""  # 2x past 8M
+    far = capacity_note(cap(measured_max=None, stopped_by=None, longest_ok=2**16))
+    assert far == f"{c.predicted / 2**16:,.0f}x past the longest length fitted (64K); no search measured it"
 
 
 def test_a_gpu_trial_is_fitted_by_the_allocators_footprint_a_cpu_trial_by_its_peak():

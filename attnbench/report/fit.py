@@ -17,6 +17,7 @@ from attnbench.measure.capacity import (
 from attnbench.report.data import ok, world_size
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
+from attnbench.units import short_tokens
 
 GIB = 2**30
 ACCURACY_TARGET = 0.05
@@ -67,6 +68,21 @@ class Capacity:
         if not self.fit:
             return None
         return self.fit.max_seq(device_bytes - (self.overhead or 0))
+
+
+#: a prediction this many times the longest fitted length says so: a peak's make-up can change
+#: far beyond the lengths it was fitted on (a ring's K/V travel in pieces on long shards)
+FAR_BEYOND = 100
+
+
+def capacity_note(c: Capacity) -> str:
+    """Why a prediction misses its measured maximum, else how far beyond its fitted lengths it reaches."""
+    if c.error is not None and abs(c.error) > ACCURACY_TARGET:
+        return fit_miss_cause(c)
+    if c.measured_max is None and c.predicted and c.longest_ok and c.predicted > FAR_BEYOND * c.longest_ok:
+        reach = c.predicted / c.longest_ok
+        return f"{reach:,.0f}x past the longest length fitted ({short_tokens(c.longest_ok)}); no search measured it"
+    return ""
 
 
 def fit_miss_cause(c: Capacity) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from attnbench.report.document import Doc, Machine, distinct, memory, pct, tokens_cell, yes_no
-from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, fit_miss_cause
+from attnbench.report.fit import ACCURACY_TARGET, MIN_TRIALS_FOR_TARGET, Capacity, capacity_note
 from attnbench.report.markdown import Table, inline
 from attnbench.report.sections import Section, register
 from attnbench.results.series import is_superseded
@@ -41,7 +41,7 @@ MEASURED_COLUMNS = {
         lambda c: (abs(c.error) <= ACCURACY_TARGET) if c.target_applies and c.error is not None else None,
         yes_no,
     ),
-    "Note": lambda c: fit_miss_cause(c) if c.error is not None and abs(c.error) > ACCURACY_TARGET else "",
+    "Note": capacity_note,
 }
 
 
