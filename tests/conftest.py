@@ -52,11 +52,13 @@ def outside_code_imported_here():
     impls.resolve_outside_with(None, None)
 
 
-def not_timed_out(rank: dict) -> bool:
-    """A rank of a run another rank failed that did not wait out its collective timeout:
-    stopped by torchrun (no result of its own), or failed on the broken connection at once."""
-    message = str(rank.get("message") or "").lower()
-    return rank.get("status") == "killed" or ("timed out" not in message and "timeout" not in message)
+def not_timed_out(rank) -> bool:
+    """A rank of a run another rank failed (as the launch gives it back, or a row's rank line)
+    that did not wait out its collective timeout: stopped by torchrun (no result of its own),
+    or failed on the broken connection at once."""
+    status, message = (rank["status"], rank.get("message")) if isinstance(rank, dict) else (rank.status, rank.message)
+    message = str(message or "").lower()
+    return status == "killed" or ("timed out" not in message and "timeout" not in message)
 
 
 def main_in_process(*args) -> int:

@@ -3,26 +3,53 @@ module by name (the test puts tests/ on their PYTHONPATH)."""
 
 import os
 import signal
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from attnbench.runtime.jobs import Place, job
 
-def selftest(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
+
+@dataclass
+class Faults:
+    fail_rank: int | None = None  # this rank raises
+    kill_rank: int | None = None  # this rank is killed, as `kill -9` from a shell would
+
+
+@dataclass
+class Summed:
+    sum: float
+    expected: float
+
+
+@job
+def selftest(spec: Faults, place: Place) -> Summed:
     """An all-reduce of rank+1 over the ranks (sum world*(world+1)/2), and a rank that fails
     or is killed on request."""
-    if payload.get("fail_rank") == rank:
-        raise RuntimeError(f"rank {rank} was asked to fail")
-    if payload.get("kill_rank") == rank:  # as `kill -9` from a shell would
+    if spec.fail_rank == place.rank:
+        raise RuntimeError(f"rank {place.rank} was asked to fail")
+    if spec.kill_rank == place.rank:
         os.kill(os.getpid(), signal.SIGKILL)
-    x = torch.full((4,), float(rank + 1), device=device)
+    x = torch.full((4,), float(place.rank + 1), device=place.device)
     dist.all_reduce(x)
-    return {"sum": x[0].item(), "expected": world * (world + 1) / 2}
+    return Summed(x[0].item(), place.world * (place.world + 1) / 2)
 
 
-def ring_exchanges(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    """``ring`` in each exchange plan of ``payload["plans"]``, ``[plan, batch]`` pairs, its
+@dataclass
+class Plans:
+    seq_len: int
+    plans: list[tuple[str, int]]  # (plan, batch)
+
+
+@dataclass
+class Errors:
+    found: dict[str, dict[str, float]] = field(default_factory=dict)  # "plan batch=B" -> what it found
+
+
+@job
+def ring_exchanges(spec: Plans, place: Place) -> Errors:
+    """``ring`` in each exchange plan of ``spec.plans``, ``(plan, batch)`` pairs, its
     thresholds set so a short shard takes it: ``steps`` (one exchange per peer), ``pieces``
     (K/V cut in pieces), ``gather`` (every peer's K/V in one exchange): per plan and batch,
     the gathered output's error against the float64 reference, causal and not, and how many
@@ -30,13 +57,13 @@ def ring_exchanges(payload: dict[str, Any], rank: int, world: int, device: str) 
     from attnbench.impls.sequence_parallel import ring
 
     defaults = (ring.GATHER_BLOCK_FLOP, ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD)
-    found = {}
-    for plan, batch in payload["plans"]:
+    found = Errors()
+    for plan, batch in spec.plans:
         ring.GATHER_BLOCK_FLOP, ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = defaults
         ring.GATHER_BLOCK_FLOP = 1 << 60 if plan == "gather" else 0
         if plan == "pieces":
             ring.WHOLE_SHARD_TOKENS, ring.MIN_PIECE_TOKENS, ring.PIECES_PER_SHARD = 16, 8, 4
-        found[f"{plan} batch={batch}"] = _ring_errors(payload["seq_len"], batch, rank, world)
+        found.found[f"{plan} batch={batch}"] = _ring_errors(spec.seq_len, batch, place.rank, place.world)
     return found
 
 

@@ -207,7 +207,8 @@ if folder and "LOCAL_RANK" in os.environ:
 RANKS_PARENT = """
 import sys
 from attnbench.runtime.distributed import launch
-launch("worker_jobs:sleep_forever", {"dir": sys.argv[1]}, 2, "cpu", 3600)
+from worker_jobs import Folder, sleep_forever
+launch(sleep_forever, Folder(sys.argv[1]), 2, "cpu", 3600)
 """
 
 

@@ -343,7 +343,7 @@ def test_a_call_past_its_limit_is_killed_at_the_limit_with_no_grace(phase):
     assert _phase_deadline(phase, 60.0) == 60.0
     child = f"print('phase {phase} 0.5', flush=True); import time; time.sleep(600)"
     out = supervise([sys.executable, "-c", child], 600)
-    assert out["status"] == "time-limit" and "past the 0.5 s limit: killed at" in out["message"], out
+    assert out.status == "time-limit" and "past the 0.5 s limit: killed at" in out.message, out
 
 
 def test_cpu_memory_in_use_is_never_negative_when_the_resident_set_shrinks(monkeypatch):

@@ -18,8 +18,8 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.plan import PROFILE_DIR, build_plan
 from attnbench.report.tables.multigpu import ring_pairs
-from attnbench.results.convert import to_json
 from attnbench.results.schema import GpuMemory, Trial, join, row_from_json
+from attnbench.runtime.jobs import RankEnded
 from attnbench.sweeps import runner, seqpar
 from attnbench.sweeps.seqpar import RankMeasured, combine, traffic
 from attnbench.trials.workload import Workload
@@ -234,7 +234,7 @@ def test_ranks_on_gpus_combine_into_one_trial_row_the_slowest_call_and_the_fulle
         gpu = GpuMemory(index=rank, rank=rank, cuda_device=rank, max_memory_allocated=peak)
         part = RankMeasured(status="ok", message="", times_ms=times, timer="cuda-event", rank=rank, gpu=gpu)
         part.first_call_ms, part.sent_bytes, part.link_gbps, part.max_memory_allocated = 10 + rank, 1000, 90.0, peak
-        return {"status": "ok", "rank": rank, **to_json(part)}
+        return RankEnded.finished(rank, part)
 
     m = combine([sent(0, [1.0, 3.0], 100), sent(1, [2.0, 2.0], 300)], wl, 2)
     assert m.times_ms == [2.0, 3.0] and m.first_call_ms == 11 and m.link_gbps == 90.0

@@ -13,12 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from attnbench.errors import AttnbenchError
 from attnbench.runtime import nodes as nodes_mod
+from attnbench.runtime.jobs import Ended, RankEnded
 from attnbench.runtime.nodes import (
     LOST_AFTER_S,
     TRIAL_JOIN_S,
@@ -165,7 +167,9 @@ def test_a_trials_rendezvous_is_its_own():
 
 
 def _part(node, ranks, outcome=None, expected=2):
-    return {"node": node, "ranks": ranks, "expected": expected, "outcome": outcome or {"status": "error"}}
+    from attnbench.runtime.cluster import NodePart
+
+    return NodePart(node, ranks, expected, outcome or Ended("error", ""))
 
 
 def test_a_lost_nodes_ranks_are_the_trials_cause():
@@ -173,13 +177,10 @@ def test_a_lost_nodes_ranks_are_the_trials_cause():
     from attnbench.runtime.cluster import combine_parts, part_failure
     from attnbench.runtime.distributed import agreed_status
 
-    broken = [
-        {"status": "error", "rank": r, "message": "on node 0: Connection closed by peer", "failed_at": 1.0}
-        for r in (1, 3)
-    ]
+    broken = [RankEnded(r, "error", "on node 0: Connection closed by peer", failed_at=1.0) for r in (1, 3)]
     parts = {0: _part(0, broken)}
     results = combine_parts(parts, 4, {1: "no heartbeat for 15 s"})
-    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert [r.rank for r in results] == [0, 1, 2, 3]
     assert agreed_status(results) == ("killed", "rank 0: node 1 was lost: no heartbeat for 15 s")
     assert part_failure(parts[0]).startswith("rank 1 error")
 
@@ -188,23 +189,23 @@ def test_a_node_whose_launcher_failed_gives_its_ranks_its_account():
     from attnbench.runtime.cluster import combine_parts, part_failure
     from attnbench.runtime.distributed import agreed_status
 
-    stopped = {"status": "killed", "message": "stopped: node 1: ...", "stopped": True}
-    failed = {"status": "error", "message": "the launcher exited with 1: RendezvousTimeoutError"}
+    stopped = Ended("killed", "stopped: node 1: ...", stopped=True)
+    failed = Ended("error", "the launcher exited with 1: RendezvousTimeoutError")
     parts = {0: _part(0, [], stopped), 1: _part(1, [], failed)}
-    assert part_failure(parts[1]) == failed["message"]
+    assert part_failure(parts[1]) == failed.message
     status, message = agreed_status(combine_parts(parts, 4, {}))
     assert status == "error" and message == "rank 0: on node 1: the launcher exited with 1: RendezvousTimeoutError"
     # a node whose ranks all left their results tells nothing, however its launcher ended
-    finished = {"status": "error", "message": "trial process exited with 0 before writing its result"}
-    ok = [{"status": "ok", "rank": r, "times_ms": [1.0]} for r in (0, 1)]
+    finished = Ended("error", "trial process exited with 0 before writing its result")
+    ok = [RankEnded(r, "ok", result={"times_ms": [1.0]}) for r in (0, 1)]
     parts = {0: _part(0, ok, finished), 1: _part(1, [], failed)}
-    assert agreed_status(combine_parts(parts, 4, {}))[1] == f"rank 2: on node 1: {failed['message']}"
+    assert agreed_status(combine_parts(parts, 4, {}))[1] == f"rank 2: on node 1: {failed.message}"
 
 
 def test_every_rank_ok_is_a_whole_trial():
     from attnbench.runtime.cluster import combine_parts, part_failure
 
-    ok = [{"status": "ok", "rank": r, "times_ms": [1.0]} for r in range(4)]
+    ok = [RankEnded(r, "ok", result={"times_ms": [1.0]}) for r in range(4)]
     parts = {0: _part(0, ok[2:]), 1: _part(1, ok[:2])}
     assert part_failure(parts[0]) is None
     assert combine_parts(parts, 4, {}) == ok
@@ -288,18 +289,18 @@ def test_a_failed_ranks_message_reaches_every_node(tmp_path, monkeypatch):
     from attnbench.cli.options import across_nodes, nodes_of
     from attnbench.runtime.distributed import agreed_status, launch
 
-    from distributed_selftest import selftest
+    from distributed_selftest import Faults, selftest
 
     port = free_port()
     follower = start_node(node_command(1, port, tmp_path, "verify", *RING))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     nodes = nodes_of(2, 0, f"127.0.0.1:{port}", worlds=[4])
     with across_nodes(nodes, "selftest"):
-        summed = launch(selftest, {}, 4, "cpu", phase_limit_s=120)
-        failed = launch(selftest, {"fail_rank": 3}, 4, "cpu", phase_limit_s=120)
+        summed = launch(selftest, Faults(), 4, "cpu", phase_limit_s=120)
+        failed = launch(selftest, Faults(fail_rank=3), 4, "cpu", phase_limit_s=120)
     out, err = follower.communicate(timeout=120)
-    assert [r["rank"] for r in summed] == [0, 1, 2, 3]
-    assert all(r["status"] == "ok" and r["sum"] == 1 + 2 + 3 + 4 for r in summed), summed
+    assert [r.rank for r in summed] == [0, 1, 2, 3]
+    assert all(r.status == "ok" and r.result.sum == 1 + 2 + 3 + 4 for r in summed), summed
     status, message = agreed_status(failed)
     assert status == "error" and message.startswith("rank 3: on node ") and "rank 3 was asked to fail" in message
     assert follower.returncode == 0, err[-2000:]
@@ -357,26 +358,29 @@ def test_another_node_makes_the_single_output_its_mp_ranks_compare_with(tmp_path
 
     from attnbench.sweeps.kinds.speedup import strategies
     from attnbench.sweeps.kinds.speedup.job import context, measure, single_output_here
+    from attnbench.sweeps.kinds.speedup.result import RankSpec
 
     workload = {"impl": "naive", "config": {}, "batch": 2, "seq_len": 128, "heads": 2, "head_dim": 8}
     workload |= {"dtype": "fp32", "device": "cpu", "mode": "fwd", "causal": False}
-    payload = {
-        "workload": workload,
-        "module": "attention",
-        "gpus": 2,
-        "seed": 5,
-        "max_trial_seconds": 10,
-        "timing": {"min_samples": 3, "max_samples": 3, "target_ms": 10},
-        "reference_dir": str(tmp_path / "node0"),
-        "role": "reference",
-    }
-    assert measure(strategies.get("single"), context(payload), payload, None).status == "ok"
-    elsewhere = {**payload, "role": "measure", "reference_dir": str(tmp_path / "node1")}
+    spec = RankSpec(
+        strategy="single",
+        strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
+        workload=workload,
+        module="attention",
+        gpus=2,
+        seed=5,
+        max_trial_seconds=10,
+        timing={"min_samples": 3, "max_samples": 3, "target_ms": 10},
+        reference_dir=str(tmp_path / "node0"),
+        role="reference",
+    )
+    assert measure(strategies.get("single"), context(spec), spec, None).status == "ok"
+    elsewhere = replace(spec, role="measure", reference_dir=str(tmp_path / "node1"))
     mp_rank = context(elsewhere, rank=1, world=2, local_rank=0)
     assert single_output_here(elsewhere, mp_rank) == tmp_path / "node1"
     for b in range(2):
         assert torch.equal(torch.load(tmp_path / "node0" / f"out{b}.pt"), torch.load(tmp_path / "node1" / f"out{b}.pt"))
-    assert single_output_here({**elsewhere, "reference_dir": str(tmp_path / "node0")}, mp_rank) is None
+    assert single_output_here(replace(elsewhere, reference_dir=str(tmp_path / "node0")), mp_rank) is None
 
 
 def own_tmp() -> list[str]:

@@ -379,7 +379,8 @@ def test_a_trial_dies_with_its_parent_and_its_temp_dir_is_removed(tmp_path):
 RANKS_PARENT = """
 import sys
 from attnbench.runtime.distributed import launch
-launch("worker_jobs:sleep_forever", {"dir": sys.argv[1]}, 2, "cpu", 3600)
+from worker_jobs import Folder, sleep_forever
+launch(sleep_forever, Folder(sys.argv[1]), 2, "cpu", 3600)
 """
 
 
@@ -419,38 +420,37 @@ def test_a_sigkill_is_the_oom_killer_only_with_evidence():
     from attnbench.runtime.supervise import classify_exit as _classify_exit
 
     plain = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (3, 3), "rss_peak": 10 << 20, "memory_limit": 1 << 30})
-    assert plain["status"] == "killed"
+    assert plain.status == "killed"
     counted = _classify_exit(-signal.SIGKILL, [], {"oom_kills": (3, 4), "rss_peak": 0, "memory_limit": None})
-    assert counted["status"] == "host-oom" and "from 3 to 4" in counted["message"]
+    assert counted.status == "host-oom" and "from 3 to 4" in counted.message
     at_limit = _classify_exit(
         -signal.SIGKILL, [], {"oom_kills": (None, None), "rss_peak": 1 << 30, "memory_limit": 1 << 30}
     )
-    assert at_limit["status"] == "host-oom"
-    assert _classify_exit(-signal.SIGTERM, [], {})["status"] == "killed"
+    assert at_limit.status == "host-oom"
+    assert _classify_exit(-signal.SIGTERM, [], {}).status == "killed"
     assert (
-        _classify_exit(1, ["RuntimeError: cuDNN Frontend error: No valid execution plans built."])["status"]
+        _classify_exit(1, ["RuntimeError: cuDNN Frontend error: No valid execution plans built."]).status
         == "unsupported"
     )
-    assert _classify_exit(1, ["torch.OutOfMemoryError: CUDA out of memory."])["status"] == "oom"
-    assert _classify_exit(1, ["ValueError: bad"])["status"] == "error"
+    assert _classify_exit(1, ["torch.OutOfMemoryError: CUDA out of memory."]).status == "oom"
+    assert _classify_exit(1, ["ValueError: bad"]).status == "error"
 
 
 def test_a_real_signal_from_outside_is_killed_not_out_of_memory():
     from attnbench.runtime.supervise import supervise as _supervise
 
     out = _supervise([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], 600)
-    assert out["status"] in ("killed", "host-oom")  # host-oom only if the cgroup really killed something
-    if out["status"] == "host-oom":
-        assert "oom_kill count rose" in out["message"]
+    assert out.status in ("killed", "host-oom")  # host-oom only if the cgroup really killed something
+    if out.status == "host-oom":
+        assert "oom_kill count rose" in out.message
 
 
 def test_ranks_that_left_no_result_take_the_class_of_the_launcher_exit():
     from attnbench.runtime.distributed import agreed_status
+    from attnbench.runtime.jobs import RankEnded
 
     def ranks(outcome):
-        return [
-            {"status": "killed", "rank": r, "outcome": outcome, "message": "no result", "failed_at": r} for r in (0, 1)
-        ]
+        return [RankEnded(r, "killed", "no result", outcome=outcome, failed_at=r) for r in (0, 1)]
 
     assert [agreed_status(ranks(o))[0] for o in ("host-oom", "killed", "time-limit", "error")] == [
         "host-oom",

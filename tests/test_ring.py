@@ -30,7 +30,7 @@ from attnbench.trials.trial import TrialSpec
 from attnbench.units import parse_gpus
 
 from conftest import main_in_process, not_timed_out, run_cli
-from distributed_selftest import ring_exchanges
+from distributed_selftest import Plans, ring_exchanges
 
 RING_IMPLS = ["ring", "ring-dilated", "ring-dilated-hilbert", "block-sparse-ring"]
 
@@ -274,10 +274,11 @@ def test_every_exchange_plan_of_the_ring_matches_the_reference(world, monkeypatc
     tests = str(Path(__file__).resolve().parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
     plans = EXCHANGE_PLANS[world]
-    found = launch(ring_exchanges, {"seq_len": 128 * world, "plans": list(plans)}, world, "cpu", phase_limit_s=180)
-    for rank_found in found:
+    ended = launch(ring_exchanges, Plans(128 * world, list(plans)), world, "cpu", phase_limit_s=180)
+    for rank in ended:
+        assert rank.status == "ok", rank
         for (plan, batch), (flat, causal_low, causal_high) in plans.items():
-            got = rank_found[f"{plan} batch={batch}"]
+            got = rank.result.found[f"{plan} batch={batch}"]
             assert got["causal=False"] <= TOLERANCE["fp32"] and got["causal=True"] <= TOLERANCE["fp32"], (plan, batch)
             assert got["exchanges causal=False"] == flat, (plan, batch)
             assert causal_low <= got["exchanges causal=True"] <= causal_high, (plan, batch)

@@ -156,14 +156,15 @@ def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeyp
 def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeypatch):
     """As a one-process trial does: the supervisor tells the kernel's OOM killer from another
     kill by the limit."""
+    from attnbench.runtime.jobs import RankEnded
     from attnbench.sweeps import seqpar
     from attnbench.trials.trial import TrialSpec
 
     seen = {}
 
-    def launch(job, payload, world, device, **kw):
+    def launch(job, spec, world, device, **kw):
         seen.update(kw)
-        return [{"status": "oom", "rank": r, "message": "out of memory", "times_ms": []} for r in range(world)]
+        return [RankEnded(r, "oom", "out of memory") for r in range(world)]
 
     monkeypatch.setattr(seqpar, "launch", launch)
     workload = dict(

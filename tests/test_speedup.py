@@ -17,15 +17,30 @@ from attnbench.plan import Case, Plan, parse_cases, speedup_series
 from attnbench.results import read_rows
 from attnbench.results.convert import SchemaError, to_json
 from attnbench.results.schema import GpuMemory
+from attnbench.runtime.jobs import RankEnded
 from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.job import context, measure
-from attnbench.sweeps.kinds.speedup.result import read_ranks
+from attnbench.sweeps.kinds.speedup.job import context, measure, speedup_rank
+from attnbench.sweeps.kinds.speedup.result import RankSpec
 from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
 from attnbench.trials.reference import TOLERANCE
 
 from conftest import ROOT, main_in_process, not_timed_out, run_cli, typed_row
+
+
+def read_ranks(sent: list[dict]) -> list[RankEnded]:
+    """Ranks as the launcher hands them back, from what each sent: its rank and status beside
+    its result, read as the launch reads it."""
+    return [
+        RankEnded(d["rank"], d["status"], result=speedup_rank.read_result(_without(d, "rank"), f"rank {d['rank']}"))
+        for d in sent
+    ]
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
 
 CPU = ["--device", "cpu", "--dtype", "fp32", "--heads", 4, "--head-dim", 16]
 DILATED = ["--impl", "dilated", "--segment-lengths", "64,128", "--dilation-rates", "1,2"]
@@ -98,7 +113,7 @@ def test_a_speedup_trial_and_a_sequence_parallel_trial_read_their_ranks_alike(fi
     parts = [RankMeasured(status="ok", message="", times_ms=t, timer="cpu", rank=r) for r, t in enumerate(per_rank)]
     for part, first in zip(parts, firsts):
         part.first_call_ms = first
-    ring = combine([{"status": "ok", "rank": p.rank, **to_json(p)} for p in parts], wl, 2)
+    ring = combine([RankEnded.finished(p.rank, p) for p in parts], wl, 2)
     assert speedup.times_ms == ring.times_ms == [3.0, 4.0, 3.5]
     assert speedup.first_call_ms == ring.first_call_ms == (9.0 if None not in firsts else None)
     assert [r.time_ms for r in speedup.ranks] == [r.time_ms for r in ring.ranks] == [3.0, 3.0]
@@ -300,8 +315,10 @@ class ScriptedNvml:
 
 
 def _measure(tmp_path, nvml):
-    payload = {
-        "workload": {
+    spec = RankSpec(
+        strategy="single",
+        strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
+        workload={
             "impl": "naive",
             "config": {},
             "batch": 2,
@@ -313,15 +330,15 @@ def _measure(tmp_path, nvml):
             "mode": "fwd",
             "causal": False,
         },
-        "module": "attention",
-        "gpus": 2,
-        "seed": 1,
-        "max_trial_seconds": 10,
-        "timing": {"min_samples": 3, "max_samples": 5, "target_ms": 50},
-        "reference_dir": str(tmp_path / "ref"),
-        "role": "reference",
-    }
-    return measure(strategies.get("single"), context(payload), payload, nvml)
+        module="attention",
+        gpus=2,
+        seed=1,
+        max_trial_seconds=10,
+        timing={"min_samples": 3, "max_samples": 5, "target_ms": 50},
+        reference_dir=str(tmp_path / "ref"),
+        role="reference",
+    )
+    return measure(strategies.get("single"), context(spec), spec, nvml)
 
 
 def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path):
@@ -407,13 +424,13 @@ def test_cases_parse_and_gpu_count_is_checked():
         check_settings(replace(base, settings=replace(base.settings, strategies=("mp",))), cuda_devices=2)
 
 
-def _ranks_that_agree(job, payload, nprocs, device, phase_limit_s, **limits):
+def _ranks_that_agree(job, spec, nprocs, device, phase_limit_s, **limits):
     """What a speedup trial's ranks send when they ran and their output equals the single
     run's, without starting them (real ranks: the tests above)."""
-    wl = payload["workload"]
+    wl = spec.workload
     share = wl["batch"] * wl["seq_len"] * wl["heads"] * wl["head_dim"] // nprocs
-    compare = {"compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": share}} if payload["role"] == "measure" else {}
-    return [{"status": "ok", "rank": r, "times_ms": [1.0, 1.0, 1.0], **compare} for r in range(nprocs)]
+    compare = {"compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": share}} if spec.role == "measure" else {}
+    return read_ranks([{"status": "ok", "rank": r, "times_ms": [1.0, 1.0, 1.0], **compare} for r in range(nprocs)])
 
 
 @pytest.mark.slow
@@ -549,7 +566,7 @@ def test_a_rank_result_missing_or_mistyping_a_field_is_refused_naming_it():
     """The parent reads each rank's result file checked: a field the job and the parent
     disagree on is named, never read as missing."""
     sent = {"status": "ok", "rank": 0, "times_ms": [1.0], "compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": 4}}
-    assert read_ranks([sent])[0].compare.elements == 4
+    assert read_ranks([sent])[0].result.compare.elements == 4
     with pytest.raises(SchemaError, match="rank 1's rankresult: missing field 'times_ms'"):
         read_ranks([sent, {"status": "ok", "rank": 1}])
     mistyped = {**sent, "compare": {**sent["compare"], "elements": "4"}}

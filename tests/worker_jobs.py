@@ -4,7 +4,7 @@ the test that needs them)."""
 import os
 from dataclasses import dataclass
 
-from attnbench.runtime.jobs import job
+from attnbench.runtime.jobs import Place, job
 
 
 def nothing() -> None:
@@ -32,11 +32,17 @@ def whoami(spec: Nothing) -> Worker:
     return Worker(os.getpid(), torch is not None and torch.cuda.is_initialized())
 
 
-def sleep_forever(payload: dict, rank: int, world_size: int, device: str) -> dict:
-    """A rank that records its pid in the payload's directory, then never finishes."""
+@dataclass
+class Folder:
+    dir: str
+
+
+@job
+def sleep_forever(spec: Folder, place: Place) -> Nothing:
+    """A rank that records its pid in the spec's folder, then never finishes."""
     import time
     from pathlib import Path
 
-    (Path(payload["dir"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    (Path(spec.dir) / f"rank{place.rank}.pid").write_text(str(os.getpid()))
     time.sleep(3600)
-    return {}
+    return Nothing()

@@ -35,12 +35,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch.distributed import DistError, TCPStore
 
 from attnbench.errors import AttnbenchError
+from attnbench.results.convert import to_json
+from attnbench.results.schema import received
 from attnbench.runtime import distributed
+from attnbench.runtime.jobs import Ended, RankEnded
 from attnbench.runtime.nodes import (
     BEAT_S,
     GOODBYE_S,
@@ -145,7 +149,7 @@ class Pulse:
             return _take(self.store, f"abort/{trial}") if _has(self.store, f"abort/{trial}") else None
         for r in self.watched:
             if _has(self.store, f"result/{trial}/{r}"):
-                why = part_failure(_take(self.store, f"result/{trial}/{r}"))
+                why = part_failure(_take_part(self.store, trial, r))
                 if why:
                     return f"node {r}: {why}"
         return None
@@ -158,7 +162,22 @@ def _first_line(exc: BaseException) -> str:
 # --- one trial's parts ------------------------------------------------------------------------
 
 
-def node_part(nodes: Nodes, job: dict[str, Any], pulse: Pulse) -> dict[str, Any]:
+@dataclass
+class NodePart:
+    """What one node's ranks of a trial left: how each ended (its result still JSON, read once
+    on node 0), the ranks it was to run, and how its torchrun ended."""
+
+    node: int
+    ranks: list[RankEnded]
+    expected: int
+    outcome: Ended
+
+
+def _take_part(store: TCPStore, trial: int, node: int) -> NodePart:
+    return received(NodePart, _take(store, f"result/{trial}/{node}"), f"node {node}")
+
+
+def node_part(nodes: Nodes, job: dict[str, Any], pulse: Pulse) -> NodePart:
     """This node's ranks of a trial under torchrun joined to the trial's rendezvous: what each
     rank left (a failed one's message names this node) and how the launcher ended."""
     found, outcome = distributed.run_on_node(
@@ -170,46 +189,42 @@ def node_part(nodes: Nodes, job: dict[str, Any], pulse: Pulse) -> dict[str, Any]
         stop=pulse.stop_reason,
     )
     ranks = [
-        r if r.get("status") == "ok" else {**r, "message": f"on node {nodes.rank}: {r.get('message', '')}"}
-        for r in found.values()
+        r if r.status == "ok" else replace(r, message=f"on node {nodes.rank}: {r.message}") for r in found.values()
     ]
-    return {"node": nodes.rank, "ranks": ranks, "expected": job["world"] // nodes.count, "outcome": outcome}
+    return NodePart(nodes.rank, ranks, job["world"] // nodes.count, outcome)
 
 
-def part_failure(part: dict[str, Any]) -> str | None:
+def part_failure(part: NodePart) -> str | None:
     """Why a node's part failed the trial (a rank failed, or ranks left nothing), or None."""
-    failed = [r for r in part["ranks"] if r.get("status") != "ok"]
+    failed = [r for r in part.ranks if r.status != "ok"]
     if failed:
         first = failed[0]
-        return f"rank {first.get('rank')} {first.get('status')}: {first.get('message', '')}"
-    if len(part["ranks"]) < part["expected"]:
-        return part["outcome"].get("message") or "its ranks left no result"
+        return f"rank {first.rank} {first.status}: {first.message}"
+    if len(part.ranks) < part.expected:
+        return part.outcome.message or "its ranks left no result"
     return None
 
 
-def combine_parts(parts: dict[int, dict[str, Any]], world: int, lost: dict[int, str]) -> list[dict[str, Any]]:
-    """One result per rank, in rank order, from the nodes' parts. A rank no part holds ran on a
+def combine_parts(parts: dict[int, NodePart], world: int, lost: dict[int, str]) -> list[RankEnded]:
+    """How each rank ended, in rank order, from the nodes' parts. A rank no part holds ran on a
     lost node (it is killed, and the node is named as the cause), or on a node whose launcher
     failed or was stopped (its account is the rank's)."""
-    found: dict[int, dict[str, Any]] = {}
+    found: dict[int, RankEnded] = {}
     for node in sorted(parts):
-        for r in parts[node]["ranks"]:
-            found.setdefault(r["rank"], r)
+        for r in parts[node].ranks:
+            found.setdefault(r.rank, r)
     if lost:
         why = "; ".join(f"node {n} was lost: {reason}" for n, reason in sorted(lost.items()))
-        missing = {"status": "killed", "outcome": distributed.NODE_LOST, "message": why}
+        missing = RankEnded(-1, "killed", why, outcome=distributed.NODE_LOST)
     else:
         # the nodes short of ranks tell why; one stopped because of another node says so, so the
         # other's account comes first
-        short = [(n, p["outcome"]) for n, p in sorted(parts.items()) if len(p["ranks"]) < p["expected"]]
-        short.sort(key=lambda item: bool(item[1].get("stopped")))
-        node, outcome = short[0] if short else (0, {})
-        missing = {
-            "status": "killed",
-            "outcome": outcome.get("status"),
-            "message": f"on node {node}: {outcome.get('message') or 'stopped before writing a result'}",
-        }
-    return [found.get(rank) or {**missing, "rank": rank, "times_ms": []} for rank in range(world)]
+        short = [(n, p.outcome) for n, p in sorted(parts.items()) if len(p.ranks) < p.expected]
+        short.sort(key=lambda item: item[1].stopped)
+        node, outcome = short[0] if short else (0, None)
+        why = f"on node {node}: {(outcome and outcome.message) or 'stopped before writing a result'}"
+        missing = RankEnded(-1, "killed", why, outcome=outcome and outcome.status)
+    return [found.get(rank) or replace(missing, rank=rank) for rank in range(world)]
 
 
 # --- node 0 -------------------------------------------------------------------------------------
@@ -257,12 +272,13 @@ class Leader:
 
     def launch(
         self, spec: dict[str, Any], world: int, phase_limit_s: float, memory_limit: int | None
-    ) -> list[dict[str, Any]]:
-        """One multi-process trial over every node: one result per rank, in rank order."""
+    ) -> list[RankEnded]:
+        """One multi-process trial over every node (``spec``: the job file every rank reads):
+        how each rank ended, in rank order."""
         pulse = self.pulse
         if world % self.nodes.count:  # refused with the options; a job that still asks cannot run
             message = f"{world} ranks do not spread evenly over {self.nodes.count} nodes"
-            return [{"status": "error", "rank": r, "message": message, "times_ms": []} for r in range(world)]
+            return [RankEnded(r, "error", message) for r in range(world)]
         if pulse.lost:  # a node lost earlier: this trial cannot run
             return combine_parts({}, world, pulse.lost)
         self.trials += 1
@@ -288,14 +304,14 @@ class Leader:
         pulse.trial = None
         return results
 
-    def _gather(self, trial: int, parts: dict[int, dict[str, Any]]) -> dict[int, str]:
+    def _gather(self, trial: int, parts: dict[int, NodePart]) -> dict[int, str]:
         """Every other node's part of the trial, or the reason it is lost (each is one or the other)."""
         pulse = self.pulse
         waiting = set(range(1, self.nodes.count))
         while waiting:
             for r in sorted(waiting):
                 if _has(self.store, f"result/{trial}/{r}"):
-                    parts[r] = _take(self.store, f"result/{trial}/{r}")
+                    parts[r] = _take_part(self.store, trial, r)
                     waiting.discard(r)
                 elif r in pulse.lost:
                     waiting.discard(r)
@@ -387,7 +403,7 @@ class Follower:
             self.say(f"trial {job['id']}: {job['world'] // self.nodes.count} of its {job['world']} ranks here")
             self.pulse.begin(trial)
             part = node_part(self.nodes, job, self.pulse)
-            _put(self.store, f"result/{trial}/{r}", part)
+            _put(self.store, f"result/{trial}/{r}", to_json(part))
             if self._wait_any(f"outcome/{trial}", "end") == "end":
                 break
             outcome = _take(self.store, f"outcome/{trial}")

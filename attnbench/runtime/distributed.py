@@ -3,9 +3,9 @@
 ``launch`` starts ``torchrun --standalone --nproc-per-node P`` with ``attnbench.runtime.distributed JOB``
 as each rank (both through ``runtime.agent``, so a rank dies with its agent whenever that dies)
 and supervises it like a single-process trial (a single rank runs directly, with the
-environment torchrun would give it). Each rank imports the job function the job file names
-(``"module:function"``), calls ``function(payload, rank, world_size, device)`` and writes
-its own result file, success or failure. A rank that fails writes its error and exits
+environment torchrun would give it). Each rank finds the rank job the job file names
+(``runtime.jobs``: ``run(spec, place) -> result``, typed, sent as JSON), runs it and writes
+how it ended (``RankEnded``), success or failure. A rank that fails writes its error and exits
 at once: torchrun then stops every other rank, so no rank waits forever in a collective, and
 the caller reads which rank failed and why. A collective timeout and the parent's phase
 deadline are the last resorts.
@@ -28,20 +28,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
+from attnbench.results.convert import to_json
+from attnbench.results.schema import received
 from attnbench.runtime import agent
-from attnbench.runtime.jobs import function_ref, resolve
+from attnbench.runtime.jobs import Ended, Job, Place, RankEnded, find_job
 from attnbench.runtime.supervise import Child, cgroup_oom_kills, claim_protocol, classify_exit
 from attnbench.runtime.worker import owned_temp_dir, write_json_atomic
 
-# fn(payload, rank, world_size, device) -> dict, defined at the top of an importable module
-RankJob = Callable[[dict[str, Any], int, int, str], dict[str, Any]]
+S = TypeVar("S")
 
 # The ``outcome`` of a rank whose node was lost in a run over several nodes.
 NODE_LOST = "node-lost"
@@ -51,56 +53,60 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 
 def launch(
-    job: RankJob | str,
-    payload: dict[str, Any],
+    job: Job[S, Any] | str,
+    spec: S,
     nprocs: int,
     device: str,
     phase_limit_s: float,
     collective_timeout_s: float = 300.0,
     memory_limit: int | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``job`` (a function or ``"module:function"``) on ``nprocs`` ranks; one result
-    per rank, in rank order. In a run over several nodes (``across_nodes`` is set) the ranks
-    of a multi-process job are spread over them; a one-process job runs here.
+) -> list[RankEnded]:
+    """Run the rank job ``job`` (or its ``"module:function"``) with ``spec`` on ``nprocs``
+    ranks: how each ended, in rank order, with its result typed as the job's. In a run over
+    several nodes (``across_nodes`` is set) the ranks of a multi-process job are spread over
+    them; a one-process job runs here.
 
     A rank that left no result (killed by torchrun after another rank failed, or by the
-    deadline) gets ``{"status": "killed", ...}``; the failing rank's row says why.
+    deadline) is "killed" with the launcher's account; the failing rank says why.
     ``memory_limit`` (bytes a rank may use) is evidence for telling the OOM killer from
     another kill, as for a one-process trial.
     """
-    spec = {
-        "function": function_ref(job),
-        "payload": payload,
+    job = find_job(job, ranked=True) if isinstance(job, str) else job
+    sent = {
+        "job": job.name,
+        "spec": job.spec_json(spec),
         "device": device,
         "collective_timeout_s": collective_timeout_s,
     }
     if nprocs > 1 and across_nodes is not None:
-        return across_nodes(spec, nprocs, phase_limit_s, memory_limit)
-    found, outcome = run_on_node(spec, nprocs, phase_limit_s, memory_limit)
-    return [found.get(rank) or left_nothing(rank, outcome) for rank in range(nprocs)]
+        ended = across_nodes(sent, nprocs, phase_limit_s, memory_limit)
+    else:
+        found, outcome = run_on_node(sent, nprocs, phase_limit_s, memory_limit)
+        ended = [found.get(rank) or left_nothing(rank, outcome) for rank in range(nprocs)]
+    return [e if e.result is None else replace(e, result=job.read_result(e.result, f"rank {e.rank}")) for e in ended]
 
 
 # Set by ``runtime.cluster`` while node 0 leads a run over several nodes: spreads a
 # multi-process job's ranks over them, each node's share through ``run_on_node``.
-across_nodes: Callable[[dict[str, Any], int, float, int | None], list[dict[str, Any]]] | None = None
+across_nodes: Callable[[dict[str, Any], int, float, int | None], list[RankEnded]] | None = None
 
 
 def run_on_node(
-    spec: dict[str, Any],
+    sent: dict[str, Any],
     nprocs: int,
     phase_limit_s: float,
     memory_limit: int | None = None,
     rdzv: list[str] | None = None,
     stop: Callable[[], str | None] | None = None,
-) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """This node's ranks of the job ``spec``: the result of each rank that left one (or that
-    torchrun's summary says a signal ended), by rank, and how the launcher ended. ``rdzv``:
-    this node's torchrun options in a run over several nodes (else one node, standalone);
-    ``stop``: asked while the launcher runs, a reason it gives ends the launcher (another
-    node's ranks failed, or a node was lost)."""
+) -> tuple[dict[int, RankEnded], Ended]:
+    """This node's ranks of the job file ``sent``: how each rank that left a record (or that
+    torchrun's summary says a signal ended) ended, by rank, its result still JSON; and how the
+    launcher ended. ``rdzv``: this node's torchrun options in a run over several nodes (else
+    one node, standalone); ``stop``: asked while the launcher runs, a reason it gives ends the
+    launcher (another node's ranks failed, or a node was lost)."""
     with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps(spec))
+        job_path.write_text(json.dumps(sent))
         worker = agent.command("rank", __name__, str(job_path), tmp)
         if nprocs == 1 and rdzv is None:
             # one rank needs no agent: set torchrun's environment ourselves and save its start-up;
@@ -116,30 +122,24 @@ def run_on_node(
         stopped = _stop_when(launcher, stop) if stop else {}
         outcome = launcher.watch(phase_limit_s, memory_limit)
         if stopped:
-            outcome = {"status": "killed", "message": f"stopped: {stopped['why']}", "stopped": True, "times_ms": []}
+            outcome = Ended("killed", f"stopped: {stopped['why']}", stopped=True)
         # a rank that died of a signal attnbench did not send (the deadline's is the launcher's time-limit)
-        signals = {} if outcome.get("status") == "time-limit" or stopped else rank_signals(launcher.stderr_tail)
+        signals = {} if outcome.status == "time-limit" or stopped else rank_signals(launcher.stderr_tail)
         evidence = {"oom_kills": (oom_kills, cgroup_oom_kills()), "memory_limit": memory_limit}
-        found = {}
+        found: dict[int, RankEnded] = {}
         for path in Path(tmp).glob("rank*.json"):
-            result = json.loads(path.read_text())
-            found[result["rank"]] = result
+            ended = received(RankEnded, json.loads(path.read_text()), path.stem)
+            found[ended.rank] = ended
         for rank, sig in signals.items():
             if rank not in found:
                 died = classify_exit(-sig, [], evidence, what="the rank's process")
-                found[rank] = {**died, "rank": rank, "signal": sig}
+                found[rank] = RankEnded(rank, died.status, died.message, signal=sig)
         return found, outcome
 
 
-def left_nothing(rank: int, outcome: dict[str, Any]) -> dict[str, Any]:
+def left_nothing(rank: int, outcome: Ended) -> RankEnded:
     """A rank that left no result: the launcher's account of how the job ended."""
-    return {
-        "status": "killed",
-        "rank": rank,
-        "outcome": outcome.get("status"),
-        "message": outcome.get("message") or "stopped before writing a result",
-        "times_ms": [],
-    }
+    return RankEnded(rank, "killed", outcome.message or "stopped before writing a result", outcome=outcome.status)
 
 
 def _stop_when(launcher: Child, stop: Callable[[], str | None]) -> dict[str, str]:
@@ -196,9 +196,9 @@ def _single_rank_env() -> dict[str, str]:
     }
 
 
-def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
+def agreed_status(ranks: list[RankEnded]) -> tuple[str, str]:
     """One status for all ranks: any failure fails the trial; an OOM anywhere is an OOM."""
-    failed = [r for r in results if r.get("status") != "ok"]
+    failed = [r for r in ranks if r.status != "ok"]
     if not failed:
         return "ok", ""
     # the root cause is an OOM if any rank ran out, else a rank a signal ended (its peers then
@@ -207,54 +207,50 @@ def agreed_status(results: list[dict[str, Any]]) -> tuple[str, str]:
     # SIGTERM: such a rank is no cause where another wrote why it failed, and any other signal
     # comes before it. A rank whose node was lost is a cause as a signalled one is (its peers
     # then fail on broken connections), before any signal.
-    ooms = [r for r in failed if r.get("status") in ("oom", "host-oom")]
-    wrote_why = any("failed_at" in r for r in failed)
-    lost = [r for r in failed if r.get("outcome") == NODE_LOST]
-    signalled = [r for r in failed if r.get("signal") and not (r["signal"] == signal.SIGTERM and wrote_why)]
-    signalled.sort(key=lambda r: r["signal"] == signal.SIGTERM)
+    ooms = [r for r in failed if r.status in ("oom", "host-oom")]
+    wrote_why = any(r.failed_at is not None for r in failed)
+    lost = [r for r in failed if r.outcome == NODE_LOST]
+    signalled = [r for r in failed if r.signal and not (r.signal == signal.SIGTERM and wrote_why)]
+    signalled.sort(key=lambda r: r.signal == signal.SIGTERM)
     if ooms or not (lost or signalled):
-        first = min(ooms or failed, key=lambda r: r.get("failed_at", float("inf")))
+        first = min(ooms or failed, key=lambda r: r.failed_at if r.failed_at is not None else float("inf"))
     else:
         first = (lost or signalled)[0]
-    status = first["status"]
-    said_how = first.get("signal") or first.get("outcome") == NODE_LOST
+    status = first.status
+    said_how = first.signal or first.outcome == NODE_LOST
     if status == "killed" and not said_how:  # no rank said why: the deadline, the OOM killer, a crash
-        status = first.get("outcome") if first.get("outcome") in ("time-limit", "host-oom", "killed") else "error"
-    return status, f"rank {first.get('rank')}: {first.get('message', '')}"
+        status = first.outcome if first.outcome in ("time-limit", "host-oom", "killed") else "error"
+    return status, f"rank {first.rank}: {first.message}"
 
 
 def main(job_path: str, out_dir: str) -> None:
     """A rank (started through ``runtime.agent``, which made it die with its agent first)."""
     claim_protocol()  # phase lines reach the supervisor through torchrun's stdout, and nothing else does
-    spec = json.loads(Path(job_path).read_text())
+    sent = json.loads(Path(job_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    device = spec["device"]
+    device = sent["device"]
     result_path = Path(out_dir) / f"rank{rank}.json"
     try:
+        job = find_job(sent["job"], ranked=True)
+        spec = job.read_spec(sent["spec"])
         if device == "cuda":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(
             "nccl" if device == "cuda" else "gloo",
-            timeout=dt.timedelta(seconds=spec["collective_timeout_s"]),
+            timeout=dt.timedelta(seconds=sent["collective_timeout_s"]),
             **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}),
         )
-        result = resolve(spec["function"])(spec["payload"], rank, world, device)
+        result = job.run(spec, Place(rank, world, device))
     except BaseException as exc:  # write why, then leave at once so torchrun stops the others
-        write_json_atomic(
-            result_path,
-            {
-                "status": oom.classify(exc) if isinstance(exc, Exception) else "error",
-                "rank": rank,
-                "message": oom.one_line(exc),
-                "times_ms": [],
-                "failed_at": time.time(),
-            },
-        )
+        status = oom.classify(exc) if isinstance(exc, Exception) else "error"
+        failed = RankEnded(rank, status, oom.one_line(exc), failed_at=time.time())
+        write_json_atomic(result_path, to_json(failed))
         sys.stderr.write(f"attnbench rank {rank} failed: {oom.one_line(exc)}\n")
         sys.stderr.flush()
         os._exit(1)
-    write_json_atomic(result_path, {"status": "ok", "rank": rank, **result})
+    ended = RankEnded.finished(rank, result)
+    write_json_atomic(result_path, to_json(replace(ended, result=job.result_json(result))))
     dist.destroy_process_group()
 
 

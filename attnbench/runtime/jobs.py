@@ -3,6 +3,10 @@
 annotations. Both cross the process boundary as JSON (``results.convert.to_json``) and are read
 back checked (``schema.received``: a field the two sides disagree on is named, not guessed at);
 the worker finds the job by its name, ``"module:function"``.
+
+A job every rank of a multi-process launch runs (``runtime.distributed.launch``) takes its
+``Place`` as a second argument, ``run(spec, place) -> result``; the launch gives back how each
+rank ended (``RankEnded``), with its result read the same way.
 """
 
 from __future__ import annotations
@@ -22,14 +26,24 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where one rank of a multi-process job runs."""
+
+    rank: int
+    world: int  # ranks in all
+    device: str  # "cuda" (this rank's GPU is current) or "cpu"
+
+
+@dataclass(frozen=True)
 class Job(Generic[S, R]):
     name: str  # "module:function", how a worker finds it
-    run: Callable[[S], R]
+    run: Callable[..., R]  # (spec) -> result, or (spec, place) -> result for a rank job
     spec: type[S]
     result: type[R]
+    ranked: bool = False  # runs on every rank of a launch, told its Place
 
-    def __call__(self, spec: S) -> R:  # in this process (a test, a job calling another)
-        return self.run(spec)
+    def __call__(self, spec: S, *place: Place) -> R:  # in this process (a test, a job calling another)
+        return self.run(spec, *place)
 
     def spec_json(self, spec: S) -> Any:
         return to_json(spec, nulls=True)
@@ -40,8 +54,8 @@ class Job(Generic[S, R]):
     def read_spec(self, data: Any) -> S:
         return received(self.spec, data, f"the job file of {self.name}")
 
-    def read_result(self, data: Any) -> R:
-        return received(self.result, data, f"the worker of {self.name}")
+    def read_result(self, data: Any, sender: str | None = None) -> R:
+        return received(self.result, data, sender or f"the worker of {self.name}")
 
 
 def function_ref(fn: Callable | str) -> str:
@@ -53,16 +67,19 @@ def function_ref(fn: Callable | str) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
-def job(fn: Callable[[S], R]) -> Job[S, R]:
-    """``fn(spec) -> result`` as a job; both types from its annotations, each a dataclass."""
+def job(fn: Callable[..., R]) -> Job[Any, R]:
+    """``fn(spec) -> result`` (or ``fn(spec, place: Place) -> result``, a rank job) as a job;
+    both types from its annotations, each a dataclass."""
     name = function_ref(fn)
     hints = typing.get_type_hints(fn)
     result = hints.pop("return", None)
-    (spec,) = hints.values()
+    spec, *place = hints.values()
+    if place not in ([], [Place]):
+        raise TypeError(f"{fn.__qualname__}: a job takes its spec, and a rank job its Place after it")
     for what, tp in (("spec", spec), ("result", result)):
         if not dataclasses.is_dataclass(tp):
             raise TypeError(f"{fn.__qualname__}: a job's {what} is a dataclass, not {tp!r}")
-    return Job(name, fn, spec, result)
+    return Job(name, fn, spec, result, ranked=bool(place))
 
 
 def resolve(ref: str) -> Any:
@@ -71,20 +88,26 @@ def resolve(ref: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def find_job(name: str) -> Job:
+def find_job(name: str, ranked: bool = False) -> Job:
     found = resolve(name)
     if not isinstance(found, Job):
         raise TypeError(f"{name} is not a job: make it one with @job")
+    if found.ranked and not ranked:
+        raise TypeError(f"{name} is a rank job: launch it on ranks (runtime.distributed.launch)")
+    if ranked and not found.ranked:
+        raise TypeError(f"{name} is not a rank job: give it a Place after its spec")
     return found
 
 
 @dataclass(frozen=True)
 class Ended:
-    """How a worker process ended without its result, or after the partial result it left
-    (a phase past its limit, a signal, an exit): status and message as a row writes them."""
+    """How a child process ended, as its supervisor classified it (a phase past its limit, a
+    signal, an exit), for a worker that left no result or only a partial one, or a launcher:
+    status and message as a row writes them."""
 
     status: str
     message: str
+    stopped: bool = False  # a launcher ended because another node's ranks failed or a node was lost
 
 
 @dataclass
@@ -100,3 +123,27 @@ class Ran(Generic[R]):
     @property
     def partial(self) -> bool:
         return self.result is not None and self.ended is not None
+
+
+@dataclass
+class RankEnded:
+    """How one rank of a multi-process job ended (``distributed.launch`` gives one per rank):
+    ``status`` "ok" with the job's result, or how it failed. A rank that failed wrote why and
+    when (``failed_at``); one a signal ended has it (``signal``); one that left nothing has its
+    launcher's account (``outcome``, or that its node was lost). A result that carries a
+    status of its own (a trial past its time limit) gives the rank that status and message."""
+
+    rank: int
+    status: str
+    message: str = ""
+    result: Any = None  # the job's result (its JSON while it crosses a process or a node)
+    failed_at: float | None = None  # time.time() of the failure: the first is the cause
+    outcome: str | None = None
+    signal: int | None = None
+
+    @classmethod
+    def finished(cls, rank: int, result: Any) -> RankEnded:
+        """A rank whose job returned: "ok", or the status its result says."""
+        status = getattr(result, "status", None) or "ok"
+        message = (getattr(result, "message", None) or "") if status != "ok" else ""
+        return cls(rank, status, message, result)

@@ -28,6 +28,7 @@ from typing import Any
 from attnbench.errors import raise_pending_interrupt
 from attnbench.measure.oom import classify_text
 from attnbench.runtime.agent import die_with_parent
+from attnbench.runtime.jobs import Ended
 from attnbench.units import clip_text
 
 # Seconds a child may take to start (import torch, create a CUDA context, allocate inputs)
@@ -145,7 +146,7 @@ KEEPER = GroupKeeper()
 
 def supervise(
     cmd: list[str], phase_limit_s: float, extra_env: dict[str, str] | None = None, memory_limit: int | None = None
-) -> dict[str, Any]:
+) -> Ended:
     """Run ``cmd``; kill it (and its process group) when a phase runs past its limit. The
     child dies with this process (parent-death signal), and its exit is classified by
     evidence: the cgroup's OOM-kill counter and its resident memory against the limit."""
@@ -209,9 +210,9 @@ class Child:
 
     def watch(
         self, phase_limit_s: float, memory_limit: int | None = None, on_phase: Callable[[str], None] | None = None
-    ) -> dict[str, Any]:
+    ) -> Ended:
         """Wait for the child, killing it when a phase runs past its limit; ``on_phase`` hears
-        each phase as its line arrives. Its outcome when it died without a result (else {})."""
+        each phase as its line arrives. How it ended, which says why where it left no result."""
         oom_kills_before = cgroup_oom_kills()
         killed, rss_peak = None, 0
         if on_phase is not None:
@@ -239,7 +240,7 @@ class Child:
         for r in self.readers:
             r.join(timeout=5)
         if killed:
-            return {"status": "time-limit", "message": killed, "times_ms": []}
+            return Ended("time-limit", killed)
         evidence = {
             "oom_kills": (oom_kills_before, cgroup_oom_kills()),
             "rss_peak": rss_peak,
@@ -284,7 +285,7 @@ def end_group(proc: subprocess.Popen) -> None:
 
 def classify_exit(
     returncode: int, stderr_tail: list[str], evidence: dict[str, Any] | None = None, what: str = "trial process"
-) -> dict[str, Any]:
+) -> Ended:
     """A child (``what``) that died without writing its result. A signal we did not send is
     the kernel's OOM killer only with evidence: the cgroup's oom_kill counter rose, or the
     child's resident memory reached its limit; any other signal is "killed"."""
@@ -299,27 +300,11 @@ def classify_exit(
         elif returncode == -signal.SIGKILL and limit and rss >= 0.9 * limit:
             why = f"its resident memory reached {rss / 2**20:,.0f} MiB of the {limit / 2**20:,.0f} MiB limit"
         else:
-            return {
-                "status": "killed",
-                "message": f"{what} killed by {name}, not by attnbench (no sign of the OOM killer)",
-                "times_ms": [],
-            }
-        return {
-            "status": "host-oom",
-            "message": f"{what} killed by {name}: the kernel's OOM killer ({why})",
-            "times_ms": [],
-        }
+            return Ended("killed", f"{what} killed by {name}, not by attnbench (no sign of the OOM killer)")
+        return Ended("host-oom", f"{what} killed by {name}: the kernel's OOM killer ({why})")
     if returncode == 0:  # exited as if it had finished, without a result: code that ends its process
-        return {
-            "status": "error",
-            "message": clip_text(f"{what} exited with 0 before writing its result: {last}", 400),
-            "times_ms": [],
-        }
-    return {
-        "status": classify_text(last),
-        "message": clip_text(f"{what} exited with {returncode}: {last}", 400),
-        "times_ms": [],
-    }
+        return Ended("error", clip_text(f"{what} exited with 0 before writing its result: {last}", 400))
+    return Ended(classify_text(last), clip_text(f"{what} exited with {returncode}: {last}", 400))
 
 
 def cgroup_oom_kills() -> int | None:

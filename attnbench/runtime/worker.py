@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnbench.errors import interrupts_held
-from attnbench.runtime.jobs import Ended, Job, Ran, find_job, resolve
+from attnbench.runtime.jobs import Job, Ran, find_job, resolve
 from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
 S = TypeVar("S")
@@ -100,7 +100,7 @@ def run_in_child(
             SPARES.hold(False)
         sent = json.loads(result_path.read_text()) if result_path.exists() else {}
         result = job.read_result(sent["result"]) if "result" in sent else None
-        ended = Ended(outcome["status"], outcome["message"]) if result is None or sent.get(PARTIAL) else None
+        ended = outcome if result is None or sent.get(PARTIAL) else None
         return Ran(result, ended, phase_seconds(child, handed))
 
 

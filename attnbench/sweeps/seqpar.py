@@ -4,7 +4,7 @@ Parent side: ``run_trial(spec, world)`` measures a distributed implementation on
 ranks and returns what they measured together (``schema.Measured``); ``verify(cases)`` checks cases gathered
 across ranks against the float64 reference and the single-device counterpart.
 
-Rank side (``attnbench.sweeps.seqpar_job``, the job functions that
+Rank side (``attnbench.sweeps.seqpar_job``, the rank jobs that
 ``attnbench.runtime.distributed.launch`` runs): every rank builds its own shard of the
 inputs, takes a barrier before each timed call and times it; a call's time is the slowest
 rank's, the row's ``time_ms`` the median over calls. Ranks agree on the number of calls
@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from attnbench import impls
 from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
-from attnbench.results.schema import GpuMemory, Measured, RankLine, received
+from attnbench.results.schema import GpuMemory, Measured, RankLine
 from attnbench.runtime import nodes
 from attnbench.runtime.distributed import agreed_status, launch
+from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.measured import set_peak, take_accounting
 from attnbench.trials.reference import Check, VerifyCase
@@ -34,7 +34,7 @@ from attnbench.trials.trial import TrialSpec
 
 #: the ``strategy`` of rows measured by sequence-parallel implementations
 STRATEGY = "ring"
-# the rank side's job functions, by name (the job module imports this one)
+# the rank side's jobs, by name (the job module imports this one)
 TRIAL_JOB = "attnbench.sweeps.seqpar_job:trial_job"
 VERIFY_JOB = "attnbench.sweeps.seqpar_job:verify_job"
 
@@ -101,26 +101,59 @@ class RankMeasured(Measured):
     gpu: GpuMemory | None = None
 
 
+@dataclass
+class RankTrial:
+    """What every rank of a sequence-parallel trial is given."""
+
+    spec: TrialSpec
+    fail_rank: int | None = None  # a test's fault: this rank raises inside the ring
+
+
+@dataclass
+class SeededCase:
+    case: VerifyCase
+    seed: int  # the inputs' generator seed, the same on every rank
+
+
+@dataclass
+class RankChecks:
+    """What every rank of a reference check is given: the cases of one world size and device."""
+
+    cases: list[SeededCase]
+    fail_rank: int | None = None
+
+
+@dataclass
+class Checked:
+    """What a reference check's rank 0 sends back (the other ranks nothing)."""
+
+    checks: list[Check]
+
+
 def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Measured:
     """One trial on ``world`` ranks: what they measured together (status, times, memory per GPU, ranks)."""
     from attnbench.trials.workload import Workload
 
     wl = Workload(**spec.workload)
-    payload = {"spec": asdict(spec), "fail_rank": fail_rank}
-    results = launch(
-        TRIAL_JOB, payload, world, wl.device, phase_limit_s=spec.max_trial_seconds, memory_limit=spec.memory_limit
+    ended = launch(
+        TRIAL_JOB,
+        RankTrial(spec, fail_rank),
+        world,
+        wl.device,
+        phase_limit_s=spec.max_trial_seconds,
+        memory_limit=spec.memory_limit,
     )
-    return combine(results, wl, world)
+    return combine(ended, wl, world)
 
 
-def combine(results: list[dict[str, Any]], wl, world: int) -> Measured:
-    """One trial from the ranks' results: each call's time is the slowest rank's, each memory
+def combine(ended: list[RankEnded], wl, world: int) -> Measured:
+    """One trial from how its ranks ended: each call's time is the slowest rank's, each memory
     reading the fullest rank's."""
-    status, message = agreed_status(results)
-    m = Measured(status=status, message=message, times_ms=[], ranks=[rank_line(r) for r in results])
+    status, message = agreed_status(ended)
+    m = Measured(status=status, message=message, times_ms=[], ranks=[rank_line(r) for r in ended])
     # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
-    ranks = [received(RankMeasured, r, f"rank {r.get('rank')}") for r in results if r.get("timer")]
-    if status == "ok" and len(ranks) == len(results) and all(r.times_ms for r in ranks):
+    ranks: list[RankMeasured] = [r.result for r in ended if r.result is not None]
+    if status == "ok" and len(ranks) == len(ended) and all(r.times_ms for r in ranks):
         m.times_ms = slowest_per_call([r.times_ms for r in ranks])
         if all(r.gpu_times_ms for r in ranks):  # replayed together: each sample's slowest rank
             m.gpu_times_ms = slowest_per_call([r.gpu_times_ms for r in ranks])
@@ -167,12 +200,9 @@ def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | Non
     return busiest, (busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None)
 
 
-# What a rank's line keeps of what the rank sent (one the launcher saw fail sent little more
-# than its rank, status and message).
+# What a rank's line keeps of what the rank measured (one that failed sent nothing: its line
+# holds its rank, status and message).
 RANK_LINE = (
-    "rank",
-    "status",
-    "message",
     "compile_ms",
     "first_call_ms",
     "compute_ms",
@@ -186,10 +216,14 @@ RANK_LINE = (
 )
 
 
-def rank_line(r: dict[str, Any]) -> RankLine:
-    """A rank's line in the row's ``ranks``: its own median call beside what it sent."""
-    line = RankLine(**{k: r[k] for k in RANK_LINE if r.get(k) is not None})
-    line.time_ms = own_median(r.get("times_ms"))
+def rank_line(ended: RankEnded) -> RankLine:
+    """A rank's line in the row's ``ranks``: its own median call beside what it measured."""
+    line = RankLine(rank=ended.rank, status=ended.status, message=ended.message or None)
+    measured: RankMeasured | None = ended.result
+    if measured is not None:
+        for k in RANK_LINE:
+            setattr(line, k, getattr(measured, k))
+        line.time_ms = own_median(measured.times_ms)
     if line.status == "ok":
         line.message = None
     return line
@@ -197,8 +231,6 @@ def rank_line(r: dict[str, Any]) -> RankLine:
 
 def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[tuple[VerifyCase, Check]]:
     """Run the cases, one launch per (world size, device); each case with its check, launch by launch."""
-    from attnbench.results.schema import received
-
     groups: dict[tuple[int, str], list[VerifyCase]] = {}
     for c in cases:
         groups.setdefault((c.world_size, c.device), []).append(c)
@@ -206,11 +238,11 @@ def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[tuple[
     for (world, device), group in groups.items():
         check_world(device, world)
         seeds = [random.randrange(2**31 - 1) for _ in group]
-        payload = {"cases": [{"case": asdict(c), "seed": s} for c, s in zip(group, seeds)], "fail_rank": fail_rank}
-        results = launch(VERIFY_JOB, payload, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
-        status, message = agreed_status(results)
+        spec = RankChecks([SeededCase(c, s) for c, s in zip(group, seeds)], fail_rank)
+        ended = launch(VERIFY_JOB, spec, world, device, phase_limit_s=STARTUP_ALLOWANCE_S)
+        status, message = agreed_status(ended)
         if status == "ok":
-            checks = [received(Check, check, "rank 0 of the reference check") for check in results[0]["checks"]]
+            checks = ended[0].result.checks
         else:  # the run ended on a failing rank: every case of it is an error with that rank's reason
             checks = [c.check(seed, "error", message) for c, seed in zip(group, seeds)]
         checked += zip(group, checks)

@@ -1,4 +1,4 @@
-"""The rank side of sequence-parallel trials and reference checks: the job functions that
+"""The rank side of sequence-parallel trials and reference checks: the rank jobs that
 ``attnbench.runtime.distributed.launch`` runs on every rank (``trial_job``, ``verify_job``),
 named by ``attnbench.sweeps.seqpar`` as ``"module:function"``.
 
@@ -19,13 +19,13 @@ from typing import Any
 from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
-from attnbench.results.convert import fill, to_json
+from attnbench.results.convert import fill
 from attnbench.results.schema import GpuMemory
+from attnbench.runtime.jobs import Place, job
 from attnbench.runtime.supervise import announce_phase
-from attnbench.sweeps.seqpar import RankMeasured
+from attnbench.sweeps.seqpar import Checked, RankChecks, RankMeasured, RankTrial
 from attnbench.trials.measured import take_measurement
 from attnbench.trials.reference import TOLERANCE, Check, VerifyCase
-from attnbench.trials.trial import TrialSpec
 
 
 def _device(device: str):
@@ -34,28 +34,27 @@ def _device(device: str):
     return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
 
 
-def _maybe_fail(payload: dict[str, Any], rank: int) -> None:
+def _maybe_fail(fail_rank: int | None, rank: int) -> None:
     """Fault injection for the tests: this rank raises while the others are already inside
     the ring waiting for it."""
-    if payload.get("fail_rank") == rank:
+    if fail_rank == rank:
         time.sleep(0.5)
         raise RuntimeError(f"rank {rank} was asked to fail")
 
 
-def verify_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    """Rank side of ``seqpar.verify``: rank 0 sends each case's check as JSON (``to_json``), the others nothing."""
-    from attnbench.results.convert import to_json
-
+@job
+def verify_job(spec: RankChecks, place: Place) -> Checked:
+    """Rank side of ``seqpar.verify``: rank 0 sends each case's check, the others nothing."""
     checks = []
-    for item in payload["cases"]:
+    for item in spec.cases:
         started = time.monotonic()
-        check = _verify_case(VerifyCase(**item["case"]), item["seed"], rank, world, _device(device), payload)
-        if rank == 0:
-            checks.append(to_json(replace(check, elapsed_s=round(time.monotonic() - started, 3))))
-    return {"checks": checks}
+        check = _verify_case(item.case, item.seed, place, spec.fail_rank)
+        if place.rank == 0:
+            checks.append(replace(check, elapsed_s=round(time.monotonic() - started, 3)))
+    return Checked(checks)
 
 
-def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payload) -> Check | None:
+def _verify_case(case: VerifyCase, seed: int, place: Place, fail_rank: int | None) -> Check | None:
     """The case's check on rank 0; None on the others, whose part ends with the gather."""
     import torch
     import torch.distributed as dist
@@ -63,6 +62,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     from attnbench.trials.reference import masked_reference, relative_error
     from attnbench.trials.workload import torch_dtype
 
+    rank, world, dev = place.rank, place.world, _device(place.device)
     impl = build(case.impl, case.config, world)
     try:  # deterministic: every rank takes the same branch
         impl.check_shape(case.seq_len, case.heads)
@@ -77,7 +77,7 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
         for s in (shape, kv_shape, kv_shape)
     )
     positions = [impl.shard_positions(case.seq_len, r, case.causal) for r in range(world)]
-    _maybe_fail(payload, rank)
+    _maybe_fail(fail_rank, rank)
     with torch.no_grad():
         out = impl(*(x[:, positions[rank]].to(dev) for x in (q, k, v)), is_causal=case.causal)
     shards = [torch.empty(out.shape, dtype=torch.float32, device=dev) for _ in range(world)]
@@ -117,13 +117,16 @@ def _verify_case(case: VerifyCase, seed: int, rank: int, world: int, dev, payloa
     )
 
 
-def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
+@job
+def trial_job(sent: RankTrial, place: Place) -> RankMeasured:
+    """One rank of ``seqpar.run_trial``: its shard's calls timed in step with the other ranks,
+    its memory, its GPU."""
     import torch
 
     from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, own_gpu_nvml
     from attnbench.trials.workload import Workload
 
-    spec = TrialSpec(**payload["spec"])
+    spec, rank, world, device = sent.spec, place.rank, place.world, place.device
     wl = Workload(**spec.workload)
     dev = _device(device)
     impl = build(wl.impl, wl.config, world)
@@ -148,7 +151,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
     with sampler, CpuMemoryLimit(spec.memory_limit if dev.type == "cpu" else None):
         q, k, v = shard.make_inputs(torch.Generator(device=dev).manual_seed(spec.seed * 1009 + rank))
         r.inputs_bytes = probe.in_use()
-        _maybe_fail(payload, rank)
+        _maybe_fail(sent.fail_rank, rank)
 
         def step():
             with torch.no_grad():
@@ -180,7 +183,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: str) -> di
             max_memory_allocated=r.max_memory_allocated,
             max_memory_reserved=r.max_memory_reserved,
         )
-    return to_json(r)
+    return r
 
 
 # bytes a rank sends to measure the link the ring runs on: enough to be bandwidth-bound

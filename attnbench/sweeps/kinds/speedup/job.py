@@ -1,8 +1,9 @@
 """What every rank of a speedup trial does, whatever the strategy: prepare its share, time
 it, read its memory, and check its output against the single-GPU output.
 
-Runs under ``attnbench.runtime.distributed.launch`` as ``speedup_rank`` (one process for single and
-DataParallel, one per GPU for mp). ``measure`` is the whole of it and also runs in-process.
+Runs under ``attnbench.runtime.distributed.launch`` as the rank job ``speedup_rank`` (one process
+for single and DataParallel, one per GPU for mp). ``measure`` is the whole of it and also runs
+in-process.
 
 - Time and memory: through the measurement core (``attnbench.measure.core``), all ranks
   agreeing on the plan; before each call every rank waits at a barrier, so iteration i starts
@@ -20,18 +21,17 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
 from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
-from attnbench.results.convert import to_json
 from attnbench.results.schema import GpuMemory
+from attnbench.runtime.jobs import Place, job
 from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.result import Compared, RankResult
+from attnbench.sweeps.kinds.speedup.result import Compared, RankResult, RankSpec
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy
 from attnbench.trials.workload import Workload
 
@@ -39,15 +39,16 @@ from attnbench.trials.workload import Workload
 COMPARE_CHUNK = 1 << 24
 
 
-def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) -> dict[str, Any]:
-    """The rank's ``RankResult`` as the JSON object the launcher writes for the parent."""
-    importlib.import_module(payload["strategy_module"])  # registers strategies defined elsewhere
-    strategy = strategies.get(payload["strategy"])
-    ctx = context(payload, rank, world, int(os.environ.get("LOCAL_RANK", rank)))
-    made = single_output_here(payload, ctx) if payload.get("remake_reference") and ctx.local_rank == 0 else None
+@job
+def speedup_rank(spec: RankSpec, place: Place) -> RankResult:
+    """This rank's trial of ``spec.strategy``."""
+    importlib.import_module(spec.strategy_module)  # registers strategies defined elsewhere
+    strategy = strategies.get(spec.strategy)
+    ctx = context(spec, place.rank, place.world, int(os.environ.get("LOCAL_RANK", place.rank)))
+    made = single_output_here(spec, ctx) if spec.remake_reference and ctx.local_rank == 0 else None
     try:
-        result = _measured(strategy, ctx, payload)
-        if payload.get("remake_reference"):
+        result = _measured(strategy, ctx, spec)
+        if spec.remake_reference:
             _barrier(ctx)  # every rank of this node compared with it before it goes
     finally:
         if made is not None:
@@ -55,15 +56,15 @@ def speedup_rank(payload: dict[str, Any], rank: int, world: int, device: str) ->
     return result
 
 
-def single_output_here(payload: dict[str, Any], ctx: RankContext) -> Path | None:
+def single_output_here(spec: RankSpec, ctx: RankContext) -> Path | None:
     """On a node other than the single run's, before its ranks time anything: the single-GPU
     output they compare with, made here by the single strategy from the same seeded inputs
     (the single run's own stays on its node's disk). The directory it made, or None where
     the single run's output is already here."""
-    ref = Path(payload["reference_dir"])
+    ref = Path(spec.reference_dir)
     if ref.exists():
         return None
-    single = context(payload, local_rank=ctx.local_rank)
+    single = context(spec, local_rank=ctx.local_rank)
     prepared = strategies.get("single").prepare(single)
     save_reference(prepared, ref, single)
     del prepared
@@ -72,7 +73,7 @@ def single_output_here(payload: dict[str, Any], ctx: RankContext) -> Path | None
     return ref
 
 
-def _measured(strategy: Strategy, ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
+def _measured(strategy: Strategy, ctx: RankContext, spec: RankSpec) -> RankResult:
     nvml, nvml_note = (None, "")
     if ctx.cuda and ctx.local_rank == 0:
         from attnbench.measure.memory import open_nvml
@@ -83,38 +84,36 @@ def _measured(strategy: Strategy, ctx: RankContext, payload: dict[str, Any]) -> 
         if ctx.local_rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
             announce_phase(name, limit_s)
 
-    result = measure(strategy, ctx, payload, nvml, phase)
+    result = measure(strategy, ctx, spec, nvml, phase)
     result.nvml_note = nvml_note or None
-    return to_json(result)
+    return result
 
 
-def context(payload: dict[str, Any], rank: int = 0, world: int = 1, local_rank: int = 0) -> RankContext:
+def context(spec: RankSpec, rank: int = 0, world: int = 1, local_rank: int = 0) -> RankContext:
     return RankContext(
-        workload=Workload(**payload["workload"]),
-        module=payload["module"],
-        grad_compression=payload.get("grad_compression"),
-        gpus=payload["gpus"],
+        workload=Workload(**spec.workload),
+        module=spec.module,
+        grad_compression=spec.grad_compression,
+        gpus=spec.gpus,
         rank=rank,
         world=world,
         local_rank=local_rank,
-        seed=payload["seed"],
+        seed=spec.seed,
     )
 
 
 def measure(
     strategy: Strategy,
     ctx: RankContext,
-    payload: dict[str, Any],
+    spec: RankSpec,
     nvml: NvmlBackend | None,
     phase: Callable[..., None] = lambda name, limit_s=None: None,
 ) -> RankResult:
-    """One rank's trial. ``payload``: ``timing`` (TimingPolicy fields), ``max_trial_seconds``,
-    ``reference_dir``, ``role`` (``measure``, ``reference``: also save the output, or
-    ``reference-only``: save the output without timing)."""
-    role = payload.get("role", "measure")
+    """One rank's trial, timed or not as its ``spec.role`` says."""
+    role = spec.role
     devices = strategy.devices(ctx)
     result = RankResult(status="ok", devices=devices, times_ms=[])
-    policy = TimingPolicy(**{**payload.get("timing", {}), "budget_s": payload["max_trial_seconds"]})
+    policy = TimingPolicy(**{**spec.timing, "budget_s": spec.max_trial_seconds})
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe(devices if ctx.cuda else [])
     with sampler:
@@ -133,7 +132,7 @@ def measure(
     if result.status != "ok":
         return result
     phase("compare")
-    ref = Path(payload["reference_dir"])
+    ref = Path(spec.reference_dir)
     if role in ("reference", "reference-only"):
         save_reference(prepared, ref, ctx)
     else:

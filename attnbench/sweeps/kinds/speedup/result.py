@@ -1,6 +1,6 @@
-"""What one rank of a speedup trial sends back: made typed by the rank (``job.measure``), sent
-as its JSON (``results.convert.to_json``) and read back checked by the parent
-(``schema.received``), so a field the two sides disagree on is named, not guessed at.
+"""What every rank of a speedup trial is given (``RankSpec``) and what it sends back
+(``RankResult``): typed on both sides, they cross the process boundary as JSON through the
+rank job (``runtime.jobs``), so a field the two sides disagree on is named, not guessed at.
 
 No torch here: the parent reads these without starting it.
 """
@@ -10,7 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.results.schema import GpuMemory, received
+from attnbench.results.schema import GpuMemory
+
+
+@dataclass
+class RankSpec:
+    """One speedup trial as each of its ranks runs it."""
+
+    strategy: str
+    strategy_module: str  # imported first: it registers a strategy defined outside the package
+    workload: dict[str, Any]  # Workload fields
+    module: str  # the model module timed (attention alone, or a block)
+    gpus: int
+    seed: int
+    timing: dict[str, Any]  # TimingPolicy fields
+    max_trial_seconds: float
+    reference_dir: str  # where the single run's output lies
+    role: str = "measure"  # measure; reference: also save the output; reference-only: save it untimed
+    remake_reference: bool = False  # a node other than the single run's makes its own copy first
+    grad_compression: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -25,14 +43,12 @@ class Compared:
 
 @dataclass(kw_only=True)
 class RankResult:
-    """One rank's trial: its timing, memory and output check, or why it failed. The launcher
-    (``runtime.distributed``) adds ``rank``, and writes the result of a rank that failed or
-    left none itself, with ``failed_at``, ``outcome`` or ``signal`` saying how."""
+    """One rank's trial: its timing, memory and output check, or a time limit it reached. A
+    rank that failed sends none: the launcher says how it ended (``runtime.jobs.RankEnded``)."""
 
-    status: str  # ok, or how it failed (oom, time-limit, error, killed...)
-    times_ms: list[float]  # every timed iteration (none when it failed or only saved its output)
-    message: str | None = None  # why it failed
-    rank: int | None = None
+    status: str  # ok, or time-limit
+    times_ms: list[float]  # every timed iteration (none when it only saved its output)
+    message: str | None = None  # why it stopped timing
     devices: list[int] | None = None  # CUDA devices it used
     first_call_ms: float | None = None  # the slowest rank's first call: every rank agrees on it
     rank_first_call_ms: float | None = None  # its own first call
@@ -46,11 +62,3 @@ class RankResult:
     replica_batches: list[list[int]] | None = None  # dp: [gpu, batch size] each replica got
     compare: Compared | None = None  # its output share; None without a single-run output
     grad_compare: Compared | None = None  # rank 0: the parameter gradients
-    failed_at: float | None = None  # time.time() of its failure: the first one is the cause
-    outcome: str | None = None  # the launcher's outcome, for a rank that left no result
-    signal: int | None = None  # the signal that ended it
-
-
-def read_ranks(sent: list[Any]) -> list[RankResult]:
-    """The ranks' results as the launcher returns them, in rank order, each checked."""
-    return [received(RankResult, r, f"rank {i}") for i, r in enumerate(sent)]

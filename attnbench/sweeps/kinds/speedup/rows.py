@@ -8,8 +8,8 @@ import math
 
 from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
 from attnbench.plan import Case, Series
-from attnbench.results.convert import to_json
 from attnbench.results.schema import GpuMemory, RankLine, Speedup, StepMeasured
+from attnbench.runtime.jobs import RankEnded
 from attnbench.sweeps.kinds.speedup.result import Compared, RankResult
 from attnbench.sweeps.kinds.speedup.strategies import Strategy
 from attnbench.trials.reference import TOLERANCE
@@ -53,12 +53,14 @@ def relative_error(parts: list[Compared | None]) -> tuple[float | None, int]:
     return (math.sqrt(err / ref) if ref > 0 else math.sqrt(err)), elements
 
 
-def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Strategy) -> StepMeasured:
-    """The measured part of one trial's row from its ranks' results (pure: tests feed it by hand)."""
+def merge_ranks(ended: list[RankEnded], s: Series, case: Case, strategy: Strategy) -> StepMeasured:
+    """The measured part of one trial's row from how its ranks ended (pure: tests feed it by hand)."""
     from attnbench.runtime.distributed import agreed_status
 
-    status, message = agreed_status([to_json(r) for r in results])  # the launcher's rule reads what ranks sent
+    status, message = agreed_status(ended)
     ok = status == "ok"
+    # a rank that failed sent nothing: it stands in with no calls, no memory
+    results = [e.result or RankResult(status=e.status, message=e.message, times_ms=[]) for e in ended]
     lead = results[0]
     one_process_gpu_time = ok and len(results) == 1 and lead.gpu_times_ms is not None
     m = StepMeasured(
@@ -75,7 +77,7 @@ def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Stra
         m.tokens_per_s = case.batch * case.seq_len / (m.time_ms / 1e3)
     allocator = {d: a for r in results for d, a in (r.allocator or {}).items()}
     m.gpus = gpu_rows(gpus_of(s), lead.nvml, allocator) if s.settings.device == "cuda" else []
-    m.ranks = [rank_entry(r) for r in results]
+    m.ranks = [rank_entry(e, r) for e, r in zip(ended, results)]
     m.backend, m.replica_batches, m.nvml_note = lead.backend, lead.replica_batches, lead.nvml_note
     m.tolerance = TOLERANCE[s.settings.dtype]
     if ok and strategy.name != "single":  # the single run is the reference
@@ -85,11 +87,11 @@ def merge_ranks(results: list[RankResult], s: Series, case: Case, strategy: Stra
     return m
 
 
-def rank_entry(r: RankResult) -> RankLine:
+def rank_entry(ended: RankEnded, r: RankResult) -> RankLine:
     """A rank's line in the row's ``ranks``: its devices, its own first call and median step."""
     return RankLine(
-        rank=r.rank,
-        status=r.status,
+        rank=ended.rank,
+        status=ended.status,
         devices=r.devices,
         cpu_peak_rss=r.cpu_peak_rss,
         first_call_ms=r.rank_first_call_ms,

@@ -31,10 +31,11 @@ from attnbench.plan import Case, Series
 from attnbench.results import now_utc
 from attnbench.results.schema import Speedup, StepMeasured, join
 from attnbench.runtime import nodes
+from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_fits_device, check_runs_on
 from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.result import RankResult, read_ranks
+from attnbench.sweeps.kinds.speedup.result import RankSpec
 from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
 from attnbench.sweeps.kinds.speedup.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.sweeps.session import Reporter as BaseReporter
@@ -77,7 +78,7 @@ def workload(s: Series, case: Case) -> Workload:
 
 def timing(s: Series) -> dict[str, Any]:
     """The timing plan of a speedup trial (TimingPolicy fields; its budget is the per-call limit):
-    settings the ranks receive in their JSON payload, not a row's fields."""
+    settings the ranks receive in their spec, not a row's fields."""
     return {k: getattr(s.settings, k) for k in ("warmup", "min_samples", "max_samples", "target_ms")}
 
 
@@ -192,7 +193,7 @@ class Reporter(BaseReporter, Protocol):
     def trial_done(self, row: Speedup, replayed: bool) -> None: ...
 
 
-Launcher = Callable[..., list[dict[str, Any]]]
+Launcher = Callable[..., list[RankEnded]]
 # what every rank of a speedup trial runs (named, so this module need not import torch)
 RANK_JOB = "attnbench.sweeps.kinds.speedup.job:speedup_rank"
 
@@ -240,8 +241,8 @@ class SpeedupRunner:
             role = "reference" if name == "single" else "measure"
             # across nodes the single output stays on node 0's disk: the other nodes make their own
             remake = have_reference and nodes.current().multi and strategy.processes(gpus_of(self.s)) > 1
-            sent = self._launch(case, strategy, reference, role, remake)
-            measured = merge_ranks(sent, self.s, case, strategy)
+            ended = self._launch(case, strategy, reference, role, remake)
+            measured = merge_ranks(ended, self.s, case, strategy)
             if name == "single":
                 have_reference = measured.status == "ok"
             elif not have_reference and measured.status == "ok":
@@ -259,35 +260,34 @@ class SpeedupRunner:
         row = self.done.get(self._planned(case, single).key)
         if not row or row.status != "ok":
             return False
-        results = self._launch(case, single, reference, "reference-only")
-        return all(r.status == "ok" for r in results)
+        ended = self._launch(case, single, reference, "reference-only")
+        return all(r.status == "ok" for r in ended)
 
     def _launch(
         self, case: Case, strategy: Strategy, reference: Path, role: str, remake: bool = False
-    ) -> list[RankResult]:
+    ) -> list[RankEnded]:
         s = self.s
-        payload = {
-            "strategy": strategy.name,
-            "strategy_module": strategy.module_name,
-            "workload": workload(s, case).to_dict(),
-            "module": s.settings.module,
-            "gpus": gpus_of(s),
-            "grad_compression": s.settings.grad_compression if strategy.name == "mp" else None,
-            "seed": case.seq_len * 131 + case.batch,
-            "timing": timing(s),
-            "max_trial_seconds": s.settings.max_trial_seconds,
-            "reference_dir": str(reference),
-            "role": role,
-            "remake_reference": remake,
-        }
-        sent = self.launch(
+        spec = RankSpec(
+            strategy=strategy.name,
+            strategy_module=strategy.module_name,
+            workload=workload(s, case).to_dict(),
+            module=s.settings.module,
+            gpus=gpus_of(s),
+            grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
+            seed=case.seq_len * 131 + case.batch,
+            timing=timing(s),
+            max_trial_seconds=s.settings.max_trial_seconds,
+            reference_dir=str(reference),
+            role=role,
+            remake_reference=remake,
+        )
+        return self.launch(
             RANK_JOB,
-            payload,
+            spec,
             strategy.processes(gpus_of(s)),
             s.settings.device,
             phase_limit_s=s.settings.max_trial_seconds,
         )
-        return read_ranks(sent)
 
     def _planned(self, case: Case, strategy: Strategy) -> Planned:
         s = self.s
