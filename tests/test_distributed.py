@@ -46,6 +46,27 @@ def test_a_rank_job_takes_its_place_after_its_spec_and_nothing_else():
         job(two)
 
 
+def test_a_job_whose_spec_has_a_field_json_would_not_send_is_refused():
+    """A row's ``source`` is not written with it; a job's field of that name would vanish
+    between the processes, read back as its default: refused where the job is declared."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Inner:
+        source: str | None = None
+
+    @dataclass
+    class Spec:
+        parts: list[Inner]
+
+    def one(spec: Spec) -> Spec:
+        return spec
+
+    one.__module__, one.__qualname__ = "somewhere", "one"
+    with pytest.raises(TypeError, match=r"one's spec.parts: field Inner.source would not be sent"):
+        job(one)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("ranks", [1, 2])

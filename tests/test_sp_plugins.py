@@ -118,6 +118,20 @@ def test_the_declaration_makes_it_sequence_parallel_with_its_counterpart(sp_modu
         impls.spec("userring:bad_declaration")
 
 
+def test_what_a_worker_reads_of_it_reaches_attnbench_whole(sp_module):
+    """The worker that imports outside code sends its spec and its builds to attnbench's own
+    process typed: every field arrives (its source, which declares it sequence parallel,
+    included), and the implementation built from it is sequence parallel, as the code is."""
+    from attnbench.trials.supervised import DescribeSpec, describe_job
+
+    found = describe_job(DescribeSpec("userring:allgather", 60))
+    assert found.error is None and found.spec.distributed
+    assert describe_job.read_result(describe_job.result_json(found)) == found
+    (build,) = found.builds
+    assert build.impl.code_source["sequence_parallel"]["counterpart"] == "sdpa"
+    assert build.impl.shard_layout is not None
+
+
 def test_its_shape_rules_follow_its_layout_and_the_ranks(sp_module):
     import torch
 

@@ -67,6 +67,43 @@ class ImplSpec:
     shown: tuple[str, ...] = ()
 
 
+@dataclass
+class SpecFields:
+    """An outside implementation's ``ImplSpec`` as a worker that imported it reads it (its
+    factory stays there): sent to attnbench's own process, which never imports the code."""
+
+    summary: str
+    params: list[tuple[str, Any, str, str]]  # (name, default, help, kind)
+    devices: list[str]
+    dtypes: list[str]
+    memory_order: int
+    code_source: dict[str, Any] | None = None  # the spec's ``source``: where its code came from
+    distributed: bool = False
+    counterpart: str | None = None
+
+
+@dataclass
+class Described:
+    """What attnbench's own process needs to know of one built outside implementation, read in
+    a worker process (``outside.described``) and held by ``outside.DescribedImpl``."""
+
+    config: dict[str, Any]
+    granularity: int
+    min_seq_len: int
+    verify_seq_len: int
+    compiles: bool
+    supports_causal: bool
+    supports_gqa: bool
+    counted_pairs: bool
+    dense_by_default: bool
+    declares: str
+    gqa_mapping: str
+    pairs_source: str | None = None
+    code_source: dict[str, Any] | None = None  # its ``source``: where its code came from, what it declares
+    shard_layout: str | None = None  # a sequence-parallel one's ``layout``: its shape rules at any number of ranks
+    rank_granularity: int = 1
+
+
 @dataclass(frozen=True)
 class Lazy:
     """The function or class ``ref`` names as ``"module:name"``, imported on its first call: a

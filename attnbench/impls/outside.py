@@ -56,7 +56,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, dense_pairs, quiet_eager_flex
-from attnbench.impls.entry import ImplSpec, Param, entry_points, is_import_path
+from attnbench.impls.entry import Described, ImplSpec, Param, SpecFields, entry_points, is_import_path
 from attnbench.units import brief
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -224,56 +224,55 @@ def _factory(name: str, path: str, factory: Callable, source: dict[str, Any]) ->
     return build
 
 
-def described(impl: AttentionImpl) -> dict[str, Any]:
-    """What attnbench's own process needs to know of a built outside implementation, as JSON:
-    read in a worker process, held by ``DescribedImpl``."""
-    return {
-        "config": impl.config(),
-        "granularity": int(impl.granularity),
-        "min_seq_len": int(getattr(impl, "min_seq_len", 0)),
-        "verify_seq_len": int(impl.verify_seq_len()),
-        "compiles": bool(impl.compiles),
-        "supports_causal": bool(impl.supports_causal),
-        "supports_gqa": bool(getattr(impl, "supports_gqa", False)),
-        "counted_pairs": bool(impl.counted_pairs),
-        "dense_by_default": bool(impl.dense_by_default),
-        "declares": getattr(impl, "declares", "dense"),
-        "gqa_mapping": impl.gqa_mapping,
-        "pairs_source": impl.pairs_source(),
-        "source": getattr(impl, "source", None),
-        # a sequence-parallel one: its shape rules at any number of ranks
-        "layout": getattr(impl, "layout", None),
-        "rank_granularity": int(getattr(impl, "rank_granularity", 1)),
-    }
+def described(impl: AttentionImpl) -> Described:
+    """What attnbench's own process needs to know of a built outside implementation: read in
+    a worker process, held by ``DescribedImpl``."""
+    return Described(
+        config=impl.config(),
+        granularity=int(impl.granularity),
+        min_seq_len=int(getattr(impl, "min_seq_len", 0)),
+        verify_seq_len=int(impl.verify_seq_len()),
+        compiles=bool(impl.compiles),
+        supports_causal=bool(impl.supports_causal),
+        supports_gqa=bool(getattr(impl, "supports_gqa", False)),
+        counted_pairs=bool(impl.counted_pairs),
+        dense_by_default=bool(impl.dense_by_default),
+        declares=getattr(impl, "declares", "dense"),
+        gqa_mapping=impl.gqa_mapping,
+        pairs_source=impl.pairs_source(),
+        code_source=getattr(impl, "source", None),
+        shard_layout=getattr(impl, "layout", None),
+        rank_granularity=int(getattr(impl, "rank_granularity", 1)),
+    )
 
 
-def spec_fields(spec: ImplSpec) -> dict[str, Any]:
-    """An outside spec as JSON (its factory stays where it was imported)."""
-    return {
-        "summary": spec.summary,
-        "params": [[p.name, p.default, p.help, p.kind] for p in spec.params],
-        "devices": list(spec.devices),
-        "dtypes": list(spec.dtypes),
-        "memory_order": spec.memory_order,
-        "source": spec.source,
-        "distributed": spec.distributed,
-        "counterpart": spec.counterpart,
-    }
+def spec_fields(spec: ImplSpec) -> SpecFields:
+    """An outside spec as its worker sends it (its factory stays where it was imported)."""
+    return SpecFields(
+        summary=spec.summary,
+        params=[(p.name, p.default, p.help, p.kind) for p in spec.params],
+        devices=list(spec.devices),
+        dtypes=list(spec.dtypes),
+        memory_order=spec.memory_order,
+        code_source=spec.source,
+        distributed=spec.distributed,
+        counterpart=spec.counterpart,
+    )
 
 
-def described_spec(name: str, fields: dict[str, Any], factory: Callable[..., AttentionImpl]) -> ImplSpec:
+def described_spec(name: str, fields: SpecFields, factory: Callable[..., AttentionImpl]) -> ImplSpec:
     """The spec of ``spec_fields``, building with ``factory`` (which never runs the code)."""
     return ImplSpec(
         name=name,
         factory=factory,
-        summary=fields["summary"],
-        params=tuple(Param(n, default, help, kind=kind) for n, default, help, kind in fields["params"]),
-        devices=tuple(fields["devices"]),
-        dtypes=tuple(fields["dtypes"]),
-        memory_order=int(fields["memory_order"]),
-        source=fields["source"],
-        distributed=bool(fields.get("distributed")),
-        counterpart=fields.get("counterpart"),
+        summary=fields.summary,
+        params=tuple(Param(n, default, help, kind=kind) for n, default, help, kind in fields.params),
+        devices=tuple(fields.devices),
+        dtypes=tuple(fields.dtypes),
+        memory_order=int(fields.memory_order),
+        source=fields.code_source,
+        distributed=fields.distributed,
+        counterpart=fields.counterpart,
     )
 
 
@@ -282,45 +281,45 @@ class DescribedImpl(AttentionImpl):
     read of it (``described``), never its code. Its shape rules are its granularity's; calling
     it is an error, since outside code runs only in worker processes."""
 
-    def __init__(self, fields: dict[str, Any]) -> None:
+    def __init__(self, fields: Described) -> None:
         super().__init__()
         self.fields = fields
-        self.compiles = fields["compiles"]
-        self.supports_causal = fields["supports_causal"]
-        self.supports_gqa = fields["supports_gqa"]
-        self.counted_pairs = fields["counted_pairs"]
-        self.dense_by_default = fields["dense_by_default"]
-        self.declares = fields["declares"]
-        self.gqa_mapping = fields["gqa_mapping"]
-        self.min_seq_len = fields["min_seq_len"]
-        self.source = fields["source"]
+        self.compiles = fields.compiles
+        self.supports_causal = fields.supports_causal
+        self.supports_gqa = fields.supports_gqa
+        self.counted_pairs = fields.counted_pairs
+        self.dense_by_default = fields.dense_by_default
+        self.declares = fields.declares
+        self.gqa_mapping = fields.gqa_mapping
+        self.min_seq_len = fields.min_seq_len
+        self.source = fields.code_source
         #: a sequence-parallel one's ranks (``impls.build_for_ranks``); its shape rules follow them
         self.world_size: int | None = None
 
     @property
     def granularity(self) -> int:
-        layout = self.fields.get("layout")
+        layout = self.fields.shard_layout
         if layout is None:
-            return self.fields["granularity"]
+            return self.fields.granularity
         from attnbench.impls.sequence_parallel.layouts import LAYOUTS
 
         pieces = LAYOUTS[layout][1] if layout in LAYOUTS else 1
-        return pieces * (self.world_size or 1) * self.fields["rank_granularity"]
+        return pieces * (self.world_size or 1) * self.fields.rank_granularity
 
     def check_length(self, seq_len: int) -> None:
         super().check_length(seq_len)
         check_min_length(self.name, seq_len, self.min_seq_len)
 
     def pairs_source(self) -> str | None:
-        return self.fields["pairs_source"]
+        return self.fields.pairs_source
 
     def verify_seq_len(self) -> int:
-        if self.fields.get("layout") is not None:
+        if self.fields.shard_layout is not None:
             return max(self.granularity, 128)
-        return self.fields["verify_seq_len"]
+        return self.fields.verify_seq_len
 
     def config(self) -> dict[str, Any]:
-        return dict(self.fields["config"])
+        return dict(self.fields.config)
 
     def forward(self, q, k, v, is_causal: bool = False):
         raise ConfigError(f"{self.name} is outside code: it runs only in a worker process of its own, not here")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.impls.entry import Described, SpecFields
 from attnbench.measure.timing import COLD_CALL_FACTOR
 from attnbench.runtime.jobs import Ended, job
 from attnbench.runtime.supervise import announce_phase
@@ -84,7 +85,7 @@ def _key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
-def _describe(name: str, configs: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _describe(name: str, configs: list[dict[str, Any]] | None) -> SpecFields:
     """Run ``describe_job`` in a worker (``name``: an outside implementation, or a built-in
     whose configurations name outside code); keep its builds; the spec's fields."""
     limit = import_limit_s()
@@ -123,13 +124,13 @@ class Build:
     """One configuration built in the worker: what the parent keeps of it, or why it failed."""
 
     config: dict[str, Any]
-    impl: dict[str, Any] | None = None  # ``outside.described``
+    impl: Described | None = None
     error: str | None = None
 
 
 @dataclass
 class Description:
-    spec: dict[str, Any] | None = None  # ``outside.spec_fields``; None where the name is not one
+    spec: SpecFields | None = None  # None where the name is not one
     builds: list[Build] = field(default_factory=list)
     error: str | None = None  # why there is no spec
 
