@@ -1,6 +1,7 @@
 """OOM classification, timing plans, the NVML sampler (fake backend), units."""
 
 import json
+import os
 import threading
 import time
 
@@ -56,6 +57,39 @@ def test_a_real_cpu_allocation_failure_is_an_oom():
     with pytest.raises(RuntimeError) as info:
         torch.empty(1 << 62, dtype=torch.uint8)
     assert classify(info.value) == "oom"
+
+
+FRESH_PROCESS_UNDER_A_LIMIT = """
+import torch
+from attnbench.measure.memory import CpuMemoryLimit
+from attnbench.trials.reference import masked_reference
+n = 512
+with CpuMemoryLimit(32 << 20):  # this process's first parallel float64 work, under the limit
+    q, k, v = (torch.randn(1, n, 2, 64) for _ in range(3))
+    out = masked_reference(q, k, v, torch.ones(n, n, dtype=torch.bool).tril())  # about 12 MiB
+    big = None
+    try:
+        big = torch.empty(64 << 20, dtype=torch.uint8)  # past the limit
+    except RuntimeError:
+        pass
+print(bool(torch.isfinite(out).all()), big is None)
+"""
+
+
+def test_a_cpu_limit_is_the_trials_alone_on_any_machine():
+    """In a fresh process the first parallel work starts torch's thread pool and BLAS (80 MiB of
+    address space at once on an Intel Xeon with MKL, less on an AMD EPYC): a trial's 32 MiB
+    must not pay for it, so a float64 reference check of about 12 MiB passes on every machine,
+    while 64 MiB is still refused."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", FRESH_PROCESS_UNDER_A_LIMIT], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
 
 
 @pytest.mark.parametrize(
