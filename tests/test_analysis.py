@@ -87,3 +87,27 @@ def test_a_length_that_ran_and_failed_is_named_unstable():
     trials = search(*CONFIRMATION_FAILED)
     found = search_outcome(trials, None)
     assert found.unstable == (2048,) and found.best_row.seq_len == 1024
+
+
+def test_the_search_that_answers_is_on_the_whole_device_then_the_newest():
+    """Several searches of one configuration: the answer and the GPU curve read the same one
+    (``analysis.answering``): the whole device before a limit (or the limit asked for), then
+    the newest run, then the series."""
+    from attnbench.analysis.search import answering
+
+    def first_trial(date, limit=None, series="s"):
+        env = {**ENV, "date": date}
+        return typed_row(kind="max-seq", seq_len=1024, device="cpu", env=env, memory_limit=limit, series=series)
+
+    older_whole = first_trial("2026-01-01")
+    newer_whole = first_trial("2026-02-01")
+    newest_limited = first_trial("2026-03-01", limit=8 << 30)
+
+    def pick(*heads, limit=None):
+        return answering(list(heads), lambda head: head, limit)
+
+    assert pick(older_whole, newest_limited, newer_whole) is newer_whole
+    assert pick(older_whole, newest_limited, newer_whole, limit=8 << 30) is newest_limited
+    assert pick(newest_limited) is newest_limited  # a limit is an answer where nothing else ran
+    assert pick(first_trial("2026-02-01", series="a"), tie := first_trial("2026-02-01", series="b")) is tie
+    assert pick() is None

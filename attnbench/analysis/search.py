@@ -9,10 +9,15 @@ A search its time budget stopped is a lower bound too.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from attnbench.results import BUDGET, STOPPED_BY
 from attnbench.results.schema import MaxSeqResult, Trial
+from attnbench.results.series import row_date
+
+S = TypeVar("S")
 
 INTERRUPTED = "search interrupted"
 
@@ -74,3 +79,10 @@ def _stopped_by(result: MaxSeqResult | None, stop: Trial | None) -> str:
     if result.stop_status == BUDGET:
         return STOPPED_BY[BUDGET]
     return STOPPED_BY.get(stop.status, stop.status) if stop else STOPPED_BY["cap"]
+
+
+def answering(searches: Iterable[S], head: Callable[[S], Trial], limit: int | None = None) -> S | None:
+    """Of several searches of one configuration, the one that answers: one under ``limit`` (None:
+    on the whole device) before any other, then the newest (its first trial's date, then its
+    series). ``head`` gives a search's first trial."""
+    return max(searches, key=lambda s: (head(s).memory_limit == limit, row_date(head(s)), head(s).series), default=None)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.analysis.search import answering
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, tflops_cell, tflops_interval, time_interval
 from attnbench.report.markdown import Table
@@ -211,13 +212,6 @@ def settings_text(row: Trial) -> str:
     return f"{model}{row.dtype}{extra} {d.heads_text(row)} D{row.head_dim}" + (" causal" if row.causal else "")
 
 
-def _newest_search(searches: list[Search]) -> Search | None:
-    """The search that answers: on the whole device before one under a limit, then the newest."""
-    if not searches:
-        return None
-    return max(searches, key=lambda s: (s.limit is None, row_date(s.head), s.summary.series))
-
-
 def _reference_tflops(trials: list[Trial], mode: str):
     at = [r for r in d.ok(trials) if r.seq_len == REFERENCE_LEN and (r.mode or "fwd") == mode and r.tflops_useful]
     if not at:
@@ -251,7 +245,7 @@ def configurations(machine) -> list[Configuration]:
         searches.setdefault(configuration_key(s.head), {}).setdefault(mode, []).append(Search(s, machine.at_max(s)))
     out = []
     for key, modes in searches.items():
-        fwd, train = _newest_search(modes.get("fwd", [])), _newest_search(modes.get("fwd_bwd", []))
+        fwd, train = (answering(modes.get(mode, []), lambda s: s.head) for mode in ("fwd", "fwd_bwd"))
         out.append(_configuration((fwd or train).head, key, by_key.get(key, []), fwd, train))
     # a machine without a search (bench only) answers with speed: its fixed lengths' configurations
     for key, rows in by_key.items() if not searches else ():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.analysis.search import answering
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
@@ -103,12 +104,9 @@ def _longest_by_count(rows: list) -> dict[tuple[str, int], str]:
     out = {}
     for impl, searches in by_impl.items():
         limit = _curve_limit([s for gpus, s in searches if gpus > 1 and s.impl == impl])
-        best: dict[int, Any] = {}
-        for gpus, s in searches:
-            rank = (s.impl == impl, s.head.memory_limit == limit, row_date(s.head), s.series)
-            if gpus not in best or rank > best[gpus][0]:
-                best[gpus] = (rank, s)
-        for gpus, (_, s) in best.items():
+        for gpus in {g for g, _ in searches}:
+            at = [s for g, s in searches if g == gpus]
+            s = answering([s for s in at if s.impl == impl] or at, lambda s: s.head, limit)
             notes = [s.impl] if s.impl != impl else []
             notes += [f"{format_gib(s.head.memory_limit)} limit"] if s.head.memory_limit else []
             text = ("" if s.complete else "≥ ") + short_tokens(s.max_seq_len)
