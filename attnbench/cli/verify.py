@@ -50,6 +50,20 @@ def list_impls() -> None:
         for p in s.params:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
             console.print(_wrapped(f"    --param {p.name}={show(p.default)}  {p.help}{choices}", 8))
+    _list_strategies()
+
+
+def _list_strategies() -> None:
+    """The multi-GPU strategies, as ``plan.strategies`` declares them."""
+    from attnbench.plan.strategies import DECLARED, speedup_names
+
+    head = (
+        f"multi-GPU strategies  how a run spreads work over GPUs: `attnbench speedup --strategy` takes "
+        f"{', '.join(speedup_names())}; ring is --gpus N of a sequence-parallel implementation"
+    )
+    console.print("\n[bold]multi-GPU strategies[/]" + _wrapped(head, 4)[len("multi-GPU strategies") :])
+    for d in DECLARED:
+        console.print(_wrapped(f"    {d.name}  {d.label}: {d.summary}", 8))
 
 
 def _wrapped(line: str, indent: int, width: int = 120) -> str:
@@ -132,9 +146,9 @@ def verify(
     with across_nodes(nodes, "verify") as hosts:  # any node but node 0 runs node 0's checks instead
         env = capture_env() if out else None
         if out:
-            check_same_machine(out, env["machine"])
+            check_same_machine(out, env.machine)
         if env and hosts:
-            env["nodes"] = hosts
+            env.nodes = hosts
         rows = _run_groups(plan, device, out, env, full)
         _report(rows, plan, device, mode, full)
 
