@@ -1,6 +1,6 @@
 # attnbench: two commands on a fresh machine.
 #   make report   set up, run the default sweep for this machine (GPU if any, else a small CPU run), write the report
-#   make test     set up, lint (ruff check, ruff format --check), run every test, the CI gate (make ci-gate),
+#   make test     set up, lint (ruff check, ruff format --check), run every test (the 25 slowest named), the CI gate (make ci-gate),
 #                 then a plain install in a fresh environment (make install-check)
 #   make test-fast  the unit tests only (no slow, distributed or GPU test)
 PYTHON ?= python3
@@ -29,7 +29,7 @@ report: setup
 	$(BIN)/attnbench report $(RUN)
 
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 	@$(MAKE) --no-print-directory ci-gate
 	@$(MAKE) --no-print-directory install-check
 

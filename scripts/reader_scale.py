@@ -57,7 +57,7 @@ def seed_rows() -> list[dict]:
     cpu = cpu_model()
     first = [json.loads(line) for line in FIRST.read_text().splitlines() if line.strip()]
     for r in first:
-        r["env"] = {**r["env"], "cpu": cpu, "machine": machine_key({**r["env"], "cpu": cpu})}
+        r["env"] = {**r["env"], "cpu": cpu, "machine": machine_key(r["env"].get("gpus"), cpu)}
     rest = [
         json.loads(line)
         for source in SOURCES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.results import read_rows
-from attnbench.results.schema import Trial
+from attnbench.results.schema import Environment, Trial
 from attnbench.runtime.supervise import PAUSE_AFTER_TRIALS_ENV
 from attnbench.sweeps.kinds.max_seq import outcome
 from attnbench.sweeps.search import Limits, grow_then_bisect, predicted_search
@@ -223,7 +223,7 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_real_processes
     # the search alone: the reference check at the sweep's heads (H=8, D=64 for sdpa) needs more
     # than the limit these cases are sized to (tests/test_reliability.py holds that refusal)
     plan = resolve(replace(build_plan("t", [impl], {**settings, **flags}, params), verify=False))
-    (outcome_,) = SweepRunner(plan, tmp_path / "run", {"machine": "cpu: test"}).run()
+    (outcome_,) = SweepRunner(plan, tmp_path / "run", Environment(machine="cpu: test")).run()
     found = outcome_.result
     rows = trials(tmp_path / "run")
     assert len(rows) == len(found.tried)
@@ -231,7 +231,7 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_real_processes
     assert failed and all(r["status"] == "oom" and "allocate" in r["message"] for r in failed)
     assert found.confirmed and found.stop_status == "oom"
     # today's blind search (double, then bisect), every probe in a fresh process as well
-    s, runner = plan.series[0], SweepRunner(plan, tmp_path / "blind", {"machine": "cpu: test"})
+    s, runner = plan.series[0], SweepRunner(plan, tmp_path / "blind", Environment(machine="cpu: test"))
     blind = grow_then_bisect(
         lambda n, phase: run_isolated(runner.spec(s, n)).status,
         s.start(),

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attnbench import impls
 from attnbench.impls.dilated import head_groups
+from attnbench.results.schema import Environment
 from attnbench.trials.reference import TOLERANCE, VerifyCase, default_cases, masked_reference, relative_error, run_case
 
 CASES = [c for name in ["naive", "sdpa", "dilated"] for c in default_cases(name, "cpu", ["fp32", "bf16"])]
@@ -216,8 +217,8 @@ def test_a_failed_twin_fails_the_series_it_stands_for(tmp_path, monkeypatch):
 
     plan, (case,) = _check_plan("dilated", [524288, 1048576], [4, 8], "1M")
     checked = replace(run_case(case), status="fail", message="injected")
-    failing = case.row(checked, "out", {"machine": "cpu: test"})
+    failing = case.row(checked, "out", Environment(machine="cpu: test"))
     monkeypatch.setattr(sweep_runner.SweepRunner, "run_checks", lambda self, cases, *args, **kw: [failing])
-    r = sweep_runner.SweepRunner(plan, tmp_path / "out", {"machine": "cpu: test"})
+    r = sweep_runner.SweepRunner(plan, tmp_path / "out", Environment(machine="cpu: test"))
     (outcome,) = r.run()
     assert outcome.verified is False

@@ -19,7 +19,7 @@ from attnbench import results
 from attnbench.errors import AttnbenchError, Terminated
 from attnbench.plan import build_plan, parse_settings
 from attnbench.results import ResultsWriter, read_rows, write_text_atomic
-from attnbench.results.schema import Measured
+from attnbench.results.schema import Environment, Measured
 from attnbench.sweeps import runner as runner_mod
 from attnbench.sweeps.runner import SweepRunner, resolve
 from attnbench.sweeps.session import SilentReporter
@@ -67,7 +67,7 @@ def plan(impls=("naive",), **flags):
 
 def sweep(out: Path, resume: bool = False, env: dict | None = None, **flags) -> Recorder:
     rec = Recorder()
-    SweepRunner(plan(**flags), out, env or ENV, resume=resume, reporter=rec).run()
+    SweepRunner(plan(**flags), out, Environment(**(env or ENV)), resume=resume, reporter=rec).run()
     return rec
 
 
@@ -281,7 +281,7 @@ def test_an_unknown_schema_is_refused_with_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("small") / "run"
-    SweepRunner(plan(impls=("naive", "sdpa")), out, ENV).run()
+    SweepRunner(plan(impls=("naive", "sdpa")), out, Environment(**ENV)).run()
     return out
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from attnbench.plan import Plan, Series, Settings
 from attnbench.results import read_rows
+from attnbench.results.schema import Environment
 from attnbench.sweeps.runner import SweepRunner, resolve
 
 SMALL = Settings(
@@ -16,7 +17,7 @@ DILATED = {"segment_lengths": [64], "dilation_rates": [1], "max_chunk_tokens": 1
 
 def run_plan(tmp_path, *series):
     plan = resolve(Plan("t", tuple(series)))
-    env = {"machine": "cpu: test"}
+    env = Environment(machine="cpu: test")
     SweepRunner(plan, tmp_path, env).run()
     return read_rows(tmp_path)[0]
 
@@ -55,7 +56,7 @@ def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeyp
         DilatedAttention, "forward", lambda self, q, k, v, is_causal=False: real(self, q, k, v, is_causal) * 1.1
     )
     plan = resolve(Plan("t", (Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,))),)))
-    outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}).run()
+    outcomes = SweepRunner(plan, tmp_path, Environment(machine="cpu: test")).run()
     assert [o.verified for o in outcomes] == [False]
     rows = read_rows(tmp_path)[0]
     # its checks (at the sweep's shape and a longer one) and no trial; the scaled output fails them
@@ -92,7 +93,7 @@ def test_a_new_sweep_kind_is_one_registered_module(tmp_path, scan_kind):
 
     flags = {**vars_of(SMALL), "kind": "scan", "start": 128, "max_seq_len": 512}
     plan = resolve(build_plan("t", ["dilated"], flags, DILATED))
-    env = {"machine": "cpu: test"}
+    env = Environment(machine="cpu: test")
     outcomes = SweepRunner(plan, tmp_path, env).run()
     assert [o.result for o in outcomes] == [["ok", "ok", "ok"]]
     rows = read_rows(tmp_path)[0]
@@ -148,7 +149,7 @@ def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeyp
         SweepRunner, "run_checks", lambda self, cases, **kw: checked.append(cases) or real(self, cases, **kw)
     )
     plan = resolve(Plan("t", (series,)))
-    outcomes = SweepRunner(plan, tmp_path, {"machine": "cpu: test"}, resume=True).run()
+    outcomes = SweepRunner(plan, tmp_path, Environment(machine="cpu: test"), resume=True).run()
     assert checked == [] and [o.verified for o in outcomes] == [True]
     assert [r["kind"] for r in read_rows(tmp_path)[0]].count("verify") == before >= 1
 

@@ -728,7 +728,7 @@ def test_a_run_is_filed_under_the_gpus_it_could_see(monkeypatch, visible, names)
     nvml_of = [fake.names.index(n) for n in names]
     assert [g["nvml_index"] for g in gpus] == nvml_of
     if names:
-        assert machine_key({"gpus": gpus}).endswith(f"x{len(names)}")
+        assert machine_key(gpus, None).endswith(f"x{len(names)}")
     with NvmlSampler(PynvmlBackend()) as sampler:
         pass
     assert [(g["index"], g["nvml_index"], g["nvml_used_peak"]) for g in sampler.per_gpu()] == [

@@ -128,14 +128,14 @@ def _run_speedup(series, hosts, impl: str, gpus: int, device: str, out, resume: 
 
     env = capture_env()
     if hosts:  # its multi-process trials spanned these nodes
-        env["nodes"] = hosts
+        env.nodes = hosts
     out_dir = Path(out) if out else _speedup_out(series, env)
     plan = Plan(f"speedup-{impl}", (series,))
     runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())
     n = len(series.settings.cases)
     console.print(
         f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
-        f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env['machine']} -> {out_dir}"
+        f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env.machine} -> {out_dir}"
     )
     interrupted, verified = 0, True  # interrupted: the exit code of an interrupt
     try:
@@ -183,5 +183,5 @@ def _cuda_device_count() -> int:
 
 def _speedup_out(series, env) -> Path:
     st = series.settings
-    machine = f"{env['gpus'][0]['name']} x{st.gpus[0]}" if st.device == "cuda" and env.get("gpus") else "cpu"
+    machine = f"{env.gpus[0]['name']} x{st.gpus[0]}" if st.device == "cuda" and env.gpus else "cpu"
     return dated_results_dir(machine, f"speedup-{series.impl}")

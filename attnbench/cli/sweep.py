@@ -264,15 +264,15 @@ def _run_resolved(plan, hosts, out, resume) -> None:
 
     env = capture_env()
     if plan.clipped:  # every row says what this machine's GPUs could not hold
-        env["clipped"] = list(plan.clipped)
+        env.clipped = list(plan.clipped)
     if hosts:  # its multi-process trials spanned these nodes
-        env["nodes"] = hosts
+        env.nodes = hosts
     out_dir = Path(out) if out else _default_out(plan, env)
     check_output_dir(out_dir)
     runner = SweepRunner(plan, out_dir, env, resume=resume, reporter=RichReporter(), speedup_reporter=SpeedupReporter())
     n = len(plan.speedups)
     speedups = f", {n} speedup run{'s' if n != 1 else ''}" if n else ""
-    console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env['machine']} -> {out_dir}")
+    console.print(f"attnbench {plan.name}: {len(plan.series) - n} series{speedups} on {env.machine} -> {out_dir}")
     if plan.description:  # what the profile measures, in its own words
         console.print(f"[dim]{escape(plan.description)}[/]")
     if not plan.verify:
@@ -383,6 +383,6 @@ def _scaling_readout(out_dir: Path, rows: list[Row] | None = None) -> None:
 
 
 def _default_out(plan, env) -> Path:
-    on_gpu = (any(s.settings.device == "cuda" for s in plan.series)) and env.get("gpus")
-    machine = env["gpus"][0]["name"] + f" x{len(env['gpus'])}" if on_gpu else "cpu"
+    on_gpu = (any(s.settings.device == "cuda" for s in plan.series)) and env.gpus
+    machine = env.gpus[0]["name"] + f" x{len(env.gpus)}" if on_gpu else "cpu"
     return dated_results_dir(machine, plan.name)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench import __version__
+from attnbench.results.schema import Environment, received
 from attnbench.results.write import now_utc
 
 
@@ -145,7 +146,8 @@ def gpu_links(pynvml, visible: list[int]) -> list[dict[str, Any]]:
     return links
 
 
-def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
+def capture_env(argv: list[str] | None = None) -> Environment:
+    """This machine and this command, as every row of the run records them."""
     import torch
 
     from attnbench.measure.memory import nvml_settings
@@ -173,8 +175,8 @@ def capture_env(argv: list[str] | None = None) -> dict[str, Any]:
         "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         **(nvml_settings() if gpus else {}),
     }
-    env["machine"] = machine_key(env)
-    return env
+    env["machine"] = machine_key(env["gpus"], env["cpu"])
+    return received(Environment, env, "this machine")
 
 
 def _nccl_version() -> str | None:
@@ -187,10 +189,9 @@ def _nccl_version() -> str | None:
         return None
 
 
-def machine_key(env: dict[str, Any]) -> str:
+def machine_key(gpus: list[dict[str, Any]] | None, cpu: str | None) -> str:
     """What results are grouped by: the GPU model and count, or the CPU model."""
-    gpus = env.get("gpus") or []
     if gpus:
         names = sorted({g["name"] for g in gpus})
         return f"{' + '.join(names)} x{len(gpus)}"
-    return f"cpu: {env.get('cpu', 'unknown')}"
+    return f"cpu: {cpu or 'unknown'}"

@@ -361,7 +361,8 @@ class Follower:
             )
         self.pulse: Pulse | None = None
 
-    def meet(self) -> dict[str, Any]:
+    def meet(self) -> None:
+        """Join node 0's run (refused where the node counts differ); wait for it to begin."""
         r = self.nodes.rank
         run = self._wait("run")
         if run["count"] != self.nodes.count:
@@ -375,7 +376,6 @@ class Follower:
             why = _take(self.store, "end").get("why")
             raise NodeLost(f"node 0 ended the run before it began{f': {why}' if why else ''}")
         self.say(f"node {r} of {self.nodes.count}: joined run {run['run']} at {self.nodes.endpoint}")
-        return run
 
     def follow(self) -> int:
         """Node 0's trials, one by one, until it ends the run: its exit code."""

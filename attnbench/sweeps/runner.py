@@ -28,7 +28,7 @@ from attnbench import impls
 from attnbench.measure.accounting import Pairs
 from attnbench.plan import Plan, Series
 from attnbench.results import ResultsLock, now_utc, series_key
-from attnbench.results.schema import Row, Trial, Verify, join
+from attnbench.results.schema import Environment, Row, Trial, Verify, join
 from attnbench.runtime import nodes
 from attnbench.runtime.supervise import pause_after_trials
 from attnbench.runtime.worker import close_spares
@@ -127,7 +127,7 @@ class SweepRunner(RunSession):
         self,
         plan: Plan,
         out_dir: Path,
-        env: dict[str, Any],
+        env: Environment,
         resume: bool = False,
         reporter: Reporter | None = None,
         speedup_reporter=None,

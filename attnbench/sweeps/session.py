@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.results import TRIALS_FILE, ResultsWriter, clean_floats, rows_to_resume
-from attnbench.results.schema import Row, Verify
+from attnbench.results.schema import Environment, Row, Verify
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
 
@@ -27,7 +27,7 @@ class SilentReporter:
 
 
 class RunSession:
-    def __init__(self, out_dir: Path, env: dict[str, Any], resume: bool, reporter: Any) -> None:
+    def __init__(self, out_dir: Path, env: Environment, resume: bool, reporter: Any) -> None:
         self.out_dir = Path(out_dir)
         self.env = env
         self.resume = resume
@@ -42,7 +42,7 @@ class RunSession:
         the directory's lock and again under it)."""
         stamp = _stamp(self.out_dir / TRIALS_FILE)
         if self._resumed is None or self._resumed[0] != stamp:
-            self._resumed = (stamp, rows_to_resume(self.out_dir, self.resume, self.env["machine"]))
+            self._resumed = (stamp, rows_to_resume(self.out_dir, self.resume, self.env.machine))
         return self._resumed[1]
 
     def run_checks(

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
-from attnbench.results.schema import Verify
+from attnbench.results.schema import Environment, Verify
 from attnbench.trials.reference import Shapes, VerifyCase, run_case
 from attnbench.trials.trial import run_verify_isolated
 
@@ -22,7 +22,7 @@ from attnbench.trials.trial import run_verify_isolated
 def run_reference_checks(
     cases: list[VerifyCase],
     run: str,
-    env: dict[str, Any] | None,
+    env: Environment | None,
     isolate: bool = False,
     memory_limit: int | None = None,
     warm: bool = False,

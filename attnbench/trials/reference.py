@@ -21,7 +21,7 @@ import torch
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure.oom import classify
-from attnbench.results.schema import Check, Verify, join
+from attnbench.results.schema import Check, Environment, Verify, join
 from attnbench.runtime.jobs import job
 from attnbench.trials import diagnose
 from attnbench.trials.workload import torch_dtype
@@ -169,7 +169,7 @@ class VerifyCase:
             **found,
         )
 
-    def row(self, check: Check, run: str, env: dict[str, Any] | None, strategy: str | None = None) -> Verify:
+    def row(self, check: Check, run: str, env: Environment | None, strategy: str | None = None) -> Verify:
         """This case's verify row: its workload beside what ``check`` found (``strategy``: how ranks
         share the sequence). The mode is written only where gradients were checked and key/value
         heads only where fewer than the heads, so other rows keep the keys they had before either."""
