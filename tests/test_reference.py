@@ -101,6 +101,23 @@ def test_reference_equals_independent_dense_attention():
         assert relative_error(masked_reference(q, k, v, mask), expected) < 1e-12
 
 
+@pytest.mark.parametrize("chunk_rows", [33, 7, 1])
+def test_reference_in_blocks_of_query_rows_is_the_same_attention(monkeypatch, chunk_rows):
+    """However few query rows a chunk holds (a long check's reference is computed a block of
+    rows at a time), the reference is sdpa's dense attention, with its empty rows zero."""
+    from attnbench.trials import reference
+
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 33, 3, 8, dtype=torch.float64) for _ in range(3))
+    monkeypatch.setattr(reference, "REFERENCE_CHUNK_BYTES", 3 * 8 * 2 * 33 * chunk_rows)
+    mask = torch.ones(3, 33, 33, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
+    assert relative_error(masked_reference(q, k, v, mask), expected) < 1e-12
+    mask[1, 5] = False  # head 1's query 5 sees no key
+    out = masked_reference(q, k, v, mask)
+    assert torch.all(out[:, 5, 1] == 0) and relative_error(out[:, 6:], expected[:, 6:]) < 1e-12
+
+
 def test_reference_gives_zero_rows_for_empty_key_sets():
     q, k, v = (torch.randn(1, 4, 1, 2, dtype=torch.float64) for _ in range(3))
     mask = torch.tensor([[[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1]]], dtype=torch.bool)

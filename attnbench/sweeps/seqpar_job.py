@@ -87,7 +87,7 @@ def _verify_case(case: VerifyCase, seed: int, place: Place, fail_rank: int | Non
     full = torch.empty(shape, dtype=torch.float32)
     for r in range(world):
         full[:, positions[r]] = shards[r].cpu()
-    ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal))
+    ref = masked_reference(q, k, v, impl.key_mask(case.seq_len, case.heads, causal=case.causal), device=dev)
     counterpart = impl.counterpart()
     with torch.no_grad():
         single = counterpart(q.to(dev), k.to(dev), v.to(dev), is_causal=case.causal).to("cpu", torch.float64)

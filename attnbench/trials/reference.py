@@ -36,20 +36,33 @@ GRADIENTS = ("dq", "dk", "dv")
 
 
 def masked_reference(
-    q, k, v, mask: torch.Tensor, scale: float | None = None, gqa_mapping: str = "consecutive"
+    q,
+    k,
+    v,
+    mask: torch.Tensor,
+    scale: float | None = None,
+    gqa_mapping: str = "consecutive",
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
     """out[b,t,h] = sum_u softmax_u over M_h(t) of q.k * scale, times v; empty sets give 0.
-    A few heads at a time, so a long check's float64 scores stay within REFERENCE_BUDGET_BYTES."""
-    q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
+    In float64 on ``device`` (a GPU check's reference on its GPU: the same arithmetic, a long
+    length's in seconds rather than minutes), a block of heads and query rows at a time, so its
+    scores stay within a chunk (``REFERENCE_CHUNK_BYTES`` on the CPU); on the CPU when done."""
+    q, k, v = (x.detach().to(device, torch.float64) for x in (q, k, v))
     k, v = (kv_per_query_head(x, q.shape[2], gqa_mapping) for x in (k, v))
     batch, n, heads = q.shape[:3]
-    step = max(1, REFERENCE_CHUNK_BYTES // (3 * 8 * batch * n * n))
-    mask = mask.expand(heads, n, n)
-    chunks = [
-        masked_attention(q[:, :, h : h + step], k[:, :, h : h + step], v[:, :, h : h + step], mask[h : h + step], scale)
-        for h in range(0, heads, step)
-    ]
-    return torch.cat(chunks, dim=2)
+    keys = k.shape[1]
+    chunk = REFERENCE_CHUNK_BYTES if q.device.type == "cpu" else GPU_REFERENCE_CHUNK_BYTES
+    row_bytes = 3 * 8 * batch * keys  # one query row of one head: scores, masked scores, probabilities
+    rows = max(1, min(n, chunk // row_bytes))
+    step = max(1, chunk // (row_bytes * n)) if rows == n else 1  # heads at a time
+    mask = mask.expand(heads, n, keys)
+    out = torch.empty_like(q)
+    for h in range(0, heads, step):
+        for t in range(0, n, rows):
+            hs, ts = slice(h, h + step), slice(t, t + rows)
+            out[:, ts, hs] = masked_attention(q[:, ts, hs], k[:, :, hs], v[:, :, hs], mask[hs, ts], scale)
+    return out.cpu()
 
 
 def kv_per_query_head(x: torch.Tensor, heads: int, gqa_mapping: str = "consecutive") -> torch.Tensor:
@@ -86,9 +99,11 @@ def reference_bytes(case: VerifyCase) -> int:
 # A case whose float64 reference would hold more than this is checked on its reduced twin: a
 # reference of this size takes about a second on the CPU, one of gigabytes minutes or the host.
 REFERENCE_BUDGET_BYTES = 256 << 20
-# The reference is computed a few heads at a time, each chunk's scores about this size: a long
-# check stays within a trial's memory limit.
+# The reference is computed a few heads and query rows at a time, each chunk's scores about this
+# size: a long check stays within a trial's memory limit. On a GPU, larger chunks keep its
+# kernels busy; the implementation's own call has long returned its memory by then.
 REFERENCE_CHUNK_BYTES = 32 << 20
+GPU_REFERENCE_CHUNK_BYTES = 1 << 30
 # Under a memory limit, a long check's reference (one head's scores) takes at most this share of
 # it: the implementation's own call at that length needs the rest.
 LONG_CHECK_MEMORY_SHARE = 0.25
@@ -497,7 +512,7 @@ def _check_case(case: VerifyCase, seed: int | None, phase: Callable[[str], None]
             return case.check(seed, "error", f"output is a {type(out).__name__}, not a (B, N, H, D) tensor")
         return case.check(seed, "error", diagnose.shape_hint(tuple(out.shape), tuple(q.shape)))
     mask = impl.key_mask(case.seq_len, case.heads, causal=case.causal)
-    ref = masked_reference(q, k, v, mask, gqa_mapping=impl.gqa_mapping)
+    ref = masked_reference(q, k, v, mask, gqa_mapping=impl.gqa_mapping, device=case.device)
     err = relative_error(out, ref)
     ok = err == err and err <= TOLERANCE[case.dtype]
     message = "" if ok else ("non-finite output" if err != err else "relative error above tolerance")
