@@ -50,10 +50,10 @@ def list_impls() -> None:
         for p in s.params:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
             console.print(_wrapped(f"    --param {p.name}={show(p.default)}  {p.help}{choices}", 8))
-    _list_strategies()
+    show_strategies()
 
 
-def _list_strategies() -> None:
+def show_strategies() -> None:
     """The multi-GPU strategies, as ``plan.strategies`` declares them."""
     from attnbench.plan.strategies import DECLARED, speedup_names
 
