@@ -207,10 +207,11 @@ def test_the_ring_sends_key_value_blocks_at_their_own_head_count():
     K and V shard once, at 2 heads (a quarter of what 8 would send)."""
     from attnbench.sweeps import seqpar
     from attnbench.trials.trial import TrialSpec
+    from attnbench.trials.workload import Workload
 
     workload = dict(impl="ring", config={"backend": "auto"}, seq_len=1024, heads=HEADS, kv_heads=2, head_dim=HEAD_DIM)
     workload.update(dtype="fp32", device="cpu")
-    spec = TrialSpec(workload=workload, max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
+    spec = TrialSpec(workload=Workload(**workload), max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
     row = seqpar.run_trial(spec, 2)
     assert row.status == "ok", row.message
     assert [x.sent_bytes for x in row.ranks] == [2 * 512 * 2 * HEAD_DIM * 4] * 2

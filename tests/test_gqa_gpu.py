@@ -12,6 +12,7 @@ from attnbench.impls import gqa
 from attnbench.results.schema import Measured
 from attnbench.trials.reference import VerifyCase, default_cases, run_case
 from attnbench.trials.trial import TrialSpec, run_isolated
+from attnbench.trials.workload import Workload
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -59,7 +60,9 @@ def _llama_forward(config: dict, seq_len: int = 32768) -> Measured:
     process would count in its allocator peak (1.10x the floor after this file's checks)."""
     workload = dict(impl="sdpa", config=config, seq_len=seq_len, heads=32, kv_heads=8, head_dim=128)
     workload.update(dtype="bf16", device="cuda", causal=True)
-    return run_isolated(TrialSpec(workload=workload, max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2}))
+    return run_isolated(
+        TrialSpec(workload=Workload(**workload), max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
+    )
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])

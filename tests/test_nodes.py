@@ -31,6 +31,7 @@ from attnbench.runtime.nodes import (
     rendezvous_id,
     torchrun_args,
 )
+from attnbench.trials.workload import Workload
 
 from conftest import ROOT, main_in_process
 
@@ -365,7 +366,7 @@ def test_another_node_makes_the_single_output_its_mp_ranks_compare_with(tmp_path
     spec = RankSpec(
         strategy="single",
         strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
-        workload=workload,
+        workload=Workload(**workload),
         module="attention",
         gpus=2,
         seed=5,

@@ -21,6 +21,7 @@ from attnbench.trials.reference import (
     with_long_checks,
 )
 from attnbench.trials.trial import TrialSpec, execute, run_isolated
+from attnbench.trials.workload import Workload
 
 from conftest import ROOT
 
@@ -344,14 +345,7 @@ def test_a_causal_window_of_the_k_most_recent_keys_is_its_own_declaration(own):
 
 def test_declared_executed_pairs_are_the_rows_and_named(own):
     spec = TrialSpec(
-        workload={
-            "impl": "ownattn:three_windows",
-            "seq_len": 256,
-            "heads": 2,
-            "head_dim": 8,
-            "dtype": "fp32",
-            "device": "cpu",
-        },
+        workload=Workload(impl="ownattn:three_windows", seq_len=256, heads=2, head_dim=8, dtype="fp32", device="cpu"),
         timing={"warmup": 0, "min_samples": 1, "max_samples": 1, "target_ms": 1},
     )
     m = execute(spec)
@@ -425,8 +419,7 @@ def test_an_outside_label_shows_every_parameter(own):
 @pytest.mark.slow
 def test_a_count_stopped_in_its_process_keeps_the_measurement(own):
     spec = TrialSpec(
-        workload={"impl": "ownattn:slow_count", "seq_len": 256, "heads": 2, "head_dim": 8, "dtype": "fp32"}
-        | {"device": "cpu"},
+        workload=Workload(impl="ownattn:slow_count", seq_len=256, heads=2, head_dim=8, dtype="fp32", device="cpu"),
         timing={"warmup": 0, "min_samples": 1, "max_samples": 1, "target_ms": 1},
         count_limit_s=1.0,
     )

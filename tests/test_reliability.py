@@ -23,6 +23,7 @@ from attnbench.results.schema import Environment, Measured
 from attnbench.sweeps import runner as runner_mod
 from attnbench.sweeps.runner import SweepRunner, resolve
 from attnbench.sweeps.session import SilentReporter
+from attnbench.trials.workload import Workload
 
 from conftest import ROOT, main_in_process, run_cli
 
@@ -85,7 +86,7 @@ def fake_trials(monkeypatch, status_of):
     calls: dict[int, int] = {}
 
     def execute(spec, phase=None):
-        n = spec.workload["seq_len"]
+        n = spec.workload.seq_len
         calls[n] = calls.get(n, 0) + 1
         status = status_of(n, calls[n])
         return Measured(status=status, message="" if status == "ok" else f"injected {status}", times_ms=[1.0])
@@ -342,7 +343,8 @@ import attnbench.runtime.worker as w
 sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()) + ' ' + sys.argv[2]); time.sleep(3600)"
 w.python_module = lambda module, *args: [sys.executable, "-c", sleeper, sys.argv[1], args[-1]]
 from attnbench.trials.trial import TrialSpec, trial_job
-w.run_in_child(trial_job, TrialSpec(workload={}), 3600)
+from attnbench.trials.workload import Workload
+w.run_in_child(trial_job, TrialSpec(workload=Workload('naive')), 3600)
 """
 
 
@@ -507,7 +509,9 @@ def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, fir
     }
     row = execute(
         TrialSpec(
-            workload=wl, max_trial_seconds=2.0, timing={"warmup": 0, "min_samples": 1, "max_samples": 2, "target_ms": 0}
+            workload=Workload(**wl),
+            max_trial_seconds=2.0,
+            timing={"warmup": 0, "min_samples": 1, "max_samples": 2, "target_ms": 0},
         )
     )
     assert row.status == status, row

@@ -27,6 +27,7 @@ from attnbench.results import read_rows
 from attnbench.sweeps import seqpar
 from attnbench.trials.reference import TOLERANCE, default_cases, masked_reference, relative_error
 from attnbench.trials.trial import TrialSpec
+from attnbench.trials.workload import Workload
 from attnbench.units import parse_gpus
 
 from conftest import main_in_process, not_timed_out, run_cli
@@ -317,7 +318,7 @@ def test_an_oom_on_the_ranks_is_the_agreed_trial_status():
         mode="fwd",
         causal=False,
     )
-    row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
+    row = seqpar.run_trial(TrialSpec(workload=Workload(**workload), memory_limit=64 << 20, max_trial_seconds=30), 2)
     assert row.status == "oom", row.message
     assert row.message.startswith("rank ")
     assert row.times_ms == []

@@ -8,6 +8,7 @@ from attnbench.plan import Plan, Series, Settings
 from attnbench.results import read_rows
 from attnbench.results.schema import Environment
 from attnbench.sweeps.runner import SweepRunner, resolve
+from attnbench.trials.workload import Workload
 
 SMALL = Settings(
     device="cpu", dtype="fp32", heads=2, head_dim=8, isolate=False, min_samples=1, target_ms=1, max_trial_seconds=30
@@ -180,5 +181,5 @@ def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeyp
         mode="fwd",
         causal=False,
     )
-    row = seqpar.run_trial(TrialSpec(workload=workload, memory_limit=64 << 20, max_trial_seconds=30), 2)
+    row = seqpar.run_trial(TrialSpec(workload=Workload(**workload), memory_limit=64 << 20, max_trial_seconds=30), 2)
     assert seen["memory_limit"] == 64 << 20 and row.status == "oom"

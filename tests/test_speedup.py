@@ -25,6 +25,7 @@ from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
 from attnbench.trials.reference import TOLERANCE
+from attnbench.trials.workload import Workload
 
 from conftest import ROOT, main_in_process, not_timed_out, run_cli, typed_row
 
@@ -318,18 +319,7 @@ def _measure(tmp_path, nvml):
     spec = RankSpec(
         strategy="single",
         strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
-        workload={
-            "impl": "naive",
-            "config": {},
-            "batch": 2,
-            "seq_len": 128,
-            "heads": 2,
-            "head_dim": 8,
-            "dtype": "fp32",
-            "device": "cpu",
-            "mode": "fwd",
-            "causal": False,
-        },
+        workload=Workload(impl="naive", batch=2, seq_len=128, heads=2, head_dim=8, dtype="fp32", device="cpu"),
         module="attention",
         gpus=2,
         seed=1,
@@ -428,7 +418,7 @@ def _ranks_that_agree(job, spec, nprocs, device, phase_limit_s, **limits):
     """What a speedup trial's ranks send when they ran and their output equals the single
     run's, without starting them (real ranks: the tests above)."""
     wl = spec.workload
-    share = wl["batch"] * wl["seq_len"] * wl["heads"] * wl["head_dim"] // nprocs
+    share = wl.batch * wl.seq_len * wl.heads * wl.head_dim // nprocs
     compare = {"compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": share}} if spec.role == "measure" else {}
     return read_ranks([{"status": "ok", "rank": r, "times_ms": [1.0, 1.0, 1.0], **compare} for r in range(nprocs)])
 

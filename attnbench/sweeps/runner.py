@@ -388,7 +388,7 @@ class SweepRunner(RunSession):
         if workload.device == "cpu":  # a CPU time means something only at a stated thread count
             timing["threads"] = st.threads
         return TrialSpec(
-            workload=workload.to_dict(),
+            workload=workload,
             max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
             timing=timing,

@@ -132,9 +132,8 @@ class Checked:
 
 def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Measured:
     """One trial on ``world`` ranks: what they measured together (status, times, memory per GPU, ranks)."""
-    from attnbench.trials.workload import Workload
 
-    wl = Workload(**spec.workload)
+    wl = spec.workload
     ended = launch(
         TRIAL_JOB,
         RankTrial(spec, fail_rank),

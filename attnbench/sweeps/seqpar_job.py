@@ -127,7 +127,7 @@ def trial_job(sent: RankTrial, place: Place) -> RankMeasured:
     from attnbench.trials.workload import Workload
 
     spec, rank, world, device = sent.spec, place.rank, place.world, place.device
-    wl = Workload(**spec.workload)
+    wl = spec.workload
     dev = _device(device)
     impl = build(wl.impl, wl.config, world)
     impl.check_shape(wl.seq_len, wl.heads)

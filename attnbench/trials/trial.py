@@ -38,7 +38,7 @@ from attnbench.trials.workload import Workload
 
 @dataclass
 class TrialSpec:
-    workload: dict[str, Any]  # Workload fields
+    workload: Workload  # the call it times
     max_trial_seconds: float = 60.0  # one call longer than this is a time-limit
     memory_limit: int | None = None  # bytes the trial may allocate
     timing: dict[str, Any] = field(default_factory=dict)  # TimingPolicy fields
@@ -65,7 +65,7 @@ def execute(
     """Run one trial here; never raises for a failing trial, returns what it measured. Pairs
     counted from declared key sets are counted after the measurement is complete, ``leave``
     given it first (a worker writes it, in case the count is stopped)."""
-    wl = Workload(**spec.workload)
+    wl = spec.workload
     cuda = wl.device == "cuda"
     m = Measured(status="error", message="", times_ms=[])
     impl = None
@@ -180,7 +180,7 @@ GPU_SPARES = 2
 def run_isolated(spec: TrialSpec) -> Measured:
     """Run the trial in a worker process of its own, started while the previous trial ran;
     returns what it measured (with ``phase_s``), or how a kill or crash ended it."""
-    cpu = Workload(**spec.workload).device == "cpu"
+    cpu = spec.workload.device == "cpu"
     ran = run_in_child(
         trial_job,
         spec,
@@ -192,7 +192,7 @@ def run_isolated(spec: TrialSpec) -> Measured:
     )
     m = ran.result or ended_trial(ran.ended)
     if ran.partial:  # stopped while it counted pairs: its measurement stands
-        take_pairs(m, counting.stopped(ran.ended.message or ran.ended.status), Workload(**spec.workload))
+        take_pairs(m, counting.stopped(ran.ended.message or ran.ended.status), spec.workload)
     m.phase_s = ran.phase_s
     return m
 

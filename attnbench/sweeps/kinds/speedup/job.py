@@ -33,7 +33,6 @@ from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.result import Compared, RankResult, RankSpec
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy
-from attnbench.trials.workload import Workload
 
 # float32 elements compared at once, so the check never holds a second full output
 COMPARE_CHUNK = 1 << 24
@@ -91,7 +90,7 @@ def _measured(strategy: Strategy, ctx: RankContext, spec: RankSpec) -> RankResul
 
 def context(spec: RankSpec, rank: int = 0, world: int = 1, local_rank: int = 0) -> RankContext:
     return RankContext(
-        workload=Workload(**spec.workload),
+        workload=spec.workload,
         module=spec.module,
         grad_compression=spec.grad_compression,
         gpus=spec.gpus,

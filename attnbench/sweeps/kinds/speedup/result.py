@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.results.schema import GpuMemory
+from attnbench.trials.workload import Workload
 
 
 @dataclass
@@ -19,7 +20,7 @@ class RankSpec:
 
     strategy: str
     strategy_module: str  # imported first: it registers a strategy defined outside the package
-    workload: dict[str, Any]  # Workload fields
+    workload: Workload
     module: str  # the model module timed (attention alone, or a block)
     gpus: int
     seed: int

@@ -270,7 +270,7 @@ class SpeedupRunner:
         spec = RankSpec(
             strategy=strategy.name,
             strategy_module=strategy.module_name,
-            workload=workload(s, case).to_dict(),
+            workload=workload(s, case),
             module=s.settings.module,
             gpus=gpus_of(s),
             grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
