@@ -241,7 +241,7 @@ def main(job_path: str, out_dir: str) -> None:
             timeout=dt.timedelta(seconds=sent["collective_timeout_s"]),
             **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}),
         )
-        result = job.run(spec, Place(rank, world, device))
+        result = job.run(spec, Place(rank, world, device, local_rank))
     except BaseException as exc:  # write why, then leave at once so torchrun stops the others
         status = oom.classify(exc) if isinstance(exc, Exception) else "error"
         failed = RankEnded(rank, status, oom.one_line(exc), failed_at=time.time())

@@ -32,6 +32,7 @@ class Place:
     rank: int
     world: int  # ranks in all
     device: str  # "cuda" (this rank's GPU is current) or "cpu"
+    local_rank: int = 0  # its rank on its own node (its GPU's index there)
 
 
 @dataclass(frozen=True)

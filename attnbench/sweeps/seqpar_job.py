@@ -10,7 +10,6 @@ others. Memory is per GPU: each rank's allocator peaks and NVML on its own GPU.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -18,20 +17,14 @@ from typing import Any
 
 from attnbench.errors import ConfigError
 from attnbench.impls import build_for_ranks as build
-from attnbench.measure.core import MemoryProbe, Ranks, Timer, measure_step
+from attnbench.measure.core import MemoryProbe, Timer, measure_step
 from attnbench.results.convert import fill
 from attnbench.results.schema import GpuMemory
 from attnbench.runtime.jobs import Place, job
-from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.seqpar import Checked, RankChecks, RankMeasured, RankTrial
 from attnbench.trials.measured import take_measurement
+from attnbench.trials.ranks import agreement, phase_reporter, rank_device
 from attnbench.trials.reference import TOLERANCE, Check, VerifyCase
-
-
-def _device(device: str):
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
 
 
 def _maybe_fail(fail_rank: int | None, rank: int) -> None:
@@ -62,7 +55,7 @@ def _verify_case(case: VerifyCase, seed: int, place: Place, fail_rank: int | Non
     from attnbench.trials.reference import masked_reference, relative_error
     from attnbench.trials.workload import torch_dtype
 
-    rank, world, dev = place.rank, place.world, _device(place.device)
+    rank, world, dev = place.rank, place.world, rank_device(place)
     impl = build(case.impl, case.config, world)
     try:  # deterministic: every rank takes the same branch
         impl.check_shape(case.seq_len, case.heads)
@@ -128,17 +121,11 @@ def trial_job(sent: RankTrial, place: Place) -> RankMeasured:
 
     spec, rank, world, device = sent.spec, place.rank, place.world, place.device
     wl = spec.workload
-    dev = _device(device)
+    dev = rank_device(place)
     impl = build(wl.impl, wl.config, world)
     impl.check_shape(wl.seq_len, wl.heads)
     impl.check_causal(wl.causal)
     shard = Workload(**{**wl.to_dict(), "seq_len": wl.seq_len // world, "device": str(dev)})
-
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-
-    def phase(name: str, limit_s: float | None = None) -> None:
-        if local_rank == 0:  # each node's launcher supervisor reads these from its torchrun's stdout
-            announce_phase(name, limit_s)
 
     link_gbps = _link(dev, rank, world)  # before anything is allocated or sampled, freed after
     nvml, nvml_note = own_gpu_nvml(dev.index) if dev.type == "cuda" else (None, "")
@@ -163,11 +150,11 @@ def trial_job(sent: RankTrial, place: Place) -> RankMeasured:
             timer,
             spec.max_trial_seconds,
             probe=probe,
-            ranks=rank_agreement(dev),
+            ranks=agreement(place),
             compiles=impl.compiles,
             gpu_timing=dev.type == "cuda" and impl.graph_capturable,
             after_call=impl.last_breakdown,
-            phase=phase,
+            phase=phase_reporter(place),
         )
         r.backend = impl.last_backend
         r.kv_layout = impl.last_kv_layout or None
@@ -202,19 +189,6 @@ def _link(dev, rank: int, world: int) -> float | None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # its buffers leave nothing reserved behind
     return gbps
-
-
-def rank_agreement(dev) -> Ranks:
-    """The ranks of a job under torchrun: a barrier before each call, the slowest value."""
-    import torch
-    import torch.distributed as dist
-
-    def agree_max(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
-    return Ranks(barrier=dist.barrier, agree_max=agree_max)
 
 
 def _ring_breakdown(r: RankMeasured, per_call: list[dict[str, Any]]) -> None:

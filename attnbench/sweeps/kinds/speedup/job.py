@@ -17,7 +17,6 @@ in-process.
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -29,10 +28,10 @@ from attnbench.measure.memory import NvmlBackend, NvmlSampler
 from attnbench.measure.timing import TimingPolicy
 from attnbench.results.schema import GpuMemory
 from attnbench.runtime.jobs import Place, job
-from attnbench.runtime.supervise import announce_phase
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.result import Compared, RankResult, RankSpec
 from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy
+from attnbench.trials.ranks import ALONE, agreement, phase_reporter
 
 # float32 elements compared at once, so the check never holds a second full output
 COMPARE_CHUNK = 1 << 24
@@ -43,12 +42,12 @@ def speedup_rank(spec: RankSpec, place: Place) -> RankResult:
     """This rank's trial of ``spec.strategy``."""
     importlib.import_module(spec.strategy_module)  # registers strategies defined elsewhere
     strategy = strategies.get(spec.strategy)
-    ctx = context(spec, place.rank, place.world, int(os.environ.get("LOCAL_RANK", place.rank)))
+    ctx = context(spec, place.rank, place.world, place.local_rank)
     made = single_output_here(spec, ctx) if spec.remake_reference and ctx.local_rank == 0 else None
     try:
-        result = _measured(strategy, ctx, spec)
+        result = _measured(strategy, ctx, spec, place)
         if spec.remake_reference:
-            _barrier(ctx)  # every rank of this node compared with it before it goes
+            agreement(place).barrier()  # every rank of this node compared with it before it goes
     finally:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
@@ -72,18 +71,13 @@ def single_output_here(spec: RankSpec, ctx: RankContext) -> Path | None:
     return ref
 
 
-def _measured(strategy: Strategy, ctx: RankContext, spec: RankSpec) -> RankResult:
+def _measured(strategy: Strategy, ctx: RankContext, spec: RankSpec, place: Place) -> RankResult:
     nvml, nvml_note = (None, "")
     if ctx.cuda and ctx.local_rank == 0:
         from attnbench.measure.memory import open_nvml
 
         nvml, nvml_note = open_nvml()
-
-    def phase(name: str, limit_s: float | None = None) -> None:
-        if ctx.local_rank == 0:  # the launcher's supervisor reads these from torchrun's stdout
-            announce_phase(name, limit_s)
-
-    result = measure(strategy, ctx, spec, nvml, phase)
+    result = measure(strategy, ctx, spec, nvml, phase_reporter(place), agreement(place))
     result.nvml_note = nvml_note or None
     return result
 
@@ -107,8 +101,10 @@ def measure(
     spec: RankSpec,
     nvml: NvmlBackend | None,
     phase: Callable[..., None] = lambda name, limit_s=None: None,
+    ranks: Ranks = ALONE,
 ) -> RankResult:
-    """One rank's trial, timed or not as its ``spec.role`` says."""
+    """One rank's trial, timed or not as its ``spec.role`` says (``ranks``: how it agrees with
+    the trial's other ranks)."""
     role = spec.role
     devices = strategy.devices(ctx)
     result = RankResult(status="ok", devices=devices, times_ms=[])
@@ -116,12 +112,12 @@ def measure(
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe(devices if ctx.cuda else [])
     with sampler:
-        _barrier(ctx)
+        ranks.barrier()
         probe.start(None)
         prepared = strategy.prepare(ctx)
         if role != "reference-only":
-            _time(result, prepared, ctx, policy, probe, phase, strategy.gpu_timed)
-        _barrier(ctx)  # the sampler on local rank 0 must see every rank's work
+            _time(result, prepared, ctx, policy, probe, phase, ranks, strategy.gpu_timed)
+        ranks.barrier()  # the sampler on local rank 0 must see every rank's work
     result.nvml = [GpuMemory(**g) for g in sampler.per_gpu()] if nvml is not None else None
     result.allocator = probe.allocator()
     if not ctx.cuda:
@@ -149,6 +145,7 @@ def _time(
     policy: TimingPolicy,
     probe: MemoryProbe,
     phase,
+    ranks: Ranks,
     gpu_timed: bool = True,
 ) -> None:
     """``result``'s times: the strategy's step through the measurement core, every rank planning
@@ -160,7 +157,7 @@ def _time(
         Timer(ctx.workload.device),
         policy.budget_s,
         probe=probe,
-        ranks=Ranks(barrier=lambda: _barrier(ctx), agree_max=lambda value: agree_max(ctx, value)),
+        ranks=ranks,
         gpu_timing=gpu_timed and ctx.cuda and ctx.world == 1,
         phase=phase,
     )
@@ -170,25 +167,6 @@ def _time(
         result.message = m.message
     if m.gpu_times_ms is not None:
         result.gpu_times_ms, result.gpu_timer = m.gpu_times_ms, m.gpu_timer
-
-
-def _barrier(ctx: RankContext) -> None:
-    if ctx.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        if ctx.cuda:
-            torch.cuda.synchronize()
-
-
-def agree_max(ctx: RankContext, value: float) -> float:
-    if ctx.world == 1:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 # ---------------------------------------------------------------------------------------
