@@ -31,9 +31,8 @@ from attnbench.runtime.nodes import (
     rendezvous_id,
     torchrun_args,
 )
-from attnbench.trials.workload import Workload
 
-from conftest import ROOT, main_in_process
+from conftest import ROOT, main_in_process, single_rank_spec
 
 TESTS = Path(__file__).resolve().parent
 
@@ -359,22 +358,8 @@ def test_another_node_makes_the_single_output_its_mp_ranks_compare_with(tmp_path
 
     from attnbench.sweeps.kinds.speedup import strategies
     from attnbench.sweeps.kinds.speedup.job import context, measure, single_output_here
-    from attnbench.sweeps.kinds.speedup.result import RankSpec
 
-    workload = {"impl": "naive", "config": {}, "batch": 2, "seq_len": 128, "heads": 2, "head_dim": 8}
-    workload |= {"dtype": "fp32", "device": "cpu", "mode": "fwd", "causal": False}
-    spec = RankSpec(
-        strategy="single",
-        strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
-        workload=Workload(**workload),
-        module="attention",
-        gpus=2,
-        seed=5,
-        max_trial_seconds=10,
-        timing={"min_samples": 3, "max_samples": 3, "target_ms": 10},
-        reference_dir=str(tmp_path / "node0"),
-        role="reference",
-    )
+    spec = single_rank_spec(tmp_path / "node0", seed=5, samples=(3, 3), target_ms=10)
     assert measure(strategies.get("single"), context(spec), spec, None).status == "ok"
     elsewhere = replace(spec, role="measure", reference_dir=str(tmp_path / "node1"))
     mp_rank = context(elsewhere, rank=1, world=2, local_rank=0)

@@ -20,14 +20,12 @@ from attnbench.results.schema import GpuMemory
 from attnbench.runtime.jobs import RankEnded
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.job import context, measure, speedup_rank
-from attnbench.sweeps.kinds.speedup.result import RankSpec
 from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
 from attnbench.trials.reference import TOLERANCE
-from attnbench.trials.workload import Workload
 
-from conftest import ROOT, main_in_process, not_timed_out, run_cli, typed_row
+from conftest import ROOT, main_in_process, not_timed_out, run_cli, single_rank_spec, typed_row
 
 
 def read_ranks(sent: list[dict]) -> list[RankEnded]:
@@ -316,18 +314,7 @@ class ScriptedNvml:
 
 
 def _measure(tmp_path, nvml):
-    spec = RankSpec(
-        strategy="single",
-        strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
-        workload=Workload(impl="naive", batch=2, seq_len=128, heads=2, head_dim=8, dtype="fp32", device="cpu"),
-        module="attention",
-        gpus=2,
-        seed=1,
-        max_trial_seconds=10,
-        timing={"min_samples": 3, "max_samples": 5, "target_ms": 50},
-        reference_dir=str(tmp_path / "ref"),
-        role="reference",
-    )
+    spec = single_rank_spec(tmp_path / "ref", seed=1, samples=(3, 5), target_ms=50)
     return measure(strategies.get("single"), context(spec), spec, nvml)
 
 

@@ -108,7 +108,7 @@ def measure(
     role = spec.role
     devices = strategy.devices(ctx)
     result = RankResult(status="ok", devices=devices, times_ms=[])
-    policy = TimingPolicy(**{**spec.timing, "budget_s": spec.max_trial_seconds})
+    policy = spec.timing
     sampler = NvmlSampler(nvml)
     probe = MemoryProbe(devices if ctx.cuda else [])
     with sampler:

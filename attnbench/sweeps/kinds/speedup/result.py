@@ -8,8 +8,8 @@ No torch here: the parent reads these without starting it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from attnbench.measure.timing import TimingPolicy
 from attnbench.results.schema import GpuMemory
 from attnbench.trials.workload import Workload
 
@@ -24,8 +24,7 @@ class RankSpec:
     module: str  # the model module timed (attention alone, or a block)
     gpus: int
     seed: int
-    timing: dict[str, Any]  # TimingPolicy fields
-    max_trial_seconds: float
+    timing: TimingPolicy  # its budget is the per-call limit
     reference_dir: str  # where the single run's output lies
     role: str = "measure"  # measure; reference: also save the output; reference-only: save it untimed
     remake_reference: bool = False  # a node other than the single run's makes its own copy first

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.measure.timing import TimingPolicy
 from attnbench.plan import Case, Series
 from attnbench.results import now_utc
 from attnbench.results.schema import Speedup, StepMeasured, join
@@ -76,10 +77,17 @@ def workload(s: Series, case: Case) -> Workload:
     return s.workload(case.seq_len, case.batch)
 
 
-def timing(s: Series) -> dict[str, Any]:
-    """The timing plan of a speedup trial (TimingPolicy fields; its budget is the per-call limit):
-    settings the ranks receive in their spec, not a row's fields."""
-    return {k: getattr(s.settings, k) for k in ("warmup", "min_samples", "max_samples", "target_ms")}
+def timing(s: Series) -> TimingPolicy:
+    """The timing plan of a speedup trial (its budget is the per-call limit): settings the
+    ranks receive in their spec, not a row's fields."""
+    st = s.settings
+    return TimingPolicy(
+        warmup=st.warmup,
+        min_samples=st.min_samples,
+        max_samples=st.max_samples,
+        target_ms=st.target_ms,
+        budget_s=st.max_trial_seconds,
+    )
 
 
 def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Series:
@@ -276,7 +284,6 @@ class SpeedupRunner:
             grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
             seed=case.seq_len * 131 + case.batch,
             timing=timing(s),
-            max_trial_seconds=s.settings.max_trial_seconds,
             reference_dir=str(reference),
             role=role,
             remake_reference=remake,
