@@ -111,3 +111,36 @@ def test_the_search_that_answers_is_on_the_whole_device_then_the_newest():
     assert pick(newest_limited) is newest_limited  # a limit is an answer where nothing else ran
     assert pick(first_trial("2026-02-01", series="a"), tie := first_trial("2026-02-01", series="b")) is tie
     assert pick() is None
+
+
+def test_every_grouping_of_rows_derives_from_the_one_workload_identity():
+    """The answer table's configuration, the check's search and trial, the multi-GPU tables'
+    settings and a figure's line each group rows by the workload's identity less what the
+    grouping spans, plus what else must match: rows that differ only there share the key, and
+    rows that differ in any other workload field do not."""
+    from attnbench.check.identity import capacity_identity
+    from attnbench.report.answer import configuration_key
+    from attnbench.report.data import settings_key
+
+    base = typed_row(kind="max-seq", seq_len=4096, mode="fwd", memory_limit=1 << 30, max_trial_seconds=60)
+    other_len = typed_row(kind="max-seq", seq_len=8192, mode="fwd", memory_limit=1 << 30, max_trial_seconds=60)
+    other_mode = typed_row(kind="max-seq", seq_len=4096, mode="fwd_bwd", memory_limit=1 << 30, max_trial_seconds=60)
+    other_limit = typed_row(kind="max-seq", seq_len=4096, mode="fwd", memory_limit=1 << 29, max_trial_seconds=60)
+    other_impl = typed_row(kind="max-seq", seq_len=4096, mode="fwd", impl="sdpa", memory_limit=1 << 30)
+    other_heads = typed_row(kind="max-seq", seq_len=4096, mode="fwd", heads=4, memory_limit=1 << 30)
+
+    assert configuration_key(base) == configuration_key(other_len) == configuration_key(other_mode)
+    assert configuration_key(base) != configuration_key(other_impl)
+    assert capacity_identity(base) == capacity_identity(other_len)
+    assert capacity_identity(base) != capacity_identity(other_limit)  # a search under another limit
+    assert capacity_identity(base) != capacity_identity(other_mode)
+    assert settings_key(base) == settings_key(other_impl) == settings_key(other_len)  # compared across impls
+    assert settings_key(base) != settings_key(other_heads)
+    assert base.identity_key() != other_len.identity_key()
+    assert (
+        base.identity_key(seq_len=False)
+        == other_len.identity_key(seq_len=False)
+        == other_limit.identity_key(seq_len=False)
+    )
+    # the key is the identity itself, as canonical JSON: a reader can take it apart again
+    assert json.loads(configuration_key(base)) == {k: v for k, v in base.identity(seq_len=False).items() if k != "mode"}

@@ -22,16 +22,9 @@ def device_model(row: Workload, any_cpu: bool = False) -> str:
     return ANY_CPU if any_cpu else f"cpu: {(env.cpu if env else None) or 'unknown'}"
 
 
-def trial_identity(row: Workload) -> str:
-    """The attention call: every workload field."""
-    return row.identity_key()
-
-
 def capacity_identity(row: Trial) -> str:
     """A max-seq search: the workload but its length, and the limits that define capacity."""
-    ident = row.identity(seq_len=False)
-    ident.update(memory_limit=row.memory_limit, max_trial_seconds=row.max_trial_seconds)
-    return json.dumps(ident, sort_keys=True, default=str)
+    return row.identity_key(seq_len=False, memory_limit=row.memory_limit, max_trial_seconds=row.max_trial_seconds)
 
 
 def short_tokens(n: int | None) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.analysis import search_outcome
-from attnbench.check.identity import capacity_identity, device_model, trial_identity
+from attnbench.check.identity import capacity_identity, device_model
 from attnbench.errors import AttnbenchError
 from attnbench.results import load_rows, result_files
 from attnbench.results.schema import MaxSeqResult, Trial, Verify
@@ -62,7 +62,7 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
         raise AttnbenchError(f"{label} {path} holds no result rows (trials or reference checks)")
     keyed: dict[tuple[str, str], list[Trial]] = defaultdict(list)
     for r in trials:
-        keyed[(trial_identity(r), device_model(r, any_cpu))].append(r)
+        keyed[(r.identity_key(), device_model(r, any_cpu))].append(r)
     side = Side(
         label,
         str(path),

@@ -10,7 +10,6 @@ newer version of the code measured again shows only its newest numbers.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -192,9 +191,7 @@ def _forward_ok(trials: list[Trial], searched: bool = True) -> list[Trial]:
 
 def configuration_key(row: Trial) -> str:
     """What one answer row stands for: the workload but its length and mode."""
-    ident = row.identity(seq_len=False)
-    ident.pop("mode", None)
-    return json.dumps(ident, sort_keys=True, default=str)
+    return row.identity_key(seq_len=False, without=("mode",))
 
 
 def clean_label(label: str) -> str:

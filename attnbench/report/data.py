@@ -181,13 +181,10 @@ def compact_label(row: Any, label: str | None = None) -> str:
 # --- matching -------------------------------------------------------------------------------------
 
 
-def settings_key(row: Workload) -> tuple:
+def settings_key(row: Workload) -> str:
     """Everything that must match for two rows to be compared, apart from the implementation
     and its configuration: the workload's identity without those and its length."""
-    ident = row.identity(seq_len=False)
-    for name in ("impl", "config", "world_size", "strategy"):
-        ident.pop(name, None)
-    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in ident.items()))
+    return row.identity_key(seq_len=False, without=("impl", "config", "world_size", "strategy"))
 
 
 def settings_text(row: Workload) -> str:

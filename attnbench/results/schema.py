@@ -166,9 +166,14 @@ class Workload(Row):
             del ident["seq_len"]
         return ident
 
-    def identity_key(self, seq_len: bool = True) -> str:
-        """``identity`` as one canonical string, for grouping and dictionary keys."""
-        return json.dumps(self.identity(seq_len), sort_keys=True, default=str)
+    def identity_key(self, seq_len: bool = True, without: tuple[str, ...] = (), **also: Any) -> str:
+        """``identity`` as one canonical string, for grouping and dictionary keys: the one key
+        every comparison of rows derives from. ``without``: identity fields a grouping spans
+        (a configuration's modes, say); ``also``: what else must match (a search's limits)."""
+        ident = self.identity(seq_len)
+        for name in without:
+            ident.pop(name, None)
+        return json.dumps({**ident, **also}, sort_keys=True, default=str)
 
 
 @dataclass(kw_only=True)

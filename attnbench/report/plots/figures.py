@@ -96,7 +96,7 @@ def lines(rows: list[Row], value) -> list[Line]:
         head = group[0]
         if is_superseded(head.label):
             continue
-        key = head.identity_key(seq_len=False) + str(head.memory_limit)
+        key = head.identity_key(seq_len=False, memory_limit=head.memory_limit)
         if key not in newest or _rank(head) > _rank(newest[key][0]):
             newest[key] = group
     out = []
