@@ -565,3 +565,50 @@ def test_a_bench_only_report_answers_with_speed_and_memory_at_the_length_every_r
     assert "| naive | bf16 H8 D64 | - | 8.00 KiB | 8.00x | 8 ms ±0 (n=5) |" in answer
     assert "### GPU box (one GPU; no max-seq search: speed and memory at one length)" in answer
     assert "answer.png" not in md
+
+
+def test_the_batch_tables_columns_are_the_strategies_declared_for_it(monkeypatch):
+    """The first screen's table of a second GPU for a batch shows each strategy that declares a
+    batch column, where it declares it: a new strategy joins it by its declaration alone, and one
+    that declares none leaves it."""
+    from dataclasses import replace
+
+    from attnbench.plan import strategies
+    from attnbench.report.tables.multigpu import speedup_cases
+    from attnbench.report.tables.second_gpu import data_parallel
+
+    rows, _ = load_rows(ROOT / "results" / "2026-11-27-h100x2-multi-gpu")
+    cases = speedup_cases(rows)
+    as_shipped = data_parallel(cases)
+    assert as_shipped.headers == [
+        "Kernel",
+        "DataParallel: fixed cost per call",
+        "speedup at largest case",
+        "New thread alone",
+        "Multi-process: fixed cost per call",
+        "speedup at largest case ",
+    ]
+    # multi-process leaves the table; the new thread is declared first, with a speedup of its own
+    declared = tuple(
+        replace(d, batch_column=None)
+        if d.name == "mp"
+        else replace(d, batch_column=strategies.BatchColumn(-1, "Thread: fixed cost"))
+        if d.name == "thread"
+        else d
+        for d in strategies.DECLARED
+    )
+    monkeypatch.setattr(strategies, "DECLARED", declared)
+    table = data_parallel(cases)
+    assert table.headers == [
+        "Kernel",
+        "Thread: fixed cost",
+        "speedup at largest case",
+        "DataParallel: fixed cost per call",
+        "speedup at largest case ",
+    ]
+    # the cells under a heading are that strategy's, whatever its place
+    kernel_rows = {r["Kernel"]: r for r in as_shipped.records}
+    assert table.records and len(table.records) == len(as_shipped.records)
+    for r in table.records:
+        assert r["Thread: fixed cost"] == kernel_rows[r["Kernel"]]["New thread alone"]
+        assert r["DataParallel: fixed cost per call"] == kernel_rows[r["Kernel"]]["DataParallel: fixed cost per call"]

@@ -3,11 +3,21 @@ name it, and what it does, in the order tables list them. The command line's hel
 and the report names and orders rows by them; each one's code is the module of the same name
 in ``attnbench/sweeps/kinds/speedup/strategies/`` (``ring`` is the sequence-parallel trials').
 
-A new strategy is one entry here and one module there."""
+A new strategy is one entry here and one module there: its place in this list is its place in
+every table, and a ``batch_column`` puts it in the first screen's table of a second GPU for a batch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchColumn:
+    """A strategy's columns in the first screen's table of a second GPU for a batch."""
+
+    place: int  # left to right among the strategies' columns
+    heading: str  # its fixed cost per call's column
+    speedup: bool = True  # its speedup at the largest case follows (a probe that explains another's cost: none)
 
 
 @dataclass(frozen=True)
@@ -16,6 +26,7 @@ class Declared:
     label: str  # how tables and headings name it
     summary: str  # what it does, in one line
     speedup: bool = True  # `--strategy` takes it (single always runs, as the baseline)
+    batch_column: BatchColumn | None = None  # None: not in the first screen's batch table
 
 
 DECLARED = (
@@ -24,12 +35,14 @@ DECLARED = (
         "dp",
         "DataParallel",
         "torch.nn.DataParallel over the GPUs in one process: the batch is scattered from GPU 0, outputs gathered back",
+        batch_column=BatchColumn(0, "DataParallel: fixed cost per call"),
     ),
     Declared(
         "mp",
         "Multi-process data parallel (DDP)",
         "multi-process data parallel: torchrun, one process per GPU, the batch split across ranks "
         "(multihead fwd_bwd: DistributedDataParallel)",
+        batch_column=BatchColumn(2, "Multi-process: fixed cost per call"),
     ),
     Declared(
         "ring",
@@ -42,6 +55,7 @@ DECLARED = (
         "New thread alone",
         "the single-GPU call made from a new thread each time, as DataParallel makes each replica's: "
         "what a new thread costs the kernel library",
+        batch_column=BatchColumn(1, "New thread alone", speedup=False),  # beside DataParallel: it explains its cost
     ),
 )
 BY_NAME = {d.name: d for d in DECLARED}

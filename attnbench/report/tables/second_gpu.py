@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.analysis.search import answering
+from attnbench.plan import strategies
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, ratio_cell
 from attnbench.report.markdown import Table
@@ -148,18 +149,20 @@ def data_parallel(speedups: list[SpeedupCase]) -> Table | None:
         if c.single is not None:
             names[family_kernel(c.family)] = kernel_name(c.single)
     largest = _largest_case(speedups)
-    # (kernel, its lines by strategy)
-    kernels = [(k, by) for k, by in by_kernel.items() if "dp" in by or "mp" in by]
+    shown = sorted(
+        (decl for decl in strategies.DECLARED if decl.batch_column), key=lambda decl: decl.batch_column.place
+    )
+    spread = [decl.name for decl in shown if decl.batch_column.speedup]
+    # (kernel, its lines by strategy): a kernel that some strategy spread over GPUs
+    kernels = [(k, by) for k, by in by_kernel.items() if any(s in by for s in spread)]
     if not kernels:
         return None
-    columns = {
-        "Kernel": lambda k: names.get(k[0], k[0]),
-        "DataParallel: fixed cost per call": lambda k: _fixed(k[1].get("dp")),
-        "speedup at largest case": (lambda k: largest.get((k[0], "dp")), _case_ratio),
-        "New thread alone": lambda k: _fixed(k[1].get("thread")),
-        "Multi-process: fixed cost per call": lambda k: _fixed(k[1].get("mp")),
-        "speedup at largest case ": (lambda k: largest.get((k[0], "mp")), _case_ratio),
-    }
+    columns: dict[str, Any] = {"Kernel": lambda k: names.get(k[0], k[0])}
+    for decl in shown:
+        columns[decl.batch_column.heading] = lambda k, s=decl.name: _fixed(k[1].get(s))
+        if decl.batch_column.speedup:  # headings must differ: a space per earlier speedup column
+            heading = "speedup at largest case" + " " * sum(c.startswith("speedup at") for c in columns)
+            columns[heading] = (lambda k, s=decl.name: largest.get((k[0], s)), _case_ratio)
     return Table.of("second-gpu-batch", columns, kernels)
 
 
