@@ -1,6 +1,7 @@
 """The torchrun launcher with gloo on CPU: every rank runs, a failing rank ends the run
 quickly with its own error named."""
 
+import json
 import os
 from pathlib import Path
 
@@ -46,25 +47,31 @@ def test_a_rank_job_takes_its_place_after_its_spec_and_nothing_else():
         job(two)
 
 
-def test_a_job_whose_spec_has_a_field_json_would_not_send_is_refused():
-    """A row's ``source`` is not written with it; a job's field of that name would vanish
-    between the processes, read back as its default: refused where the job is declared."""
-    from dataclasses import dataclass
+def test_a_jobs_fields_named_as_a_rows_bookkeeping_cross_whole():
+    """A row's ``source``, ``extra`` and ``layout`` are its own bookkeeping, never written; a job's
+    fields of those names are data and arrive as sent (a pair count's ``source`` among them)."""
+    from dataclasses import dataclass, field
+
+    from attnbench.measure.accounting import Pairs
 
     @dataclass
     class Inner:
         source: str | None = None
+        extra: dict = field(default_factory=dict)
+        layout: str = "contiguous"
 
     @dataclass
     class Spec:
         parts: list[Inner]
+        pairs: Pairs | None = None
 
     def one(spec: Spec) -> Spec:
         return spec
 
     one.__module__, one.__qualname__ = "somewhere", "one"
-    with pytest.raises(TypeError, match=r"one's spec.parts: field Inner.source would not be sent"):
-        job(one)
+    sent = Spec([Inner("pkg.mod:fn", {"a": 1}, "zigzag")], Pairs(10, 12, "closed-form", source="pkg.mod:pairs"))
+    one_job = job(one)
+    assert one_job.read_spec(json.loads(json.dumps(one_job.spec_json(sent)))) == sent
 
 
 @pytest.mark.slow

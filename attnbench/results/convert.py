@@ -24,7 +24,20 @@ class SchemaError(AttnbenchError):
     """A row that does not match its kind's schema; the message names the field."""
 
 
-NOT_STORED = ("extra", "source", "layout")
+# A row's own bookkeeping, never one of its stored values: its keys this version does not know
+# (``extra``), the file a reader found it in (``source``), a built row's key order (``layout``).
+# Marked on the field, so a field of the same name elsewhere (a job's spec, a typed part) is data.
+ROW_OWN = "attnbench.row_own"
+
+
+def row_own(**kwargs: Any) -> Any:
+    """A row's own bookkeeping field (``dataclasses.field`` arguments): not written, not read."""
+    return dataclasses.field(metadata={ROW_OWN: True}, **kwargs)
+
+
+@functools.cache
+def row_own_fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(ROW_OWN))
 
 
 @functools.cache
@@ -43,6 +56,7 @@ class _Plan:
     required: frozenset[str]
     factories: tuple[tuple[str, Callable[[], Any]], ...]  # fields whose default is made afresh (``extra``)
     known: frozenset[str]
+    own: frozenset[str]  # row_own fields
     extra: bool
     layout: bool
 
@@ -59,14 +73,15 @@ def _plan(cls: type) -> _Plan:
             _converter(hints[f.name]),
         )
         for f in dataclasses.fields(cls)
-        if f.name not in NOT_STORED
+        if not f.metadata.get(ROW_OWN)
     )
     known = frozenset(f.name for f in dataclasses.fields(cls))
+    own = row_own_fields(cls)
     required = frozenset(f[0] for f in fields if f[2])
     factories = tuple(
         (f.name, f.default_factory) for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING
     )
-    return _Plan(fields, {f[0]: f for f in fields}, required, factories, known, "extra" in known, "layout" in known)
+    return _Plan(fields, {f[0]: f for f in fields}, required, factories, known, own, "extra" in own, "layout" in own)
 
 
 def from_json(cls: type, d: dict[str, Any], what: str, built: bool = False) -> Any:
@@ -130,7 +145,7 @@ def _read_checked(plan: _Plan, d: dict[str, Any], what: str, built: bool) -> dic
                 raise SchemaError(f"{what}: missing field {name!r}")
             continue  # the default stands for "not recorded"
         kwargs[name] = convert(value, what + label, built)
-    unknown = {k: v for k, v in d.items() if k not in plan.known or k in NOT_STORED}
+    unknown = {k: v for k, v in d.items() if k not in plan.known or k in plan.own}
     if plan.extra:
         kwargs["extra"] = unknown
     elif unknown:  # a part a worker sent: its fields are this version's own
@@ -249,11 +264,15 @@ def to_json(obj: Any, nulls: bool = False) -> Any:
     """``obj`` as JSON values; a field holding None is left out (a row's "not recorded"), or
     written as null with ``nulls`` (a job's spec and result: every field sent)."""
     if dataclasses.is_dataclass(obj):
-        extra = getattr(obj, "extra", {})
-        out = {k: to_json(extra[k] if k in extra else getattr(obj, k), nulls) for k in getattr(obj, "layout", ())}
+        own = row_own_fields(type(obj))
+        extra = obj.extra if "extra" in own else {}
+        out = {
+            k: to_json(extra[k] if k in extra else getattr(obj, k), nulls)
+            for k in (obj.layout if "layout" in own else ())
+        }
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name not in NOT_STORED and f.name not in out and (value is not None or nulls):
+            if f.name not in own and f.name not in out and (value is not None or nulls):
                 out[f.name] = to_json(value, nulls)
         out.update(extra)
         return out

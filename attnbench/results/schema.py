@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from attnbench.results.convert import SchemaError, clean_floats, from_json, held, to_json
+from attnbench.results.convert import SchemaError, clean_floats, from_json, held, row_own, to_json
 
 SCHEMA_VERSION = 1
 R = TypeVar("R", bound="Row")
@@ -61,8 +61,8 @@ class Environment:
     pytorch_cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the run saw it
     clipped: list[str] | None = None  # parts of a profile dropped for want of GPUs, in words
     nodes: list[str] | None = None  # the host names of the nodes a run spanned, by node rank (node 0 first)
-    extra: dict[str, Any] = field(default_factory=dict)
-    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
+    extra: dict[str, Any] = row_own(default_factory=dict)
+    layout: tuple[str, ...] = row_own(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
 
 @dataclass(kw_only=True)
@@ -77,8 +77,8 @@ class GpuMemory:
     rank: int | None = None  # distributed rank that used this GPU
     cuda_device: int | None = None  # CUDA device index of that rank
     nvml_index: int | None = None  # NVML index of the same GPU
-    extra: dict[str, Any] = field(default_factory=dict)
-    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
+    extra: dict[str, Any] = row_own(default_factory=dict)
+    layout: tuple[str, ...] = row_own(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
 
 @dataclass(kw_only=True)
@@ -102,8 +102,8 @@ class RankLine:
     cpu_peak_rss_delta: int | None = None
     devices: list[int] | None = None  # speedup: the CUDA devices the rank used
     cpu_peak_rss: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
+    extra: dict[str, Any] = row_own(default_factory=dict)
+    layout: tuple[str, ...] = row_own(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
 
 @dataclass(kw_only=True)
@@ -115,9 +115,9 @@ class Row:
     kind: str  # which class below describes the row
     run: str  # results directory name of the run
     env: Environment | None = None  # where it ran (absent only in rows built by hand)
-    extra: dict[str, Any] = field(default_factory=dict)  # keys this schema version does not know
-    source: str | None = field(default=None, compare=False)  # the file a reader found it in; not stored
-    layout: tuple[str, ...] = field(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
+    extra: dict[str, Any] = row_own(default_factory=dict)  # keys this schema version does not know
+    source: str | None = row_own(default=None, compare=False)  # the file a reader found it in; not stored
+    layout: tuple[str, ...] = row_own(default=(), compare=False, repr=False)  # a built row's keys: see ``build``
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from attnbench.results.convert import NOT_STORED, to_json
+from attnbench.results.convert import to_json
 from attnbench.results.schema import received
 
 S = TypeVar("S")
@@ -80,25 +80,7 @@ def job(fn: Callable[..., R]) -> Job[Any, R]:
     for what, tp in (("spec", spec), ("result", result)):
         if not dataclasses.is_dataclass(tp):
             raise TypeError(f"{fn.__qualname__}: a job's {what} is a dataclass, not {tp!r}")
-        _check_sent_whole(tp, f"{fn.__qualname__}'s {what}", set())
     return Job(name, fn, spec, result, ranked=bool(place))
-
-
-def _check_sent_whole(tp: Any, where: str, seen: set) -> None:
-    """A field the JSON conversion keeps for a row's own use (``NOT_STORED``: a row's ``source``,
-    its ``extra`` and key ``layout``) would not cross the process boundary: only the result
-    rows' own parts may have one."""
-    if dataclasses.is_dataclass(tp):
-        if tp in seen:
-            return
-        seen.add(tp)
-        hints = typing.get_type_hints(tp)
-        for f in dataclasses.fields(tp):
-            if f.name in NOT_STORED and tp.__module__ != received.__module__:
-                raise TypeError(f"{where}: field {tp.__name__}.{f.name} would not be sent; give it another name")
-            _check_sent_whole(hints[f.name], f"{where}.{f.name}", seen)
-    for arg in typing.get_args(tp):
-        _check_sent_whole(arg, where, seen)
 
 
 def resolve(ref: str) -> Any:
