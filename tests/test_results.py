@@ -324,3 +324,31 @@ def test_a_run_leaves_no_lock_file_and_a_lock_taken_on_a_removed_file_is_not_hel
         with pytest.raises(AttnbenchError, match="another attnbench run"):
             ResultsLock(out).__enter__()
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_reading_the_commit_never_writes_the_checkouts_index(tmp_path):
+    """A run reads whether its checkout has changes with ``git status``, which would refresh a
+    stale index under ``.git/index.lock``; a run killed meanwhile would leave the lock and break
+    the user's next git command. It only reads: the index stays byte for byte as it was."""
+    import os
+    import shutil
+    import subprocess
+
+    from attnbench.results.environment import git
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+
+    def run(*a):
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True)
+
+    run("init", "-q")
+    (tmp_path / "f").write_text("a\n")
+    run("add", "f")
+    run("commit", "-qm", "x")
+    st = (tmp_path / "f").stat()
+    os.utime(tmp_path / "f", ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))  # the index's stat is stale
+    index = (tmp_path / ".git" / "index").read_bytes()
+    assert git("status", "--porcelain", "--untracked-files=no", cwd=tmp_path) == ""
+    assert (tmp_path / ".git" / "index").read_bytes() == index
+    assert not (tmp_path / ".git" / "index.lock").exists()

@@ -17,11 +17,22 @@ from attnbench import __version__
 from attnbench.results.schema import Environment, received
 from attnbench.results.write import now_utc
 
+# where attnbench's own code lies: the checkout whose commit a run records
+PACKAGE_DIR = Path(__file__).resolve().parent
 
-def _git(*args: str) -> str | None:
+
+def git(*args: str, cwd: Path = PACKAGE_DIR) -> str | None:
+    """``git ARGS`` in ``cwd`` (attnbench's own checkout): its output, or None where git fails."""
+    # --no-optional-locks: `git status` would otherwise refresh the index under .git/index.lock,
+    # and a run killed meanwhile (kill -9, a test's deadline) would leave the lock, breaking the
+    # user's next git command in their checkout
     try:
         out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+            ["git", "--no-optional-locks", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -34,9 +45,9 @@ def source_commit() -> str:
     names an older commit than the files it holds."""
     if os.environ.get("ATTNBENCH_COMMIT"):
         return os.environ["ATTNBENCH_COMMIT"]
-    commit = _git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD")
     if commit:
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
         return commit + ("-dirty" if dirty else "")
     return "unknown"
 
