@@ -205,13 +205,18 @@ def test_the_heads_rule_is_refused_with_its_name():
 def test_the_ring_sends_key_value_blocks_at_their_own_head_count():
     """Two gloo ranks, 1024 tokens, 8 query heads over 2 key/value heads: each rank sends its
     K and V shard once, at 2 heads (a quarter of what 8 would send)."""
+    from attnbench.measure.timing import TimingPolicy
     from attnbench.sweeps import seqpar
     from attnbench.trials.trial import TrialSpec
     from attnbench.trials.workload import Workload
 
     workload = dict(impl="ring", config={"backend": "auto"}, seq_len=1024, heads=HEADS, kv_heads=2, head_dim=HEAD_DIM)
     workload.update(dtype="fp32", device="cpu")
-    spec = TrialSpec(workload=Workload(**workload), max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
+    spec = TrialSpec(
+        workload=Workload(**workload),
+        max_trial_seconds=30,
+        timing=TimingPolicy(min_samples=1, max_samples=2, budget_s=30),
+    )
     row = seqpar.run_trial(spec, 2)
     assert row.status == "ok", row.message
     assert [x.sent_bytes for x in row.ranks] == [2 * 512 * 2 * HEAD_DIM * 4] * 2

@@ -9,6 +9,7 @@ import torch
 
 from attnbench import impls
 from attnbench.impls import gqa
+from attnbench.measure.timing import TimingPolicy
 from attnbench.results.schema import Measured
 from attnbench.trials.reference import VerifyCase, default_cases, run_case
 from attnbench.trials.trial import TrialSpec, run_isolated
@@ -61,7 +62,11 @@ def _llama_forward(config: dict, seq_len: int = 32768) -> Measured:
     workload = dict(impl="sdpa", config=config, seq_len=seq_len, heads=32, kv_heads=8, head_dim=128)
     workload.update(dtype="bf16", device="cuda", causal=True)
     return run_isolated(
-        TrialSpec(workload=Workload(**workload), max_trial_seconds=30, timing={"min_samples": 1, "max_samples": 2})
+        TrialSpec(
+            workload=Workload(**workload),
+            max_trial_seconds=30,
+            timing=TimingPolicy(min_samples=1, max_samples=2, budget_s=30),
+        )
     )
 
 

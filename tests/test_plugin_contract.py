@@ -10,6 +10,7 @@ import pytest
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.measure.timing import TimingPolicy
 from attnbench.runtime.worker import close_spares
 from attnbench.trials.contract import violations
 from attnbench.trials.reference import (
@@ -346,7 +347,7 @@ def test_a_causal_window_of_the_k_most_recent_keys_is_its_own_declaration(own):
 def test_declared_executed_pairs_are_the_rows_and_named(own):
     spec = TrialSpec(
         workload=Workload(impl="ownattn:three_windows", seq_len=256, heads=2, head_dim=8, dtype="fp32", device="cpu"),
-        timing={"warmup": 0, "min_samples": 1, "max_samples": 1, "target_ms": 1},
+        timing=TimingPolicy(warmup=0, min_samples=1, max_samples=1, target_ms=1),
     )
     m = execute(spec)
     useful = 2 * window_pairs(256, 16, False)
@@ -420,7 +421,7 @@ def test_an_outside_label_shows_every_parameter(own):
 def test_a_count_stopped_in_its_process_keeps_the_measurement(own):
     spec = TrialSpec(
         workload=Workload(impl="ownattn:slow_count", seq_len=256, heads=2, head_dim=8, dtype="fp32", device="cpu"),
-        timing={"warmup": 0, "min_samples": 1, "max_samples": 1, "target_ms": 1},
+        timing=TimingPolicy(warmup=0, min_samples=1, max_samples=1, target_ms=1),
         count_limit_s=1.0,
     )
     m = run_isolated(spec)

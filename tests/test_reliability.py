@@ -342,6 +342,7 @@ import sys
 import attnbench.runtime.worker as w
 sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()) + ' ' + sys.argv[2]); time.sleep(3600)"
 w.python_module = lambda module, *args: [sys.executable, "-c", sleeper, sys.argv[1], args[-1]]
+from attnbench.measure.timing import TimingPolicy
 from attnbench.trials.trial import TrialSpec, trial_job
 from attnbench.trials.workload import Workload
 w.run_in_child(trial_job, TrialSpec(workload=Workload('naive')), 3600)
@@ -491,6 +492,7 @@ class ScriptedTimer:
 def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, first_ms, status):
     """A cold CPU call is a warm one (the CUDA rule, a warm call deciding, is test_measure's)."""
     import attnbench.trials.trial as trial
+    from attnbench.measure.timing import TimingPolicy
     from attnbench.trials.trial import TrialSpec, execute
 
     monkeypatch.setattr(ScriptedTimer, "script", [first_ms, 1.0])
@@ -511,7 +513,7 @@ def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, fir
         TrialSpec(
             workload=Workload(**wl),
             max_trial_seconds=2.0,
-            timing={"warmup": 0, "min_samples": 1, "max_samples": 2, "target_ms": 0},
+            timing=TimingPolicy(warmup=0, min_samples=1, max_samples=2, target_ms=0, budget_s=2.0),
         )
     )
     assert row.status == status, row

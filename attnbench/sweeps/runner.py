@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from attnbench import impls
 from attnbench.measure.accounting import Pairs
+from attnbench.measure.timing import TimingPolicy
 from attnbench.plan import Plan, Series
 from attnbench.results import ResultsLock, now_utc, series_key
 from attnbench.results.schema import Environment, Row, Trial, Verify, join
@@ -37,7 +38,6 @@ from attnbench.sweeps.kinds.base import parallelism
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import RunSession
 from attnbench.sweeps.verification import config_text
-from attnbench.trials.counting import known as counted
 from attnbench.trials.measured import take_pairs
 from attnbench.trials.reference import VerifyCase, reduced, with_long_checks
 from attnbench.trials.trial import TrialSpec, execute, run_isolated
@@ -376,24 +376,23 @@ class SweepRunner(RunSession):
     def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
         workload = s.workload(seq_len)
-        timing = {
-            "warmup": st.warmup,
-            "warmup_s": st.warmup_s,
-            "min_samples": st.min_samples,
-            "max_samples": st.max_samples,
-            "target_ms": st.target_ms,
+        timing = TimingPolicy(
+            warmup=st.warmup,
+            warmup_s=st.warmup_s,
+            min_samples=st.min_samples,
+            max_samples=st.max_samples,
+            target_ms=st.target_ms,
             # sequence-parallel ranks are supervised per phase at the per-call limit
-            "budget_s": st.max_trial_seconds if s.distributed else st.timing_budget_s,
-        }
-        if workload.device == "cpu":  # a CPU time means something only at a stated thread count
-            timing["threads"] = st.threads
+            budget_s=st.max_trial_seconds if s.distributed else st.timing_budget_s,
+            threads=st.threads if workload.device == "cpu" else None,
+        )
         return TrialSpec(
             workload=workload,
             max_trial_seconds=st.max_trial_seconds,
             memory_limit=st.memory_limit,
             timing=timing,
             seed=seq_len,
-            pairs=counted(self.counts.get(self._shape_key(s, seq_len))),
+            pairs=self.counts.get(self._shape_key(s, seq_len)),
         )
 
     def append_once(self, row: Row, identity: tuple[str, ...]) -> None:
@@ -447,7 +446,17 @@ class TrialSettings:
 
 def settings(spec: TrialSpec, s: Series) -> TrialSettings:
     """The trial settings as this run sets them."""
-    return TrialSettings(spec.max_trial_seconds, spec.memory_limit, s.settings.isolate or s.distributed, spec.timing)
+    timing = recorded_timing(spec.policy(), spec.workload.device)
+    return TrialSettings(spec.max_trial_seconds, spec.memory_limit, s.settings.isolate or s.distributed, timing)
+
+
+def recorded_timing(policy: TimingPolicy, device: str) -> dict[str, Any]:
+    """A timing plan as its trial's row records it: every field, its thread count only on the
+    CPU (a CPU time means something only at a stated thread count; a GPU's does not depend on it)."""
+    timing = asdict(policy)
+    if device != "cpu":
+        del timing["threads"]
+    return timing
 
 
 def _values(row: Row, names: tuple[str, ...]) -> tuple[Any, ...]:

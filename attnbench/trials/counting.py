@@ -13,8 +13,6 @@ trial at the same shape is handed the count (``TrialSpec.pairs``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench.masks.bounds import CountRefused, time_limit
 from attnbench.measure.accounting import Pairs, pairs_of
 
@@ -36,10 +34,3 @@ def stopped(why: str) -> Pairs:
     """The pairs of a trial whose process was stopped while it counted them."""
     why = (why or "no reason").splitlines()[0]
     return Pairs.not_known(f"counting the pairs was stopped ({why}); the measurement before it is kept")
-
-
-def known(pairs: Pairs | None) -> dict[str, Any] | None:
-    """``pairs`` as a trial is handed them (``TrialSpec.pairs``)."""
-    from dataclasses import asdict
-
-    return asdict(pairs) if pairs is not None else None

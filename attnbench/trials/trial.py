@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,15 +41,14 @@ class TrialSpec:
     workload: Workload  # the call it times
     max_trial_seconds: float = 60.0  # one call longer than this is a time-limit
     memory_limit: int | None = None  # bytes the trial may allocate
-    timing: dict[str, Any] = field(default_factory=dict)  # TimingPolicy fields
+    timing: TimingPolicy | None = None  # None: the default plan, its budget the per-call limit
     seed: int = 0
-    pairs: dict[str, Any] | None = None  # pairs counted before at this shape (accounting.Pairs): not again
+    pairs: Pairs | None = None  # pairs counted before at this shape: not again
     count_limit_s: float = COUNT_LIMIT_S  # seconds counting pairs may take, after the measurement
 
     def policy(self) -> TimingPolicy:
-        """The timing plan; its budget is the ``timing_budget_s`` setting where one was given,
-        else the per-call limit (callers that set no budget keep their old behaviour)."""
-        return TimingPolicy(**{"budget_s": self.max_trial_seconds, **self.timing})
+        """The timing plan: as given, else the default one within the per-call limit."""
+        return self.timing or TimingPolicy(budget_s=self.max_trial_seconds)
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,7 +122,7 @@ def _count_pairs(m: Measured, impl, wl: Workload, spec: TrialSpec, phase, leave)
     limit lifted): handed from an earlier count at this shape, or counted now under a limit of
     their own (``trials.counting``), after ``leave`` keeps the measurement."""
     if spec.pairs is not None:
-        take_pairs(m, Pairs(**spec.pairs), wl)
+        take_pairs(m, spec.pairs, wl)
         return
     leave(m)
     phase("counting", spec.count_limit_s)
