@@ -44,7 +44,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.results.convert import to_json
 from attnbench.results.schema import received
 from attnbench.runtime import distributed
-from attnbench.runtime.jobs import Ended, RankEnded
+from attnbench.runtime.jobs import Ended, JobFile, RankEnded
 from attnbench.runtime.nodes import (
     BEAT_S,
     GOODBYE_S,
@@ -72,15 +72,56 @@ def _connect(nodes: Nodes, timeout_s: float) -> TCPStore:
 
 
 def _put(store: TCPStore, name: str, value: Any) -> None:
-    store.set(key(name), json.dumps(value, default=str))
+    """Post ``value`` (a message below, or a plain string or flag) under ``name``."""
+    store.set(key(name), json.dumps(to_json(value, nulls=True), default=str))
 
 
 def _has(store: TCPStore, name: str) -> bool:
     return store.check([key(name)])
 
 
-def _take(store: TCPStore, name: str) -> Any:
-    return json.loads(store.get(key(name)))
+def _take(store: TCPStore, name: str, message: type | None = None) -> Any:
+    """What was posted under ``name``: a ``message`` read back checked, or the plain value."""
+    value = json.loads(store.get(key(name)))
+    return received(message, value, name) if message else value
+
+
+# --- the messages nodes post in the run's store -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Node 0's run, for the others to join: its name and how many nodes it spans."""
+
+    run: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A node joined (its host name), or refused the run (why)."""
+
+    host: str | None = None
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """One multi-process trial, as every node runs its share of its ranks."""
+
+    id: str  # its rendezvous id
+    sent: JobFile
+    world: int  # ranks over all nodes
+    phase_limit_s: float
+    memory_limit: int | None
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """Node 0 ended the run: its exit code, and why where it failed."""
+
+    code: int
+    why: str | None = None
 
 
 class Pulse:
@@ -177,21 +218,21 @@ def _take_part(store: TCPStore, trial: int, node: int) -> NodePart:
     return received(NodePart, _take(store, f"result/{trial}/{node}"), f"node {node}")
 
 
-def node_part(nodes: Nodes, job: dict[str, Any], pulse: Pulse) -> NodePart:
+def node_part(nodes: Nodes, job: NodeJob, pulse: Pulse) -> NodePart:
     """This node's ranks of a trial under torchrun joined to the trial's rendezvous: what each
     rank left (a failed one's message names this node) and how the launcher ended."""
     found, outcome = distributed.run_on_node(
-        job["spec"],
-        job["world"],
-        job["phase_limit_s"],
-        job["memory_limit"],
-        rdzv=torchrun_args(nodes, job["world"], job["id"]),
+        job.sent,
+        job.world,
+        job.phase_limit_s,
+        job.memory_limit,
+        rdzv=torchrun_args(nodes, job.world, job.id),
         stop=pulse.stop_reason,
     )
     ranks = [
         r if r.status == "ok" else replace(r, message=f"on node {nodes.rank}: {r.message}") for r in found.values()
     ]
-    return NodePart(nodes.rank, ranks, job["world"] // nodes.count, outcome)
+    return NodePart(nodes.rank, ranks, job.world // nodes.count, outcome)
 
 
 def part_failure(part: NodePart) -> str | None:
@@ -246,7 +287,7 @@ class Leader:
 
     def meet(self) -> None:
         """Wait until every other node is ready (``MEET_S`` at most); then trials may run."""
-        _put(self.store, "run", {"run": self.run, "count": self.nodes.count})
+        _put(self.store, "run", RunStart(self.run, self.nodes.count))
         self.pulse = Pulse(self.nodes, _connect(self.nodes, LOST_AFTER_S))
         others = range(1, self.nodes.count)
         deadline = time.monotonic() + MEET_S
@@ -254,9 +295,9 @@ class Leader:
         while waiting:
             for r in list(waiting):
                 if _has(self.store, f"ready/{r}"):
-                    ready = _take(self.store, f"ready/{r}")
-                    if "refused" in ready:
-                        raise AttnbenchError(f"node {r} refused the run: {ready['refused']}")
+                    ready = _take(self.store, f"ready/{r}", Ready)
+                    if ready.refused:
+                        raise AttnbenchError(f"node {r} refused the run: {ready.refused}")
                     waiting.remove(r)
             if waiting and time.monotonic() > deadline:
                 raise AttnbenchError(
@@ -265,15 +306,13 @@ class Leader:
                     f"(under SLURM: srun --ntasks-per-node=1), each with its own --node-rank"
                 )
             time.sleep(POLL_S)
-        self.hosts += [_take(self.store, f"ready/{r}")["host"] for r in others]
+        self.hosts += [_take(self.store, f"ready/{r}", Ready).host for r in others]
         _put(self.store, "go", True)
         distributed.across_nodes = self.launch
         self.say(f"{self.nodes.count} nodes met at {self.nodes.endpoint} (run {self.run}): {', '.join(self.hosts)}")
 
-    def launch(
-        self, spec: dict[str, Any], world: int, phase_limit_s: float, memory_limit: int | None
-    ) -> list[RankEnded]:
-        """One multi-process trial over every node (``spec``: the job file every rank reads):
+    def launch(self, sent: JobFile, world: int, phase_limit_s: float, memory_limit: int | None) -> list[RankEnded]:
+        """One multi-process trial over every node (``sent``: the job file every rank reads):
         how each rank ended, in rank order."""
         pulse = self.pulse
         if world % self.nodes.count:  # refused with the options; a job that still asks cannot run
@@ -283,13 +322,7 @@ class Leader:
             return combine_parts({}, world, pulse.lost)
         self.trials += 1
         trial = self.trials
-        job = {
-            "id": rendezvous_id(self.run, trial),
-            "spec": spec,
-            "world": world,
-            "phase_limit_s": phase_limit_s,
-            "memory_limit": memory_limit,
-        }
+        job = NodeJob(rendezvous_id(self.run, trial), sent, world, phase_limit_s, memory_limit)
         pulse.begin(trial)
         _put(self.store, f"job/{trial}", job)
         parts = {0: node_part(self.nodes, job, pulse)}
@@ -300,7 +333,7 @@ class Leader:
             _put(self.store, f"abort/{trial}", pulse.stop_reason())
         results = combine_parts(parts, world, lost)
         status, message = distributed.agreed_status(results)
-        _put(self.store, f"outcome/{trial}", {"status": status, "message": message})
+        _put(self.store, f"outcome/{trial}", Ended(status, message))
         pulse.trial = None
         return results
 
@@ -325,7 +358,7 @@ class Leader:
         """Tell every node the run ended (with node 0's exit code, and why where it failed) and
         wait a little for each to hear it."""
         try:
-            _put(self.store, "end", {"code": code, "why": why})
+            _put(self.store, "end", RunEnd(code, why))
             deadline = time.monotonic() + GOODBYE_S
             lost = self.pulse.lost if self.pulse else {}
             while time.monotonic() < deadline and any(
@@ -364,18 +397,18 @@ class Follower:
     def meet(self) -> None:
         """Join node 0's run (refused where the node counts differ); wait for it to begin."""
         r = self.nodes.rank
-        run = self._wait("run")
-        if run["count"] != self.nodes.count:
-            why = f"node {r} was started with {self.nodes.count} nodes, node 0 with {run['count']}"
-            _put(self.store, f"ready/{r}", {"refused": why})
+        run = self._wait("run", RunStart)
+        if run.count != self.nodes.count:
+            why = f"node {r} was started with {self.nodes.count} nodes, node 0 with {run.count}"
+            _put(self.store, f"ready/{r}", Ready(refused=why))
             raise AttnbenchError(f"{why}: give every node the same --nnodes")
         self.pulse = Pulse(self.nodes, _connect(self.nodes, LOST_AFTER_S))
-        _put(self.store, f"ready/{r}", {"host": socket.gethostname()})
+        _put(self.store, f"ready/{r}", Ready(host=socket.gethostname()))
         if self._wait_any("go", "end") == "end":
             _put(self.store, f"bye/{r}", True)
-            why = _take(self.store, "end").get("why")
+            why = _take(self.store, "end", RunEnd).why
             raise NodeLost(f"node 0 ended the run before it began{f': {why}' if why else ''}")
-        self.say(f"node {r} of {self.nodes.count}: joined run {run['run']} at {self.nodes.endpoint}")
+        self.say(f"node {r} of {self.nodes.count}: joined run {run.run} at {self.nodes.endpoint}")
 
     def follow(self) -> int:
         """Node 0's trials, one by one, until it ends the run: its exit code."""
@@ -399,27 +432,27 @@ class Follower:
         self.meet()
         trial = 1
         while self._wait_any(f"job/{trial}", "end") != "end":
-            job = _take(self.store, f"job/{trial}")
-            self.say(f"trial {job['id']}: {job['world'] // self.nodes.count} of its {job['world']} ranks here")
+            job = _take(self.store, f"job/{trial}", NodeJob)
+            self.say(f"trial {job.id}: {job.world // self.nodes.count} of its {job.world} ranks here")
             self.pulse.begin(trial)
             part = node_part(self.nodes, job, self.pulse)
-            _put(self.store, f"result/{trial}/{r}", to_json(part))
+            _put(self.store, f"result/{trial}/{r}", part)
             if self._wait_any(f"outcome/{trial}", "end") == "end":
                 break
-            outcome = _take(self.store, f"outcome/{trial}")
-            said = f": {outcome['message']}" if outcome["message"] else ""
-            self.say(f"trial {job['id']}: {outcome['status']}{said}")
+            outcome = _take(self.store, f"outcome/{trial}", Ended)
+            said = f": {outcome.message}" if outcome.message else ""
+            self.say(f"trial {job.id}: {outcome.status}{said}")
             self.pulse.trial = None
             trial += 1
-        end = _take(self.store, "end")
+        end = _take(self.store, "end", RunEnd)
         _put(self.store, f"bye/{r}", True)
-        if end.get("why"):
-            self.say(f"node 0 ended the run: {end['why']}")
-        return end["code"]
+        if end.why:
+            self.say(f"node 0 ended the run: {end.why}")
+        return end.code
 
-    def _wait(self, name: str) -> Any:
+    def _wait(self, name: str, message: type) -> Any:
         self._wait_any(name)
-        return _take(self.store, name)
+        return _take(self.store, name, message)
 
     def _wait_any(self, *names: str) -> str:
         """The first of ``names`` node 0 posts; ``NodeLost`` if node 0 is lost first."""

@@ -36,10 +36,9 @@ import torch
 import torch.distributed as dist
 
 from attnbench.measure import oom
-from attnbench.results.convert import to_json
 from attnbench.results.schema import received
 from attnbench.runtime import agent
-from attnbench.runtime.jobs import Ended, Job, Place, RankEnded, find_job
+from attnbench.runtime.jobs import Ended, Job, JobFile, Place, RankEnded, find_job
 from attnbench.runtime.supervise import Child, cgroup_oom_kills, claim_protocol, classify_exit
 from attnbench.runtime.worker import owned_temp_dir, write_json_atomic
 
@@ -72,12 +71,7 @@ def launch(
     another kill, as for a one-process trial.
     """
     job = find_job(job, ranked=True) if isinstance(job, str) else job
-    sent = {
-        "job": job.name,
-        "spec": job.spec_json(spec),
-        "device": device,
-        "collective_timeout_s": collective_timeout_s,
-    }
+    sent = JobFile(job.name, job.spec_json(spec), device, collective_timeout_s)
     if nprocs > 1 and across_nodes is not None:
         ended = across_nodes(sent, nprocs, phase_limit_s, memory_limit)
     else:
@@ -88,11 +82,11 @@ def launch(
 
 # Set by ``runtime.cluster`` while node 0 leads a run over several nodes: spreads a
 # multi-process job's ranks over them, each node's share through ``run_on_node``.
-across_nodes: Callable[[dict[str, Any], int, float, int | None], list[RankEnded]] | None = None
+across_nodes: Callable[[JobFile, int, float, int | None], list[RankEnded]] | None = None
 
 
 def run_on_node(
-    sent: dict[str, Any],
+    sent: JobFile,
     nprocs: int,
     phase_limit_s: float,
     memory_limit: int | None = None,
@@ -106,7 +100,7 @@ def run_on_node(
     launcher (another node's ranks failed, or a node was lost)."""
     with owned_temp_dir("dist") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps(sent))
+        write_json_atomic(job_path, sent)
         worker = agent.command("rank", __name__, str(job_path), tmp)
         if nprocs == 1 and rdzv is None:
             # one rank needs no agent: set torchrun's environment ourselves and save its start-up;
@@ -226,31 +220,31 @@ def agreed_status(ranks: list[RankEnded]) -> tuple[str, str]:
 def main(job_path: str, out_dir: str) -> None:
     """A rank (started through ``runtime.agent``, which made it die with its agent first)."""
     claim_protocol()  # phase lines reach the supervisor through torchrun's stdout, and nothing else does
-    sent = json.loads(Path(job_path).read_text())
+    sent = received(JobFile, json.loads(Path(job_path).read_text()), "the job file")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    device = sent["device"]
+    device = sent.device
     result_path = Path(out_dir) / f"rank{rank}.json"
     try:
-        job = find_job(sent["job"], ranked=True)
-        spec = job.read_spec(sent["spec"])
+        job = find_job(sent.job, ranked=True)
+        spec = job.read_spec(sent.spec)
         if device == "cuda":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(
             "nccl" if device == "cuda" else "gloo",
-            timeout=dt.timedelta(seconds=sent["collective_timeout_s"]),
+            timeout=dt.timedelta(seconds=sent.collective_timeout_s),
             **({"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}),
         )
         result = job.run(spec, Place(rank, world, device, local_rank))
     except BaseException as exc:  # write why, then leave at once so torchrun stops the others
         status = oom.classify(exc) if isinstance(exc, Exception) else "error"
         failed = RankEnded(rank, status, oom.one_line(exc), failed_at=time.time())
-        write_json_atomic(result_path, to_json(failed))
+        write_json_atomic(result_path, failed)
         sys.stderr.write(f"attnbench rank {rank} failed: {oom.one_line(exc)}\n")
         sys.stderr.flush()
         os._exit(1)
     ended = RankEnded.finished(rank, result)
-    write_json_atomic(result_path, to_json(replace(ended, result=job.result_json(result))))
+    write_json_atomic(result_path, replace(ended, result=job.result_json(result)))
     dist.destroy_process_group()
 
 

@@ -36,6 +36,27 @@ class Place:
 
 
 @dataclass(frozen=True)
+class JobFile:
+    """What a job's process reads from its job file (a worker's, or every rank's of a launch,
+    and every node's of a run over several nodes): the job, its spec as the job sent it, and
+    for ranks their device and how long a collective may wait."""
+
+    job: str  # "module:function"
+    spec: Any  # the job's spec as JSON: the process reads it as the job's own type
+    device: str = "cpu"
+    collective_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Returned:
+    """What a worker writes back: the job's result as JSON, and whether the job left it early
+    (``partial``: the parent then adds how the job ended)."""
+
+    result: Any
+    partial: bool = False
+
+
+@dataclass(frozen=True)
 class Job(Generic[S, R]):
     name: str  # "module:function", how a worker finds it
     run: Callable[..., R]  # (spec) -> result, or (spec, place) -> result for a rank job

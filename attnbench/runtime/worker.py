@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnbench.errors import interrupts_held
-from attnbench.runtime.jobs import Job, Ran, find_job, resolve
+from attnbench.results.convert import to_json
+from attnbench.results.schema import received
+from attnbench.runtime.jobs import Job, JobFile, Ran, Returned, find_job, resolve
 from attnbench.runtime.supervise import Child, announce_phase, claim_protocol, python_module
 
 S = TypeVar("S")
@@ -79,7 +81,7 @@ def run_in_child(
     one of ``hold_phases``."""
     with owned_temp_dir("trial") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({"job": job.name, "spec": job.spec_json(spec)}))
+        write_json_atomic(job_path, JobFile(job.name, job.spec_json(spec)))
         handed = time.monotonic()
         with interrupts_held():  # Ctrl-C now is raised by watch, which kills the child
             if warm:
@@ -98,9 +100,11 @@ def run_in_child(
                 outcome = child.watch(phase_limit_s, memory_limit=memory_limit, on_phase=on_phase)
         finally:
             SPARES.hold(False)
-        sent = json.loads(result_path.read_text()) if result_path.exists() else {}
-        result = job.read_result(sent["result"]) if "result" in sent else None
-        ended = outcome if result is None or sent.get(PARTIAL) else None
+        returned = (
+            received(Returned, json.loads(result_path.read_text()), "the result") if result_path.exists() else None
+        )
+        result = job.read_result(returned.result) if returned else None
+        ended = outcome if result is None or returned.partial else None
         return Ran(result, ended, phase_seconds(child, handed))
 
 
@@ -243,18 +247,18 @@ def alive(pid: int) -> bool:
     return True
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Through an unpredictable temp name in the same directory, never through a link."""
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``data`` (a typed message, or JSON values) through an unpredictable temp name in the same
+    directory, never through a link."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, default=str))
+        f.write(json.dumps(to_json(data, nulls=True), default=str))
     os.replace(tmp, path)
 
 
 # The job running in this process and where it writes its result (``leave_partial`` writes
 # there early, through the job, as the job's own result is written).
 _RUNNING: list[tuple[Job, Path]] = []
-PARTIAL = "partial"  # set in a result left early: the parent then adds how the job ended after it
 
 
 def leave_partial(result: Any) -> None:
@@ -263,19 +267,19 @@ def leave_partial(result: Any) -> None:
     when it returns."""
     if _RUNNING:
         job, path = _RUNNING[0]
-        write_json_atomic(path, {"result": job.result_json(result), PARTIAL: True})
+        write_json_atomic(path, Returned(job.result_json(result), partial=True))
 
 
 def main(job_path: str, result_path: str) -> None:
-    sent = json.loads(Path(job_path).read_text())
-    job = find_job(sent["job"])
-    spec = job.read_spec(sent["spec"])
+    sent = received(JobFile, json.loads(Path(job_path).read_text()), "the job file")
+    job = find_job(sent.job)
+    spec = job.read_spec(sent.spec)
     # run as ``python -m``, this file is __main__: the jobs import it again by its name, and read it there
     importlib.import_module("attnbench.runtime.worker")._RUNNING[:] = [(job, Path(result_path))]
     announce_phase("ready")
     result = job.run(spec)
     announce_phase("exit")
-    write_json_atomic(Path(result_path), {"result": job.result_json(result)})
+    write_json_atomic(Path(result_path), Returned(job.result_json(result)))
     # the result is on disk: leave without the interpreter's teardown of torch's modules (seconds)
     sys.stdout.flush()
     sys.stderr.flush()
