@@ -118,6 +118,38 @@ def test_a_speedup_trial_and_a_sequence_parallel_trial_read_their_ranks_alike(fi
     assert [r.time_ms for r in speedup.ranks] == [r.time_ms for r in ring.ranks] == [3.0, 3.0]
 
 
+@pytest.mark.parametrize("gpu", [([0.5, 0.6], [0.7, 0.4]), ([0.5, 0.6], None)])
+def test_both_multi_rank_trials_take_gpu_time_only_where_every_rank_took_it(gpu):
+    """GPU time per call is the slowest rank's where every rank took it (they replayed their calls
+    together), and none where one did not: the same rule for a speedup and a ring trial."""
+    from attnbench.sweeps.kinds.speedup.rows import merge_ranks
+    from attnbench.sweeps.seqpar import RankMeasured, combine
+    from attnbench.trials.workload import Workload
+
+    per_rank = [[2.0, 4.0], [3.0, 1.0]]
+    speedup = merge_ranks(
+        read_ranks(
+            [
+                {"status": "ok", "rank": r, "devices": [r], "times_ms": t, "gpu_times_ms": g, "gpu_timer": "cuda-graph"}
+                for r, (t, g) in enumerate(zip(per_rank, gpu))
+            ]
+        ),
+        speedup_series(impl="sdpa", config={}, cases=(Case(1024, 2),), gpus=2, device="cpu", dtype="fp32"),
+        Case(1024, 2),
+        strategies.get("single"),
+    )
+    wl = Workload(impl="ring", config={}, batch=1, seq_len=1024, heads=2, head_dim=8, dtype="fp32", device="cpu")
+    parts = [
+        RankMeasured(status="ok", message="", times_ms=t, gpu_times_ms=g, gpu_timer="cuda-graph", timer="cpu", rank=r)
+        for r, (t, g) in enumerate(zip(per_rank, gpu))
+    ]
+    ring = combine([RankEnded.finished(p.rank, p) for p in parts], wl, 2)
+    both = [0.7, 0.6] if None not in gpu else None
+    assert speedup.gpu_times_ms == ring.gpu_times_ms == both
+    assert speedup.gpu_timer == ring.gpu_timer == ("cuda-graph" if both else None)
+    assert speedup.times_ms == ring.times_ms == [3.0, 4.0]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_dataparallel_on_the_cpu_is_skipped_with_its_reason(cpu_run):

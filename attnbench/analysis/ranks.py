@@ -6,6 +6,8 @@ every rank took it, and a rank's own line reads its median call."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
+from typing import Any
 
 
 def slowest_per_call(per_rank: list[list[float]]) -> list[float]:
@@ -25,3 +27,25 @@ def slowest_of_all(values: list[float | None], ranks: int) -> float | None:
 def own_median(times_ms: list[float] | None) -> float | None:
     """A rank's own median call."""
     return statistics.median(times_ms) if times_ms else None
+
+
+@dataclass(frozen=True)
+class Calls:
+    """A multi-rank trial's calls: eager and GPU time per call, and how GPU time was taken."""
+
+    times_ms: list[float]
+    gpu_times_ms: list[float] | None = None
+    gpu_timer: str | None = None
+
+
+def calls_of(ranks: list[Any], expected: int) -> Calls:
+    """The trial's calls from what its ranks sent (each with ``times_ms``, ``gpu_times_ms`` and
+    ``gpu_timer``): none unless all ``expected`` ranks timed their calls; call i's time the
+    slowest rank's; GPU time only where every rank took it (they replayed their calls together)."""
+    if len(ranks) != expected or not ranks or not all(r.times_ms for r in ranks):
+        return Calls([])
+    times = slowest_per_call([r.times_ms for r in ranks])
+    if not all(r.gpu_times_ms for r in ranks):
+        return Calls(times)
+    gpu_timer = next((r.gpu_timer for r in ranks if r.gpu_timer), None)
+    return Calls(times, slowest_per_call([r.gpu_times_ms for r in ranks]), gpu_timer)

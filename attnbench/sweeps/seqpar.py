@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from attnbench import impls
-from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
+from attnbench.analysis.ranks import calls_of, own_median, slowest_of_all
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
 from attnbench.results.schema import GpuMemory, Measured, RankLine
@@ -152,11 +152,9 @@ def combine(ended: list[RankEnded], wl, world: int) -> Measured:
     m = Measured(status=status, message=message, times_ms=[], ranks=[rank_line(r) for r in ended])
     # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
     ranks: list[RankMeasured] = [r.result for r in ended if r.result is not None]
-    if status == "ok" and len(ranks) == len(ended) and all(r.times_ms for r in ranks):
-        m.times_ms = slowest_per_call([r.times_ms for r in ranks])
-        if all(r.gpu_times_ms for r in ranks):  # replayed together: each sample's slowest rank
-            m.gpu_times_ms = slowest_per_call([r.gpu_times_ms for r in ranks])
-        m.gpu_timer = next((r.gpu_timer for r in ranks if r.gpu_timer), None)
+    if status == "ok":
+        calls = calls_of(ranks, len(ended))
+        m.times_ms, m.gpu_times_ms, m.gpu_timer = calls.times_ms, calls.gpu_times_ms, calls.gpu_timer
     m.summarize()
     _slowest(m, ranks, world)
     m.sent_bytes, m.algbw_gbps = traffic(ranks, m.time_ms)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from attnbench.analysis.ranks import own_median, slowest_of_all, slowest_per_call
+from attnbench.analysis.ranks import Calls, calls_of, own_median, slowest_of_all
 from attnbench.plan import Case, Series
 from attnbench.results.schema import GpuMemory, RankLine, Speedup, StepMeasured
 from attnbench.runtime.jobs import RankEnded
@@ -62,14 +62,14 @@ def merge_ranks(ended: list[RankEnded], s: Series, case: Case, strategy: Strateg
     # a rank that failed sent nothing: it stands in with no calls, no memory
     results = [e.result or RankResult(status=e.status, message=e.message, times_ms=[]) for e in ended]
     lead = results[0]
-    one_process_gpu_time = ok and len(results) == 1 and lead.gpu_times_ms is not None
+    calls = calls_of(results, len(ended)) if ok else Calls([])
     m = StepMeasured(
         status=status,
         message=message,
         processes=len(results),
-        times_ms=slowest_per_call([r.times_ms for r in results]) if ok else [],
-        gpu_times_ms=lead.gpu_times_ms if one_process_gpu_time else None,
-        gpu_timer=lead.gpu_timer if one_process_gpu_time else None,
+        times_ms=calls.times_ms,
+        gpu_times_ms=calls.gpu_times_ms,  # one process alone takes GPU time (strategies' gpu_timed)
+        gpu_timer=calls.gpu_timer,
     )
     m.summarize()
     m.first_call_ms = slowest_of_all([r.first_call_ms for r in results], len(results))
