@@ -433,6 +433,21 @@ def test_cases_parse_and_gpu_count_is_checked():
         check_settings(replace(base, settings=replace(base.settings, strategies=("mp",))), cuda_devices=2)
 
 
+def test_a_speedup_series_call_is_checked_as_a_sweeps_is():
+    """What a sweep refuses of a series' call a speedup refuses too, before anything runs: sample
+    counts the wrong way round, key heads that do not divide the heads."""
+    from attnbench.sweeps.kinds.base import check_trial_series
+
+    base = speedup_series("sdpa", {}, cases=(Case(256, 2),), gpus=2, strategies=("mp",), device="cpu", dtype="fp32")
+    assert check_settings(base, cuda_devices=0).impl == "sdpa"
+    for bad, why in (({"min_samples": 9, "max_samples": 3}, "below min_samples"), ({"kv_heads": 3}, "kv")):
+        series = replace(base, settings=replace(base.settings, **bad))
+        with pytest.raises(AttnbenchError, match=why):
+            check_settings(series, cuda_devices=0)
+        with pytest.raises(AttnbenchError, match=why):
+            check_trial_series(replace(series, settings=replace(series.settings, kind="points")))
+
+
 def _ranks_that_agree(job, spec, nprocs, device, phase_limit_s, **limits):
     """What a speedup trial's ranks send when they ran and their output equals the single
     run's, without starting them (real ranks: the tests above)."""

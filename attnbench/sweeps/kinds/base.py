@@ -116,23 +116,31 @@ def check_trial_series(s: Series) -> None:
     st = s.settings
     # each value's type and range was checked where it was read (plan.parse_settings); here
     # what depends on several values or on the implementation
-    check_heads(st.heads, st.kv_heads)
     if not st.isolate and impls.outside_code_elsewhere(s.impl, s.config):
         raise AttnbenchError(
             f"{s.name} runs outside code, which attnbench runs only in a worker process of its own: "
             "drop --in-process (isolate = false in a profile)"
         )
-    if st.max_samples < max(1, st.min_samples):
-        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
     impl = s.build()
-    if impl.device_problem(st.device):
-        raise AttnbenchError(impl.device_problem(st.device))
+    check_call(s, impl)
     if s.distributed:
         from attnbench.sweeps import seqpar
 
         seqpar.check_world(st.device, s.world_size)
         seqpar.check_modes(s.impl, st.mode, st.causal, impl)
-    elif st.causal and not impl.supports_causal:
+
+
+def check_call(s: Series, impl) -> None:
+    """What every series' call must get right, whatever runs it (its trials here, a speedup's
+    strategies): its heads, its sample counts, its device, causal masking where it has none
+    (a sequence-parallel implementation's modes are checked with its ranks)."""
+    st = s.settings
+    check_heads(st.heads, st.kv_heads)
+    if st.max_samples < max(1, st.min_samples):
+        raise AttnbenchError(f"{s.name}: max_samples {st.max_samples} is below min_samples {st.min_samples}")
+    if impl.device_problem(st.device):
+        raise AttnbenchError(impl.device_problem(st.device))
+    if st.causal and not s.distributed and not impl.supports_causal:
         raise AttnbenchError(
             f"{s.impl} with this configuration runs non-causal only (a 2-D grid has no causal order); drop --causal"
         )

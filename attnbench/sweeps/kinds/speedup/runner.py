@@ -34,7 +34,7 @@ from attnbench.results.schema import Speedup, StepMeasured, join
 from attnbench.runtime import nodes
 from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.worker import owned_temp_dir
-from attnbench.sweeps.kinds.base import check_fits_device, check_runs_on
+from attnbench.sweeps.kinds.base import check_call, check_fits_device, check_runs_on
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.result import RankSpec
 from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
@@ -124,6 +124,7 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             impl.check_shape(case.seq_len, s.settings.heads)
     except ConfigError as exc:
         raise AttnbenchError(str(exc)) from None
+    check_call(s, impl)
     for case in s.settings.cases:
         check_fits_device(s, case.seq_len, case.batch)
     s = replace(s, config=impl.config())
