@@ -216,6 +216,41 @@ def test_an_interrupted_search_is_shown_as_incomplete(tmp_path, monkeypatch, cap
     assert "| ≥ 256 | search interrupted |" in answer  # the answer's length is a lower bound too
 
 
+@pytest.mark.parametrize("kind", ["max-seq", "speedup"])
+def test_a_trial_stopped_by_an_interrupt_leaves_no_progress_display_running(tmp_path, monkeypatch, kind):
+    """A trial that raises stops its progress display as a finished one does. Before, a
+    log's heartbeat thread lived on after an interrupt and printed "... 680 s: ..." into
+    whatever the process ran next (another command in the same process)."""
+    import threading
+
+    from attnbench.cli import base
+    from attnbench.cli.progress import HEARTBEAT_THREAD, RichReporter, SpeedupReporter
+    from attnbench.plan import Case, Plan, speedup_series
+    from attnbench.runtime import distributed
+    from attnbench.runtime.worker import PHASE_LISTENERS
+    from attnbench.sweeps.kinds.speedup import runner as speedup_runner
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(base.console, "_force_terminal", False)  # a log: the display is a thread
+    if kind == "speedup":
+        monkeypatch.setattr(distributed, "launch", interrupted)
+        series = speedup_series("sdpa", {}, cases=(Case(256, 2),), gpus=2, device="cpu", dtype="fp32")
+        run = Plan("t", (speedup_runner.check_settings(series, cuda_devices=0),))
+    else:
+        monkeypatch.setattr(runner_mod, "execute", interrupted)
+        run = plan()
+    listeners = list(PHASE_LISTENERS)
+    runner = SweepRunner(
+        run, tmp_path / "run", Environment(**ENV), False, reporter=RichReporter(), speedup_reporter=SpeedupReporter()
+    )
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert [t for t in threading.enumerate() if t.name == HEARTBEAT_THREAD] == []
+    assert PHASE_LISTENERS == listeners
+
+
 # --- 4. every output path is checked before any work -------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 from rich.markup import escape
 from rich.text import Text
@@ -15,7 +16,6 @@ class RichReporter:
     """Live progress: a line per finished trial, a spinner while one runs."""
 
     def __init__(self) -> None:
-        self._status = None
         self._failed: tuple[int, int] | None = None  # (series, length) of the last row, where it failed
 
     def verify_done(self, rows) -> None:
@@ -45,19 +45,16 @@ class RichReporter:
             + f"D={st.head_dim} {st.mode}{' causal' if st.causal else ''} on {st.device}"
         )
 
-    def trial_started(self, series, seq_len, phase) -> None:
+    def trial_running(self, series, seq_len, phase):
         from attnbench.units import format_tokens
 
         limit = series.settings.max_trial_seconds
-        self._status = _Running(f"{phase} N={format_tokens(seq_len)}", f"(a call may take up to {limit:g} s)")
+        return _Running(f"{phase} N={format_tokens(seq_len)}", f"(a call may take up to {limit:g} s)").running()
 
     def trial_done(self, series, row, replayed) -> None:
         from attnbench.report.markdown import result_text
         from attnbench.units import format_bytes, format_tokens, rate_per_device
 
-        if self._status:
-            self._status.stop()
-            self._status = None
         # a retry runs a length again right after it failed (a confirmation runs one that succeeded)
         here = (id(series), row.seq_len)
         phase = (row.phase or "") + (" (retry)" if here == self._failed and not replayed else "")
@@ -103,21 +100,17 @@ class SpeedupReporter:
     """A line per finished trial, a spinner while one runs."""
 
     def __init__(self) -> None:
-        self._status = None
         self._single: dict[str, float] = {}
 
     def verify_done(self, rows) -> None:
         RichReporter().verify_done(rows)
 
-    def trial_started(self, case, strategy) -> None:
-        self._status = _Running(f"{case.label} {strategy}")
+    def trial_running(self, case, strategy):
+        return _Running(f"{case.label} {strategy}").running()
 
     def trial_done(self, row, replayed) -> None:
         from attnbench.report.markdown import result_text
 
-        if self._status:
-            self._status.stop()
-            self._status = None
         bits = [f"  {row.case:>14}  {row.strategy:6}  {result_text(row.status)}"]
         if row.time_ms:
             bits.append(f"{row.time_ms:,.3f} ms")
@@ -138,7 +131,9 @@ class _Running:
     """A spinner with the seconds a trial has run and the phase its process is in (starting,
     compile, warm-up, timing...), so a long trial is seen to be alive and where; gone when it
     stops. A log that is not a terminal gets a line every ``HEARTBEAT_S`` seconds instead
-    (rich's spinner would leave a blank line per trial there)."""
+    (rich's spinner would leave a blank line per trial there). Runners hold it through
+    ``running()``, so a trial that raises (an interrupt, an error) stops it too: a heartbeat
+    thread left behind would print into whatever runs next in the process."""
 
     def __init__(self, what: str, note: str = "") -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -152,7 +147,7 @@ class _Running:
         self._listeners.append(self.phase)
         if not console.is_terminal:
             self._stopped = threading.Event()
-            threading.Thread(target=self._beat, args=(time.monotonic(),), daemon=True).start()
+            threading.Thread(target=self._beat, args=(time.monotonic(),), name=HEARTBEAT_THREAD, daemon=True).start()
             return
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
@@ -176,6 +171,14 @@ class _Running:
         """One line of a trial still running: its seconds so far and its phase."""
         console.print(f"    ... {elapsed_s:.0f} s: {self._line(self._phase)}")
 
+    @contextmanager
+    def running(self):
+        """Shown while the block runs, stopped however it ends."""
+        try:
+            yield self
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         if self.phase in self._listeners:
             self._listeners.remove(self.phase)
@@ -185,8 +188,9 @@ class _Running:
             self._stopped.set()
 
 
-# A trial in a log that is not a terminal says it is still running this often.
+# A trial in a log that is not a terminal says it is still running this often, from this thread.
 HEARTBEAT_S = 10.0
+HEARTBEAT_THREAD = "attnbench-heartbeat"
 
 
 # What the spinner says of a trial's phases (as its worker announces them).

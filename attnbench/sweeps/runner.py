@@ -20,6 +20,7 @@ import json
 import os
 import time
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +46,7 @@ from attnbench.trials.trial import TrialSpec, execute, run_isolated
 
 class Reporter(BaseReporter, Protocol):
     def series_started(self, series: Series, index: int, total: int) -> None: ...
-    def trial_started(self, series: Series, seq_len: int, phase: str) -> None: ...
+    def trial_running(self, series: Series, seq_len: int, phase: str) -> AbstractContextManager: ...
     def trial_done(self, series: Series, row: Trial, replayed: bool) -> None: ...
     def series_done(self, series: Series, result: Any) -> None: ...
     def note(self, text: str) -> None: ...
@@ -291,15 +292,15 @@ class SweepRunner(RunSession):
         return None
 
     def _measure(self, s: Series, spec: TrialSpec, phase: str, key, attempt: int, process: int | None, before) -> Trial:
-        self.reporter.trial_started(s, key[1], phase)
         started, t0, load = now_utc(), time.monotonic(), host_load()
-        if s.distributed:  # one process per rank under torchrun, whatever --in-process says
-            from attnbench.sweeps import seqpar
+        with self.reporter.trial_running(s, key[1], phase):
+            if s.distributed:  # one process per rank under torchrun, whatever --in-process says
+                from attnbench.sweeps import seqpar
 
-            measured = seqpar.run_trial(spec, s.world_size)
-        else:
-            measured = run_isolated(spec) if s.settings.isolate else execute(spec)
-            self.account(s, key[1], measured)
+                measured = seqpar.run_trial(spec, s.world_size)
+            else:
+                measured = run_isolated(spec) if s.settings.isolate else execute(spec)
+                self.account(s, key[1], measured)
         row = self._trial_row(
             s,
             spec,

@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -198,7 +199,7 @@ class Planned(Workload):
 
 
 class Reporter(BaseReporter, Protocol):
-    def trial_started(self, case: Case, strategy: str) -> None: ...
+    def trial_running(self, case: Case, strategy: str) -> AbstractContextManager: ...
     def trial_done(self, row: Speedup, replayed: bool) -> None: ...
 
 
@@ -238,19 +239,19 @@ class SpeedupRunner:
             if planned.key in self.done:
                 self.reporter.trial_done(self.done[planned.key], True)
                 continue
-            self.reporter.trial_started(case, name)
             reason = refusal(self.s, case, strategy)
             if reason:
                 skipped = StepMeasured(status="skipped", message=reason, times_ms=[], gpus=[])
                 self._finish(self._row(planned, skipped, time.monotonic(), now_utc(), note=reason))
                 continue
-            if name != "single" and not have_reference:
-                have_reference = self._replay_reference(case, reference)
             started, t0 = now_utc(), time.monotonic()
-            role = "reference" if name == "single" else "measure"
-            # across nodes the single output stays on node 0's disk: the other nodes make their own
-            remake = have_reference and nodes.current().multi and strategy.processes(gpus_of(self.s)) > 1
-            ended = self._launch(case, strategy, reference, role, remake)
+            with self.reporter.trial_running(case, name):
+                if name != "single" and not have_reference:
+                    have_reference = self._replay_reference(case, reference)
+                role = "reference" if name == "single" else "measure"
+                # across nodes the single output stays on node 0's disk: the other nodes make their own
+                remake = have_reference and nodes.current().multi and strategy.processes(gpus_of(self.s)) > 1
+                ended = self._launch(case, strategy, reference, role, remake)
             measured = merge_ranks(ended, self.s, case, strategy)
             if name == "single":
                 have_reference = measured.status == "ok"
