@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure.timing import TimingPolicy
 from attnbench.trials.workload import DTYPES, MODES
 from attnbench.units import brief, parse_bytes, parse_gpus, parse_int_list, parse_tokens
 
@@ -95,6 +96,19 @@ class Settings:
     # the part of a profile the series belongs to: `run --part NAME` runs that part alone, so a
     # long profile runs in pieces that each fit one sitting, resumed into one directory
     part: str = ""
+
+    def timing(self, budget_s: float, threads: int | None = None) -> TimingPolicy:
+        """The timing plan these settings ask of a trial: ``budget_s`` seconds of timed calls
+        and, on the CPU, ``threads`` (None: torch's default)."""
+        return TimingPolicy(
+            warmup=self.warmup,
+            warmup_s=self.warmup_s,
+            min_samples=self.min_samples,
+            max_samples=self.max_samples,
+            target_ms=self.target_ms,
+            budget_s=budget_s,
+            threads=threads,
+        )
 
 
 # key -> parser of a TOML/CLI value; the parser raises ValueError/AttnbenchError when wrong

@@ -377,14 +377,9 @@ class SweepRunner(RunSession):
     def spec(self, s: Series, seq_len: int) -> TrialSpec:
         st = s.settings
         workload = s.workload(seq_len)
-        timing = TimingPolicy(
-            warmup=st.warmup,
-            warmup_s=st.warmup_s,
-            min_samples=st.min_samples,
-            max_samples=st.max_samples,
-            target_ms=st.target_ms,
+        timing = st.timing(
             # sequence-parallel ranks are supervised per phase at the per-call limit
-            budget_s=st.max_trial_seconds if s.distributed else st.timing_budget_s,
+            st.max_trial_seconds if s.distributed else st.timing_budget_s,
             threads=st.threads if workload.device == "cpu" else None,
         )
         return TrialSpec(

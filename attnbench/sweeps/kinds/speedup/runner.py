@@ -81,14 +81,8 @@ def workload(s: Series, case: Case) -> Workload:
 def timing(s: Series) -> TimingPolicy:
     """The timing plan of a speedup trial (its budget is the per-call limit): settings the
     ranks receive in their spec, not a row's fields."""
-    st = s.settings
-    return TimingPolicy(
-        warmup=st.warmup,
-        min_samples=st.min_samples,
-        max_samples=st.max_samples,
-        target_ms=st.target_ms,
-        budget_s=st.max_trial_seconds,
-    )
+    # torch's own thread count: the thread strategy spreads the batch over threads itself
+    return s.settings.timing(s.settings.max_trial_seconds)
 
 
 def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Series:
