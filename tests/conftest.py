@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,16 @@ def outside_code_imported_here():
     from attnbench import impls  # imports no torch
 
     impls.resolve_outside_with(None, None)
+
+
+@pytest.fixture(autouse=True)
+def no_progress_display_outlives_its_test():
+    """A trial's heartbeat thread left running prints a line every few seconds into whichever
+    test runs next in this process: the test that left it fails, not a later one by chance."""
+    yield
+    progress = sys.modules.get("attnbench.cli.progress")  # not imported: no display ran
+    left = [t for t in threading.enumerate() if progress and t.name == progress.HEARTBEAT_THREAD]
+    assert not left, "a trial's progress display (its heartbeat thread) outlived the test"
 
 
 def not_timed_out(rank) -> bool:

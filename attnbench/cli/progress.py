@@ -147,7 +147,10 @@ class _Running:
         self._listeners.append(self.phase)
         if not console.is_terminal:
             self._stopped = threading.Event()
-            threading.Thread(target=self._beat, args=(time.monotonic(),), name=HEARTBEAT_THREAD, daemon=True).start()
+            self._beater = threading.Thread(
+                target=self._beat, args=(time.monotonic(),), name=HEARTBEAT_THREAD, daemon=True
+            )
+            self._beater.start()
             return
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
@@ -186,6 +189,7 @@ class _Running:
             self._progress.stop()
         else:
             self._stopped.set()
+            self._beater.join(HEARTBEAT_S)  # gone once stopped: no line of this trial after the next one's
 
 
 # A trial in a log that is not a terminal says it is still running this often, from this thread.
