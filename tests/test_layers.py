@@ -154,6 +154,23 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def test_what_a_lower_layer_reads_of_a_row_names_fields_the_row_has():
+    """The capacity model (measure/) reads trial rows without importing results/, a layer above:
+    what it reads is declared as protocols, each attribute a field of the row type it stands for."""
+    from dataclasses import fields
+
+    from attnbench.measure import capacity
+    from attnbench.results import schema
+
+    for protocol, row in (
+        (capacity.Trial, schema.Trial),
+        (capacity.GpuPeaks, schema.GpuMemory),
+        (capacity.Machine, schema.Environment),
+    ):
+        missing = set(protocol.__annotations__) - {f.name for f in fields(row)}
+        assert not missing, f"{protocol.__name__} reads {sorted(missing)}, which {row.__name__} has not"
+
+
 def test_no_import_cycle():
     cycles = find_cycles(edges())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

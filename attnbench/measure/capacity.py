@@ -17,11 +17,39 @@ import math
 import statistics
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
-# A trial row, ``attnbench.results.schema.Trial`` (read by attribute); not imported: results/
-# is a layer above measure/.
-Trial = Any
+
+class GpuPeaks(Protocol):
+    """One GPU's readings in a trial row (``attnbench.results.schema.GpuMemory``)."""
+
+    nvml_used_peak: int | None
+    max_memory_reserved: int | None
+    max_memory_allocated: int | None
+
+
+class Machine(Protocol):
+    """The machine a row records (``attnbench.results.schema.Environment``)."""
+
+    gpus: list[dict[str, Any]] | None
+
+
+class Trial(Protocol):
+    """What the capacity model reads of a trial row (``attnbench.results.schema.Trial``, a
+    layer above this one, has it all)."""
+
+    status: str
+    seq_len: int
+    device: str
+    world_size: int | None
+    memory_limit: int | None
+    device_total_bytes: int | None
+    max_memory_reserved: int | None
+    peak_bytes: int | None
+    gpus: list[GpuPeaks] | None
+    env: Machine | None
+    impl_source: dict[str, Any] | None
+
 
 # Backends that hold N x N scores whatever the implementation declares (sdpa's math).
 QUADRATIC_BACKENDS = {"math"}
