@@ -312,6 +312,20 @@ def test_a_sweeps_check_runs_at_its_heads_key_value_heads_and_head_dim(own):
     assert sorted((c.batch, c.seq_len) for c in cases) == [(1, 256), (2, 128)]
 
 
+def test_a_dense_pattern_warning_is_printed_as_one_warning(own, capsys):
+    """The run's reporter says a note is a warning; the note itself does not say so again."""
+    from attnbench.cli.progress import RichReporter
+    from attnbench.plan import build_plan
+    from attnbench.results.schema import Environment
+    from attnbench.sweeps.runner import SweepRunner, resolve
+
+    flags = {"kind": "points", "seq_lens": "1K", "device": "cpu", "dtype": "fp32"}
+    plan = resolve(build_plan("t", ["ownattn:wide_window"], flags, {}))
+    SweepRunner(plan, own / "run", Environment(machine="cpu: test"), False, reporter=RichReporter()).planned_checks()
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning")]
+    assert line.startswith("warning: ownattn:wide_window") and line.count("warning:") == 1
+
+
 def test_verify_options_name_the_shapes(own):
     shapes = Shapes(False, seq_lens=(512, 1024), heads=6, kv_heads=3, head_dim=8)
     cases = default_cases("ownattn:window", "cpu", ["fp32"], shapes=shapes)

@@ -183,3 +183,19 @@ def test_a_sequence_parallel_trial_passes_its_memory_limit_to_the_launch(monkeyp
     )
     row = seqpar.run_trial(TrialSpec(workload=Workload(**workload), memory_limit=64 << 20, max_trial_seconds=30), 2)
     assert seen["memory_limit"] == 64 << 20 and row.status == "oom"
+
+
+def test_more_gloo_ranks_than_cores_are_warned_of_once_per_rank_count(monkeypatch):
+    """On the CPU a sequence-parallel sweep may run more ranks than cores (the paths of a larger
+    node, checked here); its times then include the ranks' wait for a core, and the run says so."""
+    from attnbench.plan import build_plan
+    from attnbench.sweeps import seqpar
+    from attnbench.sweeps.runner import contention_notes
+
+    monkeypatch.setattr(seqpar.os, "cpu_count", lambda: 2)
+    flags = {"kind": "points", "seq_lens": "512", "device": "cpu", "dtype": "fp32", "gpus": "1,2,4"}
+    plan = build_plan("t", ["ring", "ring-dilated"], flags, {"segment_lengths": [128], "dilation_rates": [1]})
+    assert sorted(s.world_size for s in plan.series) == [1, 1, 2, 2, 4, 4]
+    (note,) = contention_notes(plan)
+    assert note.startswith("4 ranks on the CPU: 4 gloo ranks share 2 cores")
+    assert seqpar.contention("cuda", 8) is None and seqpar.contention("cpu", 2) is None

@@ -92,6 +92,14 @@ def verify_cases(plan: Plan) -> tuple[list[VerifyCase], list[str]]:
     return with_long_checks(list(unique.values()), checks_memory_limit(plan))
 
 
+def contention_notes(plan: Plan) -> list[str]:
+    """A warning per sequence-parallel rank count whose ranks outnumber a CPU node's cores."""
+    from attnbench.sweeps import seqpar
+
+    notes = ((s.world_size, seqpar.contention(s.settings.device, s.world_size)) for s in plan.series if s.distributed)
+    return [f"{world} ranks on the CPU: {why}" for world, why in dict(notes).items() if why]
+
+
 def checks_memory_limit(plan: Plan) -> int | None:
     """The memory limit the reference checks run under: the largest of the series' (None where
     one has none)."""
@@ -175,7 +183,7 @@ class SweepRunner(RunSession):
         if self._planned is None:
             self._planned, warnings = verify_cases(self.plan)
             for line in warnings:
-                self.reporter.note(f"warning: {line}")
+                self.reporter.note(line)  # a reporter says it is a warning
         return self._planned
 
     def _kept_check(self, case: VerifyCase) -> Verify | None:
@@ -211,6 +219,8 @@ class SweepRunner(RunSession):
                 for r in checks
                 if r.status not in ("pass", "unsupported")
             }
+            for note in contention_notes(self.plan):
+                self.reporter.note(note)
             outcomes = []
             for i, s in enumerate(self.plan.series):
                 kind = kinds.get(s.settings.kind)

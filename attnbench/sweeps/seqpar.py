@@ -53,6 +53,20 @@ def max_ranks(device: str) -> int:
     return max(8, os.cpu_count() or 1) * nodes.current().count
 
 
+def contention(device: str, world: int) -> str | None:
+    """Why a CPU trial's times are not what its ranks would take apart: more gloo ranks on a
+    node than it has cores (allowed, so that the paths of a larger node run here; a speedup,
+    whose answer is a time, refuses it)."""
+    cores = os.cpu_count() or 1
+    per_node = -(-world // nodes.current().count)
+    if device != "cpu" or per_node <= cores:
+        return None
+    return (
+        f"{per_node} gloo ranks share {cores} cores: their times include waiting for a core, so they do "
+        "not show how the ranks scale (outputs, bytes sent and memory per rank are unaffected)"
+    )
+
+
 def check_world(device: str, world: int) -> None:
     if world < 1:
         raise AttnbenchError(f"--gpus {world}: give a positive number of ranks")
