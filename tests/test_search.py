@@ -72,7 +72,14 @@ def test_start_must_be_on_the_grid():
 
 # --- the predicted search --------------------------------------------------------------------
 
-from attnbench.sweeps.search import PREDICTED, Limits, Outcome, predicted_search  # noqa: E402
+from attnbench.sweeps.search import (  # noqa: E402
+    CONFIRMATION_FAILURES,
+    DEFAULT_RELATIVE_RESOLUTION,
+    PREDICTED,
+    Limits,
+    Outcome,
+    predicted_search,
+)
 
 
 class Device:
@@ -219,6 +226,39 @@ def test_a_confirmation_that_fails_moves_the_limit_below_it():
     result = predicted_search(probe, Limits(start=1024, granularity=512, max_len=1 << 31, resolution=16384))
     first_best = next(n for n, s in result.tried if s == "oom" and runs.get(n, 0) >= 2)
     assert result.confirmed and result.best < first_best and result.first_failure <= first_best
+
+
+class NoisyEdge(Device):
+    """A fresh process holds 2.5% less than the first process at a length: a confirmation
+    fails anywhere within 2.5% under the first process's limit (a CPU's address space under
+    its cap, measured: a length ran at 268 MB in one process and failed at 262 MB in the next)."""
+
+    def runs_in_a_fresh_process(self, n):
+        return self.runs(n) if self.peak(n) <= 0.975 * self.budget else "oom"
+
+    def __call__(self, n, phase, attempt, prediction):
+        if phase == "confirm":
+            self.calls.append((n, phase, attempt, prediction))
+            status = self.runs_in_a_fresh_process(n)
+            return (
+                Outcome(status, float(self.peak(n)), 1.0, None, float(self.budget))
+                if status == "ok"
+                else Outcome(status)
+            )
+        return super().__call__(n, phase, attempt, prediction)
+
+
+def test_a_search_whose_confirmations_keep_failing_retreats_below_the_noisy_edge():
+    """Two failed confirmations one resolution apart ended the search unconfirmed on an older
+    success far below the edge (on a CPU under load: 32K, where 126K runs in any process); it
+    now goes on below the edge and confirms a length there."""
+    device = NoisyEdge(linear, 256 * 2**20)
+    lim = Limits(start=16384, granularity=16, max_len=1 << 31, relative=DEFAULT_RELATIVE_RESOLUTION)
+    result = predicted_search(device, lim)
+    assert result.confirmed
+    assert device.runs_in_a_fresh_process(result.best) == "ok"
+    assert result.best >= 0.95 * device.truth(16384, 16, 1 << 31)  # within the noise and a few resolutions of it
+    assert sum(phase == "confirm" for _, phase, _, _ in device.calls) <= CONFIRMATION_FAILURES
 
 
 def test_replaying_recorded_outcomes_repeats_the_search():

@@ -14,8 +14,10 @@ whose predicted time is far over the per-call limit is not run: it is recorded a
 Failures are run once: a failure above the largest success is what the search expects of a
 limit. One that contradicts what is known (a crash, a kill, an out-of-memory or time-limit
 where the model predicted plenty of room) runs once more in a fresh process. The largest
-success is confirmed by a second run in a fresh process; if that fails the limit is below it
-and the search goes on.
+success is confirmed by a second run in a fresh process; if that fails the limit is below it,
+by more than the resolution (the edge moves from process to process): the search goes on
+under a ceiling two resolutions below the failure, four after a second failure, eight after a
+third, and stops there.
 
 Pure: trials come from the ``probe`` callable, so the search is tested against injected
 limits. ``grow_then_bisect`` is the search without a model (the reference it is tested
@@ -56,6 +58,9 @@ MODEL_MISSES = 2
 # mapped memory before its trial, say), so a finer bracket would be noise, and each halving of
 # it costs a trial near the limit, the longest trials of a search.
 DEFAULT_RELATIVE_RESOLUTION = 0.01
+# Confirmations that may fail before the search stops; each retreats twice as far below the
+# failure (in resolutions) as the one before.
+CONFIRMATION_FAILURES = 3
 # Statuses that say nothing about the limit: a crash or a kill runs once more.
 FLAKY = ("killed", "error")
 # The phase of a length recorded as predicted, not run.
@@ -141,6 +146,7 @@ class _Search:
         self.started = clock()
         self.out_of_time = False  # the budget ran out with lengths left to try
         self.lo, self.hi, self.hi_status, self.hi_predicted = 0, None, "cap", False
+        self.ceiling: int | None = None  # lengths stay at or under it once a confirmation failed
         self.successes: dict[int, Outcome] = {}
         self.budgets: list[float] = []
         self.attempts: dict[int, int] = {}
@@ -199,18 +205,26 @@ class _Search:
     def on_grid(self, x: float, grid: int) -> int:
         return int(x) // grid * grid
 
+    @property
+    def top(self) -> int | None:
+        """What the next lengths stay under: the smallest failure, or just above the ceiling
+        a failed confirmation set."""
+        above = self.ceiling + self.lim.granularity if self.ceiling is not None else None
+        return min((x for x in (self.hi, above) if x is not None), default=None)
+
     def bisect(self) -> tuple[int | None, str]:
-        mid = self.lo + self.on_grid((self.hi - self.lo) // 2, self.lim.granularity)
+        mid = self.lo + self.on_grid((self.top - self.lo) // 2, self.lim.granularity)
         return (mid, "bisect") if mid > self.lo else (None, "")
 
     def next_length(self) -> tuple[int | None, str]:
         lim = self.lim
         if not self.tried:
             return lim.start, "grow"
-        if self.hi is not None and self.hi - self.lo <= lim.gap_at(self.lo):
+        top = self.top
+        if top is not None and top - self.lo <= lim.gap_at(self.lo):
             return None, ""
         cap = self.on_grid(lim.max_len, lim.granularity)
-        if self.hi is None and self.lo >= cap:
+        if top is None and self.lo >= cap:
             return None, ""
         if self.lo == 0:  # the first length failed: below it
             return self.bisect()
@@ -221,7 +235,7 @@ class _Search:
             return under, "bracket"
         if target is None or self.missed or self.misses >= MODEL_MISSES:
             self.missed = False
-            if self.hi is None:
+            if top is None:
                 return min(2 * self.lo, cap), "grow"
             return self.bisect()
         # just below the predicted limit: far below while the model extrapolates from short
@@ -234,7 +248,7 @@ class _Search:
             # the model puts the limit within a step of what ran: guesses there would creep up
             # a resolution at a time, so bracket it one step above, then bisect
             guess, phase = self.lo + self.step_above(), "bracket"
-        if self.hi is not None and guess >= self.hi:
+        if top is not None and guess >= top:
             return self.bisect()
         return min(guess, cap), phase
 
@@ -249,9 +263,10 @@ class _Search:
         above that failure and the failure is within twice the largest success: the limit is
         just below it, so this brackets it where a bisection would halve (a far jump that
         failed says less)."""
-        if target is None or self.hi is None or target < self.hi or 2 * self.lo < self.hi:
+        top = self.top
+        if target is None or top is None or target < top or 2 * self.lo < top:
             return None
-        under = self.on_grid(self.hi - self.lim.gap_at(self.lo), self.lim.granularity)
+        under = self.on_grid(top - self.lim.gap_at(self.lo), self.lim.granularity)
         return under if under > self.lo else None
 
     # --- one length ---------------------------------------------------------------------
@@ -311,6 +326,14 @@ class _Search:
         self.misses += self.missed
         self.step = 0
 
+    def retreat(self, failures: int) -> None:
+        """After ``failures`` failed confirmations, the last at ``self.hi``: lengths stay
+        2**failures resolutions below it, where a fresh process is likelier to hold them too,
+        and the search goes on from the largest success there."""
+        gap = self.lim.gap_at(self.hi)
+        self.ceiling = max(self.on_grid(self.hi - 2**failures * gap, self.lim.granularity), 0)
+        self.lo = max((m for m in self.successes if m <= self.ceiling), default=0)
+
     # --- the search ---------------------------------------------------------------------
     def spent(self, n: int | None = None) -> bool:
         """Whether the budget is out, or too short for a trial at ``n``: at least its first
@@ -337,13 +360,15 @@ class _Search:
             if out.status == "ok":
                 confirmed = True
                 break
-            # the largest success failed in a fresh process: the limit is below it
+            # the largest success failed in a fresh process: the limit is below it, and the
+            # successes just under it are no surer (their peaks still inform the model)
             confirm_failures += 1
             self.hi, self.hi_status, self.hi_predicted = self.lo, out.status, False
             self.successes.pop(self.lo, None)
-            self.lo = max((m for m in self.successes if m < self.hi), default=0)
-            if confirm_failures > 1:
+            if confirm_failures >= CONFIRMATION_FAILURES:
+                self.lo = max((m for m in self.successes if m < self.hi), default=0)
                 break
+            self.retreat(confirm_failures)
         return SearchResult(
             self.lo,
             self.hi,
