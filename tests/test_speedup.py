@@ -869,3 +869,21 @@ def test_every_strategy_of_the_package_is_declared_without_torch_and_the_report_
         "thread",
         "warp",
     ]
+
+
+def test_the_default_device_on_a_gpu_machine_is_cuda_with_its_gpus_counted(monkeypatch, in_process):
+    """`speedup` without --device on a machine with GPUs: auto resolves to cuda before the GPUs
+    are counted (they were counted only for an explicit --device cuda: "0 CUDA GPUs")."""
+    from attnbench.cli import speedup as cli_speedup
+    from attnbench.sweeps import runner
+    from attnbench.sweeps.kinds.speedup import runner as speedup_runner
+
+    ran = []
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(cli_speedup, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(speedup_runner, "check_fits_device", lambda *a: None)  # no device to ask here
+    monkeypatch.setattr(cli_speedup, "_run_speedup", lambda series, *rest: ran.append(series))
+    proc = in_process("speedup", "--impl", "sdpa", "--gpus", "2", "--cases", "1024x2", "--strategy", "mp")
+    assert proc.returncode == 0, proc.stderr
+    (series,) = ran
+    assert series.settings.device == "cuda" and series.settings.gpus == (2,)

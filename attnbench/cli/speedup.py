@@ -110,16 +110,17 @@ def speedup(
 
     from attnbench.sweeps.kinds.speedup.runner import check_settings
 
+    device = resolve_device(device)  # auto: cuda where a GPU is visible
     series = check_settings(
-        speedup_series(impl, params, gpus=gpus, **{**given, "device": resolve_device(device)}),
+        speedup_series(impl, params, gpus=gpus, **{**given, "device": device}),
         _cuda_device_count() * nodes.count if device == "cuda" else 0,  # each node has this one's GPUs
         cases_given=cases is not None,
     )
     with across_nodes(nodes, f"speedup-{impl}") as hosts:  # any node but node 0 runs node 0's trials instead
-        _run_speedup(series, hosts, impl, gpus, device, out, resume)
+        _run_speedup(series, hosts, impl, gpus, out, resume)
 
 
-def _run_speedup(series, hosts, impl: str, gpus: int, device: str, out, resume: bool) -> None:
+def _run_speedup(series, hosts, impl: str, gpus: int, out, resume: bool) -> None:
     from attnbench.plan import Plan
     from attnbench.report.run_files import write_run_files
     from attnbench.results.environment import capture_env
@@ -133,8 +134,9 @@ def _run_speedup(series, hosts, impl: str, gpus: int, device: str, out, resume: 
     plan = Plan(f"speedup-{impl}", (series,))
     runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())
     n = len(series.settings.cases)
+    what = "GPU" if series.settings.device == "cuda" else "CPU process"
     console.print(
-        f"attnbench speedup: {impl} on {gpus} {'GPUs' if device == 'cuda' else 'CPU processes'} "
+        f"attnbench speedup: {impl} on {gpus} {what}{'s' if gpus != 1 else ''} "
         f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env.machine} -> {out_dir}"
     )
     interrupted, verified = 0, True  # interrupted: the exit code of an interrupt
