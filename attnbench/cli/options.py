@@ -203,15 +203,14 @@ def sweep_flags(**kw) -> dict[str, Any]:
 
 
 def resolve_device(device: str) -> str:
+    """The device a command runs on, as every series resolves its own (``auto``: cuda where
+    a GPU is visible)."""
+    from attnbench.sweeps.kinds.base import resolved_device
     from attnbench.sweeps.runner import cuda_available
 
     if device not in ("auto", "cpu", "cuda"):
         raise AttnbenchError(f"unknown device {brief(device)}: choose cpu, cuda or auto")
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if device == "cuda" and not cuda_available():
-        raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
-    return device
+    return resolved_device(device, device != "cpu" and cuda_available())  # no CUDA query for the CPU
 
 
 def dated_results_dir(machine: str, name: str) -> Path:

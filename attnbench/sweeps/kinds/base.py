@@ -15,6 +15,13 @@ from attnbench.trials.reference import VerifyCase
 from attnbench.trials.workload import check_heads
 
 
+def resolved_device(device: str, have_cuda: bool) -> str:
+    """``auto``: cuda where a GPU is visible, else cpu; cuda where none is, refused."""
+    if device == "cuda" and not have_cuda:
+        raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
+    return ("cuda" if have_cuda else "cpu") if device == "auto" else device
+
+
 class TrialKind:
     """A kind whose trials are single measured calls at sequence lengths (``runner.trial``)."""
 
@@ -28,13 +35,7 @@ class TrialKind:
 
     # --- plan ------------------------------------------------------------------------------
     def resolve(self, s: Series, have_cuda: bool, gpus: int, clip: bool) -> tuple[Series | None, str | None]:
-        device = s.settings.device
-        if device in ("auto", "cuda"):
-            if device == "cuda" and not have_cuda:
-                raise AttnbenchError(
-                    "--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu"
-                )
-            device = "cuda" if have_cuda else "cpu"
+        device = resolved_device(s.settings.device, have_cuda)
         s = replace(s, settings=replace(s.settings, device=device))
         if clip and s.distributed and device == "cuda" and s.world_size > gpus:
             return None, f"{s.name}: {s.world_size} GPUs asked, {gpus} visible; not run"

@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from attnbench import impls
-from attnbench.errors import AttnbenchError
 from attnbench.plan import Series
 from attnbench.sweeps.kinds import register
+from attnbench.sweeps.kinds.base import resolved_device
 from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.runner import SpeedupRunner, check_settings, gpus_of
 from attnbench.trials.reference import VerifyCase
@@ -27,11 +27,7 @@ class Speedup:
 
     def resolve(self, s: Series, have_cuda: bool, gpus: int, clip: bool) -> tuple[Series, str | None]:
         st = s.settings
-        device = st.device
-        if device == "auto":
-            device = "cuda" if have_cuda else "cpu"
-        if device == "cuda" and not have_cuda:
-            raise AttnbenchError("--device cuda but no CUDA GPU is visible: run on a GPU machine or use --device cpu")
+        device = resolved_device(st.device, have_cuda)
         s, note = replace(s, settings=replace(st, device=device)), None
         if clip and device == "cuda" and gpus_of(s) > gpus:
             note = f"speedup {s.impl} ({st.module}, {st.mode}): {gpus_of(s)} GPUs asked, {gpus} visible"
