@@ -57,6 +57,8 @@ BAD = {
     "backend that cannot run here": (["max-seq", "--impl", "sdpa", "--backend", "cudnn", *CPU], "runs on CUDA only"),
     "unknown dtype": (["max-seq", "--impl", "naive", "--device", "cpu", "--dtype", "fp8"], "dtype"),
     "cuda without a GPU": (["max-seq", "--impl", "naive", "--device", "cuda"], "--device cpu"),
+    "speedup on cuda without a GPU": (["speedup", "--impl", "sdpa", "--device", "cuda"], "--device cpu"),
+    "verify on cuda without a GPU": (["verify", "--impl", "sdpa", "--device", "cuda"], "--device cpu"),
     "bad memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "lots"], "2GiB"),
     "negative memory limit": (["max-seq", "--impl", "naive", *CPU, "--memory-limit", "-1GiB"], "must be positive"),
     "a length in no accepted form": (["bench", "--impl", "naive", "--seq-lens", "1X", *CPU], "16K = 16,384"),
