@@ -214,7 +214,9 @@ def run_verify_isolated(
     """Reference checks in a worker process, like a trial: inputs and the float64 reference
     never live in the calling process (nor CUDA), and the trial's memory and time limits apply
     (each case's build and call: a cold call's limit, COLD_CALL_FACTOR x ``call_limit_s``).
-    ``warm``: trials follow, so the first one's process starts now. One check per case, in order."""
+    ``warm``: trials follow, so their first processes start now (as many as a trial keeps ahead
+    on the device: on a GPU the second trial's import would otherwise start with the first).
+    One check per case, in order."""
     if not cases:
         return []
     limit = COLD_CALL_FACTOR * (call_limit_s or VERIFY_CALL_LIMIT_S)
@@ -224,6 +226,7 @@ def run_verify_isolated(
         limit,
         memory_limit=memory_limit,
         warm=PRELOAD if warm else False,
+        spares=GPU_SPARES if any(c.device == "cuda" for c in cases) else 1,
     )
     if ran.result is None:
         raise AttnbenchError(_unchecked(cases, ran.ended, memory_limit))
