@@ -233,3 +233,25 @@ def test_a_spare_that_died_while_it_waited_is_replaced(jobs_importable, reaped):
     result = run_in_child(whoami, Nothing(), 300, warm="worker_jobs:nothing")
     spare = spare.pid
     assert result.result is not None and result.result.pid != spare and "start" in result.phase_s, result
+
+
+@pytest.mark.parametrize("device,spares", [("cpu", 1), ("cuda", 2)])
+def test_the_reference_check_starts_the_spares_its_trials_keep(monkeypatch, device, spares):
+    """A trial keeps one spare process ahead on the CPU, two on a GPU (an import there can
+    outlast a short trial): the check before the trials starts that many, so the second trial
+    does not wait for its own interpreter."""
+    from types import SimpleNamespace
+
+    from attnbench.trials import trial
+    from attnbench.trials.reference import VerifyCase
+
+    asked = {}
+
+    def run_in_child(job, spec, limit, **kw):
+        asked.update(kw)
+        return SimpleNamespace(result=SimpleNamespace(checks=[]))
+
+    monkeypatch.setattr(trial, "run_in_child", run_in_child)
+    case = VerifyCase("sdpa", {}, 1, 128, 2, 16, False, "fp32", device)
+    trial.run_verify_isolated([case], warm=True)
+    assert asked["spares"] == spares == (trial.GPU_SPARES if device == "cuda" else 1)
