@@ -16,8 +16,8 @@ limit. One that contradicts what is known (a crash, a kill, an out-of-memory or 
 where the model predicted plenty of room) runs once more in a fresh process. The largest
 success is confirmed by a second run in a fresh process; if that fails the limit is below it,
 by more than the resolution (the edge moves from process to process): the search goes on
-under a ceiling two resolutions below the failure, four after a second failure, eight after a
-third, and stops there.
+under a ceiling two resolutions below the failure, four after a second failure, and stops at
+a third.
 
 Pure: trials come from the ``probe`` callable, so the search is tested against injected
 limits. ``grow_then_bisect`` is the search without a model (the reference it is tested
@@ -58,8 +58,8 @@ MODEL_MISSES = 2
 # mapped memory before its trial, say), so a finer bracket would be noise, and each halving of
 # it costs a trial near the limit, the longest trials of a search.
 DEFAULT_RELATIVE_RESOLUTION = 0.01
-# Confirmations that may fail before the search stops; each retreats twice as far below the
-# failure (in resolutions) as the one before.
+# The search stops at this many failed confirmations; each one before retreats twice as far
+# below the failure (in resolutions) as the one before it.
 CONFIRMATION_FAILURES = 3
 # Statuses that say nothing about the limit: a crash or a kill runs once more.
 FLAKY = ("killed", "error")
