@@ -23,6 +23,8 @@ def write(path: Path, text: str) -> Path:
 
 BAD = {
     "unknown implementation": (["max-seq", "--impl", "flash9000", *CPU], "attnbench list"),
+    "an unknown name in a list": (["max-seq", "--impl", "naive,flash9000", *CPU], "'flash9000'"),
+    "a list of no names": (["bench", "--impl", " , ", "--seq-lens", "128", *CPU], "--impl names no implementation"),
     "unknown parameter": (["max-seq", "--impl", "naive", "--param", "windw=3", *CPU], "parameter"),
     "segment not dividing N": (
         ["bench", "--impl", "dilated", "--segment-lengths", "256", "--dilation-rates", "1", "--seq-lens", "1000", *CPU],

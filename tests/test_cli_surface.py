@@ -305,3 +305,10 @@ def test_the_terminal_summary_gives_the_answer_and_the_failure_apart(tmp_path, c
     RichReporter().series_done(None, SimpleNamespace(best=1_966_080, first_failure=1_990_656, stopped_by="memory"))
     out = capsys.readouterr().out
     assert "1,966,080 (1.88M)" in out and "at 1,990,656 (1.90M)" in out and "(1.9M)" not in out, out
+
+
+def test_impl_takes_a_list_as_gpus_and_strategy_do(in_process):
+    """``--impl a,b`` is ``--impl a --impl b`` (it was one unknown name, "a,b"): one line per implementation."""
+    proc = in_process("verify", "--impl", "sdpa, naive", "--impl", "naive", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines() if " pass " in line] == ["sdpa", "naive"]

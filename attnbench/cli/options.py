@@ -17,9 +17,26 @@ from attnbench.errors import AttnbenchError, interrupt_exit_code
 from attnbench.runtime.nodes import Nodes, check_endpoint_here, check_ranks, from_options, use
 from attnbench.units import brief
 
+
+def impl_names(given: list[str] | None) -> list[str] | None:
+    """``--impl`` values, each repeatable or a comma-separated list as ``--gpus`` and ``--strategy`` take
+    (no implementation name holds a comma)."""
+    if given is None:
+        return None
+    names = [name.strip() for value in given for name in value.split(",") if name.strip()]
+    if not names:
+        raise AttnbenchError("--impl names no implementation: give a name (see `attnbench list`)")
+    return names
+
+
 ImplOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--impl", metavar="NAME", help="implementation (repeatable); see `attnbench list`"),
+    typer.Option(
+        "--impl",
+        metavar="NAME",
+        callback=impl_names,
+        help="implementation (repeatable, or a list: a,b); see `attnbench list`",
+    ),
 ]
 HeadsOpt = Annotated[Optional[int], typer.Option("--heads", metavar="H", help="attention heads H \\[default: 8]")]
 HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", metavar="D", help="head dimension D \\[default: 64]")]

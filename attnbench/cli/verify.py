@@ -16,6 +16,7 @@ from attnbench.cli.options import (
     NnodesOpt,
     NodeRankOpt,
     across_nodes,
+    impl_names,
     impl_params,
     nodes_of,
     resolve_device,
@@ -76,7 +77,8 @@ def _wrapped(line: str, indent: int, width: int = 120) -> str:
 @app.command(order=20)
 def verify(
     impl: Annotated[
-        Optional[list[str]], typer.Option("--impl", help="implementation (repeatable); default: all")
+        Optional[list[str]],
+        typer.Option("--impl", callback=impl_names, help="implementation (repeatable, or a list: a,b); default: all"),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | auto")] = "auto",
     dtype: Annotated[
