@@ -312,3 +312,33 @@ def test_impl_takes_a_list_as_gpus_and_strategy_do(in_process):
     proc = in_process("verify", "--impl", "sdpa, naive", "--impl", "naive", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert [line.split()[0] for line in proc.stdout.splitlines() if " pass " in line] == ["sdpa", "naive"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("bench", "--impl", "sdpa", "--seq-lens", "1K"),
+        ("max-seq", "--impl", "naive"),
+        ("bench", "--impl", "ring", "--gpus", "2", "--seq-lens", "4K"),
+        ("run",),
+    ],
+)
+def test_the_default_device_on_a_gpu_machine_is_cuda_for_every_sweep_command(monkeypatch, in_process, args):
+    """Without --device on a machine with two GPUs (faked: the plan is caught before it runs),
+    every series runs on cuda and `run` takes the GPU profile: a default path no CPU run takes
+    (speedup's counted 0 GPUs under it once)."""
+    import torch
+
+    from attnbench.cli import sweep as cli_sweep
+    from attnbench.sweeps import runner
+
+    plans = []
+    monkeypatch.setattr(runner, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cli_sweep, "_run_resolved", lambda plan, *rest: plans.append(plan))
+    proc = in_process(*args)
+    assert proc.returncode == 0, proc.stderr
+    (plan,) = plans
+    assert plan.series and {s.settings.device for s in plan.series} == {"cuda"}
+    if args == ("run",):
+        assert plan.name == "default"
