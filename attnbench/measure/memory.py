@@ -9,6 +9,7 @@ time that moved: a GPU boosts for the first second after idle and slows when hot
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import statistics
@@ -323,10 +324,31 @@ def start_cpu_runtime() -> None:
         x @ x
 
 
+# glibc's malloc raises its mmap threshold to the size of each large block freed (up to 32 MiB);
+# blocks of that size then come from a heap it keeps after they are freed, so a trial's address
+# space and resident peak depend on the order of its frees: tens of MiB from one process to the
+# next at the same length. A fixed threshold (glibc's default start) maps each block of 128 KiB or
+# more on its own and unmaps it when freed: what a trial holds is what its tensors hold.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def fix_mmap_threshold() -> bool:
+    """Fix this process's malloc mmap threshold (glibc); False where the C library has no ``mallopt``."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
 class CpuMemoryLimit:
     """Caps this process's address space at its current size plus ``limit`` bytes, so a
     CPU trial meets a real allocation failure; restores the old limit on exit. The CPU
-    runtime is started first, so the limit is the trial's alone on any machine."""
+    runtime is started first, so the limit is the trial's alone on any machine, and the
+    malloc mmap threshold is fixed, so the limit meets what the trial's tensors hold, not what
+    the allocator kept of freed ones (``fix_mmap_threshold``; it stays fixed after the trial)."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
@@ -335,6 +357,7 @@ class CpuMemoryLimit:
     def __enter__(self) -> CpuMemoryLimit:
         if self.limit:
             start_cpu_runtime()
+            fix_mmap_threshold()
             self._old = resource.getrlimit(resource.RLIMIT_AS)
             soft = current_vm_bytes() + self.limit
             hard = self._old[1]
