@@ -84,3 +84,31 @@ def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
     for md in [*out.glob("*.md"), *(p for p in write_run_files(tmp_path) if p.suffix == ".md")]:
         lines = md.read_text().splitlines()
         assert not [line for line in lines if line.startswith(("# Injected", "| a |"))], md
+
+
+def test_a_report_of_several_results_paths_is_the_report_of_their_rows_together(tmp_path, capsys):
+    """`report A B` reads both, as a report of a directory holding both does (the truth here);
+    a path named twice is read once; several paths have no one default report directory."""
+    parent = tmp_path / "runs"
+    one = parent / "one"
+    one.mkdir(parents=True)
+    (one / "trials.jsonl").write_bytes((FIXTURE / "trials.jsonl").read_bytes())
+    second = other_machine(parent)
+    assert main_in_process("report", parent, "--out", tmp_path / "together") == 0
+    warned = capsys.readouterr().err  # the copy's rows repeat trial ids: each is counted once, and said
+    assert main_in_process("report", one, second, one, "--out", tmp_path / "apart") == 0
+    assert capsys.readouterr().err == warned  # and nothing more: `one` was read once
+    together, apart = snapshot(tmp_path / "together"), snapshot(tmp_path / "apart")
+    assert set(together) == set(apart)
+    for name in together:
+        if name != "report.md":
+            assert together[name] == apart[name], name
+    text = apart["report.md"].decode()
+    assert f"by `attnbench report {one} {second}`" in text  # the command as given, each path once
+    strip = lambda md: [line for line in md.splitlines() if not line.startswith("Generated ")]  # noqa: E731
+    assert strip(together["report.md"].decode()) == strip(text)
+    capsys.readouterr()
+    assert main_in_process("report", one, second) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--out DIR" in err
+    assert not (one / "report").exists() and not (second / "report").exists()

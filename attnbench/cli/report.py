@@ -13,10 +13,19 @@ from attnbench.cli.base import app, console, err_console
 
 @app.command(order=70)
 def report(
-    results: Annotated[Path, typer.Argument(help="results directory (searched for trials.jsonl) or one trials.jsonl")],
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="results directories (searched for trials.jsonl) or trials.jsonl files, one or several",
+            metavar="RESULTS",
+        ),
+    ],
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", help="where report.md, csv/ and the plots go \\[default: RESULTS/report]"),
+        typer.Option(
+            "--out",
+            help="where report.md, csv/ and the plots go \\[default: RESULTS/report; several RESULTS: required]",
+        ),
     ] = None,
 ) -> None:
     """Write report.md (the five seed reports' tables, capacity prediction, plots) and CSV tables from result files."""

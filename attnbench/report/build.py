@@ -9,12 +9,14 @@ succeeded; the same rows give the same bytes, but for the one line that says whe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.errors import AttnbenchError
 from attnbench.report import answer as a
 from attnbench.report import own
-from attnbench.report.data import Results, load, slug
+from attnbench.report.data import Results, load, results_paths, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.plots import figures as p
@@ -40,8 +42,11 @@ class Written:
     machines: list[str]
 
 
-def default_out(results: Path) -> Path:
-    results = Path(results)
+def default_out(sources: tuple[Path, ...]) -> Path:
+    """RESULTS/report for one results path; several have no one place: --out names it."""
+    if len(sources) > 1:
+        raise AttnbenchError("several results paths have no one default report directory: name it with --out DIR")
+    results = sources[0]
     return (results.parent if results.is_file() else results) / "report"
 
 
@@ -238,13 +243,14 @@ def only_missing(part: Doc, produced: bool) -> str | None:
     return "".join(dict.fromkeys(said))
 
 
-def write_report(results_path: Path, out: Path | None = None) -> Written:
-    """The report of the rows under ``results_path`` in ``out`` (default RESULTS/report),
+def write_report(paths: Path | Sequence[Path], out: Path | None = None) -> Written:
+    """The report of the rows under the results ``paths`` in ``out`` (default RESULTS/report for one path),
     replacing the files of a report written there before, and only those, as one set: a
     write that fails leaves the previous report as it was."""
-    out_dir = Path(out) if out else default_out(results_path)
+    sources = results_paths(paths)
+    out_dir = Path(out) if out else default_out(sources)
     check_output_dir(out_dir)  # before reading anything
-    results = load(results_path)
+    results = load(sources)
     doc = render(results)
     files = {f"{CSV_DIR}/{name}": table.csv() for name, table in doc.tables}
     for name, rows in results.by_machine.items():

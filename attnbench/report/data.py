@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,40 +30,59 @@ from attnbench.results.series import (
 
 @dataclass
 class Results:
-    source: Path
+    sources: tuple[Path, ...]  # the results paths read, as given
     files: list[Path]
     rows: list[Row]
     problems: list[str]  # one line per unreadable line: FILE:LINE: why
     by_machine: dict[str, list[Row]] = field(default_factory=dict)
     retired: list[Retired] = field(default_factory=list)
 
+    @property
+    def source(self) -> str:
+        """The paths read, as the command line gave them."""
+        return " ".join(str(p) for p in self.sources)
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
-def load(path: Path, loaded: tuple[list[Row], list[str]] | None = None) -> Results:
-    """Every readable row under ``path`` (``loaded``: what ``load_rows`` read of it already);
-    bad input (nothing to read) is a one-line error."""
-    path = Path(path)
-    files = result_files(path)  # raises when the path does not exist
-    if not files:
-        raise AttnbenchError(
-            f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
-        )
-    rows, problems = loaded or load_rows(path)
+def results_paths(paths: Path | Sequence[Path]) -> tuple[Path, ...]:
+    """Each results path once, in the order given (one named twice is read once)."""
+    given = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    distinct: dict[Path, Path] = {}
+    for p in given:
+        distinct.setdefault(p.resolve(), p)
+    return tuple(distinct.values())
+
+
+def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | None = None) -> Results:
+    """Every readable row under the results paths (directories or trials.jsonl files;
+    ``loaded``: what ``load_rows`` read of them already); bad input (a path with nothing to
+    read) is a one-line error."""
+    sources = results_paths(paths)
+    files = []
+    for path in sources:
+        found = result_files(path)  # raises when the path does not exist
+        if not found:
+            raise AttnbenchError(
+                f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
+            )
+        files += found
+    rows, problems = loaded or load_rows(sources)
     if not rows:
         raise AttnbenchError(
-            f"{path} holds no readable result rows ({len(problems)} unreadable lines in "
+            f"{' '.join(map(str, sources))} holds no readable result rows ({len(problems)} unreadable lines in "
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
         )
-    rows, retired = retire(rows, read_superseded(path) if path.is_dir() else {})
+    superseded = {run: why for path in sources if path.is_dir() for run, why in read_superseded(path).items()}
+    rows, retired = retire(rows, superseded)
     rows = [relabel(r, marked(r) + compact_label(r)) if has_label(r) else r for r in rows]
     rows = separate_code_versions(separate_memory_limits(rows))
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
-    return Results(path, files, rows, problems, groups, retired)
+    return Results(sources, files, rows, problems, groups, retired)
 
 
 # A label's mark where the row ran without the reference check first (every table shows it).
