@@ -88,7 +88,7 @@ def test_a_label_of_several_lines_stays_on_one_line_everywhere(tmp_path):
 
 def test_a_report_of_several_results_paths_is_the_report_of_their_rows_together(tmp_path, capsys):
     """`report A B` reads both, as a report of a directory holding both does (the truth here);
-    a path named twice is read once; several paths have no one default report directory."""
+    a file reached twice is read once; several paths have no one default report directory."""
     parent = tmp_path / "runs"
     one = parent / "one"
     one.mkdir(parents=True)
@@ -96,7 +96,8 @@ def test_a_report_of_several_results_paths_is_the_report_of_their_rows_together(
     second = other_machine(parent)
     assert main_in_process("report", parent, "--out", tmp_path / "together") == 0
     warned = capsys.readouterr().err  # the copy's rows repeat trial ids: each is counted once, and said
-    assert main_in_process("report", one, second, one, "--out", tmp_path / "apart") == 0
+    inside = one / "trials.jsonl"  # a file of a directory given too
+    assert main_in_process("report", one, second, one, inside, "--out", tmp_path / "apart") == 0
     assert capsys.readouterr().err == warned  # and nothing more: `one` was read once
     together, apart = snapshot(tmp_path / "together"), snapshot(tmp_path / "apart")
     assert set(together) == set(apart)
@@ -104,7 +105,7 @@ def test_a_report_of_several_results_paths_is_the_report_of_their_rows_together(
         if name != "report.md":
             assert together[name] == apart[name], name
     text = apart["report.md"].decode()
-    assert f"by `attnbench report {one} {second}`" in text  # the command as given, each path once
+    assert f"by `attnbench report {one} {second} {inside}`" in text  # the paths as given, each once
     strip = lambda md: [line for line in md.splitlines() if not line.startswith("Generated ")]  # noqa: E731
     assert strip(together["report.md"].decode()) == strip(text)
     capsys.readouterr()

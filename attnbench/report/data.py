@@ -61,15 +61,16 @@ def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | Non
     ``loaded``: what ``load_rows`` read of them already); bad input (a path with nothing to
     read) is a one-line error."""
     sources = results_paths(paths)
-    files = []
+    files: dict[Path, Path] = {}  # each file once, though a path given lies inside another
     for path in sources:
         found = result_files(path)  # raises when the path does not exist
         if not found:
             raise AttnbenchError(
                 f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
             )
-        files += found
-    rows, problems = loaded or load_rows(sources)
+        for file in found:
+            files.setdefault(file.resolve(), file)
+    rows, problems = loaded or load_rows(files.values())
     if not rows:
         raise AttnbenchError(
             f"{' '.join(map(str, sources))} holds no readable result rows ({len(problems)} unreadable lines in "
@@ -82,7 +83,7 @@ def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | Non
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
-    return Results(sources, files, rows, problems, groups, retired)
+    return Results(sources, list(files.values()), rows, problems, groups, retired)
 
 
 # A label's mark where the row ran without the reference check first (every table shows it).
