@@ -504,6 +504,26 @@ def test_predict_prints_one_prediction_per_series(tmp_path, in_process):
     assert every.returncode == 0 and len(every.stdout.strip().splitlines()) == 5  # five dilated series
 
 
+def test_predict_from_several_results_paths_reads_their_rows_together(tmp_path, in_process):
+    """The fixture's series split over two directories: `--from A --from B` predicts what `--from`
+    the whole fixture does (the truth), series by series."""
+    lines = (FIXTURE / "trials.jsonl").read_text().splitlines(keepends=True)
+    halves = {"a": [], "b": []}
+    for line in lines:
+        series = json.loads(line).get("series") or ""
+        halves["b" if series[-1:] in "02468ace" and series else "a"].append(line)
+    for name, part in halves.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trials.jsonl").write_text("".join(part))
+    assert all(halves.values())
+    whole = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    both = in_process(
+        "predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", tmp_path / "a", "--from", tmp_path / "b"
+    )
+    assert both.returncode == 0, both.stderr
+    assert sorted(both.stdout.splitlines()) == sorted(whole.stdout.splitlines()) and len(both.stdout.splitlines()) == 5
+
+
 def test_predict_warns_of_a_cpu_fit_and_of_a_length_far_past_the_measured_ones(in_process):
     label = "Multi-segment [512,1024]"
     ok_rows = [r for r in fixture_rows() if r.get("label") == label and r.get("status") == "ok" and r.get("peak_bytes")]

@@ -29,7 +29,9 @@ UNTRUSTED_FIT_ERROR = 0.20
 @app.command(order=80)
 def predict(
     impl: Annotated[str, typer.Option("--impl", help="implementation whose measured series to extrapolate")],
-    source: Annotated[Path, typer.Option("--from", help="results directory or trials.jsonl")],
+    source: Annotated[
+        list[Path], typer.Option("--from", help="results directory or trials.jsonl (repeatable: their rows together)")
+    ],
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="device memory, e.g. 80GiB or 24GB")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="only the series with this label")] = None,
     gpus: Annotated[
@@ -83,7 +85,7 @@ def gpu_count_lines(impl: str, gpus: int, source, seq_len: int | None = None) ->
             )
     if not lines:
         raise AttnbenchError(
-            f"{source} holds no multi-GPU rows of {impl} to predict from: run `attnbench run --profile multi-gpu "
+            f"{results.source} holds no multi-GPU rows of {impl} to predict from: run `attnbench run --profile multi-gpu "
             f"--part ring` (or `bench --impl {impl} --gpus 2`) and predict --from DIR"
         )
     return lines
@@ -101,7 +103,7 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
     held = [(machine, c) for machine, rows in results.by_machine.items() for c in capacities(rows)]
     chosen = [(machine, c) for machine, c in held if c.impl == impl and (not label or c.label == label)]
     if not chosen:
-        raise AttnbenchError(_no_series(impl, label, source, [c for _, c in held]))
+        raise AttnbenchError(_no_series(impl, label, results.source, [c for _, c in held]))
     lines = []
     for machine, c in chosen:
         if c.fit:
@@ -112,7 +114,7 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
     if not lines:
         scope = f" with label {label!r}" if label else ""
         raise AttnbenchError(
-            f"no series of {impl}{scope} in {source} has enough successful trials to fit "
+            f"no series of {impl}{scope} in {results.source} has enough successful trials to fit "
             f"(2 lengths, 3 for a quadratic model): run `attnbench max-seq --impl {impl} --out DIR` "
             "and predict --from DIR"
         )
@@ -127,7 +129,7 @@ def _check_known(impl: str, measured: list[str]) -> None:
         )
 
 
-def _no_series(impl: str, label: str | None, source, held: list[Capacity]) -> str:
+def _no_series(impl: str, label: str | None, source: str, held: list[Capacity]) -> str:
     """No series matches at all (not too few trials): say what the results do hold."""
     labels = sorted({c.label for c in held if c.impl == impl})
     if label and labels:
