@@ -39,12 +39,16 @@ class Results:
 
     @property
     def source(self) -> str:
-        """The paths read, as the command line gave them."""
-        return " ".join(str(p) for p in self.sources)
+        return paths_text(self.sources)
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+def paths_text(sources: tuple[Path, ...]) -> str:
+    """The results paths read, as the command line gave them."""
+    return " ".join(str(p) for p in sources)
 
 
 def results_paths(paths: Path | Sequence[Path]) -> tuple[Path, ...]:
@@ -73,7 +77,7 @@ def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | Non
     rows, problems = loaded or load_rows(files.values())
     if not rows:
         raise AttnbenchError(
-            f"{' '.join(map(str, sources))} holds no readable result rows ({len(problems)} unreadable lines in "
+            f"{paths_text(sources)} holds no readable result rows ({len(problems)} unreadable lines in "
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"
         )
     superseded = {run: why for path in sources if path.is_dir() for run, why in read_superseded(path).items()}

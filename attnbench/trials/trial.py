@@ -176,6 +176,11 @@ CPU_HELD_PHASES = ("warm-call", "timing")
 GPU_SPARES = 2
 
 
+def spares_ahead(device: str) -> int:
+    """Worker processes a trial on ``device`` keeps started ahead of it."""
+    return 1 if device == "cpu" else GPU_SPARES
+
+
 def run_isolated(spec: TrialSpec) -> Measured:
     """Run the trial in a worker process of its own, started while the previous trial ran;
     returns what it measured (with ``phase_s``), or how a kill or crash ended it."""
@@ -187,7 +192,7 @@ def run_isolated(spec: TrialSpec) -> Measured:
         memory_limit=spec.memory_limit,
         warm=PRELOAD,
         hold_phases=CPU_HELD_PHASES if cpu else (),
-        spares=1 if cpu else GPU_SPARES,
+        spares=spares_ahead(spec.workload.device),
     )
     m = ran.result or ended_trial(ran.ended)
     if ran.partial:  # stopped while it counted pairs: its measurement stands
@@ -226,7 +231,7 @@ def run_verify_isolated(
         limit,
         memory_limit=memory_limit,
         warm=PRELOAD if warm else False,
-        spares=GPU_SPARES if any(c.device == "cuda" for c in cases) else 1,
+        spares=max(spares_ahead(c.device) for c in cases),
     )
     if ran.result is None:
         raise AttnbenchError(_unchecked(cases, ran.ended, memory_limit))
