@@ -155,17 +155,16 @@ def single_rank_spec(reference_dir: Path, seed: int, samples: tuple[int, int], t
     """The single strategy's rank spec of a small naive speedup trial on the CPU (batch 2, 128
     tokens) that saves its output in ``reference_dir``, timed for ``samples`` (fewest, most)."""
     from attnbench.measure.timing import TimingPolicy
-    from attnbench.sweeps.kinds.speedup.result import RankSpec
+    from attnbench.trials.placed import OutputCheck, PlacedSpec
     from attnbench.trials.workload import Workload
 
-    return RankSpec(
+    return PlacedSpec(
         strategy="single",
-        strategy_module="attnbench.sweeps.kinds.speedup.strategies.single",
+        strategy_module="attnbench.trials.strategies.single",
         workload=Workload(impl="naive", batch=2, seq_len=128, heads=2, head_dim=8, dtype="fp32", device="cpu"),
-        module="attention",
-        gpus=2,
         seed=seed,
         timing=TimingPolicy(min_samples=samples[0], max_samples=samples[1], target_ms=target_ms, budget_s=10),
-        reference_dir=str(reference_dir),
-        role="reference",
+        limit_s=10,
+        gpus=2,
+        output=OutputCheck(reference_dir=str(reference_dir), role="reference"),
     )

@@ -3,9 +3,9 @@ this module by name (the tests put tests/ on their PYTHONPATH)."""
 
 from dataclasses import replace
 
-from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.strategies import Strategy
-from attnbench.sweeps.kinds.speedup.strategies.mp import _prepare_mp
+from attnbench.trials import strategies
+from attnbench.trials.strategies import Strategy
+from attnbench.trials.strategies.mp import _prepare_mp
 
 MP = strategies.get("mp")
 

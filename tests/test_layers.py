@@ -262,6 +262,6 @@ def test_one_module_creates_timing_events_and_reads_allocator_peaks():
     found = {m: [c for c in MEASURING_CALLS if c in path.read_text()] for m, path in modules().items() if m != core}
     assert {m: calls for m, calls in found.items() if calls} == {}
     assert all(c in modules()[core].read_text() for c in MEASURING_CALLS)
-    for m in ("attnbench.trials.trial", "attnbench.sweeps.seqpar_job", "attnbench.sweeps.kinds.speedup.job"):
+    for m in ("attnbench.trials.trial", "attnbench.trials.placed_job"):
         taken = {name for target, names, _ in imports(m) if target == core for name in names}
         assert "measure_step" in taken, f"{m} measures without the core"

@@ -21,7 +21,8 @@ from attnbench.report.tables.multigpu import ring_pairs
 from attnbench.results.schema import GpuMemory, Trial, join, row_from_json
 from attnbench.runtime.jobs import RankEnded
 from attnbench.sweeps import runner, seqpar
-from attnbench.sweeps.seqpar import RankMeasured, combine, traffic
+from attnbench.sweeps.seqpar import combine, traffic
+from attnbench.trials.placed import RankResult
 from attnbench.trials.workload import Workload
 
 from conftest import typed_row
@@ -219,7 +220,7 @@ def test_ranks_asked_on_the_command_line_are_not_clipped(monkeypatch):
 
 def test_traffic_is_the_busiest_ranks_bytes_over_the_call_time():
     def rank(sent):
-        return RankMeasured(status="ok", message="", times_ms=[], sent_bytes=sent)
+        return RankResult(status="ok", times_ms=[], sent_bytes=sent)
 
     assert traffic([rank(3_000_000), rank(5_000_000)], 2.0) == (5_000_000, 5e6 / 2e-3 / 1e9)
     assert traffic([rank(0)], 2.0) == (0, None)
@@ -231,8 +232,8 @@ def test_ranks_on_gpus_combine_into_one_trial_row_the_slowest_call_and_the_fulle
     wl = replace(wl, dtype="fp32", device="cuda")
 
     def sent(rank, times, peak):  # a rank's part as the launcher hands it back
-        gpu = GpuMemory(index=rank, rank=rank, cuda_device=rank, max_memory_allocated=peak)
-        part = RankMeasured(status="ok", message="", times_ms=times, timer="cuda-event", rank=rank, gpu=gpu)
+        nvml = [GpuMemory(index=rank, nvml_index=rank, nvml_used_peak=peak + 50)]
+        part = RankResult(status="ok", times_ms=times, timer="cuda-event", devices=[rank], nvml=nvml)
         part.first_call_ms, part.sent_bytes, part.link_gbps, part.max_memory_allocated = 10 + rank, 1000, 90.0, peak
         return RankEnded.finished(rank, part)
 
@@ -244,7 +245,10 @@ def test_ranks_on_gpus_combine_into_one_trial_row_the_slowest_call_and_the_fulle
         Trial, m, kind="points", run="r", series="s", label="ring x2", world_size=2, strategy="ring", **wl.to_dict()
     )
     again = row_from_json(json.loads(json.dumps(row.to_json())))
-    assert [(g.index, g.max_memory_allocated) for g in again.gpus] == [(0, 100), (1, 300)]
+    assert [(g.index, g.rank, g.max_memory_allocated, g.nvml_used_peak) for g in again.gpus] == [
+        (0, 0, 100, 150),
+        (1, 1, 300, 350),
+    ]
 
 
 def _row(impl, world, time_ms, config=None, **extra):

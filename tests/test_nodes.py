@@ -356,17 +356,18 @@ def test_another_node_makes_the_single_output_its_mp_ranks_compare_with(tmp_path
     nothing is made."""
     import torch
 
-    from attnbench.sweeps.kinds.speedup import strategies
-    from attnbench.sweeps.kinds.speedup.job import context, measure, single_output_here
+    from attnbench.trials import strategies
+    from attnbench.trials.placed import OutputCheck
+    from attnbench.trials.placed_job import context, measure, single_output_here
 
     spec = single_rank_spec(tmp_path / "node0", seed=5, samples=(3, 3), target_ms=10)
-    assert measure(strategies.get("single"), context(spec), spec, None).status == "ok"
-    elsewhere = replace(spec, role="measure", reference_dir=str(tmp_path / "node1"))
-    mp_rank = context(elsewhere, rank=1, world=2, local_rank=0)
-    assert single_output_here(elsewhere, mp_rank) == tmp_path / "node1"
+    assert measure(strategies.get("single"), context(spec), spec).status == "ok"
+    elsewhere = OutputCheck(reference_dir=str(tmp_path / "node1"), role="measure", remake_reference=True)
+    mp_rank = context(spec, rank=1, world=2, local_rank=0)
+    assert single_output_here(spec, elsewhere, mp_rank) == tmp_path / "node1"
     for b in range(2):
         assert torch.equal(torch.load(tmp_path / "node0" / f"out{b}.pt"), torch.load(tmp_path / "node1" / f"out{b}.pt"))
-    assert single_output_here(replace(elsewhere, reference_dir=str(tmp_path / "node0")), mp_rank) is None
+    assert single_output_here(spec, replace(elsewhere, reference_dir=str(tmp_path / "node0")), mp_rank) is None
 
 
 def own_tmp() -> list[str]:

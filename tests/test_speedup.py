@@ -18,11 +18,11 @@ from attnbench.results import read_rows
 from attnbench.results.convert import SchemaError, to_json
 from attnbench.results.schema import GpuMemory
 from attnbench.runtime.jobs import RankEnded
-from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.job import context, measure, speedup_rank
 from attnbench.sweeps.kinds.speedup.rows import gpu_rows, notes_for
 from attnbench.sweeps.kinds.speedup.runner import check_settings
 from attnbench.sweeps.runner import SweepRunner
+from attnbench.trials import strategies
+from attnbench.trials.placed_job import context, measure, rank_job
 from attnbench.trials.reference import TOLERANCE
 
 from conftest import ROOT, main_in_process, not_timed_out, run_cli, single_rank_spec, typed_row
@@ -32,7 +32,7 @@ def read_ranks(sent: list[dict]) -> list[RankEnded]:
     """Ranks as the launcher hands them back, from what each sent: its rank and status beside
     its result, read as the launch reads it."""
     return [
-        RankEnded(d["rank"], d["status"], result=speedup_rank.read_result(_without(d, "rank"), f"rank {d['rank']}"))
+        RankEnded(d["rank"], d["status"], result=rank_job.read_result(_without(d, "rank"), f"rank {d['rank']}"))
         for d in sent
     ]
 
@@ -93,14 +93,15 @@ def test_a_speedup_trial_and_a_sequence_parallel_trial_read_their_ranks_alike(fi
     """The same ranks' calls give both kinds of multi-rank trial the same call times, the
     same first call (the slowest rank's, none where a rank took none) and the same rank lines."""
     from attnbench.sweeps.kinds.speedup.rows import merge_ranks
-    from attnbench.sweeps.seqpar import RankMeasured, combine
+    from attnbench.sweeps.seqpar import combine
+    from attnbench.trials.placed import RankResult
     from attnbench.trials.workload import Workload
 
     per_rank = [[2.0, 4.0, 3.0], [3.0, 1.0, 3.5]]
     speedup = merge_ranks(
         read_ranks(
             [
-                {"status": "ok", "rank": r, "devices": [r], "times_ms": t, "first_call_ms": f, "rank_first_call_ms": f}
+                {"status": "ok", "rank": r, "devices": [r], "times_ms": t, "first_call_ms": f}
                 for r, (t, f) in enumerate(zip(per_rank, firsts))
             ]
         ),
@@ -109,10 +110,10 @@ def test_a_speedup_trial_and_a_sequence_parallel_trial_read_their_ranks_alike(fi
         strategies.get("single"),
     )
     wl = Workload(impl="ring", config={}, batch=1, seq_len=1024, heads=2, head_dim=8, dtype="fp32", device="cpu")
-    parts = [RankMeasured(status="ok", message="", times_ms=t, timer="cpu", rank=r) for r, t in enumerate(per_rank)]
+    parts = [RankResult(status="ok", times_ms=t, timer="cpu") for t in per_rank]
     for part, first in zip(parts, firsts):
         part.first_call_ms = first
-    ring = combine([RankEnded.finished(p.rank, p) for p in parts], wl, 2)
+    ring = combine([RankEnded.finished(r, p) for r, p in enumerate(parts)], wl, 2)
     assert speedup.times_ms == ring.times_ms == [3.0, 4.0, 3.5]
     assert speedup.first_call_ms == ring.first_call_ms == (9.0 if None not in firsts else None)
     assert [r.time_ms for r in speedup.ranks] == [r.time_ms for r in ring.ranks] == [3.0, 3.0]
@@ -123,7 +124,8 @@ def test_both_multi_rank_trials_take_gpu_time_only_where_every_rank_took_it(gpu)
     """GPU time per call is the slowest rank's where every rank took it (they replayed their calls
     together), and none where one did not: the same rule for a speedup and a ring trial."""
     from attnbench.sweeps.kinds.speedup.rows import merge_ranks
-    from attnbench.sweeps.seqpar import RankMeasured, combine
+    from attnbench.sweeps.seqpar import combine
+    from attnbench.trials.placed import RankResult
     from attnbench.trials.workload import Workload
 
     per_rank = [[2.0, 4.0], [3.0, 1.0]]
@@ -140,10 +142,10 @@ def test_both_multi_rank_trials_take_gpu_time_only_where_every_rank_took_it(gpu)
     )
     wl = Workload(impl="ring", config={}, batch=1, seq_len=1024, heads=2, head_dim=8, dtype="fp32", device="cpu")
     parts = [
-        RankMeasured(status="ok", message="", times_ms=t, gpu_times_ms=g, gpu_timer="cuda-graph", timer="cpu", rank=r)
-        for r, (t, g) in enumerate(zip(per_rank, gpu))
+        RankResult(status="ok", times_ms=t, gpu_times_ms=g, gpu_timer="cuda-graph", timer="cpu")
+        for t, g in zip(per_rank, gpu)
     ]
-    ring = combine([RankEnded.finished(p.rank, p) for p in parts], wl, 2)
+    ring = combine([RankEnded.finished(r, p) for r, p in enumerate(parts)], wl, 2)
     both = [0.7, 0.6] if None not in gpu else None
     assert speedup.gpu_times_ms == ring.gpu_times_ms == both
     assert speedup.gpu_timer == ring.gpu_timer == ("cuda-graph" if both else None)
@@ -347,7 +349,7 @@ class ScriptedNvml:
 
 def _measure(tmp_path, nvml):
     spec = single_rank_spec(tmp_path / "ref", seed=1, samples=(3, 5), target_ms=50)
-    return measure(strategies.get("single"), context(spec), spec, nvml)
+    return measure(strategies.get("single"), context(spec), spec, nvml=nvml)
 
 
 def test_nvml_sampler_in_the_speedup_path_gives_per_gpu_rows_and_peaks(tmp_path):
@@ -453,7 +455,7 @@ def _ranks_that_agree(job, spec, nprocs, device, phase_limit_s, **limits):
     run's, without starting them (real ranks: the tests above)."""
     wl = spec.workload
     share = wl.batch * wl.seq_len * wl.heads * wl.head_dim // nprocs
-    compare = {"compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": share}} if spec.role == "measure" else {}
+    compare = {"compare": {"sq_err": 0.0, "sq_ref": 1.0, "elements": share}} if spec.output.role == "measure" else {}
     return read_ranks([{"status": "ok", "rank": r, "times_ms": [1.0, 1.0, 1.0], **compare} for r in range(nprocs)])
 
 
@@ -552,7 +554,6 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
         "devices": [0],
         "times_ms": [2.0, 4.0, 3.0],
         "first_call_ms": 9.0,
-        "rank_first_call_ms": 9.0,
         "nvml": nvml,
         "allocator": {"0": {"max_memory_allocated": 100, "max_memory_reserved": 200}},
         "backend": "flash",
@@ -563,8 +564,7 @@ def test_rank_results_from_two_gpus_merge_into_one_row():
         "rank": 1,
         "devices": [1],
         "times_ms": [3.0, 1.0, 3.5],
-        "first_call_ms": 9.0,
-        "rank_first_call_ms": 7.0,
+        "first_call_ms": 7.0,
         "nvml": None,
         "allocator": {"1": {"max_memory_allocated": 101, "max_memory_reserved": 201}},
         "compare": {"sq_err": 3.0, "sq_ref": 300.0, "elements": 1024 * width, "nonfinite": False},
@@ -853,13 +853,13 @@ def test_a_results_directorys_table_and_the_report_pick_one_baseline():
 
 def test_every_strategy_of_the_package_is_declared_without_torch_and_the_report_names_it_so():
     """Each strategy module of the package has its declaration (label, summary, order) and
-    each declaration but the sequence-parallel trials' ``ring`` has its module; labels and
+    each declaration its module (the sequence-parallel trials' ``ring`` included); labels and
     order as the report reads them (an undeclared strategy by its name, last)."""
     from attnbench.plan import strategies as declared
-    from attnbench.sweeps.kinds.speedup import strategies
+    from attnbench.trials import strategies
 
     own = {n for n, s in strategies.STRATEGIES.entries().items() if s.module_name.startswith("attnbench.")}
-    assert own == {d.name for d in declared.DECLARED if d.name != "ring"}
+    assert own == {d.name for d in declared.DECLARED}
     assert declared.speedup_names() == ("dp", "mp", "thread")
     assert [declared.label(n) for n in ("single", "thread", "warp")] == ["Single GPU", "New thread alone", "warp"]
     assert sorted(["thread", "warp", "mp", "single", "dp"], key=declared.order) == [

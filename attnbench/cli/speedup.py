@@ -134,9 +134,9 @@ def _run_speedup(series, hosts, impl: str, gpus: int, out, resume: bool) -> None
     plan = Plan(f"speedup-{impl}", (series,))
     runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())
     n = len(series.settings.cases)
-    what = "GPU" if series.settings.device == "cuda" else "CPU process"
+    what = f"GPU{'s' * (gpus != 1)}" if series.settings.device == "cuda" else f"CPU process{'es' * (gpus != 1)}"
     console.print(
-        f"attnbench speedup: {impl} on {gpus} {what}{'s' if gpus != 1 else ''} "
+        f"attnbench speedup: {impl} on {gpus} {what} "
         f"({', '.join(order(series))}), {n} case{'s' if n != 1 else ''} on {env.machine} -> {out_dir}"
     )
     interrupted, verified = 0, True  # interrupted: the exit code of an interrupt

@@ -122,28 +122,30 @@ def open_nvml() -> tuple[NvmlBackend | None, str]:
     return backend, ""
 
 
-class OneGpu:
-    """An NVML backend restricted to one GPU (a rank's own, by its CUDA index)."""
+class SomeGpus:
+    """An NVML backend restricted to some GPUs (a rank's own, by their CUDA indices): its
+    index i is the i-th of them."""
 
-    def __init__(self, backend: NvmlBackend, index: int) -> None:
-        self.backend, self.index = backend, index
-        self.nvml_indices = [nvml_index_of(backend, index)]
+    def __init__(self, backend: NvmlBackend, cuda_indices: list[int]) -> None:
+        self.backend, self.cuda_indices = backend, cuda_indices
+        self.nvml_indices = [nvml_index_of(backend, i) for i in cuda_indices]
 
     def device_count(self) -> int:
-        return 1
+        return len(self.cuda_indices)
 
     def used_bytes(self, index: int) -> int:
-        return self.backend.used_bytes(self.index)
+        return self.backend.used_bytes(self.cuda_indices[index])
 
 
-def own_gpu_nvml(cuda_index: int) -> tuple[OneGpu | None, str]:
-    """NVML for CUDA device ``cuda_index`` alone (the backend numbers GPUs as CUDA does)."""
+def gpus_nvml(cuda_indices: list[int]) -> tuple[SomeGpus | None, str]:
+    """NVML for CUDA devices ``cuda_indices`` alone (the backend numbers GPUs as CUDA does)."""
     backend, note = open_nvml()
     if backend is None:
         return None, note
-    if cuda_index >= backend.device_count():
-        return None, f"NVML sees no GPU for CUDA device {cuda_index}"
-    return OneGpu(backend, cuda_index), ""
+    missing = [i for i in cuda_indices if i >= backend.device_count()]
+    if missing:
+        return None, f"NVML sees no GPU for CUDA device {missing[0]}"
+    return SomeGpus(backend, list(cuda_indices)), ""
 
 
 def nvml_index_of(backend: NvmlBackend | None, cuda_index: int) -> int | None:
@@ -262,8 +264,9 @@ class NvmlSampler:
 
     def per_gpu(self) -> list[dict[str, int]]:
         """Per GPU by its CUDA index: its NVML index, used memory before and at the peak."""
+        cuda = getattr(self.backend, "cuda_indices", None) or range(len(self.peak))  # a subset's own numbering
         return [
-            {"index": i, "nvml_index": nvml_index_of(self.backend, i), "nvml_used_before": b, "nvml_used_peak": p}
+            {"index": cuda[i], "nvml_index": nvml_index_of(self.backend, i), "nvml_used_before": b, "nvml_used_peak": p}
             for i, (b, p) in enumerate(zip(self.baseline, self.peak))
         ]
 

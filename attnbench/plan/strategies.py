@@ -1,7 +1,7 @@
 """How a run spreads work over GPUs, declared without torch: each strategy's name, how tables
 name it, and what it does, in the order tables list them. The command line's help lists them
-and the report names and orders rows by them; each one's code is the module of the same name
-in ``attnbench/sweeps/kinds/speedup/strategies/`` (``ring`` is the sequence-parallel trials').
+and the report names and orders rows by them; each one's code is a module of
+``attnbench/trials/strategies/`` (``ring``, the sequence-parallel trials', is ``sequence``).
 
 A new strategy is one entry here and one module there: its place in this list is its place in
 every table, and a ``batch_column`` puts it in the first screen's table of a second GPU for a batch."""

@@ -4,39 +4,42 @@ Parent side: ``run_trial(spec, world)`` measures a distributed implementation on
 ranks and returns what they measured together (``schema.Measured``); ``verify(cases)`` checks cases gathered
 across ranks against the float64 reference and the single-device counterpart.
 
-Rank side (``attnbench.sweeps.seqpar_job``, the rank jobs that
-``attnbench.runtime.distributed.launch`` runs): every rank builds its own shard of the
-inputs, takes a barrier before each timed call and times it; a call's time is the slowest
-rank's, the row's ``time_ms`` the median over calls. Ranks agree on the number of calls
-(from the slowest first call) so their collectives line up. A rank that runs out of memory
-raises, the launcher stops the others, and ``agreed_status`` makes the trial "oom". Memory
-is per GPU: each rank's allocator peaks and NVML on its own GPU.
+A trial runs on the one executor of multi-rank trials (``attnbench.trials.placed``) with the
+``ring`` strategy (``attnbench.trials.strategies.sequence``): every rank builds its own shard
+of the inputs, takes a barrier before each timed call and times it; a call's time is the
+slowest rank's, the row's ``time_ms`` the median over calls. Ranks agree on the number of
+calls (from the slowest first call) so their collectives line up. A rank that runs out of
+memory raises, the launcher stops the others, and ``agreed_status`` makes the trial "oom".
+Memory is per GPU: each rank's allocator peaks and NVML on its own GPU. The reference check's
+ranks run ``attnbench.sweeps.seqpar_verify``.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attnbench import impls
-from attnbench.analysis.ranks import calls_of, own_median, slowest_of_all
+from attnbench.analysis.ranks import slowest_of_all
 from attnbench.errors import AttnbenchError
 from attnbench.impls import build_for_ranks as build
-from attnbench.results.schema import GpuMemory, Measured, RankLine
+from attnbench.results.schema import GpuMemory, Measured
 from attnbench.runtime import nodes
 from attnbench.runtime.distributed import agreed_status, launch
 from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.supervise import STARTUP_ALLOWANCE_S
 from attnbench.trials.measured import set_peak, take_accounting
+from attnbench.trials.placed import PlacedSpec, RankResult, merge
+from attnbench.trials.placed import run as placed_trial
 from attnbench.trials.reference import Check, VerifyCase
 from attnbench.trials.trial import TrialSpec
 
-#: the ``strategy`` of rows measured by sequence-parallel implementations
+#: the ``strategy`` of rows measured by sequence-parallel implementations, and where it is
 STRATEGY = "ring"
-# the rank side's jobs, by name (the job module imports this one)
-TRIAL_JOB = "attnbench.sweeps.seqpar_job:trial_job"
-VERIFY_JOB = "attnbench.sweeps.seqpar_job:verify_job"
+STRATEGY_MODULE = "attnbench.trials.strategies.sequence"
+# the reference check's rank job, by name (the job module imports this one)
+VERIFY_JOB = "attnbench.sweeps.seqpar_verify:verify_job"
 
 
 def is_distributed(name: str) -> bool:
@@ -102,27 +105,6 @@ def check_modes(name: str, mode: str, causal: bool, impl) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class RankMeasured(Measured):
-    """What one rank of a sequence-parallel trial measured on its shard (sent as JSON by
-    ``seqpar_job.trial_job``): a trial's measured part, its calls split into compute and
-    waiting on the ring, and its own GPU."""
-
-    rank: int | None = None
-    compute_ms: float | None = None  # median per call
-    comm_wait_ms: float | None = None
-    comm_steps: int | None = None  # ring steps of the last call
-    gpu: GpuMemory | None = None
-
-
-@dataclass
-class RankTrial:
-    """What every rank of a sequence-parallel trial is given."""
-
-    spec: TrialSpec
-    fail_rank: int | None = None  # a test's fault: this rank raises inside the ring
-
-
 @dataclass
 class SeededCase:
     case: VerifyCase
@@ -146,36 +128,37 @@ class Checked:
 
 def run_trial(spec: TrialSpec, world: int, fail_rank: int | None = None) -> Measured:
     """One trial on ``world`` ranks: what they measured together (status, times, memory per GPU, ranks)."""
-
     wl = spec.workload
-    ended = launch(
-        TRIAL_JOB,
-        RankTrial(spec, fail_rank),
-        world,
-        wl.device,
-        phase_limit_s=spec.max_trial_seconds,
+    placed = PlacedSpec(
+        strategy=STRATEGY,
+        strategy_module=STRATEGY_MODULE,
+        workload=wl,
+        seed=spec.seed,
+        timing=spec.policy(),
+        limit_s=spec.max_trial_seconds,
         memory_limit=spec.memory_limit,
+        gpus=world,
+        fail_rank=fail_rank,
+    )
+    ended = placed_trial(
+        placed, wl.device, launch, phase_limit_s=spec.max_trial_seconds, memory_limit=spec.memory_limit
     )
     return combine(ended, wl, world)
 
 
 def combine(ended: list[RankEnded], wl, world: int) -> Measured:
-    """One trial from how its ranks ended: each call's time is the slowest rank's, each memory
-    reading the fullest rank's."""
-    status, message = agreed_status(ended)
-    m = Measured(status=status, message=message, times_ms=[], ranks=[rank_line(r) for r in ended])
+    """One trial row's measured part from how its ranks ended (``placed.merge``: each call's
+    time the slowest rank's), each memory reading the fullest rank's, the ring's traffic."""
+    m = Measured(status="error", message="", times_ms=[])
+    merge(m, ended)
     # a rank that measured (a time-limit included) sent its part; one the launcher saw fail did not
-    ranks: list[RankMeasured] = [r.result for r in ended if r.result is not None]
-    if status == "ok":
-        calls = calls_of(ranks, len(ended))
-        m.times_ms, m.gpu_times_ms, m.gpu_timer = calls.times_ms, calls.gpu_times_ms, calls.gpu_timer
-    m.summarize()
-    _slowest(m, ranks, world)
+    sent = [(e.rank, e.result) for e in ended if e.result is not None]
+    ranks = [r for _, r in sent]
+    m.compile_ms = slowest_of_all([r.compile_ms for r in ranks], world)
     m.sent_bytes, m.algbw_gbps = traffic(ranks, m.time_ms)
     links = [r.link_gbps for r in ranks if r.link_gbps is not None]
     m.link_gbps = min(links) if links else None  # every rank has the slowest rank's time
-    m.gpus = [r.gpu for r in ranks if r.gpu]
-    m.nvml_note = next((r.nvml_note for r in ranks if r.nvml_note), None)
+    m.gpus = [rank_gpu(rank, r) for rank, r in sent if r.devices]
     for name in (
         "max_memory_allocated",
         "max_memory_reserved",
@@ -185,22 +168,26 @@ def combine(ended: list[RankEnded], wl, world: int) -> Measured:
     ):
         values = [getattr(r, name) for r in ranks if getattr(r, name) is not None]
         setattr(m, name, max(values) if values else None)  # per GPU: the fullest rank
-    m.backend = next((r.backend for r in ranks if r.backend), None)
-    m.kv_layout = next((r.kv_layout for r in ranks if r.kv_layout), None)  # grouped K/V: shared or copied
-    m.timer = next((r.timer for r in ranks if r.timer), None)
     # per GPU: the rank's shard of q, k, v and the output
     set_peak(m, wl.device == "cuda", wl.floor_bytes // world, " (max over ranks)")
     take_accounting(m, build(wl.impl, wl.config, world), wl)
     return m
 
 
-def _slowest(m: Measured, ranks: list[RankMeasured], world: int) -> None:
-    """The first call and the compilation of the slowest rank, where every rank took one."""
-    m.first_call_ms = slowest_of_all([r.first_call_ms for r in ranks], world)
-    m.compile_ms = slowest_of_all([r.compile_ms for r in ranks], world)
+def rank_gpu(rank: int, r: RankResult) -> GpuMemory:
+    """A rank's own GPU: NVML's reading beside its allocator peaks."""
+    (device,) = r.devices
+    seen = r.nvml[0] if r.nvml else GpuMemory(index=device)
+    return replace(
+        seen,
+        rank=rank,
+        cuda_device=device,
+        max_memory_allocated=r.max_memory_allocated,
+        max_memory_reserved=r.max_memory_reserved,
+    )
 
 
-def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | None, float | None]:
+def traffic(ranks: list[RankResult], time_ms: float | None) -> tuple[int | None, float | None]:
     """Bytes the busiest rank sends per call and its achieved bandwidth over the whole call,
     nccl-tests' algbw (bytes / time, GB/s = 1e9 B/s): what the ring really moved, comparable
     with the link's measured bandwidth. One rank sends nothing: 0 bytes, no bandwidth."""
@@ -209,35 +196,6 @@ def traffic(ranks: list[RankMeasured], time_ms: float | None) -> tuple[int | Non
         return None, None
     busiest = max(sent)
     return busiest, (busiest / (time_ms / 1e3) / 1e9 if busiest and time_ms else None)
-
-
-# What a rank's line keeps of what the rank measured (one that failed sent nothing: its line
-# holds its rank, status and message).
-RANK_LINE = (
-    "compile_ms",
-    "first_call_ms",
-    "compute_ms",
-    "comm_wait_ms",
-    "sent_bytes",
-    "comm_steps",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "cpu_peak_rss_delta",
-    "inputs_bytes",
-)
-
-
-def rank_line(ended: RankEnded) -> RankLine:
-    """A rank's line in the row's ``ranks``: its own median call beside what it measured."""
-    line = RankLine(rank=ended.rank, status=ended.status, message=ended.message or None)
-    measured: RankMeasured | None = ended.result
-    if measured is not None:
-        for k in RANK_LINE:
-            setattr(line, k, getattr(measured, k))
-        line.time_ms = own_median(measured.times_ms)
-    if line.status == "ok":
-        line.message = None
-    return line
 
 
 def verify(cases: list[VerifyCase], fail_rank: int | None = None) -> list[tuple[VerifyCase, Check]]:

@@ -15,8 +15,8 @@ from attnbench import impls
 from attnbench.plan import Series
 from attnbench.sweeps.kinds import register
 from attnbench.sweeps.kinds.base import resolved_device
-from attnbench.sweeps.kinds.speedup import strategies
 from attnbench.sweeps.kinds.speedup.runner import SpeedupRunner, check_settings, gpus_of
+from attnbench.trials import strategies
 from attnbench.trials.reference import VerifyCase
 
 

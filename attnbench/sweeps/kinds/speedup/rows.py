@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import math
 
-from attnbench.analysis.ranks import Calls, calls_of, own_median, slowest_of_all
 from attnbench.plan import Case, Series
-from attnbench.results.schema import GpuMemory, RankLine, Speedup, StepMeasured
+from attnbench.results.schema import GpuMemory, Speedup, StepMeasured
 from attnbench.runtime.jobs import RankEnded
-from attnbench.sweeps.kinds.speedup.result import Compared, RankResult
-from attnbench.sweeps.kinds.speedup.strategies import Strategy
+from attnbench.trials.placed import Compared, RankResult, merge
 from attnbench.trials.reference import TOLERANCE
+from attnbench.trials.strategies import Strategy
 
 
 def gpus_of(s: Series) -> int:
@@ -54,49 +53,22 @@ def relative_error(parts: list[Compared | None]) -> tuple[float | None, int]:
 
 
 def merge_ranks(ended: list[RankEnded], s: Series, case: Case, strategy: Strategy) -> StepMeasured:
-    """The measured part of one trial's row from how its ranks ended (pure: tests feed it by hand)."""
-    from attnbench.runtime.distributed import agreed_status
-
-    status, message = agreed_status(ended)
-    ok = status == "ok"
-    # a rank that failed sent nothing: it stands in with no calls, no memory
-    results = [e.result or RankResult(status=e.status, message=e.message, times_ms=[]) for e in ended]
-    lead = results[0]
-    calls = calls_of(results, len(ended)) if ok else Calls([])
-    m = StepMeasured(
-        status=status,
-        message=message,
-        processes=len(results),
-        times_ms=calls.times_ms,
-        gpu_times_ms=calls.gpu_times_ms,  # one process alone takes GPU time (strategies' gpu_timed)
-        gpu_timer=calls.gpu_timer,
-    )
-    m.summarize()
-    m.first_call_ms = slowest_of_all([r.first_call_ms for r in results], len(results))
+    """The measured part of one trial's row from how its ranks ended (``placed.merge``: each
+    call the slowest rank's), each GPU's memory, and the output check (pure: tests feed it by hand)."""
+    m = StepMeasured(status="error", message="", times_ms=[], processes=len(ended))
+    results = merge(m, ended)
     if m.time_ms:
         m.tokens_per_s = case.batch * case.seq_len / (m.time_ms / 1e3)
     allocator = {d: a for r in results for d, a in (r.allocator or {}).items()}
-    m.gpus = gpu_rows(gpus_of(s), lead.nvml, allocator) if s.settings.device == "cuda" else []
-    m.ranks = [rank_entry(e, r) for e, r in zip(ended, results)]
-    m.backend, m.replica_batches, m.nvml_note = lead.backend, lead.replica_batches, lead.nvml_note
+    nvml = [g for r in results for g in r.nvml or []]
+    m.gpus = gpu_rows(gpus_of(s), nvml, allocator) if s.settings.device == "cuda" else []
+    m.replica_batches = results[0].replica_batches
     m.tolerance = TOLERANCE[s.settings.dtype]
-    if ok and strategy.name != "single":  # the single run is the reference
+    if m.status == "ok" and strategy.name != "single":  # the single run is the reference
         check_output(m, results, s, case, strategy)
     if m.output_match is False:
         m.status, m.message = "error", m.output_message
     return m
-
-
-def rank_entry(ended: RankEnded, r: RankResult) -> RankLine:
-    """A rank's line in the row's ``ranks``: its devices, its own first call and median step."""
-    return RankLine(
-        rank=ended.rank,
-        status=ended.status,
-        devices=r.devices,
-        cpu_peak_rss=r.cpu_peak_rss,
-        first_call_ms=r.rank_first_call_ms,
-        time_ms=own_median(r.times_ms),
-    )
 
 
 def check_output(m: StepMeasured, results: list[RankResult], s: Series, case: Case, strategy: Strategy) -> None:

@@ -1,5 +1,5 @@
 """Does a second GPU help? One implementation at (sequence length x batch) cases, on one GPU
-and spread over P GPUs by each strategy (``attnbench.sweeps.kinds.speedup.strategies``), every trial in
+and spread over P GPUs by each strategy (``attnbench.trials.strategies``), every trial in
 fresh processes under ``attnbench.runtime.distributed.launch``, one row per (case, strategy).
 
 Per case, ``single`` runs first and leaves its output in a scratch directory; every other
@@ -9,7 +9,8 @@ rows (``attnbench.report.tables.speedup``), matching each row to the single row 
 
 A speedup series is a plan's series of kind ``speedup`` (its settings: ``cases``,
 ``strategies``, ``module``, ``grad_compression``, ``gpus``); ``attnbench.sweeps.kinds.speedup.kind``
-plans and runs it through ``SpeedupRunner``. The rank side is ``attnbench.sweeps.kinds.speedup.job``.
+plans and runs it through ``SpeedupRunner``. Its trials run on the one executor of multi-rank
+trials, ``attnbench.trials.placed``.
 """
 
 from __future__ import annotations
@@ -30,18 +31,20 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
 from attnbench.measure.timing import TimingPolicy
 from attnbench.plan import Case, Series
+from attnbench.plan.strategies import BY_NAME, speedup_names
 from attnbench.results import now_utc
 from attnbench.results.schema import Speedup, StepMeasured, join
 from attnbench.runtime import nodes
 from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.worker import owned_temp_dir
 from attnbench.sweeps.kinds.base import check_call, check_fits_device, check_runs_on
-from attnbench.sweeps.kinds.speedup import strategies
-from attnbench.sweeps.kinds.speedup.result import RankSpec
 from attnbench.sweeps.kinds.speedup.rows import gpus_of, merge_ranks, notes_for
-from attnbench.sweeps.kinds.speedup.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.sweeps.session import Reporter as BaseReporter
 from attnbench.sweeps.session import SilentReporter
+from attnbench.trials import strategies
+from attnbench.trials.placed import OutputCheck, PlacedSpec
+from attnbench.trials.placed import run as placed_trial
+from attnbench.trials.strategies import GRAD_COMPRESSION, MODULES, Strategy
 from attnbench.trials.workload import Workload, check_workload_fields
 from attnbench.units import brief
 
@@ -66,8 +69,16 @@ KEY_FIELDS = (
 
 
 def check_strategies(names: tuple[str, ...]) -> None:
+    """Each name a strategy ``--strategy`` takes (``ring`` is bench's and max-seq's ``--gpus``)."""
     for n in names:
-        strategies.get(n)
+        declared = BY_NAME.get(n)
+        choices = ", ".join(speedup_names())
+        if declared is not None and not declared.speedup and n != "single":
+            raise AttnbenchError(
+                f"--strategy {n} ({declared.summary}) runs as bench or max-seq --gpus N; speedup takes {choices}"
+            )
+        if n not in strategies.STRATEGIES.entries():
+            raise AttnbenchError(f"unknown strategy {n!r}: choose from {choices}")
 
 
 def order(s: Series) -> tuple[str, ...]:
@@ -198,8 +209,6 @@ class Reporter(BaseReporter, Protocol):
 
 
 Launcher = Callable[..., list[RankEnded]]
-# what every rank of a speedup trial runs (named, so this module need not import torch)
-RANK_JOB = "attnbench.sweeps.kinds.speedup.job:speedup_rank"
 
 
 class SpeedupRunner:
@@ -271,26 +280,19 @@ class SpeedupRunner:
         self, case: Case, strategy: Strategy, reference: Path, role: str, remake: bool = False
     ) -> list[RankEnded]:
         s = self.s
-        spec = RankSpec(
+        spec = PlacedSpec(
             strategy=strategy.name,
             strategy_module=strategy.module_name,
             workload=workload(s, case),
+            seed=case.seq_len * 131 + case.batch,
+            timing=timing(s),
+            limit_s=s.settings.max_trial_seconds,
             module=s.settings.module,
             gpus=gpus_of(s),
             grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
-            seed=case.seq_len * 131 + case.batch,
-            timing=timing(s),
-            reference_dir=str(reference),
-            role=role,
-            remake_reference=remake,
+            output=OutputCheck(reference_dir=str(reference), role=role, remake_reference=remake),
         )
-        return self.launch(
-            RANK_JOB,
-            spec,
-            strategy.processes(gpus_of(s)),
-            s.settings.device,
-            phase_limit_s=s.settings.max_trial_seconds,
-        )
+        return placed_trial(spec, s.settings.device, self.launch, phase_limit_s=s.settings.max_trial_seconds)
 
     def _planned(self, case: Case, strategy: Strategy) -> Planned:
         s = self.s

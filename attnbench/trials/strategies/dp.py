@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from attnbench.results.schema import GpuMemory, Speedup
-from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy, register
-from attnbench.sweeps.kinds.speedup.strategies.work import build_model, make_inputs, plan_work
+from attnbench.trials.strategies import Prepared, RankContext, Strategy, register
+from attnbench.trials.strategies.work import build_model, make_inputs, plan_work
 
 
 def _prepare_dp(ctx: RankContext) -> Prepared:

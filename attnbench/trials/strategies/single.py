@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy, register
-from attnbench.sweeps.kinds.speedup.strategies.work import build_model, make_inputs, plan_work
+from attnbench.trials.strategies import Prepared, RankContext, Strategy, register
+from attnbench.trials.strategies.work import build_model, make_inputs, plan_work
 
 
 def prepare_single(ctx: RankContext) -> Prepared:

@@ -1,21 +1,23 @@
-"""How a speedup run spreads one workload over GPUs: a small registry of strategies, one
-module each (``single``, ``thread``, ``dp``, ``mp``), all running the module ``work`` builds.
+"""How a trial spreads over processes and GPUs: a small registry of strategies, one module
+each (``single``, ``thread``, ``dp``, ``mp`` run the module ``work`` builds; ``ring`` shards
+one sequence of a sequence-parallel implementation, ``sequence``).
 
 A strategy says how many processes to launch for P GPUs, which CUDA devices each rank
-uses, which part of the global batch and sequence each rank holds, and how the module is
-wrapped (plain, DataParallel, DistributedDataParallel). It never measures: one place does
-that for every strategy (``attnbench.sweeps.kinds.speedup.job.measure``), so times, memory and
+uses, which part of the global batch and sequence each rank holds, and how the work is
+wrapped (plain, DataParallel, DistributedDataParallel, a ring). It never measures: one place
+does that for every strategy (``attnbench.trials.placed_job.measure``), so times, memory and
 the output check mean the same thing in every row.
 
-A new strategy (sequence-parallel ``ring``, say) is one module here that calls
-``register(Strategy(...))`` (or such a module anywhere: the rank processes import a
-strategy's module by name before they look it up).
+A new strategy is one module here that calls ``register(Strategy(...))`` (or such a module
+anywhere: the rank processes import a strategy's module by name before they look it up), and
+its label in ``attnbench.plan.strategies``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +43,7 @@ class RankContext:
     world: int = 1
     local_rank: int = 0
     seed: int = 0
+    fail_rank: int | None = None  # a test's fault: this rank raises once its inputs are made
 
     @property
     def cuda(self) -> bool:
@@ -62,7 +65,11 @@ class Prepared:
     tokens: slice = field(default_factory=lambda: slice(None))  # global tokens held (all unless sequence-parallel)
     grads: Callable[[], torch.Tensor | None] = lambda: None  # flat parameter gradients after one step
     backend: Callable[[], str | None] = lambda: None  # what the kernel really ran
+    kv_layout: Callable[[], str | None] = lambda: None  # grouped K/V: shared, or copied per query head
     replica_batches: list[list[int]] | None = None  # DataParallel: [gpu, batch size] each replica got, as it ran
+    compiles: bool = False  # its first call compiles (timed apart)
+    gpu_timed: bool | None = None  # whether GPU time can be taken over its ranks (None: in one process only)
+    after_call: Callable[[], dict[str, Any]] | None = None  # what a call did, read after each timed call
 
 
 def _no_check(wl: Workload, gpus: int) -> None:
@@ -78,6 +85,7 @@ class Strategy:
     processes: Callable[[int], int]  # ranks to launch for P GPUs
     devices: Callable[[RankContext], list[int]]  # CUDA devices a rank uses (allocator peaks read there)
     prepare: Callable[[RankContext], Prepared]
+    link: Callable[[RankContext], float | None] = lambda ctx: None  # GB/s between its ranks, before the trial
     world_size: Callable[[int], int] = lambda gpus: gpus  # the GPUs a row of this strategy names
     check: Callable[[Workload, int], None] = _no_check  # bad input: raise AttnbenchError naming the fix
     skip: Callable[[str], str | None] = lambda device: None  # why it cannot run on this device type

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext, Strategy, register
-from attnbench.sweeps.kinds.speedup.strategies.single import prepare_single
+from attnbench.trials.strategies import Prepared, RankContext, Strategy, register
+from attnbench.trials.strategies.single import prepare_single
 
 
 def _prepare_thread(ctx: RankContext) -> Prepared:

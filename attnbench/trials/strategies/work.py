@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from attnbench import impls
-from attnbench.sweeps.kinds.speedup.strategies import Prepared, RankContext
+from attnbench.trials.strategies import Prepared, RankContext
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -129,5 +129,11 @@ def plan_work(
         return torch.cat([p.grad.detach().float().flatten() for p in params])
 
     return Prepared(
-        step=step, output=output, batch=batch, tokens=tokens, grads=grads, backend=lambda: impl.last_backend
+        step=step,
+        output=output,
+        batch=batch,
+        tokens=tokens,
+        grads=grads,
+        backend=lambda: impl.last_backend,
+        kv_layout=lambda: impl.last_kv_layout or None,
     )
