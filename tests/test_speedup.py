@@ -484,7 +484,8 @@ BAD = {
     "named case mp cannot split": (["--cases", "16384x1"], "not a multiple of 2"),
     "malformed case": (["--cases", "256by2"], "SEQLENxBATCH"),
     "length the configuration cannot split": (["--cases", "200x2"], "must be a multiple of"),
-    "unknown strategy": (["--strategy", "warp"], "unknown strategy"),
+    "unknown strategy": (["--strategy", "warp"], "unknown strategy 'warp': choose from dp, mp, thread"),
+    "the sequence-parallel trials' strategy": (["--strategy", "ring"], "runs as bench or max-seq --gpus N"),
     "compression without DDP": (["--grad-compression", "fp16"], "--module multihead"),
     "bf16 compression on gloo": (
         ["--grad-compression", "bf16", "--module", "multihead", "--mode", "fwd_bwd", "--strategy", "mp"],
