@@ -72,3 +72,35 @@ def test_attnbench_commit_names_the_commit_over_a_stale_checkout(monkeypatch):
     assert environment.source_commit() == "0123abc"
     monkeypatch.delenv("ATTNBENCH_COMMIT")
     assert environment.source_commit() != "0123abc"
+
+
+def test_the_keys_a_row_stores_are_its_workload_identity():
+    """A row's ``series`` and a speedup row's ``key``, worked out again from the row's own
+    fields through the one identity rule, are what the runner stored when it wrote the row
+    (rows of the gate's and the check's fixtures, and every committed speedup run); and a
+    key ignores what the identity ignores (a model preset's key-value heads equal to its
+    heads, an unset world size)."""
+    from dataclasses import replace
+
+    from attnbench.results import load_rows, series_key
+    from attnbench.results.schema import Speedup, Trial
+    from attnbench.sweeps.kinds.speedup.runner import trial_key
+
+    ROOT = Path(__file__).resolve().parent.parent
+    fields = ("impl", "config", "batch", "seq_len", "heads", "head_dim", "dtype", "device", "mode", "causal")
+
+    def series_of(r):
+        workload = {k: getattr(r, k) for k in fields}
+        workload.update({k: getattr(r, k) for k in ("kv_heads", "model") if getattr(r, k) is not None})
+        return series_key(workload, r.world_size or 1, r.strategy or "single", r.sweep or r.kind)
+
+    trials, _ = load_rows([ROOT / "tests/fixtures/cpu-gate", ROOT / "tests/fixtures/check"])
+    trials = [r for r in trials if isinstance(r, Trial)]
+    assert len(trials) > 50 and all(series_of(r) == r.series for r in trials)
+    runs, _ = load_rows(ROOT / "results")
+    speedups = [r for r in runs if isinstance(r, Speedup)]
+    assert len(speedups) > 100 and all(trial_key(vars(r)) == r.key for r in speedups)
+    one = speedups[0]
+    assert trial_key(vars(replace(one, kv_heads=one.heads))) == one.key
+    assert trial_key(vars(replace(one, kv_heads=1))) != one.key
+    assert series_of(replace(trials[0], world_size=None)) == series_of(replace(trials[0], world_size=1))

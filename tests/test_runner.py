@@ -199,3 +199,24 @@ def test_more_gloo_ranks_than_cores_are_warned_of_once_per_rank_count(monkeypatc
     (note,) = contention_notes(plan)
     assert note.startswith("4 ranks on the CPU: 4 gloo ranks share 2 cores")
     assert seqpar.contention("cuda", 8) is None and seqpar.contention("cpu", 2) is None
+
+
+def test_a_resumed_run_writes_a_check_of_another_call_beside_the_one_it_kept():
+    """A reference check is kept once per call checked (its workload's identity) and outcome:
+    the training-step check of a shape is written beside the forward check a resumed run
+    kept, a ring's beside the single device's; the same check is not written twice."""
+    from types import SimpleNamespace
+
+    from attnbench.sweeps.runner import verify_identity
+
+    from conftest import typed_row
+
+    fwd = typed_row("verify", impl="ring", device="cpu")
+    runner = SimpleNamespace(kept=[fwd], append=lambda row: written.append(row))
+    written = []
+    again = typed_row("verify", impl="ring", device="cpu", kv_heads=8)  # equal to the heads: no grouping
+    training = typed_row("verify", impl="ring", device="cpu", mode="fwd_bwd")
+    on_ranks = typed_row("verify", impl="ring", device="cpu", world_size=2, strategy="ring")
+    for row in (again, training, on_ranks, training):
+        SweepRunner.append_once(runner, row, verify_identity)
+    assert written == [training, on_ranks]

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -153,18 +155,9 @@ class Workload(Row):
     model: str | None = None  # the model preset the shape came from (attnbench models)
 
     def identity(self, seq_len: bool = True) -> dict[str, Any]:
-        """What makes two rows the same attention call: every workload field (derived from this
-        class, so a new workload field joins it), one device meaning world size 1 and strategy
-        "single"; ``kv_heads`` only where fewer than the heads (a row from before grouped heads and
-        one without grouping are the same call); ``seq_len=False`` for a series (the call but its length)."""
-        ident = {name: getattr(self, name) for name in _workload_field_names()}
-        ident["world_size"] = ident["world_size"] or 1
-        ident["strategy"] = ident["strategy"] or "single"
-        if ident["kv_heads"] in (None, ident["heads"]):
-            del ident["kv_heads"]
-        if not seq_len:
-            del ident["seq_len"]
-        return ident
+        """What makes two rows the same attention call (``workload_identity`` of this row's
+        fields); ``seq_len=False`` for a series (the call but its length)."""
+        return workload_identity({name: getattr(self, name) for name in _workload_field_names()}, seq_len)
 
     def identity_key(self, seq_len: bool = True, without: tuple[str, ...] = (), **also: Any) -> str:
         """``identity`` as one canonical string, for grouping and dictionary keys: the one key
@@ -376,6 +369,29 @@ class Speedup(Workload, StepMeasured):
 # Workload fields that are bookkeeping, not part of what was measured: a model preset names a
 # shape that heads, kv_heads, head_dim and causal already hold.
 NOT_IDENTITY = ("model",)
+
+
+def workload_identity(fields: Mapping[str, Any], seq_len: bool = True) -> dict[str, Any]:
+    """The one identity of an attention call, from a workload's fields by name (a row's, a
+    planned trial's): every workload field of the row schema (derived from ``Workload``, so a
+    new workload field joins it), one device meaning world size 1 and strategy "single";
+    ``kv_heads`` only where fewer than the heads (a row from before grouped heads and one
+    without grouping are the same call); ``seq_len=False`` for a series. Every comparison of
+    rows and every key stored in a row (``series``, a speedup trial's ``key``) derives from it."""
+    ident = {name: fields.get(name) for name in _workload_field_names()}
+    ident["world_size"] = ident["world_size"] or 1
+    ident["strategy"] = ident["strategy"] or "single"
+    if ident["kv_heads"] in (None, ident["heads"]):
+        del ident["kv_heads"]
+    if not seq_len:
+        del ident["seq_len"]
+    return ident
+
+
+def digest(ident: Mapping[str, Any], length: int) -> str:
+    """An identity as the short hex key a row stores."""
+    blob = json.dumps(ident, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:length]
 
 
 @functools.cache

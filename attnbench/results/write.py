@@ -9,17 +9,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
-import hashlib
 import json
 import os
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.results.schema import SCHEMA_VERSION, validate
+from attnbench.results.schema import SCHEMA_VERSION, digest, validate, workload_identity
 
 TRIALS_FILE = "trials.jsonl"
 # Trial statuses; everything but "ok" is a failure that stops a max-seq search.
@@ -49,12 +48,15 @@ def now_utc() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def series_key(workload: dict[str, Any], world_size: int = 1, strategy: str = "single", kind: str = "max-seq") -> str:
-    """Identity of a sweep line: everything about a trial except its sequence length."""
-    ident = {k: v for k, v in workload.items() if k != "seq_len"}
-    ident.update(world_size=world_size, strategy=strategy, kind=kind)
-    blob = json.dumps(ident, sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+def series_key(
+    workload: Mapping[str, Any], world_size: int = 1, strategy: str = "single", kind: str = "max-seq"
+) -> str:
+    """The ``series`` a row stores: its workload's identity but its length, how it is spread
+    and the sweep kind; a model preset's series also names its preset (as it always has)."""
+    ident = workload_identity({**workload, "world_size": world_size, "strategy": strategy}, seq_len=False)
+    if workload.get("model") is not None:
+        ident["model"] = workload["model"]
+    return digest({**ident, "kind": kind}, 12)
 
 
 class ResultsWriter:

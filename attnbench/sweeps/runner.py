@@ -20,6 +20,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -210,7 +211,7 @@ class SweepRunner(RunSession):
         with ResultsLock(self.out_dir):  # one run per directory
             self.prepare()  # again under the lock: what a run that just ended wrote counts
             for row in verify_rows:
-                self.append_once(row, VERIFY_IDENTITY)
+                self.append_once(row, verify_identity)
             self.reporter.verify_done(verify_rows)
             checks = verify_rows + [r for r in kept if r is not None]
             # an unsupported shape is not a wrong output: its series runs and its trials say so
@@ -401,30 +402,20 @@ class SweepRunner(RunSession):
             pairs=self.counts.get(self._shape_key(s, seq_len)),
         )
 
-    def append_once(self, row: Row, identity: tuple[str, ...]) -> None:
-        """A resumed run does not repeat a reference check or a series' result it already has."""
-        ident = _values(row, identity)
-        if any(r.kind == row.kind and _values(r, identity) == ident for r in self.kept):
+    def append_once(self, row: Row, key: Callable[[Row], Hashable]) -> None:
+        """A resumed run does not repeat a reference check or a series' result it already has
+        (``key``: what makes two rows of its kind the same)."""
+        mine = key(row)
+        if any(r.kind == row.kind and key(r) == mine for r in self.kept):
             return
         self.kept.append(row)
         self.append(row)
 
 
-# What makes two rows the same reference check.
-VERIFY_IDENTITY = (
-    "impl",
-    "config",
-    "batch",
-    "seq_len",
-    "heads",
-    "head_dim",
-    "causal",
-    "dtype",
-    "device",
-    "world_size",
-    "status",
-    "kv_heads",
-)
+def verify_identity(row: Row) -> tuple[str, str | None]:
+    """What makes two rows the same reference check: the call checked (its workload's
+    identity) and what the check found."""
+    return row.identity_key(), row.status
 
 
 @dataclass(frozen=True)

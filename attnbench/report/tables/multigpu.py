@@ -33,8 +33,9 @@ from attnbench.results.schema import Row, Speedup, Trial, Workload
 from attnbench.results.series import is_superseded
 
 
-def _case_key(r: Speedup) -> tuple:
-    return (r.impl, config_id(r.config), r.seq_len, r.module or "attention", settings_key(r))
+def _case_key(r: Speedup) -> str:
+    """A speedup case: the workload's identity but how it is spread, and the module timed."""
+    return r.identity_key(without=("world_size", "strategy"), module=r.module or "attention")
 
 
 @dataclass

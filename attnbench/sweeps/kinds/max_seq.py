@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
@@ -112,7 +113,7 @@ class MaxSeq(TrialKind):
             **outside_source(s.impl),
             env=runner.env,
         )
-        runner.append_once(row, RESULT_IDENTITY)
+        runner.append_once(row, attrgetter(*RESULT_IDENTITY))
 
 
 def outside_source(impl: str) -> dict:

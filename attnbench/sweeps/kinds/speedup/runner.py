@@ -15,8 +15,6 @@ trials, ``attnbench.trials.placed``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import time
@@ -33,7 +31,7 @@ from attnbench.measure.timing import TimingPolicy
 from attnbench.plan import Case, Series
 from attnbench.plan.strategies import BY_NAME, speedup_names
 from attnbench.results import now_utc
-from attnbench.results.schema import Speedup, StepMeasured, join
+from attnbench.results.schema import Speedup, StepMeasured, digest, join, workload_identity
 from attnbench.runtime import nodes
 from attnbench.runtime.jobs import RankEnded
 from attnbench.runtime.worker import owned_temp_dir
@@ -49,7 +47,6 @@ from attnbench.trials.workload import Workload, check_workload_fields
 from attnbench.units import brief
 
 KIND = "speedup"
-# what makes two speedup rows the same trial (resume skips a trial it finds)
 KEY_FIELDS = (
     "impl",
     "config",
@@ -173,12 +170,11 @@ def _check_compression(s: Series) -> None:
 
 
 def trial_key(row: Mapping[str, Any]) -> str:
-    """A trial's identity from its key fields by name (a planned trial's, or a row's)."""
-    key = {k: row.get(k) for k in KEY_FIELDS}
-    if row.get("kv_heads") not in (None, row.get("heads")):  # grouped heads: another call (rows without keep their key)
-        key["kv_heads"] = row["kv_heads"]
-    blob = json.dumps(key, sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+    """The ``key`` a speedup row stores, from a planned trial's or a row's fields by name: the
+    workload's identity and the module the strategy ran (resume skips a trial it finds)."""
+    return digest(
+        {**workload_identity(row), "module": row.get("module"), "grad_compression": row.get("grad_compression")}, 16
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
