@@ -236,8 +236,8 @@ def test_the_predicted_search_reaches_the_blind_searchs_length_in_real_processes
         lambda n, phase: run_isolated(runner.spec(s, n)).status,
         s.start(),
         s.granularity(),
-        s.settings.max_seq_len,
-        s.settings.resolution,
+        s.settings.search.max_seq_len,
+        s.settings.search.resolution,
     )
-    gap = max(s.granularity(), s.settings.resolution)
+    gap = max(s.granularity(), s.settings.search.resolution)
     assert abs(found.best - blind.best) <= gap, (found.tried, blind.tried)

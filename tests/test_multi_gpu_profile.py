@@ -97,7 +97,9 @@ def test_gpu_profile_holds_the_seed_cases_and_the_communication_bound_ring():
 
 def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     plan = build_plan("multi-gpu-cpu", [], {}, {}, "multi-gpu-cpu")
-    assert [(s.impl, s.settings.module, s.settings.mode, s.settings.grad_compression) for s in plan.speedups] == [
+    assert [
+        (s.impl, s.settings.speedup.module, s.settings.mode, s.settings.speedup.grad_compression) for s in plan.speedups
+    ] == [
         ("sdpa", "attention", "fwd", None),
         ("sdpa", "attention", "fwd", None),
         ("sdpa", "attention", "fwd", None),
@@ -106,7 +108,11 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
         ("dilated", "multihead", "fwd_bwd", "fp16"),
     ]
     first = plan.speedups[0].settings
-    assert first.strategies == ("dp", "mp", "thread") and first.min_samples == 2 and first.part == "data-parallel-flash"
+    assert (
+        first.speedup.strategies == ("dp", "mp", "thread")
+        and first.min_samples == 2
+        and first.part == "data-parallel-flash"
+    )
     names = [(s.impl, s.world_size) for s in plan.series if s.settings.kind != "speedup"]
     # each equal-work baseline right before the sequence-parallel series it serves
     i = names.index(("ring", 1))
@@ -115,7 +121,7 @@ def test_plan_reads_speedup_tables_and_adds_equal_work_baselines():
     before = plan.series[plan.series.index(crossing) - 1]
     assert before.impl == "dilated" and before.config["segment_lengths"] == crossing.config["segment_lengths"]
     assert before.config["dilation_rates"] == crossing.config["dilation_rates"]
-    assert before.settings.seq_lens == crossing.settings.seq_lens and before.settings.gpus == ()
+    assert before.settings.points.seq_lens == crossing.settings.points.seq_lens and before.settings.gpus == ()
     # the max-seq search gets no baseline: equal work is a points comparison
     assert sum(1 for s in plan.series if s.impl == "block-sparse" and s.settings.kind != "speedup") == 1
 
@@ -182,7 +188,7 @@ def test_rank_lists_and_gpu_counts_are_clipped_to_the_visible_gpus(monkeypatch):
     _fake_gpus(monkeypatch, 2)
     plan = runner.resolve(build_plan("multi-gpu", [], {}, {}, "multi-gpu"))
     assert {s.world_size for s in plan.series} == {1, 2}
-    assert all(sp.settings.gpus == (2,) and sp.settings.strategies for sp in plan.speedups)
+    assert all(sp.settings.gpus == (2,) and sp.settings.speedup.strategies for sp in plan.speedups)
     # every dropped rank count is named: 4 and 8 of each sequence-parallel entry
     entries = _profile("multi-gpu")
     ranked = [e for e in entries["sweep"] if "gpus" in e]
@@ -199,11 +205,11 @@ def test_one_gpu_keeps_the_single_gpu_halves(monkeypatch):
     # what needs two GPUs is dropped; a new thread per call on one GPU still means something
     assert all(
         sp.settings.gpus == (1,)
-        and sp.settings.strategies in ((), ("thread",))
-        and sp.settings.grad_compression is None
+        and sp.settings.speedup.strategies in ((), ("thread",))
+        and sp.settings.speedup.grad_compression is None
         for sp in plan.speedups
     )
-    assert any(sp.settings.strategies == ("thread",) for sp in plan.speedups)
+    assert any(sp.settings.speedup.strategies == ("thread",) for sp in plan.speedups)
     assert sum("only its one-GPU strategies ran" in c for c in plan.clipped) == len(_profile("multi-gpu")["speedup"])
 
 

@@ -18,7 +18,7 @@ def test_every_committed_profile_builds(path):
     for s in plan.series:
         impl_granularity = s.granularity()
         assert s.start() % impl_granularity == 0
-        for n in s.settings.seq_lens:
+        for n in s.settings.points.seq_lens:
             # the runner's rule; a search's granularity is stricter (ring-dilated's segments may span shards)
             s.build().check_shape(n, s.settings.heads)
 

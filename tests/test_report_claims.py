@@ -517,9 +517,11 @@ def test_the_seeds_8gib_profile_measures_the_claims_it_is_named_for():
         shape = dict(impl=s.impl, heads=st.heads, head_dim=st.head_dim, dtype=st.dtype, memory_limit=st.memory_limit)
         sizes = dict(inputs_bytes=1_000_000, peak_bytes=2_000_000, **shape)
         if st.kind == "max-seq":
-            rows += search([st.start, 2 * st.start], 4 * st.start, series=f"s{i}", cfg=s.config, **sizes)
+            rows += search(
+                [st.search.start, 2 * st.search.start], 4 * st.search.start, series=f"s{i}", cfg=s.config, **sizes
+            )
         else:
-            rows += [point(n, s.config, series=f"s{i}", **sizes) for n in st.seq_lens]
+            rows += [point(n, s.config, series=f"s{i}", **sizes) for n in st.points.seq_lens]
     capacity = [c.id for c in cl.load_claims() if c.comparable and c.metric == "max_seq_8gb" and c.where == "one GPU"]
     assert len(capacity) == 15
     table = [*RING_VARIANT_TABLE, "002-ring-memory-per-token", "002-ring-vs-dense-memory", "002-base-vs-ring-max"]

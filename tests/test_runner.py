@@ -1,7 +1,5 @@
 """The sweep runner in-process: series identity, verification before trials."""
 
-from dataclasses import replace
-
 import pytest
 
 from attnbench.plan import Plan, Series, Settings
@@ -24,8 +22,8 @@ def run_plan(tmp_path, *series):
 
 
 def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
-    search = Series("dilated", DILATED, replace(SMALL, kind="max-seq", start=512, max_seq_len=1024))
-    points = Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(512, 1024)))
+    search = Series("dilated", DILATED, SMALL.with_values(kind="max-seq", start=512, max_seq_len=1024))
+    points = Series("dilated", DILATED, SMALL.with_values(kind="points", seq_lens=(512, 1024)))
     rows = run_plan(tmp_path, search, points)
     trials = [r for r in rows if r["kind"] in ("max-seq", "points")]
     assert sorted((r["kind"], r["seq_len"]) for r in trials) == [
@@ -41,7 +39,7 @@ def test_points_and_max_seq_of_the_same_workload_are_separate_series(tmp_path):
 
 
 def test_each_configuration_is_verified_before_its_trials(tmp_path):
-    rows = run_plan(tmp_path, Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,))))
+    rows = run_plan(tmp_path, Series("dilated", DILATED, SMALL.with_values(kind="points", seq_lens=(128,))))
     kinds = [r["kind"] for r in rows]
     assert kinds.index("verify") < kinds.index("points")
     check = rows[kinds.index("verify")]
@@ -56,7 +54,7 @@ def test_a_configuration_that_fails_the_reference_is_not_swept(tmp_path, monkeyp
     monkeypatch.setattr(
         DilatedAttention, "forward", lambda self, q, k, v, is_causal=False: real(self, q, k, v, is_causal) * 1.1
     )
-    plan = resolve(Plan("t", (Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,))),)))
+    plan = resolve(Plan("t", (Series("dilated", DILATED, SMALL.with_values(kind="points", seq_lens=(128,))),)))
     outcomes = SweepRunner(plan, tmp_path, Environment(machine="cpu: test")).run()
     assert [o.verified for o in outcomes] == [False]
     rows = read_rows(tmp_path)[0]
@@ -76,7 +74,7 @@ def scan_kind():
 
         def lengths(self, s):
             n, out = s.start(), []
-            while n <= s.settings.max_seq_len:
+            while n <= s.settings.search.max_seq_len:
                 out.append(n)
                 n *= 2
             return out
@@ -141,7 +139,7 @@ def vars_of(settings):
 
 
 def test_a_resumed_run_does_not_check_again_what_its_rows_hold(tmp_path, monkeypatch):
-    series = Series("dilated", DILATED, replace(SMALL, kind="points", seq_lens=(128,)))
+    series = Series("dilated", DILATED, SMALL.with_values(kind="points", seq_lens=(128,)))
     run_plan(tmp_path, series)
     before = [r["kind"] for r in read_rows(tmp_path)[0]].count("verify")
     checked = []

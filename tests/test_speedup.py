@@ -432,7 +432,7 @@ def test_cases_parse_and_gpu_count_is_checked():
         check_settings(base, cuda_devices=1)
     assert check_settings(base, cuda_devices=2).config == {"backend": "auto"}  # dp runs batch 1 on 2 GPUs, with a note
     with pytest.raises(AttnbenchError, match="not a multiple of 2"):
-        check_settings(replace(base, settings=replace(base.settings, strategies=("mp",))), cuda_devices=2)
+        check_settings(replace(base, settings=base.settings.with_values(strategies=("mp",))), cuda_devices=2)
 
 
 def test_a_speedup_series_call_is_checked_as_a_sweeps_is():
@@ -443,7 +443,7 @@ def test_a_speedup_series_call_is_checked_as_a_sweeps_is():
     base = speedup_series("sdpa", {}, cases=(Case(256, 2),), gpus=2, strategies=("mp",), device="cpu", dtype="fp32")
     assert check_settings(base, cuda_devices=0).impl == "sdpa"
     for bad, why in (({"min_samples": 9, "max_samples": 3}, "below min_samples"), ({"kv_heads": 3}, "kv")):
-        series = replace(base, settings=replace(base.settings, **bad))
+        series = replace(base, settings=base.settings.with_values(**bad))
         with pytest.raises(AttnbenchError, match=why):
             check_settings(series, cuda_devices=0)
         with pytest.raises(AttnbenchError, match=why):

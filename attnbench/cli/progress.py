@@ -35,7 +35,7 @@ class RichReporter:
         st = series.settings
         # a speedup's batch is each case's: its cases and strategies say what runs
         batch = (
-            f"{','.join(f'{c.seq_len}x{c.batch}' for c in st.cases)} single,{','.join(st.strategies)}"
+            f"{','.join(f'{c.seq_len}x{c.batch}' for c in st.speedup.cases)} single,{','.join(st.speedup.strategies)}"
             if st.kind == "speedup"
             else f"B={st.batch}"
         )

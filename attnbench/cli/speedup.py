@@ -133,7 +133,7 @@ def _run_speedup(series, hosts, impl: str, gpus: int, out, resume: bool) -> None
     out_dir = Path(out) if out else _speedup_out(series, env)
     plan = Plan(f"speedup-{impl}", (series,))
     runner = SweepRunner(plan, out_dir, env, resume=resume, speedup_reporter=SpeedupReporter())
-    n = len(series.settings.cases)
+    n = len(series.settings.speedup.cases)
     what = f"GPU{'s' * (gpus != 1)}" if series.settings.device == "cuda" else f"CPU process{'es' * (gpus != 1)}"
     console.print(
         f"attnbench speedup: {impl} on {gpus} {what} "

@@ -5,7 +5,7 @@ profile's parts."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench import impls
@@ -89,8 +89,8 @@ class Series:
 
     def start(self) -> int:
         g = self.granularity()
-        if self.settings.start:
-            return self.settings.start
+        if self.settings.search.start:
+            return self.settings.search.start
         return max(g, -(-1024 // g) * g)
 
 
@@ -210,7 +210,7 @@ def build_plan(
         config.update({k: v for k, v in params.items() if k in own})
         used_params |= own & set(params)
         levels = (models.filled(level, own_models) for level in (base, entry_settings, flags))
-        settings = replace(Settings(), **{k: v for level in levels for k, v in level.items()})
+        settings = Settings().with_values(**{k: v for level in levels for k, v in level.items()})
         try:
             check_heads(settings.heads, settings.kv_heads)
         except AttnbenchError as exc:
@@ -271,7 +271,7 @@ def select_parts(
 
 def speedup_series(impl: str, config: dict[str, Any], gpus: int = 2, **settings: Any) -> Series:
     """A speedup series from values already parsed (the ``speedup`` command's options)."""
-    return Series(impl, config, replace(Settings(), kind="speedup", gpus=(gpus,), **settings))
+    return Series(impl, config, Settings().with_values(kind="speedup", gpus=(gpus,), **settings))
 
 
 def _speedup_series(entry: dict[str, Any], shared: dict[str, Any], where: str) -> Series:
@@ -293,7 +293,7 @@ def _speedup_series(entry: dict[str, Any], shared: dict[str, Any], where: str) -
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise AttnbenchError(f"{where}: 'gpus' must be a positive number of GPUs, got {brief(gpus)}")
     inherited = {k: v for k, v in shared.items() if k in SPEEDUP_SHARED + SPEEDUP_TIMING}
-    settings = replace(Settings(), **{**inherited, **own, "kind": "speedup", "gpus": (gpus,)})
+    settings = Settings().with_values(**{**inherited, **own, "kind": "speedup", "gpus": (gpus,)})
     try:
         config = impls.normalize_config(impl, config)
     except ConfigError as exc:
@@ -309,11 +309,11 @@ def _with_equal_work_baselines(series: list[Series]) -> list[Series]:
     out: list[Series] = []
     seen: set[str] = set()
     for s in series:
-        if s.distributed and s.settings.equal_work and s.settings.kind == "points":
+        if s.distributed and s.settings.points.equal_work and s.settings.kind == "points":
             impl = s.build()
             name = impl.counterpart_name
             config = impls.normalize_config(name, impl.counterpart_config())
-            baseline = Series(name, config, replace(s.settings, gpus=(), equal_work=False, label=""), 1)
+            baseline = Series(name, config, s.settings.with_values(gpus=(), equal_work=False, label=""), 1)
             key = repr((name, sorted(config.items()), baseline.settings))
             if key not in seen:
                 seen.add(key)

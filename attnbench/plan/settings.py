@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from attnbench.errors import AttnbenchError
@@ -55,8 +55,46 @@ def parse_names(text) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class SearchSettings:
+    """A capacity search's own settings (kind ``max-seq``)."""
+
+    start: int = 0  # first length of the search; 0: the smallest multiple of the granularity >= 1024
+    max_seq_len: int = 1 << 31
+    resolution: int = 0  # stop bisecting at this gap (0: 1% of the answer, at least the granularity)
+    # the search starts no trial it expects to end after this many seconds (None: by device)
+    search_budget_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PointsSettings:
+    """Fixed lengths' own settings (kind ``points``)."""
+
+    seq_lens: tuple[int, ...] = ()
+    repeat: int = 1  # each point timed in this many fresh processes
+    equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
+
+
+@dataclass(frozen=True)
+class SpeedupSettings:
+    """A speedup run's own settings (kind ``speedup``): (sequence length x batch) cases, on one
+    GPU and spread over ``gpus[0]`` GPUs by each strategy."""
+
+    cases: tuple[Case, ...] = ()
+    strategies: tuple[str, ...] = ("dp", "mp")  # single always runs, as the baseline
+    module: str = "attention"  # attention | multihead (q/k/v/out projections around it)
+    grad_compression: str | None = None  # DistributedDataParallel's gradient compression (mp only)
+
+
+# each kind's own settings, by the name of the group that holds them
+KIND_GROUPS = {"search": SearchSettings, "points": PointsSettings, "speedup": SpeedupSettings}
+
+
+@dataclass(frozen=True)
 class Settings:
-    """Everything about a series except the implementation and its parameters."""
+    """Everything about a series except the implementation and its parameters: what every
+    kind shares, and each kind's own settings in its group (``search``, ``points``,
+    ``speedup``). A profile and the command line name every setting by its key alone
+    (``with_values``)."""
 
     kind: str = "max-seq"  # max-seq: the capacity search; points: the given seq_lens; speedup: cases x strategies
     device: str = "auto"
@@ -66,13 +104,7 @@ class Settings:
     head_dim: int = 64
     mode: str = "fwd"
     causal: bool = False
-    seq_lens: tuple[int, ...] = ()  # for kind = points
-    start: int = 0  # first length of the search; 0: the smallest multiple of the granularity >= 1024
-    max_seq_len: int = 1 << 31
-    resolution: int = 0  # stop bisecting at this gap (0: 1% of the answer, at least the granularity)
     max_trial_seconds: float = 60.0
-    # a max-seq search starts no trial it expects to end after this many seconds (None: by device)
-    search_budget_s: float | None = None
     memory_limit: int | None = None
     isolate: bool = True  # one fresh process per trial
     warmup: int = 1  # warm-up calls, at least
@@ -81,21 +113,27 @@ class Settings:
     max_samples: int = 50
     target_ms: float = 1000.0
     timing_budget_s: float = 30.0  # timed calls of one trial (the per-call limit is max_trial_seconds)
-    repeat: int = 1  # a points sweep times each point in this many fresh processes
     threads: int = 1  # CPU trials: torch's intra-op threads per trial process (recorded in each row)
     label: str = ""
-    gpus: tuple[int, ...] = ()  # sequence-parallel implementations: ranks to run on (one series each)
-    equal_work: bool = False  # sequence-parallel points: also time the single-device counterpart (same total work)
+    gpus: tuple[int, ...] = ()  # sequence-parallel: ranks to run on (one series each); speedup: GPUs to spread over
     kv_heads: int | None = None  # key/value heads shared by groups of query heads (None: heads)
     model: str | None = None  # the model preset that filled the shape (attnbench models)
-    # speedup: (sequence length x batch) cases, on one GPU and spread over gpus[0] GPUs by each strategy
-    cases: tuple[Case, ...] = ()
-    strategies: tuple[str, ...] = ("dp", "mp")  # single always runs, as the baseline
-    module: str = "attention"  # attention | multihead (q/k/v/out projections around it)
-    grad_compression: str | None = None  # DistributedDataParallel's gradient compression (mp only)
     # the part of a profile the series belongs to: `run --part NAME` runs that part alone, so a
     # long profile runs in pieces that each fit one sitting, resumed into one directory
     part: str = ""
+    search: SearchSettings = field(default_factory=SearchSettings)
+    points: PointsSettings = field(default_factory=PointsSettings)
+    speedup: SpeedupSettings = field(default_factory=SpeedupSettings)
+
+    def with_values(self, **values: Any) -> Settings:
+        """These settings with ``values`` set, each named by its key as a profile and the
+        command line name it, in the group it belongs to."""
+        groups = {}
+        for name, group in KIND_GROUPS.items():
+            own = {k: values.pop(k) for k in _names(group) if k in values}
+            if own:
+                groups[name] = replace(getattr(self, name), **own)
+        return replace(self, **values, **groups)
 
     def timing(self, budget_s: float, threads: int | None = None) -> TimingPolicy:
         """The timing plan these settings ask of a trial: ``budget_s`` seconds of timed calls
@@ -232,12 +270,22 @@ SETTING_PARSERS = {
     "grad_compression": lambda v: None if v in (None, "", "none") else _str(v),
     "part": parse_part,
 }
-assert set(SETTING_PARSERS) == {f.name for f in fields(Settings)}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+#: every setting's key, as a profile and the command line name it
+SETTING_KEYS = tuple(k for k in _names(Settings) if k not in KIND_GROUPS) + tuple(
+    k for group in KIND_GROUPS.values() for k in _names(group)
+)
+assert set(SETTING_PARSERS) == set(SETTING_KEYS)
 # settings a speedup table takes from the profile's top level, and those only it has
 SPEEDUP_SHARED = ("device", "dtype", "heads", "head_dim", "mode", "causal", "max_trial_seconds", "part")
 SPEEDUP_TIMING = ("warmup", "min_samples", "max_samples", "target_ms")
-SPEEDUP_OWN = ("impl", "cases", "strategies", "module", "grad_compression", "gpus")
-SPEEDUP_ONLY = ("cases", "strategies", "module", "grad_compression")
+SPEEDUP_ONLY = _names(SpeedupSettings)
+SPEEDUP_OWN = ("impl", *SPEEDUP_ONLY, "gpus")
 # the keys of a [[sweep]] table and of a profile's top level
 SWEEP_KEYS = tuple(k for k in SETTING_PARSERS if k not in SPEEDUP_ONLY)
 

@@ -43,9 +43,9 @@ class MaxSeq(TrialKind):
     result_kinds = ("max-seq-result",)
 
     def check(self, s: Series) -> None:
-        if s.start() > s.settings.max_seq_len:
+        if s.start() > s.settings.search.max_seq_len:
             raise AttnbenchError(
-                f"{s.name}: --max-seq-len {s.settings.max_seq_len:,} is below the first length {s.start():,}: "
+                f"{s.name}: --max-seq-len {s.settings.search.max_seq_len:,} is below the first length {s.start():,}: "
                 "raise --max-seq-len or lower --start"
             )
 
@@ -77,11 +77,11 @@ class MaxSeq(TrialKind):
         limits = Limits(
             start=s.start(),
             granularity=s.granularity(),
-            max_len=st.max_seq_len,
-            resolution=st.resolution,
+            max_len=st.search.max_seq_len,
+            resolution=st.search.resolution,
             degree=impls.memory_order(s.impl),
             time_limit_ms=st.max_trial_seconds * 1e3,
-            relative=0.0 if st.resolution else DEFAULT_RELATIVE_RESOLUTION,
+            relative=0.0 if st.search.resolution else DEFAULT_RELATIVE_RESOLUTION,
             budget_s=search_budget_s(st),
         )
         # counting pairs is attnbench's work, not the implementation's: the budget leaves it out
@@ -101,9 +101,9 @@ class MaxSeq(TrialKind):
             stop_status=result.stop_status,
             stopped_by=result.stopped_by,
             granularity=s.granularity(),
-            resolution=s.settings.resolution,
+            resolution=s.settings.search.resolution,
             start=s.start(),
-            max_seq_len=s.settings.max_seq_len,
+            max_seq_len=s.settings.search.max_seq_len,
             trials=len(result.tried),
             confirmed=result.confirmed,
             margin=result.margin,
@@ -124,7 +124,7 @@ def outside_source(impl: str) -> dict:
 
 def search_budget_s(st) -> float:
     """The seconds a search has for its trials: its setting, else its device's default."""
-    return st.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
+    return st.search.search_budget_s or SEARCH_BUDGET_S.get(st.device, SEARCH_BUDGET_S["cuda"])
 
 
 @dataclass(frozen=True)

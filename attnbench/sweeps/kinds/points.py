@@ -13,15 +13,15 @@ class Points(TrialKind):
     name = row_kind = "points"
 
     def check(self, s: Series) -> None:
-        if not s.settings.seq_lens:
+        if not s.settings.points.seq_lens:
             raise AttnbenchError(f"{s.name}: a points sweep needs seq_lens, e.g. --seq-lens 65536,131072")
 
     def lengths(self, s: Series) -> list[int]:
-        return list(s.settings.seq_lens)
+        return list(s.settings.points.seq_lens)
 
     def trials(self, s: Series, runner) -> None:
-        for n in s.settings.seq_lens:
-            runner.trial(s, n, "point", processes=s.settings.repeat)
+        for n in s.settings.points.seq_lens:
+            runner.trial(s, n, "point", processes=s.settings.points.repeat)
 
 
 POINTS = register(Points())

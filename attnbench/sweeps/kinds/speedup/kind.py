@@ -30,12 +30,12 @@ class Speedup:
         device = resolved_device(st.device, have_cuda)
         s, note = replace(s, settings=replace(st, device=device)), None
         if clip and device == "cuda" and gpus_of(s) > gpus:
-            note = f"speedup {s.impl} ({st.module}, {st.mode}): {gpus_of(s)} GPUs asked, {gpus} visible"
+            note = f"speedup {s.impl} ({st.speedup.module}, {st.mode}): {gpus_of(s)} GPUs asked, {gpus} visible"
             s = replace(s, settings=replace(s.settings, gpus=(max(gpus, 1),)))
             if gpus_of(s) < 2:  # nothing to spread over: what needs one GPU alone
-                kept = tuple(n for n in st.strategies if strategies.get(n).min_gpus <= 1)
+                kept = tuple(n for n in st.speedup.strategies if strategies.get(n).min_gpus <= 1)
                 note += f"; only its one-GPU strategies ran ({', '.join(('single', *kept))})"
-                s = replace(s, settings=replace(s.settings, strategies=kept, grad_compression=None))
+                s = replace(s, settings=s.settings.with_values(strategies=kept, grad_compression=None))
         return check_settings(s, gpus, cases_given=False), note
 
     def verify_cases(self, s: Series) -> list[VerifyCase]:
@@ -46,7 +46,7 @@ class Speedup:
             VerifyCase(
                 s.impl,
                 impl.config(),
-                min(st.cases[0].batch, 2),
+                min(st.speedup.cases[0].batch, 2),
                 impl.verify_seq_len(),
                 st.heads,
                 st.head_dim,

@@ -89,8 +89,8 @@ def check_output(m: StepMeasured, results: list[RankResult], s: Series, case: Ca
     grad_rel, _ = relative_error([results[0].grad_compare]) if results[0].grad_compare else (None, 0)
     # a compressed all-reduce rounds the gradients to its own dtype
     grad_tol = (
-        max(tol, TOLERANCE[s.settings.grad_compression])
-        if s.settings.grad_compression and strategy.name == "mp"
+        max(tol, TOLERANCE[s.settings.speedup.grad_compression])
+        if s.settings.speedup.grad_compression and strategy.name == "mp"
         else tol
     )
     m.output_rel_err, m.output_match = rel, rel <= tol and (grad_rel is None or grad_rel <= grad_tol)

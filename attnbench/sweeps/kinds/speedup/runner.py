@@ -79,7 +79,7 @@ def check_strategies(names: tuple[str, ...]) -> None:
 
 
 def order(s: Series) -> tuple[str, ...]:
-    return ("single", *s.settings.strategies)
+    return ("single", *s.settings.speedup.strategies)
 
 
 def workload(s: Series, case: Case) -> Workload:
@@ -103,7 +103,7 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
     for key, value in (("gpus", gpus_of(s)), ("heads", s.settings.heads), ("head_dim", s.settings.head_dim)):
         if value < 1:
             raise AttnbenchError(f"--{key.replace('_', '-')} must be at least 1")
-    check_strategies(s.settings.strategies)
+    check_strategies(s.settings.speedup.strategies)
     if not (math.isfinite(s.settings.max_trial_seconds) and s.settings.max_trial_seconds > 0):
         raise AttnbenchError("--max-trial-seconds must be a positive number of seconds")
     cores = (os.cpu_count() or 1) * nodes.current().count  # each node as this one
@@ -117,23 +117,23 @@ def check_settings(s: Series, cuda_devices: int, cases_given: bool = True) -> Se
             f"--gpus {gpus_of(s)} but this machine has {cuda_devices} CUDA GPU{'s' if cuda_devices != 1 else ''}: "
             f"ask for at most {cuda_devices}"
         )
-    if s.settings.module not in MODULES:
-        raise AttnbenchError(f"unknown module {brief(s.settings.module)}: choose {' or '.join(MODULES)}")
+    if s.settings.speedup.module not in MODULES:
+        raise AttnbenchError(f"unknown module {brief(s.settings.speedup.module)}: choose {' or '.join(MODULES)}")
     _check_compression(s)
     try:
         config = impls.normalize_config(s.impl, s.config)
         impl = impls.build(s.impl, **config)
-        for case in s.settings.cases:
+        for case in s.settings.speedup.cases:
             impl.check_shape(case.seq_len, s.settings.heads)
     except ConfigError as exc:
         raise AttnbenchError(str(exc)) from None
     check_call(s, impl)
-    for case in s.settings.cases:
+    for case in s.settings.speedup.cases:
         check_fits_device(s, case.seq_len, case.batch)
     s = replace(s, config=impl.config())
     if cases_given:
-        for name in s.settings.strategies:
-            for case in s.settings.cases:
+        for name in s.settings.speedup.strategies:
+            for case in s.settings.speedup.cases:
                 strategies.get(name).check(workload(s, case), gpus_of(s))
     return s
 
@@ -151,18 +151,22 @@ def refusal(s: Series, case: Case, strategy: Strategy) -> str | None:
 
 
 def _check_compression(s: Series) -> None:
-    if s.settings.grad_compression is None:
+    if s.settings.speedup.grad_compression is None:
         return
-    if s.settings.grad_compression not in GRAD_COMPRESSION:
+    if s.settings.speedup.grad_compression not in GRAD_COMPRESSION:
         raise AttnbenchError(
-            f"unknown --grad-compression {s.settings.grad_compression!r}: choose {' or '.join(GRAD_COMPRESSION)}"
+            f"unknown --grad-compression {s.settings.speedup.grad_compression!r}: choose {' or '.join(GRAD_COMPRESSION)}"
         )
-    if s.settings.module != "multihead" or s.settings.mode != "fwd_bwd" or "mp" not in s.settings.strategies:
+    if (
+        s.settings.speedup.module != "multihead"
+        or s.settings.mode != "fwd_bwd"
+        or "mp" not in s.settings.speedup.strategies
+    ):
         raise AttnbenchError(
             "--grad-compression compresses DistributedDataParallel's gradient all-reduce: "
             "use it with --module multihead --mode fwd_bwd --strategy mp"
         )
-    if s.settings.grad_compression == "bf16" and s.settings.device != "cuda":
+    if s.settings.speedup.grad_compression == "bf16" and s.settings.device != "cuda":
         raise AttnbenchError(
             "bf16 gradient compression needs CUDA and NCCL (torch's hook refuses gloo): "
             "use --grad-compression fp16 on the CPU"
@@ -226,7 +230,7 @@ class SpeedupRunner:
         self.run_id = next((r.run for r in rows if isinstance(r, Speedup)), session.run_id)
 
     def run_cases(self) -> None:
-        for case in self.s.settings.cases:
+        for case in self.s.settings.speedup.cases:
             with owned_temp_dir("speedup") as scratch:
                 self._run_case(case, Path(scratch))
 
@@ -283,9 +287,9 @@ class SpeedupRunner:
             seed=case.seq_len * 131 + case.batch,
             timing=timing(s),
             limit_s=s.settings.max_trial_seconds,
-            module=s.settings.module,
+            module=s.settings.speedup.module,
             gpus=gpus_of(s),
-            grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
+            grad_compression=s.settings.speedup.grad_compression if strategy.name == "mp" else None,
             output=OutputCheck(reference_dir=str(reference), role=role, remake_reference=remake),
         )
         return placed_trial(spec, s.settings.device, self.launch, phase_limit_s=s.settings.max_trial_seconds)
@@ -297,8 +301,8 @@ class SpeedupRunner:
             case=case.label,
             strategy=strategy.name,
             world_size=strategy.world_size(gpus_of(s)),
-            module=s.settings.module,
-            grad_compression=s.settings.grad_compression if strategy.name == "mp" else None,
+            module=s.settings.speedup.module,
+            grad_compression=s.settings.speedup.grad_compression if strategy.name == "mp" else None,
             max_trial_seconds=s.settings.max_trial_seconds,
         )
 
