@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.impls.config import Config
 from attnbench.registry import Registry, did_you_mean
 from attnbench.units import brief
 
@@ -101,7 +102,7 @@ def _find_outside(name: str) -> ImplSpec | None:
     return (_outside_resolver or outside.find_spec)(name)
 
 
-def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+def normalize_config(name: str, config: Config) -> Config:
     """Fill defaults, reject unknown parameters and coerce types; names the bad key."""
     entry = spec(name)
     known = {p.name: p for p in entry.params}

@@ -15,13 +15,13 @@ import contextlib
 import math
 import warnings
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import nn
 
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
+from attnbench.impls.config import Config
 
 
 class AttentionImpl(nn.Module):
@@ -78,7 +78,7 @@ class AttentionImpl(nn.Module):
                 f"{self.granularity_reason()}; nearest valid lengths: {nearest_multiples(seq_len, self.granularity)}"
             )
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         """The constructor arguments, as recorded in result rows."""
         return {}
 
@@ -121,7 +121,7 @@ class AttentionImpl(nn.Module):
         """A small sequence length at which this configuration can be checked."""
         return max(self.granularity, 128)
 
-    def scaled_config(self, factor: int) -> dict[str, Any] | None:
+    def scaled_config(self, factor: int) -> Config | None:
         """This configuration with every length in tokens divided by ``factor`` (its reduced
         twin, checked where the float64 reference of the configuration itself cannot fit), or
         None where it has no lengths to scale or they do not divide."""

@@ -39,6 +39,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls import flash, gqa
 from attnbench.impls.base import AttentionImpl
 from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_pieces
+from attnbench.impls.config import Config
 from attnbench.impls.families.block_sparse import COMPILE_MODES, INDEX_WIDTHS, KERNELS
 from attnbench.impls.flex_kernel import (
     flex_compile_mode,
@@ -127,7 +128,7 @@ class BlockSparseAttention(AttentionImpl):
         self._masks: dict[tuple, list] = {}
         self._layouts: dict[tuple, FlexLayout] = {}
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         return {
             "pattern_type": self.pattern_type,
             "sparsity_ratio": self.sparsity_ratio,

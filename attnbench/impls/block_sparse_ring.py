@@ -19,7 +19,6 @@ merges keys from k ranks is rounded k times to the dtype, within its verify tole
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -27,6 +26,7 @@ from attnbench.errors import ConfigError
 from attnbench.impls.base import lcm
 from attnbench.impls.block_sparse import GATHER_BUDGET_BYTES, BlockSparseAttention
 from attnbench.impls.block_sparse_flex import INDEX_BUDGET_BYTES, MASK_CACHE_BYTES
+from attnbench.impls.config import Config
 from attnbench.impls.families.block_sparse import RING_PARAMS
 from attnbench.impls.flex_kernel import compiled_flex, diagonal_causal, flex_attend, flex_options, has_compute_q_blocks
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
@@ -77,11 +77,11 @@ class BlockSparseRingAttention(SequenceParallelAttention):
         self._masks: dict[tuple, list] = {}
         self._plans: dict[tuple, list] = {}
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         c = self.single.config()
         return {key: c[key] for key in RING_PARAMS}
 
-    def counterpart_config(self) -> dict[str, Any]:
+    def counterpart_config(self) -> Config:
         return {k: v for k, v in self.config().items() if k != "kernel"}
 
     @property

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.nn.attention import sdpa_kernel
@@ -29,6 +28,7 @@ from torch.nn.attention import sdpa_kernel
 from attnbench.errors import ConfigError
 from attnbench.impls import flash, fused_sdpa, gqa
 from attnbench.impls.base import AttentionImpl, lcm
+from attnbench.impls.config import Config
 from attnbench.impls.dense import SDPA_BACKENDS, backend_device_problem, sdpa_backend_in_use
 from attnbench.impls.families.dilated import KERNELS
 from attnbench.impls.pieces import training_chunk_tokens
@@ -89,7 +89,7 @@ def _kv_runs(start: int, stop: int, per_kv: int) -> list[tuple[int, int]]:
 MIN_TWIN_KEPT = 16
 
 
-def scale_segments(config: dict[str, Any], factor: int) -> dict[str, Any] | None:
+def scale_segments(config: Config, factor: int) -> Config | None:
     """``config`` with its segment lengths (and chunk size) divided by ``factor``, the dilation
     rates kept: None where a segment would not divide or keep ``MIN_TWIN_KEPT`` tokens."""
     lengths, rates = config["segment_lengths"], config["dilation_rates"]
@@ -166,7 +166,7 @@ class DilatedAttention(AttentionImpl):
             config["kernel"] = self.kernel
         return config
 
-    def scaled_config(self, factor: int) -> dict[str, Any] | None:
+    def scaled_config(self, factor: int) -> Config | None:
         if self.hilbert and not hilbert_twin(self.grid_width, factor):
             return None
         return scale_segments(self.config(), factor)

@@ -17,6 +17,7 @@ import torch
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, quiet_eager_flex
+from attnbench.impls.config import Config
 from attnbench.masks import mask_mod as masks
 from attnbench.units import brief
 
@@ -105,7 +106,7 @@ class FlexAttention(AttentionImpl):
             ) from None
         self.per_head = masks.heads_differ(self.mask_mod) if probe.shape == (2, 8, 8) else True
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         return {"mask": self.mask, **({"mask_args": self.mask_args} if self.mask_args else {})}
 
     @property

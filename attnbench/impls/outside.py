@@ -56,6 +56,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, dense_pairs, quiet_eager_flex
+from attnbench.impls.config import Config
 from attnbench.impls.entry import Described, ImplSpec, Param, SpecFields, entry_points, is_import_path
 from attnbench.units import brief
 
@@ -318,7 +319,7 @@ class DescribedImpl(AttentionImpl):
             return max(self.granularity, 128)
         return self.fields.verify_seq_len
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         return dict(self.fields.config)
 
     def forward(self, q, k, v, is_causal: bool = False):
@@ -424,7 +425,7 @@ class OutsideImpl(AttentionImpl):
         g = self.granularity
         return max(super().verify_seq_len(), -(-self.min_seq_len // g) * g)
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         return dict(self._config)
 
     def forward(self, q, k, v, is_causal: bool = False):

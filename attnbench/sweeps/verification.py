@@ -14,6 +14,7 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
+from attnbench.impls.config import Config
 from attnbench.results.schema import Environment, Verify
 from attnbench.trials.reference import Shapes, VerifyCase, run_case
 from attnbench.trials.trial import run_verify_isolated
@@ -144,7 +145,7 @@ def _dtypes_of(name: str, dtypes: list[str]) -> list[str]:
     return [d for d in dtypes if d in impls.spec(name).dtypes]
 
 
-def _own_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+def _own_params(name: str, params: Config) -> Config:
     own = {p.name for p in impls.spec(name).params}
     return {k: v for k, v in params.items() if k in own}
 

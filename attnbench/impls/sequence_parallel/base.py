@@ -4,13 +4,12 @@ dense layout shared by ``ring`` and ``context-parallel``, and the registry piece
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from attnbench.errors import ConfigError
 from attnbench.impls import build
 from attnbench.impls.base import AttentionImpl
+from attnbench.impls.config import Config
 from attnbench.impls.dense import DENSE_GRANULARITY
 from attnbench.impls.sequence_parallel.engine import StepClock
 from attnbench.impls.sequence_parallel.layouts import contiguous_positions, zigzag_positions
@@ -51,7 +50,7 @@ class SequenceParallelAttention(AttentionImpl):
         return dist.get_rank(self.group) if dist.is_available() and dist.is_initialized() else 0
 
     # --- declarations --------------------------------------------------------------------
-    def counterpart_config(self) -> dict[str, Any]:
+    def counterpart_config(self) -> Config:
         return {}
 
     def counterpart(self) -> AttentionImpl:

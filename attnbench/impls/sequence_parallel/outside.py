@@ -13,6 +13,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import quiet_eager_flex
+from attnbench.impls.config import Config
 from attnbench.impls.sequence_parallel.base import SequenceParallelAttention
 from attnbench.impls.sequence_parallel.layouts import LAYOUTS, check_layout
 
@@ -38,10 +39,10 @@ class OutsideSequenceParallel(SequenceParallelAttention):
         self.supports_causal = bool(getattr(inner, "supports_causal", True))
         self.supports_gqa = bool(getattr(inner, "supports_gqa", False))
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Config:
         return dict(self._config)
 
-    def counterpart_config(self) -> dict[str, Any]:
+    def counterpart_config(self) -> Config:
         return dict(self._counterpart_params)
 
     @property
