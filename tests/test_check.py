@@ -482,3 +482,25 @@ def test_a_length_far_under_the_time_limit_that_now_times_out_is_a_regression(tm
     report = run_check(base, cur, Thresholds(aspects=("capacity", "time")))
     assert report.exit_code == 1
     assert [f.change for f in report.findings if f.verdict == "regression" and f.aspect == "capacity"][0] == "now fails"
+
+
+def test_a_side_of_several_paths_is_checked_as_their_rows_together(tmp_path, capsys, runs):
+    """`--baseline A --baseline B` compares the rows of A and B together: the same findings as
+    one directory holding both, each path named once; a path named twice is read once."""
+    import shutil
+
+    both = tmp_path / "both"
+    for name in ("base", "wrong"):
+        shutil.copytree(runs[name], both / name)
+    parts = [both / "base", both / "wrong"]
+    code, whole = check_json(capsys, "--baseline", both, "--current", both)
+    twice = [a for p in parts for a in ("--baseline", p, "--baseline", p)]
+    code_parts, split = check_json(capsys, *twice, *(a for p in parts for a in ("--current", p)))
+    assert code_parts == code
+    assert split["findings"] == whole["findings"] and len(split["findings"]) > 10
+    assert (
+        split["baseline"]["rows"]
+        == whole["baseline"]["rows"]
+        == len(rows_of(runs["base"])) + len(rows_of(runs["wrong"]))
+    )
+    assert split["baseline"]["path"] == f"{parts[0]} {parts[1]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +25,13 @@ DEFAULTS = Thresholds()
 
 
 def run_check(
-    baseline: Path, current: Path, thresholds: Thresholds = DEFAULTS, skip_unreadable: bool = False
+    baseline: Path | Sequence[Path],
+    current: Path | Sequence[Path],
+    thresholds: Thresholds = DEFAULTS,
+    skip_unreadable: bool = False,
 ) -> CheckReport:
-    """Compare two sets of result files; raises AttnbenchError when they cannot be compared."""
+    """Compare two sets of result files (each side one path or several, their rows
+    together); raises AttnbenchError when they cannot be compared."""
     thresholds.check()
     any_cpu = thresholds.deterministic
     base, warn_b = load_side(baseline, "baseline", any_cpu, skip_unreadable)

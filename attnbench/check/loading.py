@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.analysis import search_outcome
 from attnbench.check.identity import capacity_identity, device_model
 from attnbench.errors import AttnbenchError
-from attnbench.results import load_rows, result_files
+from attnbench.results import load_rows
+from attnbench.results.read import distinct_paths, files_of, paths_text
 from attnbench.results.schema import MaxSeqResult, Trial, Verify
 
 
@@ -40,12 +42,16 @@ class Side:
     capacity: dict[tuple[str, str], Search]
 
 
-def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bool = False) -> tuple[Side, list[str]]:
-    """Read a results directory or trials.jsonl; anything unusable is one AttnbenchError."""
-    path = Path(path)
-    files = result_files(path)
-    if not files:
-        raise AttnbenchError(f"{label} {path} holds no trials.jsonl: give a results directory or a trials.jsonl file")
+def load_side(
+    paths: Path | Sequence[Path], label: str, any_cpu: bool = False, skip_unreadable: bool = False
+) -> tuple[Side, list[str]]:
+    """Read one side's results directories or trials.jsonl files, their rows together;
+    anything unusable is one AttnbenchError."""
+    sources = distinct_paths(paths)
+    path = paths_text(sources)
+    files = files_of(
+        sources, lambda p: f"{label} {p} holds no trials.jsonl: give a results directory or a trials.jsonl file"
+    )
     rows, problems = load_rows(files)
     # the loader skips what is not JSON, not a valid or possible row, or a trial read before
     problems = [p.replace(" line skipped (", " line (").replace(" row skipped (", " row (") for p in problems]
@@ -65,7 +71,7 @@ def load_side(path: Path, label: str, any_cpu: bool = False, skip_unreadable: bo
         keyed[(r.identity_key(), device_model(r, any_cpu))].append(r)
     side = Side(
         label,
-        str(path),
+        path,
         len(trials) + len(verify) + len(results),
         sorted({device_model(r, any_cpu) for r in trials + results}),
         dict(keyed),

@@ -16,8 +16,18 @@ from attnbench.units import brief
 
 @app.command(order=90)
 def check(
-    baseline: Annotated[Path, typer.Option("--baseline", help="results directory or trials.jsonl before the change")],
-    current: Annotated[Path, typer.Option("--current", help="results directory or trials.jsonl after the change")],
+    baseline: Annotated[
+        list[Path],
+        typer.Option(
+            "--baseline", help="results directory or trials.jsonl before the change (repeatable: rows together)"
+        ),
+    ],
+    current: Annotated[
+        list[Path],
+        typer.Option(
+            "--current", help="results directory or trials.jsonl after the change (repeatable: rows together)"
+        ),
+    ],
     time_factor: Annotated[
         Optional[float],
         typer.Option(

@@ -16,7 +16,7 @@ from pathlib import Path
 from attnbench.errors import AttnbenchError
 from attnbench.report import answer as a
 from attnbench.report import own
-from attnbench.report.data import Results, load, results_paths, slug
+from attnbench.report.data import Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.plots import figures as p
@@ -25,6 +25,7 @@ from attnbench.report.seeds import page as sd
 from attnbench.report.seeds.verdicts import CONFIRMED, DIRECTION_ONLY, INCONCLUSIVE, REFUTED, verdicts
 from attnbench.report.tables.sweep import max_seq_csv, max_seq_summary, trials_csv
 from attnbench.results import check_output_dir, now_utc, utf8, write_files_whole
+from attnbench.results.read import distinct_paths
 from attnbench.results.series import SUPERSEDED_FILE
 
 REPORT_FILE = "report.md"
@@ -247,7 +248,7 @@ def write_report(paths: Path | Sequence[Path], out: Path | None = None) -> Writt
     """The report of the rows under the results ``paths`` in ``out`` (default RESULTS/report for one path),
     replacing the files of a report written there before, and only those, as one set: a
     write that fails leaves the previous report as it was."""
-    sources = results_paths(paths)
+    sources = distinct_paths(paths)
     out_dir = Path(out) if out else default_out(sources)
     check_output_dir(out_dir)  # before reading anything
     results = load(sources)

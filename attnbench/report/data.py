@@ -14,7 +14,8 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError
-from attnbench.results import load_rows, result_files
+from attnbench.results import load_rows
+from attnbench.results.read import distinct_paths, files_of, paths_text
 from attnbench.results.schema import Row, Speedup, Trial, Verify, Workload
 from attnbench.results.series import (
     Retired,
@@ -46,35 +47,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
-def paths_text(sources: tuple[Path, ...]) -> str:
-    """The results paths read, as the command line gave them."""
-    return " ".join(str(p) for p in sources)
-
-
-def results_paths(paths: Path | Sequence[Path]) -> tuple[Path, ...]:
-    """Each results path once, in the order given (one named twice is read once)."""
-    given = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
-    distinct: dict[Path, Path] = {}
-    for p in given:
-        distinct.setdefault(p.resolve(), p)
-    return tuple(distinct.values())
-
-
 def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | None = None) -> Results:
     """Every readable row under the results paths (directories or trials.jsonl files;
     ``loaded``: what ``load_rows`` read of them already); bad input (a path with nothing to
     read) is a one-line error."""
-    sources = results_paths(paths)
-    files: dict[Path, Path] = {}  # each file once, though a path given lies inside another
-    for path in sources:
-        found = result_files(path)  # raises when the path does not exist
-        if not found:
-            raise AttnbenchError(
-                f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first"
-            )
-        for file in found:
-            files.setdefault(file.resolve(), file)
-    rows, problems = loaded or load_rows(files.values())
+    sources = distinct_paths(paths)
+    files = files_of(
+        sources,
+        lambda path: f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first",
+    )
+    rows, problems = loaded or load_rows(files)
     if not rows:
         raise AttnbenchError(
             f"{paths_text(sources)} holds no readable result rows ({len(problems)} unreadable lines in "
@@ -87,7 +69,7 @@ def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | Non
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(machine_of(r), []).append(r)
-    return Results(sources, list(files.values()), rows, problems, groups, retired)
+    return Results(sources, files, rows, problems, groups, retired)
 
 
 # A label's mark where the row ran without the reference check first (every table shows it).

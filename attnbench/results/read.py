@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,33 @@ def result_files(path: Path) -> list[Path]:
     if not path.exists():
         raise AttnbenchError(f"results path {path} does not exist: give a results directory or trials.jsonl")
     return sorted(path.rglob(TRIALS_FILE))
+
+
+def distinct_paths(paths: Path | Iterable[Path]) -> tuple[Path, ...]:
+    """Each results path once, in the order given (one named twice is read once)."""
+    given = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    distinct: dict[Path, Path] = {}
+    for p in given:
+        distinct.setdefault(p.resolve(), p)
+    return tuple(distinct.values())
+
+
+def files_of(paths: tuple[Path, ...], empty: Callable[[Path], str]) -> list[Path]:
+    """Every trials.jsonl under ``paths``, each once though a path given lies inside another;
+    a path with none is a one-line error (``empty``: its text)."""
+    files: dict[Path, Path] = {}
+    for path in paths:
+        found = result_files(path)  # raises when the path does not exist
+        if not found:
+            raise AttnbenchError(empty(path))
+        for file in found:
+            files.setdefault(file.resolve(), file)
+    return list(files.values())
+
+
+def paths_text(paths: tuple[Path, ...]) -> str:
+    """The results paths read, as the command line gave them."""
+    return " ".join(str(p) for p in paths)
 
 
 def read_file(file: Path) -> bytes:
