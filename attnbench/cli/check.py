@@ -19,13 +19,17 @@ def check(
     baseline: Annotated[
         list[Path],
         typer.Option(
-            "--baseline", help="results directory or trials.jsonl before the change (repeatable: rows together)"
+            "--baseline",
+            metavar="PATH",
+            help="results directory or trials.jsonl before the change (repeatable: rows together)",
         ),
     ],
     current: Annotated[
         list[Path],
         typer.Option(
-            "--current", help="results directory or trials.jsonl after the change (repeatable: rows together)"
+            "--current",
+            metavar="PATH",
+            help="results directory or trials.jsonl after the change (repeatable: rows together)",
         ),
     ],
     time_factor: Annotated[
