@@ -612,3 +612,24 @@ def test_the_batch_tables_columns_are_the_strategies_declared_for_it(monkeypatch
     for r in table.records:
         assert r["Thread: fixed cost"] == kernel_rows[r["Kernel"]]["New thread alone"]
         assert r["DataParallel: fixed cost per call"] == kernel_rows[r["Kernel"]]["DataParallel: fixed cost per call"]
+
+
+def test_a_gpu_curve_without_an_equal_work_baseline_says_what_would_time_one(tmp_path):
+    """ring searched on 1 and 2 GPUs with no one-GPU implementation timed beside it: the curve
+    gives each count's longest sequence and says why it has no time and how to get one; with
+    sdpa timed at a length both counts ran, it has a time and no such line."""
+    from attnbench.report.tables.second_gpu import NO_EQUAL_WORK
+
+    env = {"machine": "GPU pair x2", "gpus": [{"name": "GPU pair"}] * 2}
+    rows = []
+    for world in (1, 2):
+        rows.append(typed_row(impl="ring", strategy="ring", world_size=world, seq_len=16384, time_ms=2.0 / world,
+                              times_ms=[2.0 / world] * 5, env=env, series=f"r{world}", label=f"ring x{world}"))  # fmt: skip
+        found = search("ring", [1 << (20 + world)], 1 << (21 + world), series=f"m{world}")
+        rows += [typed_row(**{**r.to_json(), "impl": "ring", "world_size": world, "env": env}) for r in found]
+    note = NO_EQUAL_WORK.split(":")[0]
+    first = render(load(write_rows(tmp_path / "alone", rows))).text().split("\n## ")[1]
+    assert "| GPU pair x2 | ring | 2 | 4M |" in first and note in first
+    sdpa = typed_row(impl="sdpa", seq_len=16384, time_ms=4.0, times_ms=[4.0] * 5, env=env, series="sd", label="sdpa")
+    first = render(load(write_rows(tmp_path / "paired", [*rows, sdpa]))).text().split("\n## ")[1]
+    assert "| GPU pair x2 | ring | 2 | 4M | 16K |" in first and note not in first

@@ -188,6 +188,8 @@ def second_gpu(machines: list[Machine]) -> str:
     seq = sg.merged([(name, sg.sequence_parallel(m.rows, m.gpu_count)) for name, m in several])
     if seq:
         parts.append(wrapped(sg.SEQUENCE_TEXT) + seq.markdown())
+        if not any(r.get("At") for r in seq.records):
+            parts.append(wrapped(sg.NO_EQUAL_WORK))
     batch = sg.merged([(name, sg.data_parallel(m.speedups)) for name, m in several])
     if batch:
         parts.append(wrapped(sg.BATCH_TEXT) + batch.markdown())

@@ -35,6 +35,11 @@ SEQUENCE_TEXT = (
     "count ran, its time, efficiency against the best one-GPU implementation over the whole sequence (equal "
     "work; GPU time where both rows have it) and each rank's peak over its shard's floor (q, k, v, output):"
 )
+NO_EQUAL_WORK = (
+    "No time or efficiency: no one-GPU implementation of the same key sets was timed at a length every GPU count "
+    "ran. A profile's sweep with `equal_work = true` times one beside each sequence-parallel point (as "
+    "`profiles/multi-gpu.toml` does)."
+)
 BATCH_TEXT = (
     "A batch over the GPUs, per kernel: a line through each strategy's eager times against one GPU's gives its "
     "fixed cost per call (±half its 95% interval, n cases); `New thread alone`: the same call on one GPU from a "
