@@ -47,22 +47,6 @@ from attnbench.trials.workload import Workload, check_workload_fields
 from attnbench.units import brief
 
 KIND = "speedup"
-KEY_FIELDS = (
-    "impl",
-    "config",
-    "batch",
-    "seq_len",
-    "heads",
-    "head_dim",
-    "dtype",
-    "device",
-    "mode",
-    "causal",
-    "strategy",
-    "world_size",
-    "module",
-    "grad_compression",
-)
 
 
 def check_strategies(names: tuple[str, ...]) -> None:
