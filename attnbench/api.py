@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,18 +53,22 @@ def flat(row: Row) -> dict[str, Any]:
         if f.name == "extra":
             out.update(value)
         elif f.name == "env":
-            out.update({f"env.{k}": v for k, v in _fields(value).items()} if value is not None else {})
+            out.update(_prefixed("env.", value) if value is not None else {})
         elif f.name == "gpus":
             for i, gpu in enumerate(value or []):
-                out.update({f"gpu{i}.{k}": v for k, v in _fields(gpu).items()})
+                out.update(_prefixed(f"gpu{i}.", gpu))
         else:
             out[f.name] = value
     return out
 
 
-def _fields(obj: Any) -> dict[str, Any]:
-    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "extra"}
-    return {**values, **obj.extra}
+def _prefixed(prefix: str, part: Any) -> Iterator[tuple[str, Any]]:
+    """A nested part's fields and the keys it keeps beyond them (``extra``) as flat columns."""
+    for f in dataclasses.fields(part):
+        if f.name != "extra":
+            yield prefix + f.name, getattr(part, f.name)
+    for k, v in part.extra.items():
+        yield prefix + k, v
 
 
 def _paths(paths: tuple[Any, ...]) -> list[Path]:

@@ -784,21 +784,21 @@ def _cut_short(interrupt):
 def test_an_interrupt_before_the_first_trial_exits_with_its_signals_code(monkeypatch, capsys, during_start_up, code):
     """typer alone would end the run with a silent exit 130 (SIGTERM's too), and an import the
     signal cut short would be a traceback."""
-    import attnbench.plan
+    import attnbench.plan.series
 
-    monkeypatch.setattr(attnbench.plan, "build_plan", lambda *a, **k: during_start_up())
+    monkeypatch.setattr(attnbench.plan.series, "build_plan", lambda *a, **k: during_start_up())
     assert main_in_process("bench", "--impl", "naive", "--seq-lens", "128", *CPU) == code
     err = capsys.readouterr().err
     assert err.strip() == "interrupted" and "Traceback" not in err
 
 
 def test_an_error_no_interrupt_caused_is_not_taken_for_one(monkeypatch):
-    import attnbench.plan
+    import attnbench.plan.series
 
     def broken(*args, **kwargs):
         raise ImportError("a missing module")
 
-    monkeypatch.setattr(attnbench.plan, "build_plan", broken)
+    monkeypatch.setattr(attnbench.plan.series, "build_plan", broken)
     with pytest.raises(ImportError, match="a missing module"):
         main_in_process("bench", "--impl", "naive", "--seq-lens", "128", *CPU)
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -16,6 +16,10 @@ from attnbench.cli.base import console, err_console
 from attnbench.errors import AttnbenchError, interrupt_exit_code
 from attnbench.runtime.nodes import Nodes, check_endpoint_here, check_ranks, from_options, use
 from attnbench.units import brief
+
+if TYPE_CHECKING:
+    from attnbench.impls.config import Config
+    from attnbench.plan.settings import SettingValue, SettingValues
 
 
 def impl_names(given: list[str] | None) -> list[str] | None:
@@ -203,8 +207,8 @@ def across_nodes(nodes: Nodes, label: str) -> Iterator[list[str] | None]:
         leader.end(code, why)
 
 
-def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, Any]:
-    params = {"segment_lengths": segment_lengths, "dilation_rates": dilation_rates, "backend": backend}
+def impl_params(segment_lengths, dilation_rates, backend, param) -> Config:
+    params: Config = {"segment_lengths": segment_lengths, "dilation_rates": dilation_rates, "backend": backend}
     for item in param or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -213,10 +217,13 @@ def impl_params(segment_lengths, dilation_rates, backend, param) -> dict[str, An
     return {k: v for k, v in params.items() if v is not None}
 
 
-def sweep_flags(**kw) -> dict[str, Any]:
-    if kw.get("isolate") is not None:
-        kw["isolate"] = not kw["isolate"]  # the option is --in-process
-    return {k: v for k, v in kw.items() if v is not None}
+def settings_given(options: dict[str, SettingValue]) -> SettingValues:
+    """The settings the command line gives, by key: an option left out (None) gives none;
+    ``isolate`` is the opposite of its option, --in-process."""
+    values = {k: v for k, v in options.items() if v is not None}
+    if "isolate" in values:
+        values["isolate"] = not values["isolate"]
+    return values
 
 
 def resolve_device(device: str) -> str:

@@ -46,7 +46,7 @@ from attnbench.cli.options import (
     dated_results_dir,
     impl_params,
     nodes_of,
-    sweep_flags,
+    settings_given,
 )
 from attnbench.cli.progress import RichReporter, SpeedupReporter
 from attnbench.errors import AttnbenchError, interrupt_exit_code
@@ -99,27 +99,29 @@ def max_seq(
     no_verify: NoVerifyOpt = False,
 ) -> None:
     """Longest sequence each implementation runs: predicted from short trials, narrowed between a length that runs and one that fails, confirmed."""
-    flags = sweep_flags(
-        kind="max-seq",
-        model=model,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        batch=batch,
-        dtype=dtype,
-        device=device,
-        mode=mode,
-        causal=causal,
-        start=start,
-        max_seq_len=max_seq_len,
-        resolution=resolution,
-        max_trial_seconds=max_trial_seconds,
-        search_budget_s=search_budget,
-        memory_limit=memory_limit,
-        isolate=in_process,
-        gpus=gpus,
-        timing_budget_s=timing_budget,
-        threads=threads,
+    flags = settings_given(
+        {
+            "kind": "max-seq",
+            "model": model,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "batch": batch,
+            "dtype": dtype,
+            "device": device,
+            "mode": mode,
+            "causal": causal,
+            "start": start,
+            "max_seq_len": max_seq_len,
+            "resolution": resolution,
+            "max_trial_seconds": max_trial_seconds,
+            "search_budget_s": search_budget,
+            "memory_limit": memory_limit,
+            "isolate": in_process,
+            "gpus": gpus,
+            "timing_budget_s": timing_budget,
+            "threads": threads,
+        }
     )
     if profile:
         flags.pop("kind")
@@ -166,25 +168,27 @@ def bench(
     """Time and measure each implementation at the given sequence lengths."""
     if not impl:  # bench takes no profile: `run --profile` does
         raise AttnbenchError("name an implementation with --impl NAME (see `attnbench list`)")
-    flags = sweep_flags(
-        kind="points",
-        seq_lens=seq_lens,
-        model=model,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        batch=batch,
-        dtype=dtype,
-        device=device,
-        mode=mode,
-        causal=causal,
-        max_trial_seconds=max_trial_seconds,
-        memory_limit=memory_limit,
-        isolate=in_process,
-        gpus=gpus,
-        timing_budget_s=timing_budget,
-        repeat=repeat,
-        threads=threads,
+    flags = settings_given(
+        {
+            "kind": "points",
+            "seq_lens": seq_lens,
+            "model": model,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "batch": batch,
+            "dtype": dtype,
+            "device": device,
+            "mode": mode,
+            "causal": causal,
+            "max_trial_seconds": max_trial_seconds,
+            "memory_limit": memory_limit,
+            "isolate": in_process,
+            "gpus": gpus,
+            "timing_budget_s": timing_budget,
+            "repeat": repeat,
+            "threads": threads,
+        }
     )
     params = impl_params(segment_lengths, dilation_rates, backend, param)
     nodes = (nnodes, node_rank, rdzv_endpoint)
@@ -222,14 +226,14 @@ def run(
 
         profile = "default" if cuda_available() else "default-cpu"
     nodes = (nnodes, node_rank, rdzv_endpoint)
-    flags = sweep_flags(repeat=repeat, threads=threads)
+    flags = settings_given({"repeat": repeat, "threads": threads})
     _run_plan(profile, [], flags, {}, profile, out, resume, part or (), nodes=nodes, no_verify=no_verify)
 
 
 def _run_plan(
     name, impl_names, flags, params, profile, out, resume, parts=(), nodes=(None, None, None), no_verify=False
 ) -> None:
-    from attnbench.plan import build_plan
+    from attnbench.plan.series import build_plan
     from attnbench.results import check_output_dir
     from attnbench.trials.supervised import run_outside_in_workers
 

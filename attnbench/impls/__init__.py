@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError, ConfigError
-from attnbench.impls.config import Config
+from attnbench.impls.config import Config, ImplSource
 from attnbench.registry import Registry, did_you_mean
 from attnbench.units import brief
 
@@ -140,11 +140,11 @@ def build_for_ranks(name: str, config: dict[str, Any], world: int) -> AttentionI
     return impl
 
 
-def recorded_source(name: str) -> dict[str, Any] | None:
+def recorded_source(name: str) -> ImplSource | None:
     """What a result row records of an outside implementation (``impl_source``), so the report
     never imports it: where it came from (import path, package, version) and its memory order."""
     entry = spec(name)
-    return {**entry.source, "memory_order": entry.memory_order} if entry.source else None
+    return ImplSource(**entry.source, memory_order=entry.memory_order) if entry.source else None
 
 
 def counterpart(name: str, source: dict[str, Any] | None = None) -> str | None:

@@ -31,7 +31,6 @@ and SDPA with ``enable_gqa``, the gather path gathering key blocks of the key/va
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
@@ -42,6 +41,7 @@ from attnbench.impls.block_sparse_flex import FlexLayout, flex_layout, flex_piec
 from attnbench.impls.config import Config
 from attnbench.impls.families.block_sparse import COMPILE_MODES, INDEX_WIDTHS, KERNELS
 from attnbench.impls.flex_kernel import (
+    KernelOptions,
     flex_compile_mode,
     flex_options,
     parse_kernel_options,
@@ -266,7 +266,7 @@ class BlockSparseAttention(AttentionImpl):
             for r0 in range(first, nb, rows_per_chunk)
         ]
 
-    def _flex_options(self, q, grad: bool = False) -> dict[str, Any] | None:
+    def _flex_options(self, q, grad: bool = False) -> KernelOptions | None:
         # local_window: each row's full blocks (and its partial diagonal) are consecutive, so
         # the kernel can step to the next block without loading its index
         return flex_options(q, self.block_size, self.user_kernel_options, self.pattern_type == "local_window", grad)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from attnbench.impls.config import ImplSource
+
 if TYPE_CHECKING:
     from attnbench.impls.base import AttentionImpl
 
@@ -54,7 +56,7 @@ class ImplSpec:
     #: (the report's equal-work baseline)
     counterpart: str | None = None
     #: where an outside implementation comes from: import_path, package, version (None: built in)
-    source: dict[str, Any] | None = None
+    source: ImplSource | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # What the report knows of it, read without importing its code (nor torch):
     #: the family it is drawn with, one panel of each figure per family (None: with the dense

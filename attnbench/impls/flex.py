@@ -39,9 +39,9 @@ def _flex_attention(device: str):
     return _compiled_flex
 
 
-def _parse_args(text: str | None) -> dict[str, Any]:
+def _parse_args(text: str | None) -> Config:
     """``window_size=256,scale=0.5`` -> keyword arguments, numbers converted."""
-    out: dict[str, Any] = {}
+    out: Config = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep:
@@ -50,7 +50,7 @@ def _parse_args(text: str | None) -> dict[str, Any]:
     return out
 
 
-def _number(text: str) -> Any:
+def _number(text: str) -> int | float | str:
     for convert in (int, float):
         try:
             return convert(text)

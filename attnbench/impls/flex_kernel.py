@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attnbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import AuxRequest
+
+#: FlexAttention's ``kernel_options``: tile sizes, warps, stages, flags, by Triton's names
+KernelOptions = dict[str, int | float | bool | str]
 
 # torch 2.11's FlexAttention kernel computes element offsets in 32 bits: past this a token's
 # offset wraps and the output is silently wrong (flex vs the exact gather path on an H200);
@@ -32,8 +38,8 @@ def backward_tiles(block_size: int) -> dict[str, int]:
 
 
 def flex_options(
-    q, block_size: int, user: dict[str, Any], contiguous_blocks: bool = False, grad: bool = False
-) -> dict[str, Any] | None:
+    q, block_size: int, user: KernelOptions, contiguous_blocks: bool = False, grad: bool = False
+) -> KernelOptions | None:
     options = dict(user)
     if q.is_cuda and block_size < 128:
         # the default Triton tiles are 128 wide on recent GPUs; a sparse block must hold whole tiles
@@ -87,7 +93,7 @@ def flex_attend(flex, q, k, v, block_mask, options, with_lse: bool = False):
 
 
 @functools.cache
-def _lse_request() -> dict[str, Any]:
+def _lse_request() -> dict[str, bool | AuxRequest]:
     try:  # torch >= 2.9 asks through AuxRequest; return_lse is deprecated there
         from torch.nn.attention.flex_attention import AuxRequest
 
@@ -114,9 +120,9 @@ def diagonal_causal(block_size: int):
     return diagonal_causal
 
 
-def parse_kernel_options(text: str) -> dict[str, Any]:
+def parse_kernel_options(text: str) -> KernelOptions:
     """'BLOCK_M=128,BLOCK_N=64,PRESCALE_QK=true' -> FlexAttention kernel_options."""
-    options: dict[str, Any] = {}
+    options: KernelOptions = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

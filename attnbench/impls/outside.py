@@ -56,7 +56,7 @@ from torch import nn
 from attnbench.errors import ConfigError
 from attnbench.impls import gqa
 from attnbench.impls.base import AttentionImpl, dense_pairs, quiet_eager_flex
-from attnbench.impls.config import Config
+from attnbench.impls.config import Config, ImplSource, SequenceParallelDeclaration
 from attnbench.impls.entry import Described, ImplSpec, Param, SpecFields, entry_points, is_import_path
 from attnbench.units import brief
 
@@ -113,7 +113,12 @@ def find_spec(name: str) -> ImplSpec | None:
             "returns a torch.nn.Module"
         )
     package, version = package_of(path)
-    source = {"import_path": path, "package": package, "version": version, "source_sha256": source_hash(path)}
+    source: ImplSource = {
+        "import_path": path,
+        "package": package,
+        "version": version,
+        "source_sha256": source_hash(path),
+    }
     parallel = sequence_parallel_of(path, factory)
     if parallel:
         source["sequence_parallel"] = parallel
@@ -132,7 +137,7 @@ def find_spec(name: str) -> ImplSpec | None:
     )
 
 
-def sequence_parallel_of(path: str, factory: Callable) -> dict[str, Any] | None:
+def sequence_parallel_of(path: str, factory: Callable) -> SequenceParallelDeclaration | None:
     """The factory's ``sequence_parallel`` declaration, checked (None where it makes none)."""
     declared = getattr(factory, "sequence_parallel", None)
     if declared is None or declared is False:
@@ -153,7 +158,9 @@ def sequence_parallel_of(path: str, factory: Callable) -> dict[str, Any] | None:
     params = declared.get("counterpart_params", {})
     if not isinstance(params, dict):
         raise ConfigError(f"{path}.sequence_parallel's counterpart_params must be a dict of the counterpart's --param")
-    return {"counterpart": declared["counterpart"], "counterpart_params": dict(params), "layout": layout}
+    return SequenceParallelDeclaration(
+        counterpart=declared["counterpart"], counterpart_params=dict(params), layout=layout
+    )
 
 
 def source_hash(path: str) -> str | None:

@@ -12,10 +12,13 @@ layers compute it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.units import brief
+
+if TYPE_CHECKING:
+    from attnbench.plan.settings import SettingValues
 
 MODEL_KEYS = ("heads", "kv_heads", "head_dim", "causal")
 
@@ -29,7 +32,7 @@ class ModelShape:
     causal: bool
     about: str  # where the shape comes from, in words
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> SettingValues:
         """The plan settings the preset fills."""
         return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim, "causal": self.causal}
 
@@ -78,7 +81,7 @@ def parse_table(table: Any, where: str) -> dict[str, ModelShape]:
     return out
 
 
-def filled(settings: dict[str, Any], own: dict[str, ModelShape] | None = None) -> dict[str, Any]:
+def filled(settings: SettingValues, own: dict[str, ModelShape] | None = None) -> SettingValues:
     """Settings of one level (profile, sweep entry, command line) with the values of the
     model preset it names under its own keys: what the level says itself wins."""
     if not settings.get("model"):

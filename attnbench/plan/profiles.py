@@ -12,7 +12,15 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.plan import models
-from attnbench.plan.settings import SPEEDUP_ONLY, SPEEDUP_SHARED, SPEEDUP_TIMING, SWEEP_KEYS, parse_part, parse_settings
+from attnbench.plan.settings import (
+    SPEEDUP_ONLY,
+    SPEEDUP_SHARED,
+    SPEEDUP_TIMING,
+    SWEEP_KEYS,
+    SettingValues,
+    parse_part,
+    parse_settings,
+)
 from attnbench.units import brief
 
 # Installed, the profiles lie inside the package (setup.py); in a clone, at the repository's top.
@@ -26,10 +34,10 @@ class Profile:
 
     name: str  # the file's stem
     description: str
-    settings: dict[str, Any]  # its top level, parsed
-    entries: list[dict[str, Any]]  # [[sweep]] tables
+    settings: SettingValues  # its top level, parsed
+    entries: list[SettingValues]  # [[sweep]] tables
     verify: bool
-    speedups: list[dict[str, Any]]  # [[speedup]] tables
+    speedups: list[SettingValues]  # [[speedup]] tables
     own_models: dict[str, models.ModelShape]  # its own [models.NAME] presets
     parts: tuple[str, ...]  # its parts in order (empty: it runs whole)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from attnbench import impls
 from attnbench.errors import AttnbenchError, ConfigError
+from attnbench.impls.config import Config
 from attnbench.plan import models
 from attnbench.plan.profiles import read_profile, resolve_profile_path
 from attnbench.plan.settings import (
@@ -20,6 +21,7 @@ from attnbench.plan.settings import (
     SPEEDUP_TIMING,
     SWEEP_KEYS,
     Settings,
+    SettingValues,
     parse_settings,
 )
 from attnbench.trials.workload import Workload, check_heads
@@ -31,7 +33,7 @@ class Series:
     """One line of a sweep: an implementation configuration measured over lengths."""
 
     impl: str
-    config: dict[str, Any]
+    config: Config
     settings: Settings
     world_size: int = 1  # ranks the sequence is split over (sequence-parallel implementations)
 
@@ -104,7 +106,7 @@ class Plan:
     series: tuple[Series, ...]
     description: str = ""
     verify: bool = True
-    base: dict[str, Any] = field(default_factory=dict)  # the profile's top-level settings, parsed
+    base: SettingValues = field(default_factory=dict)  # the profile's top-level settings, parsed
     clip_ranks: bool = False  # drop rank counts the visible GPUs cannot hold (a profile's lists)
     clipped: tuple[str, ...] = ()  # what was dropped, in words (recorded in the run's env)
     parts: tuple[str, ...] = ()  # the profile's parts in order (``part`` of its tables); empty: one whole
@@ -131,12 +133,12 @@ def _world_sizes(impl: str, settings: Settings, where: str) -> tuple[int, ...]:
 
 
 def split_entry(
-    entry: dict[str, Any],
+    entry: SettingValues,
     where: str,
     setting_keys: Collection[str] = SWEEP_KEYS,
     skip: Collection[str] = ("impl",),
     known: Callable[[str, set[str]], str] | None = None,
-) -> tuple[str, dict[str, Any], dict[str, Any]]:
+) -> tuple[str, SettingValues, Config]:
     """A profile entry's keys are settings (``setting_keys``, returned parsed) or the
     implementation's parameters; ``skip`` names keys the caller reads itself. Any other key is
     an error that says what is known (``known(impl, its parameters)``: a speedup table's words)."""
@@ -169,8 +171,8 @@ def split_entry(
 def build_plan(
     name: str,
     impl_names: list[str],
-    flags: dict[str, Any],
-    params: dict[str, Any],
+    flags: SettingValues,
+    params: Config,
     profile: str | None = None,
     parts: Collection[str] = (),
 ) -> Plan:
@@ -178,9 +180,9 @@ def build_plan(
     (implementation parameters, applied to every implementation that has them); ``parts``
     keeps the series of those parts of the profile only."""
     description, verify = "", True
-    base: dict[str, Any] = {}
-    entries: list[dict[str, Any]] = []
-    speedups: list[dict[str, Any]] = []
+    base: SettingValues = {}
+    entries: list[SettingValues] = []
+    speedups: list[SettingValues] = []
     own_models: dict[str, models.ModelShape] = {}
     declared: tuple[str, ...] = ()
     # every value by type and range first: nothing below is paid for (torch, the registry) on bad input
@@ -269,12 +271,12 @@ def select_parts(
     return tuple(sorted(chosen, key=lambda s: known.index(s.settings.part) if s.settings.part in known else -1))
 
 
-def speedup_series(impl: str, config: dict[str, Any], gpus: int = 2, **settings: Any) -> Series:
+def speedup_series(impl: str, config: Config, gpus: int = 2, **settings: Any) -> Series:
     """A speedup series from values already parsed (the ``speedup`` command's options)."""
     return Series(impl, config, Settings().with_values(kind="speedup", gpus=(gpus,), **settings))
 
 
-def _speedup_series(entry: dict[str, Any], shared: dict[str, Any], where: str) -> Series:
+def _speedup_series(entry: SettingValues, shared: SettingValues, where: str) -> Series:
     """A ``[[speedup]]`` table: the implementation and its parameters, ``cases`` (SEQLENxBATCH,
     a list or one comma-separated string), ``strategies``, ``module``, ``grad_compression`` and
     ``gpus`` (GPUs to spread over; on the CPU, processes); the profile's top-level settings a

@@ -27,6 +27,12 @@ class Case:
         return f"{self.seq_len}x{self.batch}"
 
 
+#: a setting's value, as a profile or the command line gives it (``parse_settings`` checks it by
+#: its key) and as ``parse_settings`` returns it: a number, text, true/false, a list, cases
+SettingValue = int | float | str | bool | None | list[int | str] | tuple[int, ...] | tuple[str, ...] | tuple[Case, ...]
+#: one level's settings by key: a profile's top level, a sweep or speedup table, the command line
+SettingValues = dict[str, SettingValue]
+
 SEED_CASES = "2048x8,4096x4,8192x2,16384x1"  # the seed reports' speedup cases
 
 
@@ -295,10 +301,10 @@ OPTIONS = {"timing_budget_s": "--timing-budget", "isolate": "--in-process"}
 COMMAND_LINE = "command line"
 
 
-def parse_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+def parse_settings(values: SettingValues, where: str) -> SettingValues:
     """Each value by its key's type and range; an error names the key (on the command line,
     its option) and echoes the start of the value."""
-    out = {}
+    out: SettingValues = {}
     for key, value in values.items():
         name = OPTIONS.get(key, "--" + key.replace("_", "-")) if where == COMMAND_LINE else repr(key)
         try:

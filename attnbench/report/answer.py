@@ -19,7 +19,7 @@ from typing import Any
 from attnbench.analysis.search import answering
 from attnbench.report import data as d
 from attnbench.report.intervals import ms_cell, tflops_cell, tflops_interval, time_interval
-from attnbench.report.markdown import Table
+from attnbench.report.markdown import Columns, Table
 from attnbench.report.tables.sweep import MaxSeqSummary, search_bracket
 from attnbench.results.schema import Trial
 from attnbench.results.series import row_date
@@ -120,7 +120,7 @@ class Configuration:
         return f"{train.length_text()}, {stop}" + (f", {ratio:.2f}x floor" if ratio else "")
 
 
-def _search_csv(name: str, mode: str) -> dict[str, Any]:
+def _search_csv(name: str, mode: str) -> Columns:
     """The CSV columns of a configuration's forward or training search: raw values, lengths in
     tokens, memory in bytes."""
 

@@ -5,7 +5,7 @@ a table row or an HTML tag."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # every character Python's str.splitlines() breaks a line at, and tabs
@@ -64,6 +64,13 @@ def short_message(message: str | None, limit: int = 90) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
+#: what a table shows of a record under one header (``Table.of``): an attribute's name or a
+#: function of the record (the raw value the CSV holds), or a pair (that, its markdown cell)
+Column = str | Callable[[Any], Any] | tuple[str | Callable[[Any], Any], Callable[[Any], str]]
+#: a table's columns, by header
+Columns = dict[str, Column]
+
+
 class Table:
     """One report table: raw values per column for the CSV, formatted cells for the markdown.
 
@@ -76,7 +83,7 @@ class Table:
         name: str,
         headers: Sequence[str],
         records: Sequence[dict[str, Any]],
-        formats: dict[str, Any] | None = None,
+        formats: dict[str, Callable[[Any], str]] | None = None,
     ) -> None:
         self.name = name
         self.headers = list(headers)
@@ -84,7 +91,7 @@ class Table:
         self.formats = formats or {}
 
     @classmethod
-    def of(cls, name: str, columns: dict[str, Any], records: Sequence[Any]):
+    def of(cls, name: str, columns: Columns, records: Sequence[Any]) -> Table:
         """The one table builder: ``columns`` maps each header to what a record shows there, an
         attribute's name or a function of the record (the raw value the CSV holds), or to a pair
         (that, its markdown cell)."""

@@ -154,7 +154,7 @@ class Workload(Row):
     kv_heads: int | None = None  # key/value heads shared by groups of query heads; None: as many as heads
     model: str | None = None  # the model preset the shape came from (attnbench models)
 
-    def identity(self, seq_len: bool = True) -> dict[str, Any]:
+    def identity(self, seq_len: bool = True) -> Identity:
         """What makes two rows the same attention call (``workload_identity`` of this row's
         fields); ``seq_len=False`` for a series (the call but its length)."""
         return workload_identity({name: getattr(self, name) for name in _workload_field_names()}, seq_len)
@@ -366,12 +366,18 @@ class Speedup(Workload, StepMeasured):
     note: str | None = None  # what the row's numbers mean, for the table
 
 
+#: a workload field's value in an identity: text, a number, a flag, the implementation's
+#: configuration (a JSON object), None where a row does not record the field
+IdentityValue = str | int | float | bool | dict[str, Any] | None
+#: what makes two rows the same attention call, by workload field (``workload_identity``)
+Identity = dict[str, IdentityValue]
+
 # Workload fields that are bookkeeping, not part of what was measured: a model preset names a
 # shape that heads, kv_heads, head_dim and causal already hold.
 NOT_IDENTITY = ("model",)
 
 
-def workload_identity(fields: Mapping[str, Any], seq_len: bool = True) -> dict[str, Any]:
+def workload_identity(fields: Mapping[str, Any], seq_len: bool = True) -> Identity:
     """The one identity of an attention call, from a workload's fields by name (a row's, a
     planned trial's): every workload field of the row schema (derived from ``Workload``, so a
     new workload field joins it), one device meaning world size 1 and strategy "single";
@@ -444,10 +450,9 @@ def received(cls: type[P], d: Any, sender: str) -> P:
     return from_json(cls, d, f"{sender}'s {cls.__name__.lower()}", built=True)
 
 
-def validate(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` unchanged when it is a valid row; a SchemaError otherwise."""
+def validate(d: dict[str, Any]) -> None:
+    """A SchemaError unless ``d`` is a valid row."""
     row_from_json(d)
-    return d
 
 
 def _check_version(d: dict[str, Any]) -> None:

@@ -447,7 +447,7 @@ def settings(spec: TrialSpec, s: Series) -> TrialSettings:
     return TrialSettings(spec.max_trial_seconds, spec.memory_limit, s.settings.isolate or s.distributed, timing)
 
 
-def recorded_timing(policy: TimingPolicy, device: str) -> dict[str, Any]:
+def recorded_timing(policy: TimingPolicy, device: str) -> dict[str, int | float | None]:
     """A timing plan as its trial's row records it: every field, its thread count only on the
     CPU (a CPU time means something only at a stated thread count; a GPU's does not depend on it)."""
     timing = asdict(policy)

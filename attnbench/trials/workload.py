@@ -47,7 +47,7 @@ class Workload:
     def with_seq_len(self, seq_len: int) -> Workload:
         return Workload(**{**asdict(self), "seq_len": seq_len})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int | bool | dict[str, Any] | None]:
         """The fields, less the optional ones left unset (a workload without grouped heads or
         a model keeps the keys, and so the series key, it had before they existed)."""
         return {k: v for k, v in asdict(self).items() if v is not None or k not in OPTIONAL_FIELDS}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnbench.impls import register
+from attnbench.impls.config import Config
 from attnbench.impls.entry import ImplSpec, Lazy, Param
 from attnbench.masks import PATTERN_TYPES
 
@@ -37,14 +38,14 @@ def short_name(prefix: str) -> Callable[[dict[str, Any]], str]:
     """A configuration as ``PREFIX:PATTERN S%/BLOCK``: 'bs:local_window 5%/128' keeps 5% of the
     block pairs of blocks of 128 tokens."""
 
-    def name(config: dict[str, Any]) -> str:
+    def name(config: Config) -> str:
         kept = f"{float(config.get('sparsity_ratio') or 0) * 100:g}%"
         return f"{prefix}:{config.get('pattern_type', '?')} {kept}/{config.get('block_size', '?')}"
 
     return name
 
 
-def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
+def _verify_configs(device: str) -> tuple[Config, ...]:
     """Every pattern x two block sizes x two ratios (causal and not come from the cases).
     On a GPU each shape compiles a kernel, so there one block size and one ratio."""
     sizes, ratios = ((16, 32), (0.1, 0.25)) if device == "cpu" else ((32,), (0.1,))
@@ -53,7 +54,7 @@ def _verify_configs(device: str) -> tuple[dict[str, Any], ...]:
     )
 
 
-def _ring_verify_configs(device: str) -> tuple[dict[str, Any], ...]:
+def _ring_verify_configs(device: str) -> tuple[Config, ...]:
     """Every pattern (causal and not come from the cases); chunked merges; a sparser
     hierarchical whose far segments send only their coarse grid. On a GPU every shape and
     ring step compiles a kernel: three patterns there."""

@@ -3,14 +3,12 @@ process per GPU) at the same cases, with efficiency, output match and memory per
 
 from __future__ import annotations
 
-from typing import Any
-
 from attnbench.measure.stats import Interval
 from attnbench.plan import strategies
 from attnbench.report.data import gpus
 from attnbench.report.document import Doc, Machine, memory, tokens_cell, yes_no
 from attnbench.report.intervals import ms_cell, ratio_cell
-from attnbench.report.markdown import Table, result_text, short_message
+from attnbench.report.markdown import Columns, Table, result_text, short_message
 from attnbench.report.sections import Section, register
 from attnbench.report.tables.multigpu import SpeedupCase, gpu_peak, gpus_in, speedup_groups
 
@@ -20,7 +18,7 @@ def _time_or_result(v: Interval | str) -> str:
     return ms_cell(v) if isinstance(v, Interval) else result_text(v)
 
 
-def run_column(cases: list[SpeedupCase]) -> dict[str, Any]:
+def run_column(cases: list[SpeedupCase]) -> Columns:
     """The run a row came from, where its table mixes runs (the same case measured twice)."""
     return {"Run": lambda c: c.row.run} if len({o.row.run for o in cases}) > 1 else {}
 

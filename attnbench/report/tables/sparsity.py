@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnbench.report.data import trials
-from attnbench.report.markdown import record_table, result_text
+from attnbench.report.markdown import Columns, record_table, result_text
 from attnbench.results.schema import Row, Trial
 from attnbench.results.series import machine_of
 from attnbench.units import format_sparsity, format_tokens
@@ -96,7 +96,7 @@ def _fastest_dense(group: list[Trial], seq_len: int) -> Trial | None:
     return min(dense, key=lambda r: r.time_ms, default=None)
 
 
-def _columns(group: list[Trial]) -> dict[str, Any]:
+def _columns(group: list[Trial]) -> Columns:
     """The table's cells of a trial; Speedup vs Dense against the fastest dense row of ``group``."""
 
     def ok(r: Trial) -> bool:
