@@ -63,6 +63,8 @@ IMPOSSIBLE = {
     "negative sample": (lambda r: {**r, "times_ms": [1.0, -2.5, 1.1]}, "'times_ms'[1] is -2.5"),
     "NaN time": (lambda r: {**r, "time_ms": float("nan")}, "'time_ms' is nan"),
     "infinite sample": (lambda r: {**r, "times_ms": [1.0, float("inf")]}, "'times_ms'[1] is inf"),
+    "NaN sample": (lambda r: {**r, "times_ms": [1.0, float("nan"), 1.2]}, "'times_ms'[1] is nan"),
+    "infinities that cancel": (lambda r: {**r, "times_ms": [float("inf"), float("-inf")]}, "'times_ms'[1] is -inf"),
     "negative peak": (lambda r: {**r, "peak_bytes": -4096}, "'peak_bytes' is -4096"),
     "peak of 10^30 bytes": (lambda r: {**r, "peak_bytes": 10**30}, "'peak_bytes' is 1e+30 bytes"),
     "peak beyond the device": (
@@ -85,6 +87,17 @@ def test_an_impossible_row_is_skipped_with_file_line_and_field(name, tmp_path):
     assert [r["kind"] for r in rows] == ["verify", "verify"]
     assert len(problems) == 1 and problems[0].startswith(f"{path}:2: impossible row skipped (field "), problems
     assert named in problems[0]
+
+
+def test_samples_are_judged_one_by_one_not_by_their_sum(tmp_path):
+    """Two finite samples whose sum overflows to infinity are possible; a negative one among
+    many is not, wherever it lies."""
+    path = write_lines(tmp_path / "trials.jsonl", [{**TRIAL, "times_ms": [1e308, 1e308]}])
+    rows, problems = read_rows(path)
+    assert problems == [] and rows[0]["times_ms"] == [1e308, 1e308]
+    path = write_lines(tmp_path / "b" / "trials.jsonl", [{**TRIAL, "times_ms": [1.0] * 40 + [-1e-9] + [2.0] * 9}])
+    rows, problems = read_rows(path)
+    assert rows == [] and "'times_ms'[40] is -1e-09" in problems[0]
 
 
 def test_the_gate_refuses_an_impossible_current_run_unless_told_to_skip(tmp_path, capsys):

@@ -85,14 +85,11 @@ MAX_DEVICE_BYTES = 2**50
 
 def nesting_depth(value: Any) -> int:
     """How deep JSON ``value`` nests (a scalar is 0), without recursion."""
-    if type(value) not in (dict, list):
-        return 0
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((x, depth + 1) for x in (v.values() if type(v) is dict else v) if type(x) in (dict, list))
-    return deepest
+    depth, level = 0, [value] if type(value) in (dict, list) else []
+    while level:  # one level at a time: the containers inside this level's
+        depth += 1
+        level = [x for v in level for x in (v.values() if type(v) is dict else v) if type(x) in (dict, list)]
+    return depth
 
 
 def check_possible(d: dict[str, Any], rest: dict[str, Any] | None = None) -> None:
@@ -120,17 +117,35 @@ def _any_impossible_number(d: dict[str, Any]) -> bool:
         if kind is dict:
             stack.extend((k, v) for k, v in value.items() if type(v) is not str)
         elif kind is list:
-            ruled = key in _RULED
+            if _numbers_break(key, value):
+                return True
             for v in value:  # a list's items are its key's
                 t = type(v)
-                if t is float or t is int:
-                    if not math.isfinite(v) or (ruled and _breaks(key, v)):
-                        return True
-                elif t is dict or t is list:
+                if t is dict or t is list:
                     stack.append((key, v))
         elif kind is float or kind is int:
             if not math.isfinite(value) or (key in _RULED and _breaks(key, value)):
                 return True
+    return False
+
+
+def _numbers_break(key: Any, values: list[Any]) -> bool:
+    """Whether a number of ``values`` (a list under ``key``; items that are not numbers are
+    walked apart) breaks a rule. A list of numbers alone, as a row's samples are, is judged by
+    its sum, least and greatest, one call each: a finite sum means every number is finite; a
+    sum that is not (a NaN, an infinity, or finite numbers overflowing) is judged number by number."""
+    ruled = key in _RULED
+    try:
+        total = sum(values)
+    except TypeError:  # not numbers alone
+        pass
+    else:
+        if math.isfinite(total):
+            return bool(values) and ruled and (_breaks(key, min(values)) or _breaks(key, max(values)))
+    for v in values:
+        t = type(v)
+        if (t is float or t is int) and (not math.isfinite(v) or (ruled and _breaks(key, v))):
+            return True
     return False
 
 

@@ -150,11 +150,13 @@ class Environments:
 
     def __init__(self) -> None:
         self.known: dict[str, Environment] = {}
-        self.last: tuple[Any, str] = (None, "")  # a row's environment and its key: asked for again at each check
+        # the last environment seen and its key: asked for again at each check of a row, and
+        # a run's rows, one after another in its file, record an equal one
+        self.last: tuple[Any, str] = (None, "")
 
     def key(self, env: dict[str, Any]) -> str:
         if env is not self.last[0]:
-            self.last = (env, json.dumps(env))
+            self.last = (env, self.last[1] if env == self.last[0] else json.dumps(env))
         return self.last[1]
 
     def rest(self, row: dict[str, Any]) -> dict[str, Any]:
