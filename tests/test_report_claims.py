@@ -415,6 +415,20 @@ def test_the_findings_are_the_seeds_headlines_furthest_refuted_one_per_seed():
     assert [x.claim.id for x in findings(vs)] == ["b", "d", "c"]
 
 
+def test_a_claim_reads_the_rows_of_the_implementations_it_names_and_keeps_their_order():
+    impls = ["sdpa", "naive", "sdpa", "dilated", "naive"]
+    m = Machine("GPU box", [point(1024, {}, impl=name, series=f"s{i}") for i, name in enumerate(impls)])
+    assert len(m.ran) == 5
+
+    def series(ran):
+        return [r.series for r, _ in ran]
+
+    assert series(m.ran_of("sdpa")) == ["s0", "s2"]
+    assert series(m.ran_of(["naive", "dilated"])) == ["s1", "s3", "s4"]
+    assert series(m.ran_of(None)) == series(m.ran)
+    assert m.ran_of("flash") == []
+
+
 # --- comparable terms: fits, rings that sent nothing, CPUs for GPUs ------------------------------------
 
 RING_CFG = {"segment_lengths": [8192], "dilation_rates": [2]}

@@ -157,6 +157,22 @@ class Machine:
         every seed claim is matched against, worked out once, not once a claim."""
         return [(r, r.identity()) for r in d.ok(self.trials + d.speedup_rows(self.rows))]
 
+    @cached_property
+    def _ran_by_impl(self) -> dict[str, list[tuple[Trial | Speedup, dict[str, Any]]]]:
+        by: dict[str, list[tuple[Trial | Speedup, dict[str, Any]]]] = {}
+        for ran in self.ran:
+            by.setdefault(ran[0].impl, []).append(ran)
+        return by
+
+    def ran_of(self, impl: str | list[str] | None) -> list[tuple[Trial | Speedup, dict[str, Any]]]:
+        """``ran`` of the implementation a claim names, or of any of a list of them (None: of
+        all), in the order of ``ran``: a claim reads its implementation's rows, not every row."""
+        if impl is None:
+            return self.ran
+        if isinstance(impl, str):
+            return self._ran_by_impl.get(impl, [])
+        return [ran for ran in self.ran if ran[0].impl in impl]
+
     @property
     def on_cpu(self) -> bool:
         """A CPU machine (its name is the CPU's, `cpu: MODEL`): no GPU, memory is resident."""
