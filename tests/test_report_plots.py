@@ -166,6 +166,30 @@ def test_a_report_holds_its_figures_as_png_bytes_with_none_left_open(tmp_path):
     assert plt.get_fignums() == []
 
 
+def test_figures_drawn_by_workers_are_the_bytes_drawn_here_with_the_same_missing_glyphs():
+    """A report of many figures draws them in worker processes: each PNG byte for byte the one
+    this process draws, the characters its font lacks reported as here, none left open."""
+    import matplotlib.pyplot as plt
+
+    from attnbench.report.plots.drawing import Drawing
+
+    def figures():  # a figure with a label the font has no glyph for, and one without
+        rows = [trial("dilated 注意", n) for n in (1024, 2048, 4096)]
+        return [plots.memory_plot(rows, "GPU box"), plots.time_plot([trial("sdpa", 1024)], "GPU box")]
+
+    here = Drawing()
+    assert here.workers == 0
+    drawn_here = [here.png(fig) for fig in figures()]
+    workers = Drawing()
+    workers.workers = 2  # whatever this machine's cores
+    promised = [(name, workers.png(fig)) for name, fig in zip(("memory.png", "time.png"), figures())]
+    assert plt.get_fignums() == []  # each closed here as it was handed over
+    workers.finish(promised)
+    assert [data for _, data in promised] == drawn_here
+    assert workers.missing_glyphs == here.missing_glyphs == {"注", "意"}
+    assert workers._pool is None  # the workers are let go
+
+
 def test_a_cpus_throughput_axis_reads_in_gflops_as_the_terminal_does():
     """Rates under one TFLOP/s (0.0153 TFLOP/s = 15.3 GFLOP/s) are drawn in GFLOP/s, the unit
     the terminal prints them in; a GPU's 312 TFLOP/s stays in TFLOP/s."""

@@ -20,6 +20,7 @@ from attnbench.report.data import Results, load, slug
 from attnbench.report.document import Doc, Machine
 from attnbench.report.markdown import Table, inline
 from attnbench.report.plots import figures as p
+from attnbench.report.plots.drawing import Drawing
 from attnbench.report.sections import sections
 from attnbench.report.seeds import page as sd
 from attnbench.report.seeds.verdicts import CONFIRMED, DIRECTION_ONLY, INCONCLUSIVE, REFUTED, verdicts
@@ -57,10 +58,24 @@ def machine_order(results: Results) -> list[Machine]:
     return [Machine(name, rows) for name, rows in named]
 
 
+# figures a machine may have (the plots section's memory, time, TFLOP/s and speedup), and the answer's
+FIGURES_PER_MACHINE = 4
+
+
 def render(results: Results) -> Doc:
-    """The whole report in memory: markdown, tables and figures."""
+    """The whole report in memory: markdown, tables and figures (drawn meanwhile where there
+    are many: ``Drawing``)."""
     machines = machine_order(results)
-    doc = Doc()
+    doc = Doc(Drawing(expected=FIGURES_PER_MACHINE * len(machines) + 1))
+    try:
+        _compose(doc, results, machines)
+        doc.drawing.finish(doc.figures)
+    finally:
+        doc.drawing.close()
+    return doc
+
+
+def _compose(doc: Doc, results: Results, machines: list[Machine]) -> None:
     runs = sorted({r.run for r in results.rows if r.run})
     vs = verdicts(machines)
     seeds = any(v.verdict in MEASURED_VERDICTS for v in vs)  # a run measured a seed workload
@@ -80,7 +95,7 @@ def render(results: Results) -> Doc:
         against_the_seeds(doc, machines, vs)
     figure = p.answer_plot([(m.name, [c for c in a.configurations(m) if c.searched]) for m in machines])
     if figure is not None:
-        doc.figures.append((ANSWER_FIGURE, p.png(figure, doc.missing_glyphs)))
+        doc.figures.append((ANSWER_FIGURE, doc.drawing.png(figure)))
         doc.add(f"\n![longest sequence per configuration and machine]({ANSWER_FIGURE})\n")
     doc.add(
         f"\nFrom {len(results.rows)} rows in {len(results.files)} result file{'s' * (len(results.files) != 1)} "
@@ -100,7 +115,6 @@ def render(results: Results) -> Doc:
         against_the_seeds(doc, machines, vs)
     superseded(doc, results)
     doc.add(f"\nRuns: {', '.join(inline(r) for r in runs) or '-'}.\n")
-    return doc
 
 
 def superseded(doc: Doc, results: Results) -> None:
@@ -267,9 +281,9 @@ def write_report(paths: Path | Sequence[Path], out: Path | None = None) -> Writt
     data = {name: utf8(text) for name, text in files.items()} | dict(doc.figures)
     written = write_files_whole(out_dir, data)
     problems = list(results.problems)
-    if doc.missing_glyphs:
+    if doc.drawing.missing_glyphs:
         problems.append(
-            f"the figures' font has no glyph for {', '.join(sorted(doc.missing_glyphs))} (from labels): "
+            f"the figures' font has no glyph for {', '.join(sorted(doc.drawing.missing_glyphs))} (from labels): "
             "they show as boxes"
         )
     report = out_dir / REPORT_FILE

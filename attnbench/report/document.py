@@ -5,12 +5,14 @@ produces each kind of data (named where a section has none)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from functools import cached_property
 from typing import Any
 
 from attnbench.report import data as d
 from attnbench.report.fit import capacities
 from attnbench.report.markdown import Table, heading_text
+from attnbench.report.plots.drawing import Drawing
 from attnbench.report.tables.multigpu import speedup_cases
 from attnbench.report.tables.sweep import MaxSeqSummary, max_seq_summary
 from attnbench.results.schema import Row, Speedup, Trial
@@ -82,12 +84,13 @@ def distinct(values) -> list[Any]:
 class Doc:
     """Markdown parts, the tables behind them (written as CSV) and figures (written as PNG)."""
 
-    def __init__(self) -> None:
+    def __init__(self, drawing: Drawing | None = None) -> None:
         self.parts: list[str] = []
         self.tables: list[tuple[str, Table]] = []  # (csv file name, table)
-        self.figures: list[tuple[str, bytes]] = []  # (png file name, its bytes: drawn and freed at once)
+        # (png file name, its bytes, or a worker's promise of them until ``drawing.finish``)
+        self.figures: list[tuple[str, bytes | Future]] = []
         self.files: dict[str, str] = {}  # other markdown files beside the report: name -> text
-        self.missing_glyphs: set[str] = set()  # characters of labels the figures' font cannot draw
+        self.drawing = drawing or Drawing()  # where the figures are drawn
         self.machine_slug = ""
         self.on_cpu = False  # the machine a part is about has no GPU: name the CPU twins
         self.run_file = False  # a results directory's sweep.md: no CSV files to name, no commands for what is missing
@@ -95,8 +98,8 @@ class Doc:
     def part(self, machine: Machine) -> Doc:
         """An empty document for one machine's part of a section, sharing this one's tables,
         figures and settings (so file names stay unique)."""
-        part = Doc()
-        part.tables, part.figures, part.missing_glyphs = self.tables, self.figures, self.missing_glyphs
+        part = Doc(self.drawing)
+        part.tables, part.figures = self.tables, self.figures
         part.machine_slug, part.on_cpu, part.run_file = machine.slug, machine.on_cpu, self.run_file
         return part
 
@@ -128,10 +131,8 @@ class Doc:
     def figure(self, name: str, fig, alt: str) -> None:
         if fig is None:
             return
-        from attnbench.report.plots.figures import png
-
         file = f"{name}-{self.machine_slug}.png"
-        self.figures.append((file, png(fig, self.missing_glyphs)))
+        self.figures.append((file, self.drawing.png(fig)))
         self.add(f"![{alt}]({file})\n")
 
     def text(self) -> str:

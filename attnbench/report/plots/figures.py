@@ -178,10 +178,10 @@ def _log_ticks(ax) -> None:
 
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=9))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: short_tokens(round(v))))
+    ax.xaxis.set_major_formatter(FuncFormatter(_length_tick))
     if ax.yaxis.get_scale() != "log":
         return
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    plain = FuncFormatter(_plain_tick)
     ax.yaxis.set_major_formatter(plain)
     low, high = ax.get_ylim()
     span = high / low if low > 0 else float("inf")
@@ -192,6 +192,14 @@ def _log_ticks(ax) -> None:
     subs = (2, 5) if span >= 10 else (1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)
     ax.yaxis.set_minor_locator(LogLocator(base=10, subs=subs))
     ax.yaxis.set_minor_formatter(plain)
+
+
+def _length_tick(v: float, _) -> str:
+    return short_tokens(round(v))
+
+
+def _plain_tick(v: float, _) -> str:
+    return f"{v:g}"
 
 
 def _series_figure(rows: list[Row], value, title: str, ylabel: str, yscale: str = "log", floor=None):
