@@ -111,7 +111,7 @@ def pattern_image(p: BlockPattern, pixels: int = MAX_PIXELS):
 
 
 def draw_pattern(p: BlockPattern, block_size: int, path: Path) -> Path:
-    from attnbench.report.plots.figures import png, pyplot
+    from attnbench.report.plots.drawing import png, pyplot
     from attnbench.results import write_bytes_atomic
 
     n = p.num_blocks * block_size

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any
 
-from attnbench.report.plots.figures import png, pyplot
+DPI = 100  # a figure's pixels per inch in its PNG
 
 # Figures a report must expect before workers pay for their start (a fresh interpreter and
 # matplotlib each, about a second): a report of one machine draws in this process.
@@ -29,6 +29,37 @@ def cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png(fig, missing_glyphs: set[str] | None = None) -> bytes:
+    """The figure as PNG bytes, and the figure freed: a report of many figures holds one open
+    at a time. A character the font has no glyph for (a label's) is added to
+    ``missing_glyphs`` for one line of the report's, not warned about from matplotlib's source."""
+    import io
+    import re
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(buf, format="png", dpi=DPI)
+    pyplot().close(fig)
+    for w in caught:
+        glyph = re.match(r"Glyph (\d+) .*missing from font", str(w.message))
+        if glyph is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif missing_glyphs is not None:
+            missing_glyphs.add(chr(int(glyph.group(1))))
+    return buf.getvalue()
 
 
 class Drawing:

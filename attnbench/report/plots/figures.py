@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench import impls
 from attnbench.report.data import describe, heads_text, ok, peak_per_gpu, world_size
+from attnbench.report.plots.drawing import pyplot
 from attnbench.report.tables.sweep import max_seq_summary, series_groups
 from attnbench.results.schema import Row, Trial
 from attnbench.results.series import is_superseded, row_date
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 MAX_SERIES = 8
 COLUMNS = 2
 PANEL = (6.2, 3.4)  # inches of one panel, its legend below it
-DPI = 100
 # what stopped a search (``analysis.search``'s words), as a marker at its first failed length,
 # and the marker's words in a figure's title
 STOP_MARKERS = {
@@ -57,15 +57,6 @@ def stop_note(stopped_by: list[str]) -> str:
     if not marks:
         return ""
     return ", ".join(f"{m}: {MARKER_WORDS[m]}" for m in marks) + ", at the first length that failed"
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 @dataclass
@@ -381,25 +372,3 @@ def _answer_label(c) -> str:
     """A configuration and the allocator limit its searches ran under, if any."""
     limits = sorted({format_gib(s.limit) for s in (c.forward, c.training) if s and s.limit})
     return f"{c.label} ({c.settings})" + (f" under {', '.join(limits)}" if limits else "")
-
-
-def png(fig, missing_glyphs: set[str] | None = None) -> bytes:
-    """The figure as PNG bytes, and the figure freed: a report of many figures holds one open
-    at a time. A character the font has no glyph for (a label's) is added to
-    ``missing_glyphs`` for one line of the report's, not warned about from matplotlib's source."""
-    import io
-    import re
-    import warnings
-
-    buf = io.BytesIO()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fig.savefig(buf, format="png", dpi=DPI)
-    pyplot().close(fig)
-    for w in caught:
-        glyph = re.match(r"Glyph (\d+) .*missing from font", str(w.message))
-        if glyph is None:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        elif missing_glyphs is not None:
-            missing_glyphs.add(chr(int(glyph.group(1))))
-    return buf.getvalue()
