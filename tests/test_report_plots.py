@@ -190,6 +190,21 @@ def test_figures_drawn_by_workers_are_the_bytes_drawn_here_with_the_same_missing
     assert workers._pool is None  # the workers are let go
 
 
+def test_a_report_stopped_while_workers_draw_ends_them_without_drawing_the_rest():
+    """An error, an interrupt or a SIGTERM in the report lets no worker draw on: each is ended."""
+    import multiprocessing
+
+    from attnbench.report.plots.drawing import Drawing
+
+    drawing = Drawing()
+    drawing.workers = 2
+    for i in range(6):
+        drawing.png(plots.time_plot([trial(f"s{i}", 1024)], "GPU box"))
+    assert multiprocessing.active_children()
+    drawing.close()
+    assert multiprocessing.active_children() == [] and drawing._pool is None
+
+
 def test_a_cpus_throughput_axis_reads_in_gflops_as_the_terminal_does():
     """Rates under one TFLOP/s (0.0153 TFLOP/s = 15.3 GFLOP/s) are drawn in GFLOP/s, the unit
     the terminal prints them in; a GPU's 312 TFLOP/s stays in TFLOP/s."""

@@ -88,18 +88,29 @@ class Drawing:
                 data, glyphs = drawn.result()
                 figures[i] = (file, data)
                 self.missing_glyphs |= glyphs
-        self.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def close(self) -> None:
-        """Let the workers go (on an error or an interrupt: without drawing what is left)."""
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        """Stop the workers without drawing what is left (after an error, an interrupt or a
+        SIGTERM: a figure a worker has started would otherwise be drawn to the end)."""
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        stop = getattr(pool, "terminate_workers", None)  # Python 3.14
+        if stop is not None:
+            stop()
+        else:  # before 3.14 no public way: the executor's own processes, ended as that does
+            for process in list((pool._processes or {}).values()):
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _worker() -> None:
-    # an interrupt is the parent's to handle: it lets the workers go
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C reaches every process of the terminal's group: a worker ends at once and says
+    # nothing (no traceback of its own), and the parent says "interrupted" and lets the others go
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 def _drawn(blob: bytes) -> tuple[bytes, set[str]]:
