@@ -256,12 +256,12 @@ MEASURING_CALLS = ("cuda.Event(", "max_memory_allocated(", "max_memory_reserved(
 
 
 def test_one_module_creates_timing_events_and_reads_allocator_peaks():
-    """Trials, sequence-parallel ranks and speedup ranks measure through one core: no other
-    module times with CUDA events or reads the allocator's peaks, and each of them calls it."""
+    """Trials alone, sequence-parallel ranks and speedup ranks measure through one core and one
+    measure (``trials.placed_job``): no other module times with CUDA events, reads the
+    allocator's peaks or calls the core's measured step."""
     core = "attnbench.measure.core"
     found = {m: [c for c in MEASURING_CALLS if c in path.read_text()] for m, path in modules().items() if m != core}
     assert {m: calls for m, calls in found.items() if calls} == {}
     assert all(c in modules()[core].read_text() for c in MEASURING_CALLS)
-    for m in ("attnbench.trials.trial", "attnbench.trials.placed_job"):
-        taken = {name for target, names, _ in imports(m) if target == core for name in names}
-        assert "measure_step" in taken, f"{m} measures without the core"
+    measuring = {m for m in modules() for target, names, _ in imports(m) if target == core and "measure_step" in names}
+    assert measuring == {"attnbench.trials.placed_job"}, "one measure for every trial, placed or alone"

@@ -526,12 +526,12 @@ class ScriptedTimer:
 @pytest.mark.parametrize("first_ms, status", [(1000.0, "ok"), (5000.0, "time-limit")])
 def test_on_the_cpu_the_time_limit_is_decided_on_the_first_call(monkeypatch, first_ms, status):
     """A cold CPU call is a warm one (the CUDA rule, a warm call deciding, is test_measure's)."""
-    import attnbench.trials.trial as trial
+    import attnbench.trials.placed_job as placed_job
     from attnbench.measure.timing import TimingPolicy
     from attnbench.trials.trial import TrialSpec, execute
 
     monkeypatch.setattr(ScriptedTimer, "script", [first_ms, 1.0])
-    monkeypatch.setattr(trial, "Timer", ScriptedTimer)  # the timer execute() builds
+    monkeypatch.setattr(placed_job, "Timer", ScriptedTimer)  # the timer the one measure builds
     wl = {
         "impl": "naive",
         "config": {},

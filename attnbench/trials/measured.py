@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from attnbench.measure.accounting import Pairs, accounting, pairs_of
-from attnbench.measure.core import Measurement
 from attnbench.measure.stats import Interval, scaled
 from attnbench.results.schema import Measured
 
@@ -32,13 +31,30 @@ MEASUREMENT_FIELDS = (
 )
 
 
-def take_measurement(m: Measured, step: Measurement) -> None:
-    """The step's samples, what decided them and their statistics."""
-    for name in MEASUREMENT_FIELDS:
-        if getattr(step, name) is not None:
-            setattr(m, name, getattr(step, name))
-    m.clocks = step.clocks.get("clocks")
-    m.clocks_moved = step.clocks.get("clocks_moved")
+# What a trial alone keeps of its one rank's result beside the measurement's fields: its
+# inputs, the kernel it ran, its peaks and why NVML is missing where it is.
+RANK_FIELDS = (
+    "clocks",
+    "clocks_moved",
+    "inputs_bytes",
+    "backend",
+    "kv_layout",
+    "nvml_note",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "device_total_bytes",
+    "cpu_peak_rss",
+    "cpu_peak_rss_delta",
+)
+
+
+def take_rank(m: Measured, rank) -> None:
+    """A trial's measured part from its one rank's result (``trials.placed.RankResult``): the
+    step's samples, what decided them, their statistics and the memory it reached."""
+    for name in MEASUREMENT_FIELDS + RANK_FIELDS:
+        if getattr(rank, name) is not None:
+            setattr(m, name, getattr(rank, name))
+    m.message = m.message or ""
     m.summarize()
 
 

@@ -76,8 +76,17 @@ class RankResult:
     devices: list[int] | None = None  # CUDA devices it used
     first_call_ms: float | None = None  # its own first call
     compile_ms: float | None = None
+    compile_peak_bytes: int | None = None
+    warm_call_ms: float | None = None  # the call its plan and time limit were decided on
+    warmup_calls: int | None = None
+    warmup_s: float | None = None
     gpu_times_ms: list[float] | None = None
     gpu_timer: str | None = None
+    cpu_times_ms: list[float] | None = None  # one CPU process: each call's CPU time
+    cpu_tensor_peak_bytes: int | None = None
+    threads: int | None = None  # CPU: torch's intra-op threads
+    clocks: list[dict[str, Any]] | None = None  # its GPUs' clocks while timing (where NVML reads them)
+    clocks_moved: bool | None = None
     link_gbps: float | None = None  # its ring exchange alone, measured before the trial
     inputs_bytes: int | None = None  # what its share held before the first call
     max_memory_allocated: int | None = None  # allocator peaks of its first device

@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
+from attnbench.measure import oom
 from attnbench.measure.core import Measurement, MemoryProbe, Ranks, Timer, measure_step
 from attnbench.measure.memory import CpuMemoryLimit, NvmlBackend, NvmlSampler, gpus_nvml
 from attnbench.results.convert import fill
 from attnbench.results.schema import GpuMemory
 from attnbench.runtime.jobs import Place, job
 from attnbench.trials import strategies
+from attnbench.trials.measured import MEASUREMENT_FIELDS
 from attnbench.trials.placed import Compared, OutputCheck, PlacedSpec, RankResult
 from attnbench.trials.ranks import ALONE, agreement, phase_reporter
 from attnbench.trials.strategies import Prepared, RankContext, Strategy
@@ -95,34 +97,50 @@ def measure(
     ctx: RankContext,
     spec: PlacedSpec,
     phase: Callable[..., None] = lambda name, limit_s=None: None,
-    ranks: Ranks = ALONE,
+    ranks: Ranks | None = ALONE,
     nvml: NvmlBackend | None = None,
 ) -> RankResult:
     """One rank's trial, timed or not as its output check's role says (``ranks``: how it
     agrees with the trial's other ranks; ``nvml``: the GPUs to sample, else its own devices'
-    on a GPU)."""
+    on a GPU).
+
+    ``ranks`` None is a trial alone (``trials.trial``): timed as one process is (warm-up until
+    the clock settles, each call's CPU time, the CPU's tensor count), and a failure of its step
+    is its result, with the memory it reached. A rank lets a failure end its process, since the
+    other ranks wait on it and the launcher says how it ended."""
     devices = strategy.devices(ctx)
     link = strategy.link(ctx)  # before anything is allocated or sampled, freed after
     nvml_note = ""
     if nvml is None and ctx.cuda:
         nvml, nvml_note = gpus_nvml(devices)
     result = RankResult(status="ok", devices=devices, times_ms=[], link_gbps=link, nvml_note=nvml_note or None)
-    sampler = NvmlSampler(nvml)
+    sampler = NvmlSampler(nvml)  # its baseline is read before the trial's CUDA context
     probe = MemoryProbe(devices if ctx.cuda else [])
     out = spec.output
-    with sampler:
-        ranks.barrier()
-        probe.start(spec.memory_limit)
-        with CpuMemoryLimit(spec.memory_limit if not ctx.cuda else None):
-            prepared = strategy.prepare(ctx)
-            result.inputs_bytes = probe.in_use()
-            if out is None or out.role != "reference-only":
-                _take_calls(result, _timed(strategy, prepared, ctx, spec, probe, ranks, phase))
-        ranks.barrier()
-        result.backend, result.kv_layout = prepared.backend(), prepared.kv_layout()
+    prepared = None
+    barrier = ranks.barrier if ranks else lambda: None
+    try:
+        with sampler:
+            barrier()
+            phase("device")  # on a GPU: the CUDA context, where nothing made it before
+            probe.start(spec.memory_limit)
+            with CpuMemoryLimit(spec.memory_limit if not ctx.cuda else None):
+                phase("inputs")
+                prepared = strategy.prepare(ctx)
+                result.inputs_bytes = probe.in_use()
+                if out is None or out.role != "reference-only":
+                    _take_calls(result, _timed(strategy, prepared, ctx, spec, probe, sampler, ranks, phase))
+            barrier()
+            result.backend, result.kv_layout = prepared.backend(), prepared.kv_layout()
+    except Exception as exc:
+        if ranks is not None:
+            raise
+        result.status, result.message = oom.classify(exc), oom.one_line(exc)
     result.nvml = [GpuMemory(**g) for g in sampler.per_gpu()] if nvml is not None else None
     fill(result, probe.peaks())
     result.allocator = probe.allocator()
+    if prepared is None:
+        return result
     result.replica_batches = prepared.replica_batches
     if result.status == "ok" and out is not None:
         phase("compare")
@@ -131,7 +149,14 @@ def measure(
 
 
 def _timed(
-    strategy: Strategy, prepared: Prepared, ctx: RankContext, spec: PlacedSpec, probe: MemoryProbe, ranks: Ranks, phase
+    strategy: Strategy,
+    prepared: Prepared,
+    ctx: RankContext,
+    spec: PlacedSpec,
+    probe: MemoryProbe,
+    sampler: NvmlSampler,
+    ranks: Ranks | None,
+    phase,
 ) -> Measurement:
     """The share's step through the measurement core, every rank planning the same calls. GPU
     time where the step launches on the caller's stream and, unless it says otherwise, runs
@@ -143,6 +168,7 @@ def _timed(
         Timer(ctx.workload.device),
         spec.limit_s,
         probe=probe,
+        sampler=sampler,
         ranks=ranks,
         compiles=prepared.compiles,
         gpu_timing=strategy.gpu_timed and ctx.cuda and gpu_timed,
@@ -152,14 +178,13 @@ def _timed(
 
 
 def _take_calls(result: RankResult, m: Measurement) -> None:
-    """The calls of ``result`` as the measurement core timed them, and the step's split of a
-    call where it gave one (a ring's compute and waiting, what it sent)."""
-    result.status, result.times_ms, result.timer = m.status, m.times_ms, m.timer
-    result.first_call_ms, result.compile_ms = m.first_call_ms, m.compile_ms
-    if m.status != "ok":
-        result.message = m.message
-    if m.gpu_times_ms is not None:
-        result.gpu_times_ms, result.gpu_timer = m.gpu_times_ms, m.gpu_timer
+    """The calls of ``result`` as the measurement core timed them, what decided them, and the
+    step's split of a call where it gave one (a ring's compute and waiting, what it sent)."""
+    for name in MEASUREMENT_FIELDS:
+        if getattr(m, name) is not None:
+            setattr(result, name, getattr(m, name))
+    result.message = m.message or None
+    result.clocks, result.clocks_moved = m.clocks.get("clocks"), m.clocks.get("clocks_moved")
     _breakdown(result, m.per_call)
 
 

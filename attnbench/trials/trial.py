@@ -1,6 +1,7 @@
 """One trial: build the implementation, allocate inputs, run it once for memory, then time it.
 
-``execute`` runs a trial in this process. ``run_isolated`` runs it in a worker process of
+``execute`` runs a trial in this process: its call placed on one device and measured by the
+one measure of every trial (``trials.placed_job.measure``), then its FLOPs accounted. ``run_isolated`` runs it in a worker process of
 its own (the default; see ``attnbench.runtime``), so an OOM, a crash or allocator
 fragmentation cannot change later trials, and a trial over its time limit can be killed;
 the process was started (python and torch imported, no CUDA context) while the previous trial
@@ -21,18 +22,21 @@ from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.measure import oom
 from attnbench.measure.accounting import Pairs
-from attnbench.measure.core import MemoryProbe, Timer, measure_step, tensor_peak_bytes
-from attnbench.measure.memory import CpuMemoryLimit, NvmlSampler, open_nvml
+from attnbench.measure.core import tensor_peak_bytes
+from attnbench.measure.memory import CpuMemoryLimit, NvmlBackend, open_nvml
 from attnbench.measure.timing import COLD_CALL_FACTOR, TimingPolicy
-from attnbench.results.convert import fill
 from attnbench.results.schema import GpuMemory, Measured
 from attnbench.runtime.jobs import Ended, job
 from attnbench.runtime.supervise import announce_phase
 from attnbench.runtime.worker import leave_partial, run_in_child
 from attnbench.trials import counting
 from attnbench.trials.counting import COUNT_LIMIT_S
-from attnbench.trials.measured import set_peak, take_accounting, take_measurement, take_pairs
+from attnbench.trials.measured import set_peak, take_accounting, take_pairs, take_rank
+from attnbench.trials.placed import PlacedSpec, RankResult
+from attnbench.trials.placed_job import measure
 from attnbench.trials.reference import Check, VerifyCase, reference_bytes, run_case
+from attnbench.trials.strategies import RankContext
+from attnbench.trials.strategies.device import on_device
 from attnbench.trials.workload import Workload
 
 
@@ -61,64 +65,72 @@ def execute(
     phase: Callable[..., None] = lambda name, limit_s=None: None,
     leave: Callable[[Measured], None] = lambda m: None,
 ) -> Measured:
-    """Run one trial here; never raises for a failing trial, returns what it measured. Pairs
-    counted from declared key sets are counted after the measurement is complete, ``leave``
-    given it first (a worker writes it, in case the count is stopped)."""
+    """Run one trial here; never raises for a failing trial, returns what it measured. Its
+    call is placed on one device (``strategies.device``) and measured as every placed trial is
+    (``placed_job.measure``). Pairs counted from declared key sets are counted after the
+    measurement is complete, ``leave`` given it first (a worker writes it, in case the count
+    is stopped)."""
     wl = spec.workload
     cuda = wl.device == "cuda"
     m = Measured(status="error", message="", times_ms=[])
-    impl = None
     phase("setup")
-    nvml, nvml_note = open_nvml() if cuda else (None, "")
-    m.nvml_note = nvml_note or None
-    sampler = NvmlSampler(nvml)
-    mem = MemoryProbe([0] if cuda else [])
     try:
-        if impls.names_outside_code(wl.impl, wl.config):  # held to a cold call's limit from its import on
-            phase("outside", COLD_CALL_FACTOR * spec.max_trial_seconds)
-        impl = impls.build(wl.impl, **wl.config)
+        impl = _built(wl, spec, phase)
         m.impl_source = impls.recorded_source(wl.impl)
-        impl.check_shape(wl.seq_len, wl.heads)
-        timer = Timer(wl.device)
-        m.timer = timer.name
-        limit = spec.memory_limit
-        phase("device")  # on a GPU: the CUDA context
-        mem.start(limit)
-        with sampler, CpuMemoryLimit(limit if not cuda else None):
-            phase("inputs")
-            q, k, v = wl.make_inputs(torch.Generator(device=wl.device).manual_seed(spec.seed))
-            m.inputs_bytes = mem.in_use()
-            step = _step(impl, wl, q, k, v)
-            measured = measure_step(
-                step,
-                spec.policy(),
-                timer,
-                spec.max_trial_seconds,
-                probe=mem,
-                sampler=sampler,
-                compiles=impl.compiles,
-                gpu_timing=cuda,
-                phase=phase,
-            )
-        phase("accounting")
-        take_measurement(m, measured)  # statistics outside the memory limit (bootstrap imports numpy.random)
-        m.backend = impl.last_backend
-        m.kv_layout = impl.last_kv_layout or None  # grouped K/V: shared, or copied to every query head
-        mem.freeze()  # a closed form allocates nothing, but nothing after the timed calls is the trial's peak
-        del step, q, k, v
-        take_accounting(m, impl, wl)  # pairs counted from key sets: by the sweep, outside the trial
     except Exception as exc:  # a failing trial is data, not a crash
-        m.status, m.message = oom.classify(exc), oom.one_line(exc)
-    fill(m, mem.peaks())
-    m.gpus = _per_gpu(sampler, mem)
+        m.status, m.message, m.gpus = oom.classify(exc), oom.one_line(exc), []
+        set_peak(m, cuda, wl.floor_bytes)
+        return m
+    ran = measure(on_device(impl), _alone(spec), _placed(spec), phase, ranks=None, nvml=_every_gpu(cuda))
+    phase("accounting")
+    take_rank(m, ran)  # statistics outside the memory limit (bootstrap imports numpy.random)
+    m.gpus = _per_gpu(ran, cuda)
     set_peak(m, cuda, wl.floor_bytes)
-    if m.status == "ok" and impl is not None and impl.counted_pairs:
+    if m.status not in ("ok", "time-limit"):  # the step raised: no call to account for
+        return m
+    try:
+        take_accounting(m, impl, wl)  # pairs counted from key sets: by the sweep, outside the trial
+    except Exception as exc:
+        m.status, m.message = oom.classify(exc), oom.one_line(exc)
+        return m
+    if m.status == "ok" and impl.counted_pairs:
         _count_pairs(m, impl, wl, spec, phase, leave)
     return m
 
 
+def _built(wl: Workload, spec: TrialSpec, phase):
+    """The implementation, its shape checked: before the trial's memory is watched."""
+    if impls.names_outside_code(wl.impl, wl.config):  # held to a cold call's limit from its import on
+        phase("outside", COLD_CALL_FACTOR * spec.max_trial_seconds)
+    impl = impls.build(wl.impl, **wl.config)
+    impl.check_shape(wl.seq_len, wl.heads)
+    return impl
+
+
+def _alone(spec: TrialSpec) -> RankContext:
+    return RankContext(workload=spec.workload, module="attention", grad_compression=None, gpus=1, seed=spec.seed)
+
+
+def _placed(spec: TrialSpec) -> PlacedSpec:
+    return PlacedSpec(
+        strategy="device",
+        strategy_module=on_device.__module__,
+        workload=spec.workload,
+        seed=spec.seed,
+        timing=spec.policy(),
+        limit_s=spec.max_trial_seconds,
+        memory_limit=spec.memory_limit,
+    )
+
+
+def _every_gpu(cuda: bool) -> NvmlBackend | None:
+    """NVML over every GPU of the machine (another process's memory on one shows in the row);
+    without it, ``measure`` says why."""
+    return open_nvml()[0] if cuda else None
+
+
 def _count_pairs(m: Measured, impl, wl: Workload, spec: TrialSpec, phase, leave) -> None:
-    """The pairs of a trial whose measurement is complete (its time, its frozen peaks, its memory
+    """The pairs of a trial whose measurement is complete (its time, its peaks, its memory
     limit lifted): handed from an earlier count at this shape, or counted now under a limit of
     their own (``trials.counting``), after ``leave`` keeps the measurement."""
     if spec.pairs is not None:
@@ -131,32 +143,12 @@ def _count_pairs(m: Measured, impl, wl: Workload, spec: TrialSpec, phase, leave)
     m.count_s = round(time.monotonic() - started, 3)
 
 
-def _step(impl, wl, q, k, v) -> Callable[[], None]:
-    if wl.mode == "fwd":
-
-        def forward():
-            with torch.no_grad():
-                impl(q, k, v, is_causal=wl.causal)
-
-        return forward
-
-    grad_out = torch.randn_like(q)
-
-    def forward_backward():
-        for t in (q, k, v):
-            t.grad = None
-        impl(q, k, v, is_causal=wl.causal).backward(grad_out)
-
-    return forward_backward
-
-
-def _per_gpu(sampler, mem: MemoryProbe) -> list[GpuMemory]:
+def _per_gpu(ran: RankResult, cuda: bool) -> list[GpuMemory]:
     """NVML's reading of each GPU, with the allocator's peaks on the trial's own (index 0)."""
-    gpus = [GpuMemory(**g) for g in sampler.per_gpu()]
-    peaks = mem.peaks()
+    gpus = list(ran.nvml or [])
     for g in gpus:
-        if g.index == 0 and mem.cuda:
-            g.max_memory_allocated, g.max_memory_reserved = peaks.max_memory_allocated, peaks.max_memory_reserved
+        if g.index == 0 and cuda:
+            g.max_memory_allocated, g.max_memory_reserved = ran.max_memory_allocated, ran.max_memory_reserved
     return gpus
 
 
