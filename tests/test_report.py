@@ -580,6 +580,22 @@ def test_predict_without_a_matching_series_says_what_the_results_hold(in_process
     assert all(impl in absent.stderr for impl in {r["impl"] for r in trial_rows})
 
 
+def test_predict_reads_its_implementation_alone(tmp_path, in_process):
+    """A history holding rows of another implementation that no reader could use (one of
+    another schema version, which stops a whole read) predicts what it predicts without them:
+    predict decodes every line but types and judges its own implementation's rows only."""
+    naive = next(r for r in fixture_rows() if r["impl"] == "naive")
+    (tmp_path / "trials.jsonl").write_text(
+        (FIXTURE / "trials.jsonl").read_text() + json.dumps({**naive, "schema": 999, "trial": "x"}) + "\n"
+    )
+    clean = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", FIXTURE)
+    mixed = in_process("predict", "--impl", "dilated", "--gpu-memory", "80GiB", "--from", tmp_path)
+    assert mixed.returncode == clean.returncode == 0, mixed.stderr
+    assert mixed.stdout == clean.stdout and len(clean.stdout.splitlines()) == 5
+    whole = in_process("predict", "--impl", "naive", "--gpu-memory", "80GiB", "--from", tmp_path)
+    assert whole.returncode == 2 and "result schema 999" in whole.stderr  # naive's own rows: read and refused
+
+
 def test_predict_bad_input(tmp_path, in_process):
     unknown = in_process("predict", "--impl", "nosuch", "--gpu-memory", "80GiB", "--from", FIXTURE)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown implementation 'nosuch'")

@@ -100,6 +100,31 @@ def test_samples_are_judged_one_by_one_not_by_their_sum(tmp_path):
     assert rows == [] and "'times_ms'[40] is -1e-09" in problems[0]
 
 
+def test_a_reader_of_some_rows_types_those_and_leaves_the_others_unjudged(tmp_path):
+    """``keep`` (what predict passes for one implementation): the rows kept are the ones a
+    whole read holds for that implementation; a row not kept is never judged, even an
+    impossible one, while a line no reader can decode is still named."""
+    from attnbench.results import load_rows
+
+    other = {**TRIAL, "impl": "elsewhere", "trial": "other-1", "peak_bytes": -4096}
+    path = write_lines(tmp_path / "trials.jsonl", [*ROWS, other], raw=["{not json"])
+    whole, whole_problems = load_rows(path)
+    kept, problems = load_rows(path, keep=lambda row: row.get("impl") == TRIAL["impl"])
+    assert [r.source for r in kept] == [r.source for r in whole if r.impl == TRIAL["impl"]] and kept
+    assert any("impossible row skipped" in p for p in whole_problems)
+    assert [p.split(": ", 1)[1][:24] for p in problems] == ["unreadable line skipped "]
+
+
+def test_the_last_line_is_read_without_its_newline_and_lines_keep_their_numbers(tmp_path):
+    """Lines are read one at a time (a history is never held whole): a last row without its
+    newline is a row, and a bad line is named by its number as before."""
+    path = write_lines(tmp_path / "trials.jsonl", [ROWS[0]], raw=["{not json"])
+    path.write_text(path.read_text() + json.dumps(ROWS[1]))
+    rows, problems = read_rows(path)
+    assert [r["kind"] for r in rows] == [ROWS[0]["kind"], ROWS[1]["kind"]]
+    assert problems and problems[0].startswith(f"{path}:2: unreadable line skipped")
+
+
 def test_the_gate_refuses_an_impossible_current_run_unless_told_to_skip(tmp_path, capsys):
     base = write_lines(tmp_path / "base" / "trials.jsonl", ROWS)
     bad = [({**r, "peak_bytes": -r["peak_bytes"]} if r.get("trial") == TRIAL["trial"] else r) for r in ROWS]

@@ -4,8 +4,9 @@ only, never runs a benchmark."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -15,6 +16,8 @@ from attnbench.cli.base import app, console, err_console
 from attnbench.errors import AttnbenchError
 from attnbench.measure.capacity import MIN_LENGTHS_FOR_CURVE
 from attnbench.registry import did_you_mean
+from attnbench.results.schema import Trial
+from attnbench.results.series import UNKNOWN_MACHINE
 from attnbench.units import brief, format_bytes, format_tokens, parse_bytes, parse_tokens
 
 if TYPE_CHECKING:
@@ -94,16 +97,17 @@ def gpu_count_lines(impl: str, gpus: int, source, seq_len: int | None = None) ->
 def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) -> list[str]:
     """One line per measured series of ``impl``: its longest sequence on a device of ``gpu_memory``,
     followed by a line starting 'warning: ' where the prediction stands on weak ground."""
-    from attnbench.report.data import load, trials
+    from attnbench.report.data import load
     from attnbench.report.fit import capacities
 
     device_bytes = parse_bytes(gpu_memory)
-    results = load(source)
-    _check_known(impl, sorted({r.impl for r in trials(results.rows)}))
-    held = [(machine, c) for machine, rows in results.by_machine.items() for c in capacities(rows)]
+    reading = Reading(impl)
+    results = load(source, keep=reading.keep)
+    _check_known(impl, sorted(reading.measured))
+    held = [(machine, c) for machine, rows in reading.in_order(results.by_machine) for c in capacities(rows)]
     chosen = [(machine, c) for machine, c in held if c.impl == impl and (not label or c.label == label)]
     if not chosen:
-        raise AttnbenchError(_no_series(impl, label, results.source, [c for _, c in held]))
+        raise AttnbenchError(_no_series(impl, label, results.source, [c for _, c in held], reading.measured))
     lines = []
     for machine, c in chosen:
         if c.fit:
@@ -121,6 +125,30 @@ def predict_lines(impl: str, gpu_memory: str, source, label: str | None = None) 
     return lines
 
 
+@dataclass
+class Reading:
+    """What a prediction for ``impl`` reads of a history: that implementation's rows alone (a
+    history of many is neither typed nor held whole), and on the way every implementation a
+    trial names (an unknown name is told what the results hold) and every machine in the
+    order the history first names it (predictions are printed in that order, as when every
+    row was read)."""
+
+    impl: str
+    measured: set[str] = field(default_factory=set)
+    machines: dict[str, int] = field(default_factory=dict)
+
+    def keep(self, row: dict[str, Any]) -> bool:
+        env = row.get("env")
+        machine = (env.get("machine") if isinstance(env, dict) else None) or UNKNOWN_MACHINE
+        self.machines.setdefault(machine, len(self.machines))
+        if row.get("kind") in Trial.KIND and isinstance(row.get("impl"), str):
+            self.measured.add(row["impl"])
+        return row.get("impl") == self.impl
+
+    def in_order(self, by_machine: dict[str, list]) -> list[tuple[str, list]]:
+        return sorted(by_machine.items(), key=lambda kv: self.machines.get(kv[0], len(self.machines)))
+
+
 def _check_known(impl: str, measured: list[str]) -> None:
     if impl not in measured and impl not in impls.names():
         raise AttnbenchError(
@@ -129,14 +157,14 @@ def _check_known(impl: str, measured: list[str]) -> None:
         )
 
 
-def _no_series(impl: str, label: str | None, source: str, held: list[Capacity]) -> str:
-    """No series matches at all (not too few trials): say what the results do hold."""
-    labels = sorted({c.label for c in held if c.impl == impl})
+def _no_series(impl: str, label: str | None, source: str, held: list[Capacity], measured: set[str]) -> str:
+    """No series matches at all (not too few trials): say what the results do hold (``held``:
+    ``impl``'s series; ``measured``: every implementation the trials name)."""
+    labels = sorted({c.label for c in held})
     if label and labels:
         return f"no series of {impl} in {source} has label {label!r}: its labels are {', '.join(map(repr, labels))}"
-    impls_held = sorted({c.impl for c in held})
     return (
-        f"{source} holds no series of {impl}: it holds {', '.join(impls_held) or 'no trials'}; "
+        f"{source} holds no series of {impl}: it holds {', '.join(sorted(measured)) or 'no trials'}; "
         f"run `attnbench max-seq --impl {impl} --out DIR` and predict --from DIR"
     )
 

@@ -15,7 +15,7 @@ from typing import Any
 from attnbench import impls
 from attnbench.errors import AttnbenchError
 from attnbench.results import load_rows
-from attnbench.results.read import distinct_paths, files_of, paths_text
+from attnbench.results.read import Keep, distinct_paths, files_of, paths_text
 from attnbench.results.schema import Row, Speedup, Trial, Verify, Workload
 from attnbench.results.series import (
     Retired,
@@ -47,17 +47,20 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
-def load(paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | None = None) -> Results:
+def load(
+    paths: Path | Sequence[Path], loaded: tuple[list[Row], list[str]] | None = None, keep: Keep | None = None
+) -> Results:
     """Every readable row under the results paths (directories or trials.jsonl files;
-    ``loaded``: what ``load_rows`` read of them already); bad input (a path with nothing to
+    ``loaded``: what ``load_rows`` read of them already; ``keep``: the rows a reader needs,
+    none of them an answer that the paths hold nothing); bad input (a path with nothing to
     read) is a one-line error."""
     sources = distinct_paths(paths)
     files = files_of(
         sources,
         lambda path: f"no trials.jsonl under {path}: run e.g. `attnbench run --profile auto --out {path}` first",
     )
-    rows, problems = loaded or load_rows(files)
-    if not rows:
+    rows, problems = loaded or load_rows(files, keep)
+    if not rows and keep is None:
         raise AttnbenchError(
             f"{paths_text(sources)} holds no readable result rows ({len(problems)} unreadable lines in "
             f"{len(files)} files): run `attnbench run --profile auto --out DIR` and report on DIR"

@@ -20,7 +20,7 @@ from attnbench.results.write import TRIALS_FILE
 def result_files(path: Path) -> list[Path]:
     path = Path(path)
     if path.exists() and not path.is_dir():
-        return [path]  # a file (read_file refuses one that is not a regular file)
+        return [path]  # a file (read_lines refuses one that is not a regular file)
     if not path.exists():
         raise AttnbenchError(f"results path {path} does not exist: give a results directory or trials.jsonl")
     return sorted(path.rglob(TRIALS_FILE))
@@ -53,8 +53,9 @@ def paths_text(paths: tuple[Path, ...]) -> str:
     return " ".join(str(p) for p in paths)
 
 
-def read_file(file: Path) -> bytes:
-    """A results file's bytes; a FIFO or device at its name is refused, never waited on."""
+def read_lines(file: Path) -> Iterator[bytes]:
+    """A results file's lines, one at a time (a history of gigabytes is never held whole); a
+    FIFO or device at its name is refused, never waited on."""
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -63,7 +64,8 @@ def read_file(file: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise AttnbenchError(f"{file} is not a regular file (a FIFO or device): give a results file or directory")
         try:
-            return f.read()
+            for line in f:
+                yield line.removesuffix(b"\n")
         except OSError as exc:
             raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
 
@@ -90,18 +92,24 @@ def read_rows(paths: Path | Iterable[Path]) -> tuple[list[dict[str, Any]], list[
     return rows, problems
 
 
-def load_rows(paths: Path | Iterable[Path]) -> tuple[list[Row], list[str]]:
+def load_rows(paths: Path | Iterable[Path], keep: Keep | None = None) -> tuple[list[Row], list[str]]:
     """The typed loader every reader uses: the rows of ``read_rows`` as schema objects
     (``Trial``, ``MaxSeqResult``, ``Verify``, ``Speedup``), each with ``source`` set to its
-    ``FILE:LINE``, and the same ``FILE:LINE`` problem lines."""
+    ``FILE:LINE``, and the same ``FILE:LINE`` problem lines. ``keep``: a reader that needs some
+    rows only (one implementation's) says which, from the decoded line; the others are
+    neither checked nor typed nor held."""
     rows, problems = [], []
-    for _, row, file, lineno in _valid_rows(paths, problems):
+    for _, row, file, lineno in _valid_rows(paths, problems, keep):
         row.source = f"{file}:{lineno}"
         rows.append(row)
     return rows, problems
 
 
-def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
+# which decoded rows a reader needs (``load_rows``)
+Keep = Callable[[dict[str, Any]], bool]
+
+
+def _valid_rows(paths: Path | Iterable[Path], problems: list[str], keep: Keep | None = None):
     """(row, typed row, file, line) of every valid, possible row, each trial once; a skipped
     line is appended to ``problems``. Each row is read once, in time linear in the rows: the
     rows of one run share one environment, typed and checked once."""
@@ -111,13 +119,15 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str]):
     envs = Environments()
     for root in paths:
         for file in result_files(Path(root)):
-            for lineno, raw in enumerate(read_file(file).split(b"\n"), 1):
+            for lineno, raw in enumerate(read_lines(file), 1):
                 if not raw.strip():
                     continue
                 where = f"{file}:{lineno}"
                 row, rest, problem = _parse_line(raw, envs)
                 if problem:
                     problems.append(f"{where}: {problem}")
+                    continue
+                if keep is not None and not keep(row):
                     continue
                 if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
                     raise AttnbenchError(
