@@ -74,7 +74,7 @@ class GpuMemory:
     index: int  # GPU index as the trial saw it
     max_memory_allocated: int | None = None  # torch allocator peak, bytes
     max_memory_reserved: int | None = None  # torch caching allocator reserved peak, bytes
-    nvml_used_before: int | None = None  # NVML used memory before the trial, bytes (all processes)
+    nvml_used_before: int | None = None  # NVML used memory before the trial and its CUDA context, bytes (all processes)
     nvml_used_peak: int | None = None  # NVML used memory peak during the trial, bytes
     rank: int | None = None  # distributed rank that used this GPU
     cuda_device: int | None = None  # CUDA device index of that rank
