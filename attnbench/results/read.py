@@ -123,11 +123,12 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str], keep: Keep | 
                 if not raw.strip():
                     continue
                 where = f"{file}:{lineno}"
-                row, rest, problem = _parse_line(raw, envs)
+                row, problem = _decode(raw)
+                if not problem and keep is not None and not keep(row):
+                    continue  # a row this reader does not need: nothing of it is judged
+                rest, problem = (None, problem) if problem else _usable(row, envs)
                 if problem:
                     problems.append(f"{where}: {problem}")
-                    continue
-                if keep is not None and not keep(row):
                     continue
                 if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
                     raise AttnbenchError(
@@ -190,26 +191,31 @@ class Environments:
             self.known.setdefault(self.key(row["env"]), typed.env)
 
 
-def _parse_line(raw: bytes, envs: Environments) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """(the row, what is left to check of it: ``Environments.rest``, why it is unreadable or "")."""
+def _decode(raw: bytes) -> tuple[dict[str, Any], str]:
+    """(the line as a row, why it is unreadable or "")."""
     try:
         row = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        return {}, {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
+        return {}, f"unreadable line skipped (not UTF-8 at byte {exc.start})"
     except RecursionError:
-        return {}, {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
+        return {}, f"unreadable line skipped (nested deeper than a row's {MAX_DEPTH} levels)"
     except ValueError as exc:
-        return {}, {}, f"unreadable line skipped ({exc})"
+        return {}, f"unreadable line skipped ({exc})"
     if not isinstance(row, dict) or "kind" not in row:
-        return {}, {}, "unreadable line skipped (not a result row: no 'kind')"
+        return {}, "unreadable line skipped (not a result row: no 'kind')"
+    return row, ""
+
+
+def _usable(row: dict[str, Any], envs: Environments) -> tuple[dict[str, Any], str]:
+    """(what is left to check of a decoded row: ``Environments.rest``, why it cannot be used or "")."""
     rest = envs.rest(row)
     depth = nesting_depth(rest)  # an accepted environment nests no deeper than a row may
     if depth > MAX_DEPTH:
-        return {}, {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
+        return {}, f"unreadable line skipped (nested {depth} levels deep, more than a row's {MAX_DEPTH})"
     missing = [k for k in REQUIRED_KEYS.get(row["kind"], ("status",)) if k not in row]
     if missing:
-        return {}, {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
-    return row, rest, ""
+        return {}, f"incomplete {row['kind']} row skipped (no {', '.join(map(repr, missing))})"
+    return rest, ""
 
 
 def iter_rows(paths: Path | Iterable[Path]) -> Iterator[dict[str, Any]]:
