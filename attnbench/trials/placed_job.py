@@ -2,7 +2,8 @@
 read its memory, and check its output where the trial has one to check against.
 
 Runs under ``attnbench.runtime.distributed.launch`` as the rank job ``rank_job``, one process
-per rank as the strategy says; ``measure`` is the whole of it and also runs in-process.
+per rank as the strategy says; ``measure`` is the whole of it, and also measures a trial alone
+(``trials.trial``: its call placed on one device), so every row's time and memory come from here.
 
 - Time and memory: through the measurement core (``attnbench.measure.core``), all ranks
   agreeing on the plan; before each call every rank waits at a barrier, so call i starts

@@ -1,6 +1,7 @@
 """How a trial spreads over processes and GPUs: a small registry of strategies, one module
 each (``single``, ``thread``, ``dp``, ``mp`` run the module ``work`` builds; ``ring`` shards
-one sequence of a sequence-parallel implementation, ``sequence``).
+one sequence of a sequence-parallel implementation, ``sequence``). ``device`` places a trial
+alone, one implementation's call on one device; it launches nothing, so it is not registered.
 
 A strategy says how many processes to launch for P GPUs, which CUDA devices each rank
 uses, which part of the global batch and sequence each rank holds, and how the work is
