@@ -368,6 +368,7 @@ def test_bench_on_two_ranks_writes_rows_for_one_and_two(tmp_path, in_process):
         assert all(x["compute_ms"] > 0 and x["comm_wait_ms"] >= 0 for x in r["ranks"])
         assert r["floor_bytes"] == 4 * 1024 * 2 * 16 * 4 // r["world_size"]  # q, k, v, out of one shard
         assert r["tokens_per_s"] == pytest.approx(1024 / (r["time_ms"] / 1e3))
+        assert r["threads"] >= 1 and r["warmup_calls"] >= 0  # what its calls ran with, as a trial alone records
     # each of the 2 ranks sends its whole K and V shard once: 2 x 512 tokens x 2 heads x 16 x 4 bytes
     assert [x["sent_bytes"] for x in points[1]["ranks"]] == [2 * 512 * 2 * 16 * 4] * 2
     # a call's time is the slowest rank's

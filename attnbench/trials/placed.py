@@ -126,7 +126,7 @@ def run(
 def merge(m: Timing, ended: list[RankEnded]) -> list[RankResult]:
     """``m``'s common part from how the ranks ended: one status, each call the slowest rank's,
     the first call and compilation the slowest rank's where every rank took one, the kernel,
-    and one line per rank. Returns what each rank sent (a rank that failed stands in with no
+    the CPU threads and warm-up calls the ranks planned alike, and one line per rank. Returns what each rank sent (a rank that failed stands in with no
     calls, no memory) for the row's own fields."""
     from attnbench.runtime.distributed import agreed_status
 
@@ -138,6 +138,8 @@ def merge(m: Timing, ended: list[RankEnded]) -> list[RankResult]:
     m.summarize()
     m.first_call_ms = slowest_of_all([r.first_call_ms for r in results], len(results))
     m.timer = _first(r.timer for r in results)
+    m.threads = _first(r.threads for r in results)  # on the CPU: every rank's calls ran with the plan's count
+    m.warmup_calls = next((r.warmup_calls for r in results if r.warmup_calls is not None), None)  # planned alike
     m.backend = _first(r.backend for r in results)
     m.kv_layout = _first(r.kv_layout for r in results)  # grouped K/V: shared or copied
     m.nvml_note = _first(r.nvml_note for r in results)
