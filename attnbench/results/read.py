@@ -124,9 +124,10 @@ def _valid_rows(paths: Path | Iterable[Path], problems: list[str], keep: Keep | 
                     continue
                 where = f"{file}:{lineno}"
                 row, problem = _decode(raw)
-                if not problem and keep is not None and not keep(row):
-                    continue  # a row this reader does not need: nothing of it is judged
-                rest, problem = (None, problem) if problem else _usable(row, envs)
+                if not problem:
+                    if keep is not None and not keep(row):
+                        continue  # a row this reader does not need: nothing of it is judged
+                    rest, problem = _usable(row, envs)
                 if problem:
                     problems.append(f"{where}: {problem}")
                     continue

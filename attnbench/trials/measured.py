@@ -5,10 +5,14 @@ a sequence-parallel trial fill it the same way, so their rows mean the same thin
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from attnbench.measure.accounting import Pairs, accounting, pairs_of
 from attnbench.measure.stats import Interval, scaled
 from attnbench.results.schema import Measured
+
+if TYPE_CHECKING:
+    from attnbench.trials.placed import RankResult
 
 # What a row stores of a Measurement as it is (its clock summary is read apart, and the
 # slowest first call and per-call readings are the step's own business).
@@ -48,9 +52,9 @@ RANK_FIELDS = (
 )
 
 
-def take_rank(m: Measured, rank) -> None:
-    """A trial's measured part from its one rank's result (``trials.placed.RankResult``): the
-    step's samples, what decided them, their statistics and the memory it reached."""
+def take_rank(m: Measured, rank: RankResult) -> None:
+    """A trial's measured part from its one rank's result: the step's samples, what decided
+    them, their statistics and the memory it reached."""
     for name in MEASUREMENT_FIELDS + RANK_FIELDS:
         if getattr(rank, name) is not None:
             setattr(m, name, getattr(rank, name))

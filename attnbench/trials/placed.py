@@ -126,8 +126,9 @@ def run(
 def merge(m: Timing, ended: list[RankEnded]) -> list[RankResult]:
     """``m``'s common part from how the ranks ended: one status, each call the slowest rank's,
     the first call and compilation the slowest rank's where every rank took one, the kernel,
-    the CPU threads and warm-up calls the ranks planned alike, and one line per rank. Returns what each rank sent (a rank that failed stands in with no
-    calls, no memory) for the row's own fields."""
+    the CPU threads and warm-up calls the ranks planned alike, and one line per rank. Returns
+    what each rank sent (a rank that failed stands in with no calls, no memory) for the row's
+    own fields."""
     from attnbench.runtime.distributed import agreed_status
 
     status, message = agreed_status(ended)
