@@ -125,6 +125,59 @@ def test_the_last_line_is_read_without_its_newline_and_lines_keep_their_numbers(
     assert problems and problems[0].startswith(f"{path}:2: unreadable line skipped")
 
 
+def test_a_line_ending_in_the_last_environment_reads_as_the_whole_line_does(tmp_path):
+    """The reader decodes a run's environment once and gives it to every later line that ends
+    with the same text: those rows equal the rows of each line decoded alone, and a broken line
+    that ends with that environment gets the error its whole text gets."""
+    from attnbench.results.read import LineDecoder, _decode
+
+    tail = json.dumps({"env": ROWS[0]["env"]})[1:]  # '"env": {...}}'
+    broken = ['{"kind": "points", "x": }, ' + tail, "{, " + tail, '{"kind": "x", "a": "\\", ' + tail]
+    path = write_lines(tmp_path / "trials.jsonl", ROWS, raw=broken)
+    lines = path.read_bytes().splitlines()
+    decode = LineDecoder()
+    read = [decode(line) for line in lines]
+    assert read == [_decode(line) for line in lines]
+    assert decode.tail and sum(line.endswith(decode.tail) for line in lines) > len(ROWS) // 2
+    assert all(row["env"] is read[0][0]["env"] for row, _ in read[1 : len(ROWS)])  # one environment held
+    assert [problem[:24] for _, problem in read[len(ROWS) : len(ROWS) + 2]] == ["unreadable line skipped "] * 2
+
+
+def test_a_history_read_on_after_appended_lines_is_the_file_read_whole(tmp_path):
+    """A resumed run reads on from where it read its directory's file (``History.read_on``):
+    the rows and problems are those of the whole file read again, duplicate trials and bad
+    lines in the appended part included; a file replaced meanwhile is read whole."""
+    from attnbench.results import load_rows
+    from attnbench.results.read import History
+
+    def same(a, b):
+        assert [(r.source, r.to_json()) for r in a[0]] == [(r.source, r.to_json()) for r in b[0]]
+        assert a[1] == b[1]
+
+    half = len(ROWS) // 2
+    path = write_lines(tmp_path / "run" / "trials.jsonl", ROWS[:half], raw=["{not json"])
+    history = History.read(path)
+    same((history.rows, history.problems), load_rows(path))
+    other_machine = {**ROWS[-1], "trial": "other-1", "env": {**ROWS[-1]["env"], "machine": "elsewhere"}}
+    with open(path, "a") as f:
+        again = next(r for r in ROWS[:half] if isinstance(r.get("trial"), str))
+        f.write("".join(json.dumps(r) + "\n" for r in [*ROWS[half:], again, other_machine]) + "[]\n")
+    same(history.read_on(), load_rows(path))
+    assert any("duplicate row skipped" in p for p in history.problems)
+
+    replaced = History.read(path)
+    path.unlink()
+    write_lines(path, ROWS[:3])
+    same(replaced.read_on(), load_rows(path))
+
+    cut = json.dumps(ROWS[3])
+    path.write_text(path.read_text() + cut[:40])  # a row cut short, then the rest of it
+    unfinished = History.read(path)
+    path.write_text(path.read_text() + cut[40:] + "\n")
+    same(unfinished.read_on(), load_rows(path))
+    assert len(unfinished.rows) == 4
+
+
 def test_the_gate_refuses_an_impossible_current_run_unless_told_to_skip(tmp_path, capsys):
     base = write_lines(tmp_path / "base" / "trials.jsonl", ROWS)
     bad = [({**r, "peak_bytes": -r["peak_bytes"]} if r.get("trial") == TRIAL["trial"] else r) for r in ROWS]
@@ -178,7 +231,7 @@ def test_a_line_nested_100000_deep_is_skipped_by_every_reader(tmp_path, capsys):
     code, _, err = attnbench(capsys, "check", "--baseline", base, "--current", out, "--skip-unreadable")
     assert code == 0 and "nested" in err and "RecursionError" not in err
     # --resume reads the directory it continues
-    assert len(rows_to_resume(out, True, ROWS[0]["env"]["machine"])) == len(ROWS)
+    assert len(rows_to_resume(out, True, ROWS[0]["env"]["machine"])[0]) == len(ROWS)
 
 
 @pytest.mark.slow

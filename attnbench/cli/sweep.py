@@ -294,11 +294,12 @@ def _run_resolved(plan, hosts, out, resume) -> None:
         outcomes = runner.run()
     except KeyboardInterrupt as exc:
         interrupted, outcomes = interrupt_exit_code(exc), []
-    del runner  # and the rows it resumed from: the whole file is read again below, not held twice
+    history = runner.history  # the rows it resumed from, read on below rather than read again
+    del runner
     if (out_dir / "trials.jsonl").exists():
         from attnbench.results import load_rows
 
-        loaded = load_rows(out_dir)  # read once for every file and readout below
+        loaded = history.read_on() if history else load_rows(out_dir)  # once, for every file and readout below
         for path in write_run_files(out_dir, loaded):
             console.print(f"wrote {path}")
         _print_summary(out_dir, loaded[0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -219,6 +220,8 @@ def _converter(tp: Any, nullable: bool = False) -> Callable[[Any, str, bool], An
     def scalar(value, where, built):
         kind = type(value)
         if kind in exact:  # the types json.loads gives (a bool is not a number)
+            if kind is str:  # a word rows repeat (an implementation, a dtype, a status, the run) is held once
+                return sys.intern(value) if len(value) <= _WORD else value
             return float(value) if kind is int and origin is float and not built else value
         if value is None:
             if nullable:
@@ -232,6 +235,8 @@ def _converter(tp: Any, nullable: bool = False) -> Callable[[Any, str, bool], An
 
     return scalar
 
+
+_WORD = 64  # longer strings (messages, commands, paths) are seldom repeated
 
 # The JSON types a list's items keep as they are, by the item's type (an integer among numbers becomes a float).
 _KEPT = {float: frozenset({float}), int: frozenset({int}), str: frozenset({str}), bool: frozenset({bool})}

@@ -4,10 +4,13 @@ its kind's schema and physically possible, each trial once; every line skipped i
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +56,10 @@ def paths_text(paths: tuple[Path, ...]) -> str:
     return " ".join(str(p) for p in paths)
 
 
-def read_lines(file: Path) -> Iterator[bytes]:
-    """A results file's lines, one at a time (a history of gigabytes is never held whole); a
-    FIFO or device at its name is refused, never waited on."""
+def read_lines(file: Path, offset: int = 0) -> Iterator[bytes]:
+    """A results file's lines, one at a time (a history of gigabytes is never held whole), from
+    byte ``offset`` on, each with its newline; a FIFO or device at its name is refused, never
+    waited on."""
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -64,8 +68,8 @@ def read_lines(file: Path) -> Iterator[bytes]:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise AttnbenchError(f"{file} is not a regular file (a FIFO or device): give a results file or directory")
         try:
-            for line in f:
-                yield line.removesuffix(b"\n")
+            f.seek(offset)
+            yield from f
         except OSError as exc:
             raise AttnbenchError(f"cannot read {file} ({exc.strerror}): check its permissions") from None
 
@@ -99,10 +103,25 @@ def load_rows(paths: Path | Iterable[Path], keep: Keep | None = None) -> tuple[l
     rows only (one implementation's) says which, from the decoded line; the others are
     neither checked nor typed nor held."""
     rows, problems = [], []
-    for _, row, file, lineno in _valid_rows(paths, problems, keep):
-        row.source = f"{file}:{lineno}"
-        rows.append(row)
+    with _no_cycle_collection():
+        for _, row, file, lineno in _valid_rows(paths, problems, keep):
+            row.source = f"{file}:{lineno}"
+            rows.append(row)
     return rows, problems
+
+
+@contextmanager
+def _no_cycle_collection():
+    """The cyclic garbage collector paused while rows are read: rows hold no cycles (refcounting
+    frees them), and each collection of the oldest generation would walk every row held so far
+    (a seventh of the reading's time at 20,000 rows)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # which decoded rows a reader needs (``load_rows``)
@@ -111,49 +130,121 @@ Keep = Callable[[dict[str, Any]], bool]
 
 def _valid_rows(paths: Path | Iterable[Path], problems: list[str], keep: Keep | None = None):
     """(row, typed row, file, line) of every valid, possible row, each trial once; a skipped
-    line is appended to ``problems``. Each row is read once, in time linear in the rows: the
-    rows of one run share one environment, typed and checked once."""
+    line is appended to ``problems``."""
     if isinstance(paths, (str, Path)):
         paths = [Path(paths)]
-    seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
-    envs = Environments()
+    reader = Reader(problems, keep)
     for root in paths:
         for file in result_files(Path(root)):
-            for lineno, raw in enumerate(read_lines(file), 1):
-                if not raw.strip():
-                    continue
-                where = f"{file}:{lineno}"
-                row, problem = _decode(raw)
-                if not problem:
-                    if keep is not None and not keep(row):
-                        continue  # a row this reader does not need: nothing of it is judged
-                    rest, problem = _usable(row, envs)
-                if problem:
-                    problems.append(f"{where}: {problem}")
-                    continue
-                if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-                    raise AttnbenchError(
-                        f"{where}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
-                        "read it with the attnbench version that wrote it"
-                    )
-                try:
-                    typed = envs.typed(row, rest)
-                except SchemaError as exc:
-                    problems.append(f"{where}: invalid row skipped ({exc})")
-                    continue
-                try:
-                    check_possible(row, rest)
-                except SchemaError as exc:
-                    problems.append(f"{where}: impossible row skipped ({exc})")
-                    continue
-                envs.accept(row, typed)
-                trial = row.get("trial")
-                if isinstance(trial, str) and trial in seen:
-                    problems.append(f"{where}: duplicate row skipped (trial {trial}, counted once at {seen[trial]})")
-                    continue
-                if isinstance(trial, str):
-                    seen[trial] = where
-                yield row, typed, file, lineno
+            yield from reader.rows(file)
+
+
+class Reader:
+    """Reads results files into valid, possible rows, each trial once, a skipped line named in
+    ``problems``. Each row is read once, in time linear in the rows: the rows of one run share
+    one environment, decoded, typed and checked once. A reader remembers what it read, so it can
+    go on with a file from where it stopped (``History``) as if it had read the file whole."""
+
+    def __init__(self, problems: list[str], keep: Keep | None = None) -> None:
+        self.problems, self.keep = problems, keep
+        self.seen: dict[str, str] = {}  # trial id -> FILE:LINE where it was first read
+        self.envs = Environments()
+        self.decode = LineDecoder()
+        self.offset = self.lineno = 0  # where the last file read stopped: bytes, lines
+        self.ended_line = True  # whether its last line had its newline (else a writer may add to it)
+
+    def rows(self, file: Path, offset: int = 0, lineno: int = 0):
+        """(row, typed row, file, line) of ``file``'s lines from byte ``offset`` (line ``lineno`` + 1) on."""
+        self.offset, self.lineno = offset, lineno
+        self.ended_line = True
+        for line in read_lines(file, offset):
+            self.offset += len(line)
+            self.lineno += 1
+            self.ended_line = line.endswith(b"\n")
+            raw = line.removesuffix(b"\n")
+            if raw.strip():
+                read = self._row(raw, f"{file}:{self.lineno}")
+                if read is not None:
+                    yield read[0], read[1], file, self.lineno
+
+    def _row(self, raw: bytes, where: str) -> tuple[dict[str, Any], Row] | None:
+        row, problem = self.decode(raw)
+        if not problem:
+            if self.keep is not None and not self.keep(row):
+                return None  # a row this reader does not need: nothing of it is judged
+            rest, problem = _usable(row, self.envs)
+        if problem:
+            self.problems.append(f"{where}: {problem}")
+            return None
+        if row.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise AttnbenchError(
+                f"{where}: result schema {row.get('schema')!r} is not {SCHEMA_VERSION}; "
+                "read it with the attnbench version that wrote it"
+            )
+        try:
+            typed = self.envs.typed(row, rest)
+        except SchemaError as exc:
+            self.problems.append(f"{where}: invalid row skipped ({exc})")
+            return None
+        try:
+            check_possible(row, rest)
+        except SchemaError as exc:
+            self.problems.append(f"{where}: impossible row skipped ({exc})")
+            return None
+        self.envs.accept(row, typed)
+        trial = row.get("trial")
+        if isinstance(trial, str) and trial in self.seen:
+            self.problems.append(f"{where}: duplicate row skipped (trial {trial}, counted once at {self.seen[trial]})")
+            return None
+        if isinstance(trial, str):
+            self.seen[trial] = where
+        return row, typed
+
+
+@dataclass
+class History:
+    """One results file as ``load_rows`` reads it, with what it takes to read on: a run that
+    resumed from the file reads only the rows it appended for its closing files, not the file
+    again."""
+
+    file: Path
+    rows: list[Row]
+    problems: list[str]
+    reader: Reader
+    stamp: tuple[int, int]  # the file's device and inode
+
+    @classmethod
+    def read(cls, file: Path) -> History:
+        history = cls(Path(file), [], [], Reader([]), (0, 0))
+        history._from_start()
+        return history
+
+    def read_on(self) -> tuple[list[Row], list[str]]:
+        """Every row and problem of the file now: those read before and those of the lines
+        appended since (the whole file again where it was replaced or cut short, or where its last
+        line read had no newline: what was appended may continue that line)."""
+        moved = _identity(self.file) != self.stamp or self.file.stat().st_size < self.reader.offset
+        if moved or not self.reader.ended_line:
+            self._from_start()
+        else:
+            self._take(self.reader.offset, self.reader.lineno)
+        return self.rows, self.problems
+
+    def _from_start(self) -> None:
+        self.rows, self.problems, self.stamp = [], [], _identity(self.file)
+        self.reader = Reader(self.problems)
+        self._take(0, 0)
+
+    def _take(self, offset: int, lineno: int) -> None:
+        with _no_cycle_collection():
+            for _, row, file, line in self.reader.rows(self.file, offset, lineno):
+                row.source = f"{file}:{line}"
+                self.rows.append(row)
+
+
+def _identity(file: Path) -> tuple[int, int]:
+    st = os.stat(file)
+    return st.st_dev, st.st_ino
 
 
 class Environments:
@@ -192,6 +283,52 @@ class Environments:
             self.known.setdefault(self.key(row["env"]), typed.env)
 
 
+class LineDecoder:
+    """Decodes a results line as ``_decode`` does, the run's environment once: a row's last
+    member is ``"env"``, the same text on every row of a run (over a third of a row's bytes).
+    A line that ends with the text of the environment decoded last is decoded without it and
+    given that environment; every other line, and any line the shortcut cannot decode, is
+    decoded whole, so a bad line gets the same error either way."""
+
+    SEPARATOR = b', "env": '  # how ``json.dumps`` writes the member (a quote inside a string is escaped)
+
+    def __init__(self) -> None:
+        self.tail = b""  # ', "env": {...}}': the end of the last line whose environment was read
+        self.env: dict[str, Any] | None = None
+
+    def __call__(self, raw: bytes) -> tuple[dict[str, Any], str]:
+        if self.tail and raw.endswith(self.tail):
+            row = self._without_env(raw[: -len(self.tail)])
+            if row:
+                row["env"] = self.env
+                return row, ""
+        row, problem = _decode(raw)
+        if not problem and isinstance(row.get("env"), dict):
+            self._learn(raw, row["env"])
+        return row, problem
+
+    @staticmethod
+    def _without_env(head: bytes) -> dict[str, Any] | None:
+        """The members before the environment as a row, or None where they do not decode to one."""
+        try:
+            row = json.loads(head.decode("utf-8") + "}")
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return None
+        return row if isinstance(row, dict) and "kind" in row else None
+
+    def _learn(self, raw: bytes, env: dict[str, Any]) -> None:
+        """Hold the line's environment text where its last member is exactly ``env``."""
+        start = raw.rfind(self.SEPARATOR)
+        if start < 0 or not raw.endswith(b"}"):
+            return
+        try:
+            last = json.loads(raw[start + len(self.SEPARATOR) : -1])
+        except (ValueError, RecursionError):
+            return  # the separator found lies inside the environment: no shortcut for this run
+        if last == env:
+            self.tail, self.env = raw[start:], env
+
+
 def _decode(raw: bytes) -> tuple[dict[str, Any], str]:
     """(the line as a row, why it is unreadable or "")."""
     try:
@@ -227,13 +364,14 @@ def iter_rows(paths: Path | Iterable[Path]) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[Row]:
+def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> tuple[list[Row], History | None]:
     """The rows a run may continue from, typed, those measured on ``machine`` only (a row of another
-    machine is never replayed as this one's); refuses to overwrite a results directory
-    without ``resume``, and to mix machines in one directory."""
+    machine is never replayed as this one's), and the directory's history they were read from;
+    refuses to overwrite a results directory without ``resume``, and to mix machines in one
+    directory."""
     trials = Path(out_dir) / TRIALS_FILE
     if not trials.exists():
-        return []
+        return [], None
     if not resume:
         raise AttnbenchError(f"{out_dir} already holds results: pass --resume to continue it or choose another --out")
     if trials.is_symlink():
@@ -241,9 +379,10 @@ def rows_to_resume(out_dir: Path, resume: bool, machine: str) -> list[Row]:
             f"{trials} is a symbolic link: attnbench does not write through links; "
             "replace it with the file or choose another --out"
         )
-    rows, _ = load_rows(trials)
+    history = History.read(trials)
+    rows = history.rows
     _refuse_another_machine(out_dir, machine, {r.env.machine for r in rows if r.env})
-    return [r for r in rows if r.env and r.env.machine == machine]
+    return [r for r in rows if r.env and r.env.machine == machine], history
 
 
 def _machine_of(row: dict[str, Any]) -> str | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnbench.results import TRIALS_FILE, ResultsWriter, clean_floats, rows_to_resume
+from attnbench.results.read import History
 from attnbench.results.schema import Environment, Row, Verify
 from attnbench.sweeps.verification import refuse_unrunnable, run_reference_checks
 from attnbench.trials.reference import VerifyCase
@@ -39,6 +40,7 @@ class RunSession:
         self.writer = ResultsWriter(self.out_dir)
         self.run_id = self.out_dir.name
         self._resumed: tuple[tuple[int, ...] | None, list[Row]] | None = None
+        self.history: History | None = None  # the directory's rows as last read, to read on from
 
     def resumed_rows(self) -> list[Row]:
         """The rows a resumed run continues from; refuses a used directory without --resume.
@@ -46,7 +48,8 @@ class RunSession:
         the directory's lock and again under it)."""
         stamp = _stamp(self.out_dir / TRIALS_FILE)
         if self._resumed is None or self._resumed[0] != stamp:
-            self._resumed = (stamp, rows_to_resume(self.out_dir, self.resume, self.env.machine))
+            rows, self.history = rows_to_resume(self.out_dir, self.resume, self.env.machine)
+            self._resumed = (stamp, rows)
         return self._resumed[1]
 
     def run_checks(
