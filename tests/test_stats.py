@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from attnbench.measure import stats
 from attnbench.measure.stats import (
     Interval,
     anomalous_efficiency,
@@ -98,3 +99,41 @@ def test_an_interval_far_from_symmetric_is_printed_as_its_ends():
     fmt = lambda x: f"{x:.3g}"  # noqa: E731
     assert plus_minus(Interval(0.55, 0.5, 45.0, 3), fmt, "ms") == "0.55 ms [0.5, 45] (n=3)"
     assert plus_minus(Interval(19.1, 18.8, 19.4, 20), fmt, "ms") == "19.1 ms ±0.3 (n=20)"
+
+
+def test_a_ratio_from_each_sides_own_medians_is_the_ratio_drawn_in_one_stream():
+    """A caller may give a ratio the resampled medians of each side (``flat_medians``, or its
+    memo of them: a baseline is the numerator of many ratios): the interval is the one drawn
+    in one seeded stream, numerator then denominator, for any sample counts, integer samples
+    included; and ``median_interval`` from the stream's start alike."""
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 6, 10, 31):
+        for m in (1, 2, 5, 30):
+            num, den = list(rng.lognormal(0, 0.3, n)), [int(x) for x in rng.integers(1, 9, m)]
+            assert ratio_interval(num, den, medians=stats.flat_medians) == ratio_interval(num, den)
+            assert median_interval(num, medians=stats.flat_medians) == median_interval(num)
+
+
+def test_the_report_draws_a_baseline_once_for_all_its_ratios(monkeypatch):
+    """The report's memo: one baseline against three rows draws the baseline's medians once
+    and each row's once, and gives each pair the interval of ``ratio_interval``."""
+    from types import SimpleNamespace
+
+    from attnbench.report import intervals
+
+    rng = np.random.default_rng(12)
+    base = SimpleNamespace(times_ms=list(rng.lognormal(1, 0.2, 10)), gpu_times_ms=None)
+    rows = [SimpleNamespace(times_ms=list(rng.lognormal(0, 0.2, 10)), gpu_times_ms=None) for _ in range(3)]
+    drawn = []
+    real = stats.flat_medians
+
+    def counted(samples, after=0, *args):
+        drawn.append((id(samples), after))
+        return real(samples, after, *args)
+
+    monkeypatch.setattr(intervals, "_MEDIANS", {})
+    monkeypatch.setattr(intervals, "_RATIOS", {})
+    monkeypatch.setattr(stats, "flat_medians", counted)
+    found = [intervals.speedup_interval(base, r, "eager")[0] for r in rows]
+    assert found == [ratio_interval(base.times_ms, r.times_ms) for r in rows]
+    assert drawn.count((id(base.times_ms), 0)) == 1 and len(drawn) == 4

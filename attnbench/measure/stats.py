@@ -9,7 +9,8 @@ of one process alone cannot show.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,10 @@ SEED = 20240601
 LEVEL = 0.95
 
 Groups = Sequence[Sequence[float]]  # samples per process; one group for one process
+# The resampled medians of one process's samples, ``after`` the draws of a numerator of that
+# many samples in the seeded stream (0: from its start): what ``flat_medians`` gives, or a
+# caller's memo of it (the report's: a baseline is the numerator of many ratios).
+Medians = Callable[[Sequence[float], int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,12 @@ class Interval:
         return self.half_width / self.value if self.value else float("inf")
 
 
+def _is_grouped(samples: Sequence[float] | Groups) -> bool:
+    return bool(len(samples)) and isinstance(samples[0], (list, tuple, np.ndarray))
+
+
 def _groups(samples: Sequence[float] | Groups) -> list[np.ndarray]:
-    if samples and isinstance(samples[0], (list, tuple, np.ndarray)):
+    if _is_grouped(samples):
         groups = [np.asarray(g, dtype=float) for g in samples if len(g)]
     else:
         groups = [np.asarray(samples, dtype=float)] if len(samples) else []
@@ -64,12 +73,18 @@ def _point(groups: list[np.ndarray]) -> float:
     return float(np.median(np.concatenate(groups)))
 
 
-def median_interval(samples: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED) -> Interval | None:
-    """Median and its 95% bootstrap interval; None without samples."""
+def median_interval(
+    samples: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED, medians: Medians | None = None
+) -> Interval | None:
+    """Median and its 95% bootstrap interval; None without samples. ``medians``: as for
+    ``ratio_distribution``."""
     groups = _groups(samples)
     if not groups:
         return None
-    meds = _resampled_medians(groups, np.random.default_rng(seed), resamples)
+    if medians is not None and not _is_grouped(samples):
+        meds = medians(samples, 0)
+    else:
+        meds = _resampled_medians(groups, np.random.default_rng(seed), resamples)
     lo, hi = np.quantile(meds, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return Interval(_point(groups), float(lo), float(hi), sum(len(g) for g in groups))
 
@@ -81,24 +96,55 @@ def scaled(iv: Interval | None, numerator: float) -> Interval | None:
     return Interval(numerator / iv.value, numerator / iv.high, numerator / iv.low, iv.n)
 
 
+def flat_medians(samples: Sequence[float], after: int = 0, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """The resampled medians of one process's samples that a ratio draws: a numerator's from the
+    seeded stream's start (``after`` 0, as ``median_interval`` draws them too), a denominator's
+    after its numerator's ``after`` samples. Which integers a draw takes depends on the stream and
+    the counts alone, so the stream's state after a numerator is the same for every numerator
+    of that many samples."""
+    rng = np.random.default_rng(seed)
+    if after:
+        rng.bit_generator.state = _state_after(after, resamples, seed)
+    return _resampled_medians([np.asarray(samples, dtype=float)], rng, resamples)
+
+
+@functools.lru_cache(maxsize=1024)
+def _state_after(after: int, resamples: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    rng.integers(0, after, (resamples, after))  # what _resampled_medians draws for one process
+    return rng.bit_generator.state
+
+
 def ratio_distribution(
-    num: Sequence[float] | Groups, den: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED
+    num: Sequence[float] | Groups,
+    den: Sequence[float] | Groups,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    medians: Medians | None = None,
 ) -> tuple[float, np.ndarray]:
     """median(num) / median(den) and its bootstrap distribution (the two sets resampled
-    independently)."""
+    independently). ``medians``: where both are one process's samples, what gives their resampled
+    medians (``flat_medians`` or a memo of it)."""
     a, b = _groups(num), _groups(den)
+    value = _point(a) / _point(b)
+    if medians is not None and len(a) == len(b) == 1 and not _is_grouped(num) and not _is_grouped(den):
+        return value, medians(num, 0) / medians(den, len(a[0]))
     rng = np.random.default_rng(seed)
-    return _point(a) / _point(b), _resampled_medians(a, rng, resamples) / _resampled_medians(b, rng, resamples)
+    return value, _resampled_medians(a, rng, resamples) / _resampled_medians(b, rng, resamples)
 
 
 def ratio_interval(
-    num: Sequence[float] | Groups, den: Sequence[float] | Groups, resamples: int = RESAMPLES, seed: int = SEED
+    num: Sequence[float] | Groups,
+    den: Sequence[float] | Groups,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    medians: Medians | None = None,
 ) -> Interval | None:
     """Ratio of the medians of two independent sample sets (a speedup: baseline time over
     time; an efficiency; sparse vs dense) with its 95% bootstrap interval."""
     if not _groups(num) or not _groups(den):
         return None
-    value, dist = ratio_distribution(num, den, resamples, seed)
+    value, dist = ratio_distribution(num, den, resamples, seed, medians)
     lo, hi = np.quantile(dist, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     n = min(sum(len(g) for g in _groups(num)), sum(len(g) for g in _groups(den)))
     return Interval(value, float(lo), float(hi), n)

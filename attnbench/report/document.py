@@ -165,9 +165,19 @@ class Machine:
             by.setdefault(ran[0].impl, []).append(ran)
         return by
 
-    def ran_of(self, impl: str | list[str] | None) -> list[tuple[Trial | Speedup, dict[str, Any]]]:
+    @cached_property
+    def _ran_by_impl_length(self) -> dict[tuple[str, Any], list[tuple[Trial | Speedup, dict[str, Any]]]]:
+        by: dict[tuple[str, Any], list[tuple[Trial | Speedup, dict[str, Any]]]] = {}
+        for ran in self.ran:
+            by.setdefault((ran[0].impl, ran[1].get("seq_len", ran[0].seq_len)), []).append(ran)
+        return by
+
+    def ran_of(self, impl: str | list[str] | None, seq_len: Any = None) -> list[tuple[Trial | Speedup, dict[str, Any]]]:
         """``ran`` of the implementation a claim names, or of any of a list of them (None: of
-        all), in the order of ``ran``: a claim reads its implementation's rows, not every row."""
+        all), in the order of ``ran``: a claim reads its implementation's rows, not every row;
+        of those at ``seq_len`` alone where the claim names one length."""
+        if isinstance(impl, str) and type(seq_len) is int:
+            return self._ran_by_impl_length.get((impl, seq_len), [])
         if impl is None:
             return self.ran
         if isinstance(impl, str):
@@ -186,7 +196,13 @@ class Machine:
 
     def at_max(self, summary: MaxSeqSummary) -> Trial | None:
         """The successful trial at a max-seq series' largest length."""
-        return next(
-            (r for r in d.ok(self.trials) if r.series == summary.series and r.seq_len == summary.max_seq_len),
-            None,
-        )
+        return self._ran_at.get((summary.series, summary.max_seq_len))
+
+    @cached_property
+    def _ran_at(self) -> dict[tuple[str | None, int], Trial]:
+        """The first successful trial of each series at each length (a report asks for the one at
+        each search's largest length, in several sections)."""
+        first: dict[tuple[str | None, int], Trial] = {}
+        for r in d.ok(self.trials):
+            first.setdefault((r.series, r.seq_len), r)
+        return first

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from attnbench.measure import stats
 from attnbench.measure.stats import Interval
 from attnbench.results.schema import Row
@@ -23,10 +25,6 @@ def timer_for(*rows: Row | None) -> str:
     return "gpu" if present and all(getattr(r, "gpu_times_ms", None) for r in present) else "eager"
 
 
-def samples(row: Row, timer: str = "eager") -> list[float]:
-    return [float(x) for x in getattr(row, TIMERS[timer], None) or []]
-
-
 def time_interval(row: Any, timer: str = "eager") -> Interval | None:
     """The median time of ``row`` and its 95% interval, in ms (``row`` a timed row, or a
     record with the same time fields, such as a max-seq summary)."""
@@ -36,7 +34,7 @@ def time_interval(row: Any, timer: str = "eager") -> Interval | None:
     value, low = getattr(row, f"{prefix}_ms", None), getattr(row, f"{prefix}_ci_low", None)
     if value is not None and low is not None:
         return Interval(value, low, getattr(row, f"{prefix}_ci_high", None), getattr(row, f"{prefix}_n", None))
-    iv = stats.median_interval(samples(row, timer))
+    iv = stats.median_interval(getattr(row, TIMERS[timer], None) or [], medians=_memo_medians)
     if iv is None and value is not None:
         return Interval(value, value, value, 1)  # a median without its samples: no spread known
     return iv
@@ -54,25 +52,42 @@ def speedup_interval(base: Row | None, row: Row | None, timer: str | None = None
     if base is None or row is None:
         return None, timer or "eager"
     timer = timer or timer_for(base, row)
-    key = (id(base), id(row), timer)
+    b, r = getattr(base, TIMERS[timer], None), getattr(row, TIMERS[timer], None)
+    if not (b and r):
+        return _unsampled_ratio(base, row), timer
+    key = (id(b), id(r))
     if key not in _RATIOS:
         if len(_RATIOS) >= MAX_RATIOS:
             _RATIOS.clear()
-        _RATIOS[key] = (base, row, _ratio_interval(base, row, timer))
+        _RATIOS[key] = (b, r, stats.ratio_interval(b, r, medians=_memo_medians))
     return _RATIOS[key][2], timer
 
 
-# Each pair's ratio, by the identity of its two rows (held with it, so that an id is never
-# reused while its entry stands) and the timer: a report reads one pair in several tables, its
-# CSV, a figure and the terminal, and each reading would bootstrap it again.
-_RATIOS: dict[tuple[int, int, str], tuple[Row, Row, Interval | None]] = {}
+# Each pair's ratio, by the identity of the two rows' sample lists (held with it, so that an id
+# is never reused while its entry stands): a report reads one pair in several tables, its CSV, a
+# figure and the terminal, and a row relabelled for a table shares its lists with the row read.
+# Equal samples in two rows are two lists, bootstrapped apart.
+_RATIOS: dict[tuple[int, int], tuple[list, list, Interval | None]] = {}
 MAX_RATIOS = 100_000
 
 
-def _ratio_interval(base: Row, row: Row, timer: str) -> Interval | None:
-    b, r = samples(base, timer), samples(row, timer)
-    if b and r:
-        return stats.ratio_interval(b, r)
+def _memo_medians(values: list, after: int) -> np.ndarray:
+    """``stats.flat_medians`` of a row's sample list, by the list's identity: a one-device baseline
+    is the numerator of a ratio for each of its multi-GPU rows, drawn alike every time."""
+    key = (id(values), after)
+    if key not in _MEDIANS:
+        if len(_MEDIANS) >= MAX_MEDIANS:
+            _MEDIANS.clear()
+        _MEDIANS[key] = (values, stats.flat_medians(values, after))
+    return _MEDIANS[key][1]
+
+
+_MEDIANS: dict[tuple[int, int], tuple[list, np.ndarray]] = {}
+MAX_MEDIANS = 1024  # 16 KiB each: a few tables' worth of baselines
+
+
+def _unsampled_ratio(base: Row, row: Row) -> Interval | None:
+    """A ratio of two rows without samples: their median times, no spread known."""
     if getattr(base, "time_ms", None) and getattr(row, "time_ms", None):
         v = base.time_ms / row.time_ms
         return Interval(v, v, v, 1)

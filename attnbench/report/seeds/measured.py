@@ -224,7 +224,7 @@ def _row_metric(claim: Claim, m, metric: str, match: dict[str, Any]) -> Measured
     pick = claim.pick
     rows = [
         r
-        for r, ident in m.ran_of(match.get("impl"))
+        for r, ident in m.ran_of(match.get("impl"), match.get("seq_len"))
         if matches(r, match, ident) and _row_value(metric, r) is not None and _replicas_agree(claim, r)
     ]
     row, others = _chosen(rows, lambda r: _row_value(metric, r), pick)
