@@ -127,7 +127,7 @@ def ratio_distribution(
     medians (``flat_medians`` or a memo of it)."""
     a, b = _groups(num), _groups(den)
     value = _point(a) / _point(b)
-    if medians is not None and len(a) == len(b) == 1 and not _is_grouped(num) and not _is_grouped(den):
+    if medians is not None and not _is_grouped(num) and not _is_grouped(den):
         return value, medians(num, 0) / medians(den, len(a[0]))
     rng = np.random.default_rng(seed)
     return value, _resampled_medians(a, rng, resamples) / _resampled_medians(b, rng, resamples)

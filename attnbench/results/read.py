@@ -103,11 +103,16 @@ def load_rows(paths: Path | Iterable[Path], keep: Keep | None = None) -> tuple[l
     rows only (one implementation's) says which, from the decoded line; the others are
     neither checked nor typed nor held."""
     rows, problems = [], []
+    _typed_into(rows, _valid_rows(paths, problems, keep))
+    return rows, problems
+
+
+def _typed_into(rows: list[Row], read: Iterable[tuple[dict[str, Any], Row, Path, int]]) -> None:
+    """Append each typed row ``read`` gives, its ``source`` set to its ``FILE:LINE``."""
     with _no_cycle_collection():
-        for _, row, file, lineno in _valid_rows(paths, problems, keep):
+        for _, row, file, lineno in read:
             row.source = f"{file}:{lineno}"
             rows.append(row)
-    return rows, problems
 
 
 @contextmanager
@@ -153,11 +158,13 @@ class Reader:
         self.offset = self.lineno = 0  # where the last file read stopped: bytes, lines
         self.ended_line = True  # whether its last line had its newline (else a writer may add to it)
 
-    def rows(self, file: Path, offset: int = 0, lineno: int = 0):
-        """(row, typed row, file, line) of ``file``'s lines from byte ``offset`` (line ``lineno`` + 1) on."""
-        self.offset, self.lineno = offset, lineno
+    def rows(self, file: Path, on: bool = False):
+        """(row, typed row, file, line) of ``file``'s lines, from its start or (``on``) from where
+        the last read of it stopped."""
+        if not on:
+            self.offset = self.lineno = 0
         self.ended_line = True
-        for line in read_lines(file, offset):
+        for line in read_lines(file, self.offset):
             self.offset += len(line)
             self.lineno += 1
             self.ended_line = line.endswith(b"\n")
@@ -227,19 +234,13 @@ class History:
         if moved or not self.reader.ended_line:
             self._from_start()
         else:
-            self._take(self.reader.offset, self.reader.lineno)
+            _typed_into(self.rows, self.reader.rows(self.file, on=True))
         return self.rows, self.problems
 
     def _from_start(self) -> None:
         self.rows, self.problems, self.stamp = [], [], _identity(self.file)
         self.reader = Reader(self.problems)
-        self._take(0, 0)
-
-    def _take(self, offset: int, lineno: int) -> None:
-        with _no_cycle_collection():
-            for _, row, file, line in self.reader.rows(self.file, offset, lineno):
-                row.source = f"{file}:{line}"
-                self.rows.append(row)
+        _typed_into(self.rows, self.reader.rows(self.file))
 
 
 def _identity(file: Path) -> tuple[int, int]:

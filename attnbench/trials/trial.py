@@ -5,8 +5,9 @@ one measure of every trial (``trials.placed_job.measure``), then its FLOPs accou
 ``run_isolated`` runs it in a worker process of its own (the default; see
 ``attnbench.runtime``), so an OOM, a crash or allocator fragmentation cannot change later
 trials, and a trial over its time limit can be killed; the process was started (python and
-torch imported, no CUDA context) while the previous trial ran. The phases it announces (setup, device, inputs, compile, first-call, warm-call, warm-up,
-timing, gpu-timing, accounting, counting) are timed by the parent into the row's ``phase_s``.
+torch imported, no CUDA context) while the previous trial ran. The phases it announces
+(setup, device, inputs, compile, first-call, warm-call, warm-up, timing, gpu-timing,
+accounting, counting) are timed by the parent into the row's ``phase_s``.
 """
 
 from __future__ import annotations
